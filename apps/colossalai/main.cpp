@@ -1,0 +1,29 @@
+// colossalai: one binary, one file per subcommand. main only wires the setups.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "cai/core/error.h"
+#include "cai/core/version.h"
+#include "cmd_check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ColossalAI-cpp: train Vision Transformers with data, pipeline, tensor and ZeRO "
+      "parallelism"};
+  app.set_version_flag("--version",
+                       std::string("colossalai ") + cai::version() + " (" + cai::git_hash() + ")");
+  app.require_subcommand(1);
+  cai::app::CheckOptions check;
+  cai::app::setup_check(app, check);
+  CLI11_PARSE(app, argc, argv);
+  const std::string self_dir =
+      std::filesystem::weakly_canonical(std::filesystem::path(argv[0])).parent_path().string();
+  try {
+    if (app.got_subcommand("check")) return cai::app::run_check(check, self_dir);
+  } catch (const cai::Error& e) {
+    std::cerr << "colossalai: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,21 @@
+// Multi-head softmax attention from a fused qkv projection.
+// qkv[b, n, 3, h, hd] (timm's layout of the qkv Linear output) -> out[b, n, h, hd].
+// Forward saves the softmax probabilities probs[b, h, n, n] for the backward, which writes
+// dqkv[b, n, 3, h, hd]. Scale is hd^-1/2.
+#pragma once
+#include <cstdint>
+
+namespace cai::kernels {
+namespace cpu {
+void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_t n, int64_t h,
+                   int64_t hd);
+void attention_bwd(const float* qkv, const float* probs, const float* dout, float* dqkv, int64_t b,
+                   int64_t n, int64_t h, int64_t hd);
+}  // namespace cpu
+namespace cuda {
+void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_t n, int64_t h,
+                   int64_t hd, void* stream = nullptr);
+void attention_bwd(const float* qkv, const float* probs, const float* dout, float* dqkv, int64_t b,
+                   int64_t n, int64_t h, int64_t hd, void* stream = nullptr);
+}  // namespace cuda
+}  // namespace cai::kernels

@@ -1,0 +1,53 @@
+#include "kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/base/error.h"
+
+namespace cai::kernels::cpu {
+
+namespace {
+void check_labels(const int32_t* labels, int64_t b, int64_t k) {
+  for (int64_t i = 0; i < b; ++i)
+    CAI_CHECK(labels[i] >= 0 && labels[i] < k,
+              "[cross_entropy] label {} of sample {} is outside [0, {})", labels[i], i, k);
+}
+double log_sum_exp(const float* x, int64_t k) {
+  const float mx = *std::max_element(x, x + k);
+  double s = 0.0;
+  for (int64_t j = 0; j < k; ++j) s += std::exp(static_cast<double>(x[j]) - mx);
+  return mx + std::log(s);
+}
+}  // namespace
+
+void cross_entropy_fwd(const float* logits, const int32_t* labels, float* losses, int64_t b,
+                       int64_t k, float eps) {
+  check_labels(labels, b, k);
+#pragma omp parallel for if (b * k > 16384)
+  for (int64_t i = 0; i < b; ++i) {
+    const float* x = logits + i * k;
+    const double lse = log_sum_exp(x, k);
+    double mean = 0.0;
+    for (int64_t j = 0; j < k; ++j) mean += x[j];
+    mean /= k;
+    losses[i] = static_cast<float>((1.0 - eps) * (lse - x[labels[i]]) + eps * (lse - mean));
+  }
+}
+
+void cross_entropy_bwd(const float* logits, const int32_t* labels, float dloss, float* dlogits,
+                       int64_t b, int64_t k, float eps) {
+  check_labels(labels, b, k);
+#pragma omp parallel for if (b * k > 16384)
+  for (int64_t i = 0; i < b; ++i) {
+    const float* x = logits + i * k;
+    const double lse = log_sum_exp(x, k);
+    float* g = dlogits + i * k;
+    for (int64_t j = 0; j < k; ++j) {
+      double t = eps / static_cast<double>(k) + (j == labels[i] ? 1.0 - eps : 0.0);
+      g[j] = static_cast<float>(dloss * (std::exp(x[j] - lse) - t));
+    }
+  }
+}
+
+}  // namespace cai::kernels::cpu

@@ -1,0 +1,44 @@
+#include "kernels/dropout.h"
+
+#include "kernels/base/philox.h"
+
+namespace cai::kernels::cpu {
+
+namespace {
+// Applies the mask: y = keep ? x / (1 - p) : 0. Used by forward (x) and backward (dy).
+void masked_scale(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                  uint64_t offset) {
+  const float s = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > 16384)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = philox::uniform(seed, stream, offset + i) >= p ? x[i] * s : 0.0f;
+}
+
+void sample_scale(const float* x, float* y, int64_t b, int64_t per, float p, uint64_t seed,
+                  uint64_t stream, uint64_t offset) {
+  const float s = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < b; ++i) {
+    const float f = philox::uniform(seed, stream, offset + i) >= p ? s : 0.0f;
+    for (int64_t j = 0; j < per; ++j) y[i * per + j] = x[i * per + j] * f;
+  }
+}
+}  // namespace
+
+void dropout_fwd(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset) {
+  masked_scale(x, y, n, p, seed, stream, offset);
+}
+void dropout_bwd(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset) {
+  masked_scale(dy, dx, n, p, seed, stream, offset);
+}
+void drop_path_fwd(const float* x, float* y, int64_t b, int64_t per_sample, float p, uint64_t seed,
+                   uint64_t stream, uint64_t offset) {
+  sample_scale(x, y, b, per_sample, p, seed, stream, offset);
+}
+void drop_path_bwd(const float* dy, float* dx, int64_t b, int64_t per_sample, float p,
+                   uint64_t seed, uint64_t stream, uint64_t offset) {
+  sample_scale(dy, dx, b, per_sample, p, seed, stream, offset);
+}
+
+}  // namespace cai::kernels::cpu

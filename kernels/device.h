@@ -1,0 +1,45 @@
+// Device memory and runtime information. The CPU side is plain aligned host memory; the CUDA side
+// is implemented in kernels/cuda/device.cu, or by kernels/no_cuda.cpp (which throws or reports
+// "not compiled") when the build has no CUDA.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace cai::kernels {
+namespace cpu {
+void* alloc(size_t bytes);  // 64-byte aligned; throws on failure
+void free(void* p);
+std::string blas_info();  // OpenBLAS build configuration, e.g. "OpenBLAS 0.3.21 ..."
+int max_threads();        // OpenMP threads the CPU kernels use
+}  // namespace cpu
+namespace cuda {
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  size_t total_memory = 0;
+  int multiprocessors = 0;
+};
+struct RuntimeInfo {
+  bool compiled = false;           // this build has CUDA kernels
+  int compiled_version = 0;        // CUDART_VERSION at build time, e.g. 13000
+  int runtime_version = 0;         // cudaRuntimeGetVersion, 0 when unknown
+  int driver_version = 0;          // cudaDriverGetVersion, 0 when there is no driver
+  std::string device_error;        // why no device could be listed ("" when devices were listed)
+  int cublas_version = 0;          // cublasGetProperty major*10000 + minor*100 + patch
+  int nccl_version = 0;            // ncclGetVersion
+  std::vector<int> architectures;  // CUDA architectures compiled in, e.g. {90}
+  std::vector<DeviceInfo> devices;
+};
+RuntimeInfo runtime_info();
+int device_count();  // 0 when there is no driver or no GPU
+void* alloc(size_t bytes, int device);
+void free(void* p, int device);
+void copy_h2d(void* dst, const void* src, size_t bytes);
+void copy_d2h(void* dst, const void* src, size_t bytes);
+void copy_d2d(void* dst, const void* src, size_t bytes);
+void memset_zero(void* p, size_t bytes);
+void synchronize();
+}  // namespace cuda
+}  // namespace cai::kernels

@@ -1,0 +1,31 @@
+// Dropout and drop-path (stochastic depth) with masks drawn from the counter-based RNG:
+// element i of the mask is philox::uniform(seed, stream, offset + i) >= p, so the mask is the
+// same on CPU and CUDA and does not depend on how the batch is split over ranks (offset is the
+// global position of the first element). Kept values are scaled by 1/(1-p). The backward
+// regenerates the mask instead of storing it.
+#pragma once
+#include <cstdint>
+
+namespace cai::kernels {
+namespace cpu {
+void dropout_fwd(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset);
+void dropout_bwd(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset);
+// x[b, per_sample]: whole samples are dropped; sample i draws at offset + i.
+void drop_path_fwd(const float* x, float* y, int64_t b, int64_t per_sample, float p, uint64_t seed,
+                   uint64_t stream, uint64_t offset);
+void drop_path_bwd(const float* dy, float* dx, int64_t b, int64_t per_sample, float p,
+                   uint64_t seed, uint64_t stream, uint64_t offset);
+}  // namespace cpu
+namespace cuda {
+void dropout_fwd(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset, void* cuda_stream = nullptr);
+void dropout_bwd(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t stream,
+                 uint64_t offset, void* cuda_stream = nullptr);
+void drop_path_fwd(const float* x, float* y, int64_t b, int64_t per_sample, float p, uint64_t seed,
+                   uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
+void drop_path_bwd(const float* dy, float* dx, int64_t b, int64_t per_sample, float p,
+                   uint64_t seed, uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
+}  // namespace cuda
+}  // namespace cai::kernels

@@ -1,0 +1,72 @@
+// Parameters, per-micro-batch activation caches and the Layer interface that pipeline stages
+// and the trainer drive. A layer keeps no activations itself: forward fills a Cache the caller
+// owns and backward consumes it, so a pipeline executor can hold several micro-batches in flight.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/core/tensor.h"
+#include "cai/ops/ops.h"
+
+namespace cai::nn {
+
+struct Parameter {
+  std::string name;  // timm's state_dict name, e.g. "blocks.0.attn.qkv.weight"
+  Tensor value;
+  Tensor grad;                   // same shape, accumulated by backward; zero_grad() clears it
+  bool weight_decay = true;      // false for norms, biases, tokens and position embedding (timm)
+  uint64_t init_stream() const;  // RNG stream of this parameter's initialisation
+};
+
+// Everything a forward/backward needs besides tensors: training flag and the RNG position.
+// Masks depend on (seed, step, site, global sample index) only, so they do not depend on how the
+// batch is split into micro-batches or over data-parallel ranks.
+struct ForwardCtx {
+  bool training = false;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int64_t sample_offset = 0;  // global index of the first sample of this (micro-)batch
+  // RNG key for a random op at `site` (e.g. "blocks.3.drop_path1") whose elements per sample
+  // are `per_sample`.
+  ops::RngKey key(const std::string& site, int64_t per_sample) const;
+};
+
+// Opaque per-layer activations of one micro-batch.
+struct Cache {
+  virtual ~Cache() = default;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) = 0;
+  // Returns the gradient w.r.t. the layer's input and accumulates parameter gradients.
+  // Consumes (and releases) the cache.
+  virtual Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache,
+                          const ForwardCtx& ctx) = 0;
+  virtual void collect(std::vector<Parameter*>& out) = 0;
+  virtual std::string name() const = 0;
+};
+
+// Building blocks owned by layers.
+struct Linear {
+  Parameter weight, bias;
+  bool has_bias = true;
+  Linear() = default;
+  Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
+  void collect(std::vector<Parameter*>& out);
+};
+
+struct LayerNorm {
+  Parameter weight, bias;
+  float eps = 1e-6f;
+  LayerNorm() = default;
+  LayerNorm(const std::string& name, int64_t dim, float eps = 1e-6f);
+  void collect(std::vector<Parameter*>& out);
+};
+
+Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay);
+
+}  // namespace cai::nn

@@ -1,0 +1,118 @@
+// Vision Transformer as timm builds it (pre-LN blocks, class token, learned position embedding,
+// LayerNorm eps 1e-6, qkv bias), split into layers so a pipeline stage can own a contiguous range:
+//   layer 0: Embedding (patch embedding, class token, position embedding, dropout)
+//   layers 1..depth: Block i-1
+//   layer depth+1: Head (final norm on the class token, classifier)
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/nn/module.h"
+
+namespace cai::nn {
+
+struct ViTConfig {
+  int64_t img_size = 224;
+  int64_t patch_size = 16;
+  int64_t in_chans = 3;
+  int64_t num_classes = 1000;
+  int64_t embed_dim = 768;
+  int64_t depth = 12;
+  int64_t num_heads = 12;
+  double mlp_ratio = 4.0;
+  float drop_rate = 0.0f;       // dropout after position embedding, attention proj and MLP
+  float drop_path_rate = 0.0f;  // stochastic depth, linearly increasing over blocks
+  bool checkpoint = false;      // activation checkpointing of every block (recompute in backward)
+
+  int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
+  int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
+  void validate() const;  // throws naming the bad value
+  // timm names: vit_tiny_patch16_224, vit_small_patch16_224, vit_base_patch16_224,
+  // vit_large_patch16_224, vit_huge_patch14_224 (and vit_huge_patch16_224 as an alias).
+  static ViTConfig named(const std::string& name);
+  static std::vector<std::string> names();
+};
+
+class Embedding : public Layer {
+ public:
+  explicit Embedding(const ViTConfig& c);
+  Tensor forward(const Tensor& img, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  void collect(std::vector<Parameter*>& out) override;
+  std::string name() const override { return "embedding"; }
+
+  Linear proj;  // patch_embed.proj: weight [D, C, p, p] (Conv2d layout), bias [D]
+  Parameter cls_token, pos_embed;
+
+ private:
+  ViTConfig c_;
+};
+
+class Block : public Layer {
+ public:
+  Block(const ViTConfig& c, int64_t index, float drop_path);
+  Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  void collect(std::vector<Parameter*>& out) override;
+  std::string name() const override { return prefix_; }
+
+  LayerNorm norm1, norm2;
+  Linear qkv, proj, fc1, fc2;
+  bool checkpoint = false;
+
+ private:
+  struct Acts;
+  void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx);
+  ViTConfig c_;
+  std::string prefix_;
+  float drop_path_;
+};
+
+class Head : public Layer {
+ public:
+  explicit Head(const ViTConfig& c);
+  Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  void collect(std::vector<Parameter*>& out) override;
+  std::string name() const override { return "head"; }
+
+  LayerNorm norm;
+  Linear head;
+
+ private:
+  ViTConfig c_;
+};
+
+class ViT {
+ public:
+  explicit ViT(const ViTConfig& c);
+  const ViTConfig& config() const { return c_; }
+
+  // timm's initialisation, drawn per parameter from (seed, parameter name): the same values
+  // whatever the layout. Linear: trunc_normal(std .02), bias 0; pos_embed trunc_normal(.02);
+  // cls_token normal(1e-6); patch projection: PyTorch's Conv2d default U(±1/√fan_in);
+  // LayerNorm: 1, 0.
+  void init(uint64_t seed);
+
+  std::vector<Parameter*> parameters();
+  Parameter& parameter(const std::string& name);  // throws naming the unknown name
+  int64_t num_parameters();
+  void zero_grad();
+
+  // The layers, in order: Embedding, Block × depth, Head.
+  std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
+
+  // Whole-model forward: img [B, C, H, W] -> logits [B, classes]; caches[i] is layer i's.
+  Tensor forward(const Tensor& img, std::vector<std::unique_ptr<Cache>>& caches,
+                 const ForwardCtx& ctx);
+  void backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& caches,
+                const ForwardCtx& ctx);
+
+ private:
+  ViTConfig c_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+}  // namespace cai::nn

@@ -1,0 +1,73 @@
+// The math of the ViT as functions with explicit forward and backward (no autograd tape).
+// Each op checks shapes and devices, then dispatches to kernels/cpu or kernels/cuda by the
+// tensors' device. All ops take and return fp32 tensors (half precision arrives with the CUDA
+// backend). Backward functions overwrite the input gradient they return and ACCUMULATE into
+// parameter gradients passed by pointer (null: not needed), so micro-batches add up.
+#pragma once
+#include <cstdint>
+
+#include "cai/core/tensor.h"
+
+namespace cai::ops {
+
+// y[..., N] = x[..., K] · w[N, K]^T + b[N]. b may be null.
+Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b);
+// Returns dx (undefined when need_dx is false); dw, db accumulate.
+Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
+                  bool need_dx = true);
+
+// LayerNorm over the last dimension. `mean`/`rstd` ([rows]) are written for the backward.
+Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                     Tensor* mean, Tensor* rstd);
+Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& dy, Tensor* dgamma, Tensor* dbeta);
+
+// GELU (erf form).
+Tensor gelu_fwd(const Tensor& x);
+Tensor gelu_bwd(const Tensor& x, const Tensor& dy);
+
+// Multi-head attention from fused qkv[B, N, 3·D] (timm layout) -> out[B, N, D].
+// `probs` receives the softmax [B, H, N, N] kept for the backward.
+Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* probs);
+Tensor attention_bwd(const Tensor& qkv, const Tensor& probs, const Tensor& dout, int64_t heads);
+
+// Where a random mask comes from: element i of the op uses philox(seed, stream, offset + i).
+struct RngKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+  uint64_t offset = 0;
+};
+Tensor dropout_fwd(const Tensor& x, float p, RngKey key);
+Tensor dropout_bwd(const Tensor& dy, float p, RngKey key);
+// Drops whole samples (dim 0) with probability p; sample i draws at key.offset + i.
+Tensor drop_path_fwd(const Tensor& x, float p, RngKey key);
+Tensor drop_path_bwd(const Tensor& dy, float p, RngKey key);
+
+// Conv2d(kernel = stride = patch) as patchify + GEMM: img[B, C, H, W], w[D, C, p, p], b[D]
+// -> tokens[B, (H/p)·(W/p), D]. `patches` receives the im2col matrix for the backward.
+Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tensor* patches);
+void patch_embed_bwd(const Tensor& patches, const Tensor& w, const Tensor& dy, Tensor* dw,
+                     Tensor* db);
+
+// tokens[B, P, D] with cls[1, 1, D] and pos[1, P+1, D] -> [B, P+1, D].
+Tensor cls_pos_fwd(const Tensor& tokens, const Tensor& cls, const Tensor& pos);
+Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos);  // returns dtokens
+
+// x[B, N, D] -> x[:, index, :] as [B, D].
+Tensor select_token_fwd(const Tensor& x, int64_t index);
+Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index);
+
+// Per-sample cross-entropy with label smoothing: logits[B, K], labels int32 [B] -> losses[B].
+Tensor cross_entropy_fwd(const Tensor& logits, const Tensor& labels, float smoothing);
+// d(Σ_i w·loss_i)/dlogits with the same weight w for every sample (w = 1/B for a mean).
+Tensor cross_entropy_bwd(const Tensor& logits, const Tensor& labels, float smoothing, float weight);
+
+// Elementwise helpers.
+Tensor add(const Tensor& a, const Tensor& b);
+void add_(Tensor& y, const Tensor& x);                // y += x
+void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha·x
+void scale_(Tensor& x, float alpha);
+void fill_(Tensor& x, float value);
+double sum_squares(const Tensor& x);
+
+}  // namespace cai::ops

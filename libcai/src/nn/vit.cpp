@@ -1,0 +1,339 @@
+#include "cai/nn/vit.h"
+
+#include <cmath>
+
+#include "cai/core/error.h"
+#include "cai/core/rng.h"
+
+namespace cai::nn {
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+void ViTConfig::validate() const {
+  CAI_CHECK(img_size > 0 && patch_size > 0 && img_size % patch_size == 0,
+            "[vit] img_size {} must be a positive multiple of patch_size {}", img_size, patch_size);
+  CAI_CHECK(in_chans > 0, "[vit] in_chans {} must be positive", in_chans);
+  CAI_CHECK(num_classes > 0, "[vit] num_classes {} must be positive", num_classes);
+  CAI_CHECK(depth > 0, "[vit] depth {} must be positive", depth);
+  CAI_CHECK(num_heads > 0 && embed_dim > 0 && embed_dim % num_heads == 0,
+            "[vit] hidden size {} must be divisible by num_heads {}", embed_dim, num_heads);
+  CAI_CHECK(mlp_ratio > 0 && mlp_hidden() > 0, "[vit] mlp_ratio {} gives no hidden units",
+            mlp_ratio);
+  CAI_CHECK(drop_rate >= 0 && drop_rate < 1, "[vit] dropout {} is outside [0, 1)", drop_rate);
+  CAI_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "[vit] drop_path {} is outside [0, 1)",
+            drop_path_rate);
+}
+
+std::vector<std::string> ViTConfig::names() {
+  return {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
+          "vit_large_patch16_224", "vit_huge_patch14_224"};
+}
+
+ViTConfig ViTConfig::named(const std::string& name) {
+  ViTConfig c;
+  if (name == "vit_tiny_patch16_224") {
+    c.embed_dim = 192, c.depth = 12, c.num_heads = 3;
+  } else if (name == "vit_small_patch16_224") {
+    c.embed_dim = 384, c.depth = 12, c.num_heads = 6;
+  } else if (name == "vit_base_patch16_224") {
+    c.embed_dim = 768, c.depth = 12, c.num_heads = 12;
+  } else if (name == "vit_large_patch16_224") {
+    c.embed_dim = 1024, c.depth = 24, c.num_heads = 16;
+  } else if (name == "vit_huge_patch14_224" || name == "vit_huge_patch16_224") {
+    c.embed_dim = 1280, c.depth = 32, c.num_heads = 16;
+    c.patch_size = name == "vit_huge_patch14_224" ? 14 : 16;
+  } else {
+    fail("[vit] unknown model '{}': expected one of {}", name, fmt::join(names(), ", "));
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+namespace {
+struct EmbedCache : Cache {
+  Tensor patches;
+};
+template <typename T>
+T& cache_as(std::unique_ptr<Cache>& c, const std::string& layer) {
+  T* p = dynamic_cast<T*>(c.get());
+  CAI_CHECK(p, "[{}] backward called without a matching forward cache", layer);
+  return *p;
+}
+}  // namespace
+
+Embedding::Embedding(const ViTConfig& c) : c_(c) {
+  const int64_t d = c.embed_dim, p = c.patch_size;
+  proj.weight = make_parameter("patch_embed.proj.weight", {d, c.in_chans, p, p}, true);
+  proj.bias = make_parameter("patch_embed.proj.bias", {d}, false);
+  cls_token = make_parameter("cls_token", {1, 1, d}, false);
+  pos_embed = make_parameter("pos_embed", {1, c.num_patches() + 1, d}, false);
+}
+
+Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
+  CAI_CHECK(img.dim() == 4 && img.size(1) == c_.in_chans && img.size(2) == c_.img_size &&
+                img.size(3) == c_.img_size,
+            "[embedding] expects images [batch, {}, {}, {}], got {}", c_.in_chans, c_.img_size,
+            c_.img_size, img.str());
+  auto cc = std::make_unique<EmbedCache>();
+  Tensor t = ops::patch_embed_fwd(img, proj.weight.value, proj.bias.value, &cc->patches);
+  Tensor x = ops::cls_pos_fwd(t, cls_token.value, pos_embed.value);
+  if (ctx.training && c_.drop_rate > 0)
+    x = ops::dropout_fwd(x, c_.drop_rate, ctx.key("pos_drop", x.numel() / x.size(0)));
+  cache = std::move(cc);
+  return x;
+}
+
+Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
+  auto& cc = cache_as<EmbedCache>(cache, "embedding");
+  Tensor g = dy;
+  if (ctx.training && c_.drop_rate > 0)
+    g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
+  Tensor dt = ops::cls_pos_bwd(g, &cls_token.grad, &pos_embed.grad);
+  ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &proj.weight.grad, &proj.bias.grad);
+  cache.reset();
+  return Tensor();  // images need no gradient
+}
+
+void Embedding::collect(std::vector<Parameter*>& out) {
+  out.push_back(&cls_token);
+  out.push_back(&pos_embed);
+  proj.collect(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block
+
+struct Block::Acts : Cache {
+  Tensor x, mean1, rstd1, a, qkv, probs, o;  // attention half
+  Tensor h, mean2, rstd2, b, f, m;           // MLP half (f: fc1 output, m: fc2 input)
+  bool full = false;                         // false: only x kept (checkpointed)
+};
+
+Block::Block(const ViTConfig& c, int64_t index, float drop_path)
+    : c_(c), prefix_("blocks." + std::to_string(index)), drop_path_(drop_path) {
+  const int64_t d = c.embed_dim, hid = c.mlp_hidden();
+  norm1 = LayerNorm(prefix_ + ".norm1", d);
+  qkv = Linear(prefix_ + ".attn.qkv", d, 3 * d);
+  proj = Linear(prefix_ + ".attn.proj", d, d);
+  norm2 = LayerNorm(prefix_ + ".norm2", d);
+  fc1 = Linear(prefix_ + ".mlp.fc1", d, hid);
+  fc2 = Linear(prefix_ + ".mlp.fc2", hid, d);
+  checkpoint = c.checkpoint;
+}
+
+void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
+  const bool drop = ctx.training && c_.drop_rate > 0;
+  const bool dpath = ctx.training && drop_path_ > 0;
+  const int64_t per = x.numel() / x.size(0);
+  a.x = x;
+  a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1);
+  a.qkv = ops::linear_fwd(a.a, qkv.weight.value, &qkv.bias.value);
+  a.o = ops::attention_fwd(a.qkv, c_.num_heads, &a.probs);
+  Tensor y = ops::linear_fwd(a.o, proj.weight.value, &proj.bias.value);
+  if (drop) y = ops::dropout_fwd(y, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
+  if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
+  a.h = ops::add(x, y);
+  a.b =
+      ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2);
+  a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
+  a.m = ops::gelu_fwd(a.f);
+  if (drop)
+    a.m = ops::dropout_fwd(a.m, c_.drop_rate,
+                           ctx.key(prefix_ + ".mlp.drop1", a.m.numel() / a.m.size(0)));
+  a.full = true;
+}
+
+Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
+  CAI_CHECK(x.dim() == 3 && x.size(2) == c_.embed_dim,
+            "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, c_.embed_dim, x.str());
+  auto a = std::make_unique<Acts>();
+  run_forward(x, *a, ctx);
+  const int64_t per = x.numel() / x.size(0);
+  Tensor y = ops::linear_fwd(a->m, fc2.weight.value, &fc2.bias.value);
+  if (ctx.training && c_.drop_rate > 0)
+    y = ops::dropout_fwd(y, c_.drop_rate, ctx.key(prefix_ + ".mlp.drop2", per));
+  if (ctx.training && drop_path_ > 0)
+    y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
+  Tensor out = ops::add(a->h, y);
+  if (checkpoint) {
+    // Keep only the input; backward recomputes the rest with the same RNG keys.
+    Tensor keep = a->x;
+    *a = Acts{};
+    a->x = keep;
+  }
+  cache = std::move(a);
+  return out;
+}
+
+Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
+  auto& a = cache_as<Acts>(cache, prefix_);
+  if (!a.full) run_forward(Tensor(a.x), a, ctx);
+  const bool drop = ctx.training && c_.drop_rate > 0;
+  const bool dpath = ctx.training && drop_path_ > 0;
+  const int64_t per = dy.numel() / dy.size(0);
+
+  // MLP half: out = h + dpath(drop(fc2(m)))
+  Tensor g = dy;
+  if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
+  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, ctx.key(prefix_ + ".mlp.drop2", per));
+  Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
+  if (drop)
+    gm = ops::dropout_bwd(gm, c_.drop_rate,
+                          ctx.key(prefix_ + ".mlp.drop1", gm.numel() / gm.size(0)));
+  Tensor gf = ops::gelu_bwd(a.f, gm);
+  Tensor gb = ops::linear_bwd(a.b, fc1.weight.value, gf, &fc1.weight.grad, &fc1.bias.grad);
+  Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &norm2.weight.grad,
+                                 &norm2.bias.grad);
+  ops::add_(gh, dy);
+
+  // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
+  Tensor gy = gh;
+  if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
+  if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
+  Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
+  Tensor gq = ops::attention_bwd(a.qkv, a.probs, go, c_.num_heads);
+  Tensor ga = ops::linear_bwd(a.a, qkv.weight.value, gq, &qkv.weight.grad, &qkv.bias.grad);
+  Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &norm1.weight.grad,
+                                 &norm1.bias.grad);
+  ops::add_(gx, gh);
+  cache.reset();
+  return gx;
+}
+
+void Block::collect(std::vector<Parameter*>& out) {
+  norm1.collect(out);
+  qkv.collect(out);
+  proj.collect(out);
+  norm2.collect(out);
+  fc1.collect(out);
+  fc2.collect(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Head: timm applies the final norm to every token and then takes the class token; normalising
+// only the class token gives the same logits and gradients with less work.
+
+namespace {
+struct HeadCache : Cache {
+  int64_t tokens = 0;
+  Tensor t, mean, rstd, z;
+};
+}  // namespace
+
+Head::Head(const ViTConfig& c) : c_(c) {
+  norm = LayerNorm("norm", c.embed_dim);
+  head = Linear("head", c.embed_dim, c.num_classes);
+}
+
+Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
+  CAI_CHECK(x.dim() == 3 && x.size(2) == c_.embed_dim,
+            "[head] expects tokens [batch, tokens, {}], got {}", c_.embed_dim, x.str());
+  auto hc = std::make_unique<HeadCache>();
+  hc->tokens = x.size(1);
+  hc->t = ops::select_token_fwd(x, 0);
+  hc->z =
+      ops::layernorm_fwd(hc->t, norm.weight.value, norm.bias.value, norm.eps, &hc->mean, &hc->rstd);
+  Tensor logits = ops::linear_fwd(hc->z, head.weight.value, &head.bias.value);
+  cache = std::move(hc);
+  return logits;
+}
+
+Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
+  auto& hc = cache_as<HeadCache>(cache, "head");
+  Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dy, &head.weight.grad, &head.bias.grad);
+  Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &norm.weight.grad,
+                                 &norm.bias.grad);
+  Tensor gx = ops::select_token_bwd(gt, hc.tokens, 0);
+  cache.reset();
+  return gx;
+}
+
+void Head::collect(std::vector<Parameter*>& out) {
+  norm.collect(out);
+  head.collect(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ViT
+
+ViT::ViT(const ViTConfig& c) : c_(c) {
+  c.validate();
+  layers_.push_back(std::make_unique<Embedding>(c));
+  for (int64_t i = 0; i < c.depth; ++i) {
+    // timm: dpr = linspace(0, drop_path_rate, depth)
+    const float dp = c.depth > 1 ? c.drop_path_rate * static_cast<float>(i) / (c.depth - 1)
+                                 : c.drop_path_rate * 0.0f;
+    layers_.push_back(std::make_unique<Block>(c, i, dp));
+  }
+  layers_.push_back(std::make_unique<Head>(c));
+}
+
+std::vector<Parameter*> ViT::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& l : layers_) l->collect(out);
+  return out;
+}
+
+Parameter& ViT::parameter(const std::string& name) {
+  for (Parameter* p : parameters())
+    if (p->name == name) return *p;
+  fail("[vit] no parameter named '{}'", name);
+}
+
+int64_t ViT::num_parameters() {
+  int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void ViT::zero_grad() {
+  for (Parameter* p : parameters()) p->grad.zero_();
+}
+
+void ViT::init(uint64_t seed) {
+  for (Parameter* p : parameters()) {
+    Tensor& v = p->value;
+    const std::string& n = p->name;
+    const uint64_t s = p->init_stream();
+    auto ends_with = [&](const char* suf) {
+      const std::string t(suf);
+      return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
+    };
+    if (n == "cls_token") {
+      rng::normal_(v, seed, s, 0.0f, 1e-6f);
+    } else if (n == "pos_embed") {
+      rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
+    } else if (n.rfind("patch_embed.proj.", 0) == 0) {
+      const int64_t fan_in = c_.in_chans * c_.patch_size * c_.patch_size;
+      const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+      rng::uniform_(v, seed, s, -bound, bound);
+    } else if (n.find("norm") != std::string::npos) {
+      ops::fill_(v, ends_with(".weight") ? 1.0f : 0.0f);
+    } else if (ends_with(".weight")) {
+      rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
+    } else {
+      v.zero_();
+    }
+  }
+}
+
+Tensor ViT::forward(const Tensor& img, std::vector<std::unique_ptr<Cache>>& caches,
+                    const ForwardCtx& ctx) {
+  caches.resize(layers_.size());
+  Tensor x = img;
+  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, caches[i], ctx);
+  return x;
+}
+
+void ViT::backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& caches,
+                   const ForwardCtx& ctx) {
+  CAI_CHECK(caches.size() == layers_.size(), "[vit] backward needs {} caches, got {}",
+            layers_.size(), caches.size());
+  Tensor g = dlogits;
+  for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(g, caches[i], ctx);
+}
+
+}  // namespace cai::nn

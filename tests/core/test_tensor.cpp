@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cai/core/error.h"
+#include "cai/core/tensor.h"
+#include "kernels/device.h"
+
+using namespace cai;
+
+TEST(Tensor, ShapeStridesAndViews) {
+  Tensor t = Tensor::from_vector(std::vector<float>{0, 1, 2, 3, 4, 5}, {2, 3});
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.strides(), (Shape{3, 1}));
+  EXPECT_EQ(t.size(-1), 3);
+  Tensor r = t.reshape({3, -1});
+  EXPECT_EQ(r.shape(), (Shape{3, 2}));
+  r.data<float>()[0] = 42;  // views share storage
+  EXPECT_EQ(t.data<float>()[0], 42);
+  Tensor row = t.narrow(1, 1);
+  EXPECT_EQ(row.shape(), (Shape{1, 3}));
+  EXPECT_EQ(row.to_vector(), (std::vector<float>{3, 4, 5}));
+  Tensor c = t.clone();
+  c.data<float>()[1] = -1;
+  EXPECT_EQ(t.data<float>()[1], 1);
+}
+
+TEST(Tensor, ErrorsNameTheValues) {
+  Tensor t = Tensor::zeros({2, 3});
+  try {
+    t.reshape({4, 2});
+    FAIL() << "reshape should throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 2]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(t.narrow(1, 2), Error);
+  EXPECT_THROW(t.data<int32_t>(), Error);
+  EXPECT_THROW(Tensor::from_vector(std::vector<float>{1, 2}, {3}), Error);
+  EXPECT_THROW(dtype_from_name("fp8"), Error);
+}
+
+TEST(Tensor, HalfConversionsRoundTrip) {
+  std::vector<float> v{0.0f, 1.0f, -2.5f, 3.14159f, 65504.0f, 1e-7f, -1e-3f};
+  Tensor t = Tensor::from_vector(v, {7});
+  const auto bf = t.to(DType::BF16).to(DType::F32).to_vector();
+  const auto hf = t.to(DType::F16).to(DType::F32).to_vector();
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_NEAR(bf[i], v[i], std::abs(v[i]) * 4e-3 + 1e-30) << i;
+    if (std::abs(v[i]) > 6e-5f) {
+      EXPECT_NEAR(hf[i], v[i], std::abs(v[i]) * 1e-3) << i;
+    } else {
+      EXPECT_NEAR(hf[i], v[i], 6e-8) << i;  // fp16 subnormal spacing
+    }
+  }
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // rounds to infinity
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
+}
+
+TEST(Tensor, CudaWithoutGpuThrowsCleanly) {
+  // On a machine without a GPU (or a build without CUDA) CUDA allocation must throw, not crash.
+  if (cai::kernels::cuda::device_count() > 0)
+    GTEST_SKIP() << "a GPU is present: the GPU suite covers CUDA tensors";
+  EXPECT_THROW(Tensor::empty({4}, DType::F32, Device::cuda(0)), Error);
+}
