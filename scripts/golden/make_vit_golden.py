@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import timm
+import timm.optim
 import torch
 
 import goldenio
