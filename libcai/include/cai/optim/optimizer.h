@@ -1,0 +1,112 @@
+// Optimizers over parameter groups (PyTorch semantics), global-norm gradient clipping, and
+// savable state. State tensors live beside the parameters (same device) and are named
+// "<parameter name>.<slot>" so that a checkpoint or a ZeRO shard can address them.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/nn/module.h"
+
+namespace cai::optim {
+
+struct ParamGroup {
+  std::vector<nn::Parameter*> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double base_lr = 1e-3;  // the lr a scheduler scales (set from lr when the optimizer is built)
+};
+
+// timm's split: weight decay for weights of rank ≥ 2, none for biases, norms, tokens and the
+// position embedding (Parameter::weight_decay). Empty groups are dropped.
+std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& params, double lr,
+                                            double weight_decay);
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer() = default;
+  // Applies one update from the parameters' gradients.
+  void step();
+  void zero_grad();
+  std::vector<ParamGroup>& groups() { return groups_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  int64_t steps() const { return step_; }
+  void set_lr(double lr);  // every group
+  virtual std::string name() const = 0;
+
+  // Named state tensors plus "step" (a 1-element tensor); load checks names and shapes.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+  int64_t state_bytes() const;  // optimizer-state memory held by this process
+
+ protected:
+  virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
+  Tensor& slot(const nn::Parameter& p, const char* slot_name);  // zero-initialised on first use
+  bool has_slot(const nn::Parameter& p, const char* slot_name) const;
+  std::vector<ParamGroup> groups_;
+  int64_t step_ = 0;
+  std::map<std::string, Tensor> state_;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, double momentum = 0.0, double dampening = 0.0,
+      bool nesterov = false);
+  std::string name() const override { return nesterov_ ? "sgd(nesterov)" : "sgd"; }
+
+ private:
+  void update(ParamGroup& g, nn::Parameter& p) override;
+  double momentum_, dampening_;
+  bool nesterov_;
+};
+
+// Adam with L2 weight decay (decoupled = false) or AdamW (decoupled = true).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+       bool decoupled = false);
+  std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
+
+ private:
+  void update(ParamGroup& g, nn::Parameter& p) override;
+  double beta1_, beta2_, eps_;
+  bool decoupled_;
+};
+
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
+      : Adam(std::move(groups), beta1, beta2, eps, true) {}
+};
+
+// LAMB as timm's Lamb (NVIDIA FusedLAMB behaviour): Adam direction with bias correction plus
+// weight decay, scaled per parameter by the trust ratio ‖p‖/‖update‖ when the group has weight
+// decay. No internal gradient clipping: use clip_grad_norm.
+class Lamb : public Optimizer {
+ public:
+  Lamb(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-6);
+  std::string name() const override { return "lamb"; }
+
+ private:
+  void update(ParamGroup& g, nn::Parameter& p) override;
+  double beta1_, beta2_, eps_;
+};
+
+struct OptimizerOptions {
+  std::string name = "adamw";  // sgd | adam | adamw | lamb
+  double momentum = 0.9;       // sgd
+  bool nesterov = false;       // sgd
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = -1;  // < 0: the optimizer's default (1e-8, Lamb 1e-6)
+};
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector<ParamGroup> g);
+
+// Scales all gradients so their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
+// factor max_norm / (norm + 1e-6), only when < 1). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm);
+double grad_norm(const std::vector<nn::Parameter*>& params);
+
+}  // namespace cai::optim

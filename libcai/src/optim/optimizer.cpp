@@ -1,0 +1,204 @@
+#include "cai/optim/optimizer.h"
+
+#include <cmath>
+
+#include "cai/core/error.h"
+#include "cai/ops/ops.h"
+#include "kernels/optim.h"
+
+namespace cai::optim {
+
+std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& params, double lr,
+                                            double weight_decay) {
+  ParamGroup decay, no_decay;
+  decay.lr = decay.base_lr = no_decay.lr = no_decay.base_lr = lr;
+  decay.weight_decay = weight_decay;
+  for (nn::Parameter* p : params) (p->weight_decay ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup> out;
+  if (!decay.params.empty()) out.push_back(decay);
+  if (!no_decay.params.empty()) out.push_back(no_decay);
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  for (auto& g : groups_) {
+    CAI_CHECK(g.lr >= 0, "[optimizer] learning rate {} must be non-negative", g.lr);
+    CAI_CHECK(g.weight_decay >= 0, "[optimizer] weight decay {} must be non-negative",
+              g.weight_decay);
+    g.base_lr = g.lr;
+    for (nn::Parameter* p : g.params)
+      CAI_CHECK(p->value.dtype() == DType::F32 && p->grad.shape() == p->value.shape(),
+                "[optimizer] parameter {} needs an fp32 value and a gradient of the same shape",
+                p->name);
+  }
+}
+
+void Optimizer::step() {
+  ++step_;
+  for (auto& g : groups_)
+    for (nn::Parameter* p : g.params) update(g, *p);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (nn::Parameter* p : g.params) p->grad.zero_();
+}
+
+void Optimizer::set_lr(double lr) {
+  for (auto& g : groups_) g.lr = lr;
+}
+
+Tensor& Optimizer::slot(const nn::Parameter& p, const char* slot_name) {
+  const std::string key = p.name + "." + slot_name;
+  auto it = state_.find(key);
+  if (it == state_.end())
+    it = state_.emplace(key, Tensor::zeros(p.value.shape(), DType::F32, p.value.device())).first;
+  return it->second;
+}
+
+bool Optimizer::has_slot(const nn::Parameter& p, const char* slot_name) const {
+  return state_.count(p.name + "." + slot_name) > 0;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (const auto& [k, v] : state_) out.emplace(k, v.clone());
+  out.emplace("step", Tensor::from_vector(std::vector<float>{static_cast<float>(step_)}, {1}));
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  auto it = state.find("step");
+  CAI_CHECK(it != state.end(), "[optimizer] state has no 'step' entry");
+  std::map<std::string, Tensor> fresh;
+  for (const auto& [k, v] : state) {
+    if (k == "step") continue;
+    const nn::Parameter* owner = nullptr;
+    for (const auto& g : groups_)
+      for (const nn::Parameter* p : g.params)
+        if (k.size() > p->name.size() && k.compare(0, p->name.size(), p->name) == 0 &&
+            k[p->name.size()] == '.' && k.find('.', p->name.size() + 1) == std::string::npos)
+          owner = p;
+    CAI_CHECK(owner, "[optimizer] state entry '{}' belongs to no parameter of this optimizer", k);
+    CAI_CHECK(v.shape() == owner->value.shape(),
+              "[optimizer] state entry '{}' has shape {}, parameter {} has {}", k,
+              shape_str(v.shape()), owner->name, shape_str(owner->value.shape()));
+    fresh.emplace(k, v.to(owner->value.device()).clone());
+  }
+  state_ = std::move(fresh);
+  step_ = static_cast<int64_t>(it->second.item());
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t b = 0;
+  for (const auto& [k, v] : state_) b += static_cast<int64_t>(v.nbytes());
+  return b;
+}
+
+// --- SGD --------------------------------------------------------------------------------------
+
+SGD::SGD(std::vector<ParamGroup> groups, double momentum, double dampening, bool nesterov)
+    : Optimizer(std::move(groups)),
+      momentum_(momentum),
+      dampening_(dampening),
+      nesterov_(nesterov) {
+  CAI_CHECK(momentum >= 0, "[sgd] momentum {} must be non-negative", momentum);
+  CAI_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+            "[sgd] Nesterov momentum needs momentum > 0 and dampening 0 (got {}, {})", momentum,
+            dampening);
+}
+
+void SGD::update(ParamGroup& g, nn::Parameter& p) {
+  const bool first = momentum_ != 0 && !has_slot(p, "momentum_buffer");
+  float* buf = momentum_ != 0 ? slot(p, "momentum_buffer").data<float>() : nullptr;
+  const int64_t n = p.value.numel();
+  auto run = [&](auto fn) {
+    fn(p.value.data<float>(), p.grad.data<float>(), buf, n, float(g.lr), float(momentum_),
+       float(dampening_), float(g.weight_decay), nesterov_, first);
+  };
+  if (p.value.is_cuda())
+    run([](auto... a) { kernels::cuda::sgd_step(a...); });
+  else
+    run([](auto... a) { kernels::cpu::sgd_step(a...); });
+}
+
+// --- Adam / AdamW -----------------------------------------------------------------------------
+
+Adam::Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double eps, bool decoupled)
+    : Optimizer(std::move(groups)), beta1_(beta1), beta2_(beta2), eps_(eps), decoupled_(decoupled) {
+  CAI_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+            "[adam] betas ({}, {}) must be in [0, 1)", beta1, beta2);
+  CAI_CHECK(eps >= 0, "[adam] eps {} must be non-negative", eps);
+}
+
+void Adam::update(ParamGroup& g, nn::Parameter& p) {
+  float* m = slot(p, "exp_avg").data<float>();
+  float* v = slot(p, "exp_avg_sq").data<float>();
+  auto run = [&](auto fn) {
+    fn(p.value.data<float>(), p.grad.data<float>(), m, v, p.value.numel(), float(g.lr),
+       float(beta1_), float(beta2_), float(eps_), float(g.weight_decay), step_, decoupled_);
+  };
+  if (p.value.is_cuda())
+    run([](auto... a) { kernels::cuda::adam_step(a...); });
+  else
+    run([](auto... a) { kernels::cpu::adam_step(a...); });
+}
+
+// --- LAMB -------------------------------------------------------------------------------------
+
+Lamb::Lamb(std::vector<ParamGroup> groups, double beta1, double beta2, double eps)
+    : Optimizer(std::move(groups)), beta1_(beta1), beta2_(beta2), eps_(eps) {
+  CAI_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+            "[lamb] betas ({}, {}) must be in [0, 1)", beta1, beta2);
+}
+
+void Lamb::update(ParamGroup& g, nn::Parameter& p) {
+  float* m = slot(p, "exp_avg").data<float>();
+  float* v = slot(p, "exp_avg_sq").data<float>();
+  Tensor u = Tensor::empty(p.value.shape(), DType::F32, p.value.device());
+  auto run = [&](auto fn) {
+    fn(p.value.data<float>(), p.grad.data<float>(), m, v, u.data<float>(), p.value.numel(),
+       float(beta1_), float(beta2_), float(eps_), float(g.weight_decay), step_);
+  };
+  if (p.value.is_cuda())
+    run([](auto... a) { kernels::cuda::lamb_update(a...); });
+  else
+    run([](auto... a) { kernels::cpu::lamb_update(a...); });
+  double trust = 1.0;
+  if (g.weight_decay != 0) {
+    const double w_norm = std::sqrt(ops::sum_squares(p.value));
+    const double u_norm = std::sqrt(ops::sum_squares(u));
+    if (w_norm > 0 && u_norm > 0) trust = w_norm / u_norm;
+  }
+  ops::axpy_(p.value, static_cast<float>(-g.lr * trust), u);
+}
+
+// --- factory and clipping ---------------------------------------------------------------------
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector<ParamGroup> g) {
+  if (o.name == "sgd") return std::make_unique<SGD>(std::move(g), o.momentum, 0.0, o.nesterov);
+  if (o.name == "adam")
+    return std::make_unique<Adam>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-8 : o.eps);
+  if (o.name == "adamw")
+    return std::make_unique<AdamW>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-8 : o.eps);
+  if (o.name == "lamb")
+    return std::make_unique<Lamb>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-6 : o.eps);
+  fail("[optimizer] unknown optimizer '{}': expected sgd, adam, adamw or lamb", o.name);
+}
+
+double grad_norm(const std::vector<nn::Parameter*>& params) {
+  double s = 0;
+  for (const nn::Parameter* p : params) s += ops::sum_squares(p->grad);
+  return std::sqrt(s);
+}
+
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm) {
+  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
+  const double norm = grad_norm(params);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (nn::Parameter* p : params) ops::scale_(p->grad, static_cast<float>(coef));
+  return norm;
+}
+
+}  // namespace cai::optim
