@@ -11,7 +11,7 @@ namespace cpu {
 void* alloc(size_t bytes);  // 64-byte aligned; throws on failure
 void free(void* p);
 std::string blas_info();  // OpenBLAS build configuration, e.g. "OpenBLAS 0.3.21 ..."
-int max_threads();        // OpenMP threads the CPU kernels use
+int max_threads();        // threads of the CPU kernels' pool
 }  // namespace cpu
 namespace cuda {
 struct DeviceInfo {

@@ -1,4 +1,5 @@
 #include "kernels/attention.h"
+#include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,9 +22,9 @@ void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_
                    int64_t hd) {
   const Qkv L{n, h, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for collapse(2)
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t hi = 0; hi < h; ++hi) {
+  parallel_for(b * h, 1, [&](int64_t s, int64_t e) {
+    for (int64_t f = s; f < e; ++f) {
+      const int64_t bi = f / h, hi = f % h;
       float* P = probs + (bi * h + hi) * n * n;
       for (int64_t i = 0; i < n; ++i) {
         const float* q = qkv + L.at(bi, i, 0, hi);
@@ -51,16 +52,16 @@ void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_
         }
       }
     }
-  }
+  });
 }
 
 void attention_bwd(const float* qkv, const float* probs, const float* dout, float* dqkv, int64_t b,
                    int64_t n, int64_t h, int64_t hd) {
   const Qkv L{n, h, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for collapse(2)
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t hi = 0; hi < h; ++hi) {
+  parallel_for(b * h, 1, [&](int64_t s, int64_t e) {
+    for (int64_t f = s; f < e; ++f) {
+      const int64_t bi = f / h, hi = f % h;
       const float* P = probs + (bi * h + hi) * n * n;
       std::vector<float> ds(n);
       for (int64_t t = 0; t < n; ++t)
@@ -95,7 +96,7 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace cai::kernels::cpu

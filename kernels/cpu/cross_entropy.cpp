@@ -1,4 +1,5 @@
 #include "kernels/cross_entropy.h"
+#include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,30 +25,32 @@ double log_sum_exp(const float* x, int64_t k) {
 void cross_entropy_fwd(const float* logits, const int32_t* labels, float* losses, int64_t b,
                        int64_t k, float eps) {
   check_labels(labels, b, k);
-#pragma omp parallel for if (b * k > 16384)
-  for (int64_t i = 0; i < b; ++i) {
-    const float* x = logits + i * k;
-    const double lse = log_sum_exp(x, k);
-    double mean = 0.0;
-    for (int64_t j = 0; j < k; ++j) mean += x[j];
-    mean /= k;
-    losses[i] = static_cast<float>((1.0 - eps) * (lse - x[labels[i]]) + eps * (lse - mean));
-  }
+  parallel_for(b, 64, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      const float* x = logits + i * k;
+      const double lse = log_sum_exp(x, k);
+      double mean = 0.0;
+      for (int64_t j = 0; j < k; ++j) mean += x[j];
+      mean /= k;
+      losses[i] = static_cast<float>((1.0 - eps) * (lse - x[labels[i]]) + eps * (lse - mean));
+    }
+  });
 }
 
 void cross_entropy_bwd(const float* logits, const int32_t* labels, float dloss, float* dlogits,
                        int64_t b, int64_t k, float eps) {
   check_labels(labels, b, k);
-#pragma omp parallel for if (b * k > 16384)
-  for (int64_t i = 0; i < b; ++i) {
-    const float* x = logits + i * k;
-    const double lse = log_sum_exp(x, k);
-    float* g = dlogits + i * k;
-    for (int64_t j = 0; j < k; ++j) {
-      double t = eps / static_cast<double>(k) + (j == labels[i] ? 1.0 - eps : 0.0);
-      g[j] = static_cast<float>(dloss * (std::exp(x[j] - lse) - t));
+  parallel_for(b, 64, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      const float* x = logits + i * k;
+      const double lse = log_sum_exp(x, k);
+      float* g = dlogits + i * k;
+      for (int64_t j = 0; j < k; ++j) {
+        double t = eps / static_cast<double>(k) + (j == labels[i] ? 1.0 - eps : 0.0);
+        g[j] = static_cast<float>(dloss * (std::exp(x[j] - lse) - t));
+      }
     }
-  }
+  });
 }
 
 }  // namespace cai::kernels::cpu

@@ -4,7 +4,7 @@
 #include <new>
 
 #include <cblas.h>
-#include <omp.h>
+#include "kernels/cpu/parallel.h"
 
 #include "kernels/base/error.h"
 
@@ -28,7 +28,7 @@ std::string blas_info() {
 }
 
 int max_threads() {
-  return omp_get_max_threads();
+  return num_threads();
 }
 
 }  // namespace cai::kernels::cpu

@@ -1,4 +1,5 @@
 #include "kernels/dropout.h"
+#include "kernels/cpu/parallel.h"
 
 #include "kernels/base/philox.h"
 
@@ -8,17 +9,18 @@ namespace {
 // Applies the mask: y = keep ? x / (1 - p) : 0. Used by forward (x) and backward (dy).
 void masked_scale(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
                   uint64_t offset) {
-  const float s = 1.0f / (1.0f - p);
-#pragma omp parallel for if (n > 16384)
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = philox::uniform(seed, stream, offset + i) >= p ? x[i] * s : 0.0f;
+  const float keep_scale = 1.0f / (1.0f - p);
+  parallel_for(n, 16384, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i)
+      y[i] = philox::uniform(seed, stream, offset + i) >= p ? x[i] * keep_scale : 0.0f;
+  });
 }
 
 void sample_scale(const float* x, float* y, int64_t b, int64_t per, float p, uint64_t seed,
                   uint64_t stream, uint64_t offset) {
-  const float s = 1.0f / (1.0f - p);
+  const float keep_scale = 1.0f / (1.0f - p);
   for (int64_t i = 0; i < b; ++i) {
-    const float f = philox::uniform(seed, stream, offset + i) >= p ? s : 0.0f;
+    const float f = philox::uniform(seed, stream, offset + i) >= p ? keep_scale : 0.0f;
     for (int64_t j = 0; j < per; ++j) y[i * per + j] = x[i * per + j] * f;
   }
 }

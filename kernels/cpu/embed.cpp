@@ -1,4 +1,5 @@
 #include "kernels/embed.h"
+#include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 
@@ -7,9 +8,9 @@ namespace cai::kernels::cpu {
 void patchify(const float* img, float* patches, int64_t b, int64_t c, int64_t hh, int64_t ww,
               int64_t p) {
   const int64_t gh = hh / p, gw = ww / p, row = c * p * p;
-#pragma omp parallel for collapse(2)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t py = 0; py < gh; ++py)
+  parallel_for(b * gh, 1, [&](int64_t s, int64_t e) {
+    for (int64_t f = s; f < e; ++f) {
+      const int64_t bi = f / gh, py = f % gh;
       for (int64_t px = 0; px < gw; ++px) {
         float* dst = patches + ((bi * gh + py) * gw + px) * row;
         for (int64_t ci = 0; ci < c; ++ci)
@@ -18,35 +19,40 @@ void patchify(const float* img, float* patches, int64_t b, int64_t c, int64_t hh
             std::copy(src, src + p, dst + (ci * p + ky) * p);
           }
       }
+    }
+  });
 }
 
 void cls_pos_fwd(const float* tokens, const float* cls, const float* pos, float* out, int64_t b,
                  int64_t np, int64_t d) {
-#pragma omp parallel for
-  for (int64_t bi = 0; bi < b; ++bi) {
-    float* o = out + bi * (np + 1) * d;
-    for (int64_t j = 0; j < d; ++j) o[j] = cls[j] + pos[j];
-    const float* t = tokens + bi * np * d;
-    for (int64_t i = 0; i < np * d; ++i) o[d + i] = t[i] + pos[d + i];
-  }
+  parallel_for(b, 4, [&](int64_t s, int64_t e) {
+    for (int64_t bi = s; bi < e; ++bi) {
+      float* o = out + bi * (np + 1) * d;
+      for (int64_t j = 0; j < d; ++j) o[j] = cls[j] + pos[j];
+      const float* t = tokens + bi * np * d;
+      for (int64_t i = 0; i < np * d; ++i) o[d + i] = t[i] + pos[d + i];
+    }
+  });
 }
 
 void cls_pos_bwd(const float* dout, float* dtokens, float* dcls, float* dpos, int64_t b, int64_t np,
                  int64_t d) {
   if (dtokens) {
-#pragma omp parallel for
-    for (int64_t bi = 0; bi < b; ++bi)
-      std::copy(dout + bi * (np + 1) * d + d, dout + (bi + 1) * (np + 1) * d,
-                dtokens + bi * np * d);
+    parallel_for(b, 4, [&](int64_t s, int64_t e) {
+      for (int64_t bi = s; bi < e; ++bi)
+        std::copy(dout + bi * (np + 1) * d + d, dout + (bi + 1) * (np + 1) * d,
+                  dtokens + bi * np * d);
+    });
   }
   const int64_t n = (np + 1) * d;
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) {
-    double s = 0.0;
-    for (int64_t bi = 0; bi < b; ++bi) s += dout[bi * n + i];
-    if (dpos) dpos[i] += static_cast<float>(s);
-    if (dcls && i < d) dcls[i] += static_cast<float>(s);
-  }
+  parallel_for(n, 4096, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      double s = 0.0;
+      for (int64_t bi = 0; bi < b; ++bi) s += dout[bi * n + i];
+      if (dpos) dpos[i] += static_cast<float>(s);
+      if (dcls && i < d) dcls[i] += static_cast<float>(s);
+    }
+  });
 }
 
 void select_token_fwd(const float* x, float* out, int64_t b, int64_t n, int64_t d, int64_t index) {

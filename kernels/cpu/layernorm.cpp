@@ -1,4 +1,5 @@
 #include "kernels/layernorm.h"
+#include "kernels/cpu/parallel.h"
 
 #include <cmath>
 #include <vector>
@@ -7,59 +8,62 @@ namespace cai::kernels::cpu {
 
 void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                    float* rstd, int64_t m, int64_t d, float eps) {
-#pragma omp parallel for
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xi = x + i * d;
-    double s = 0.0;
-    for (int64_t j = 0; j < d; ++j) s += xi[j];
-    const double mu = s / d;
-    double v = 0.0;
-    for (int64_t j = 0; j < d; ++j) v += (xi[j] - mu) * (xi[j] - mu);
-    const double rs = 1.0 / std::sqrt(v / d + eps);
-    float* yi = y + i * d;
-    for (int64_t j = 0; j < d; ++j)
-      yi[j] = static_cast<float>((xi[j] - mu) * rs) * gamma[j] + beta[j];
-    mean[i] = static_cast<float>(mu);
-    rstd[i] = static_cast<float>(rs);
-  }
+  parallel_for(m, 32, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      const float* xi = x + i * d;
+      double s = 0.0;
+      for (int64_t j = 0; j < d; ++j) s += xi[j];
+      const double mu = s / d;
+      double v = 0.0;
+      for (int64_t j = 0; j < d; ++j) v += (xi[j] - mu) * (xi[j] - mu);
+      const double rs = 1.0 / std::sqrt(v / d + eps);
+      float* yi = y + i * d;
+      for (int64_t j = 0; j < d; ++j)
+        yi[j] = static_cast<float>((xi[j] - mu) * rs) * gamma[j] + beta[j];
+      mean[i] = static_cast<float>(mu);
+      rstd[i] = static_cast<float>(rs);
+    }
+  });
 }
 
 void layernorm_bwd(const float* x, const float* gamma, const float* mean, const float* rstd,
                    const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t d) {
   // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · gamma.
   if (dx) {
-#pragma omp parallel for
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = x + i * d;
-      const float* dyi = dy + i * d;
-      double sg = 0.0, sgx = 0.0;
-      for (int64_t j = 0; j < d; ++j) {
-        const double g = static_cast<double>(dyi[j]) * gamma[j];
-        sg += g;
-        sgx += g * (xi[j] - mean[i]) * rstd[i];
+    parallel_for(m, 32, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const float* xi = x + i * d;
+        const float* dyi = dy + i * d;
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < d; ++j) {
+          const double g = static_cast<double>(dyi[j]) * gamma[j];
+          sg += g;
+          sgx += g * (xi[j] - mean[i]) * rstd[i];
+        }
+        sg /= d;
+        sgx /= d;
+        float* dxi = dx + i * d;
+        for (int64_t j = 0; j < d; ++j) {
+          const double xhat = (xi[j] - mean[i]) * static_cast<double>(rstd[i]);
+          const double g = static_cast<double>(dyi[j]) * gamma[j];
+          dxi[j] = static_cast<float>(rstd[i] * (g - sg - xhat * sgx));
+        }
       }
-      sg /= d;
-      sgx /= d;
-      float* dxi = dx + i * d;
-      for (int64_t j = 0; j < d; ++j) {
-        const double xhat = (xi[j] - mean[i]) * static_cast<double>(rstd[i]);
-        const double g = static_cast<double>(dyi[j]) * gamma[j];
-        dxi[j] = static_cast<float>(rstd[i] * (g - sg - xhat * sgx));
-      }
-    }
+    });
   }
   if (dgamma || dbeta) {
-#pragma omp parallel for
-    for (int64_t j = 0; j < d; ++j) {
-      double sg = 0.0, sb = 0.0;
-      for (int64_t i = 0; i < m; ++i) {
-        const double xhat = (x[i * d + j] - mean[i]) * static_cast<double>(rstd[i]);
-        sg += dy[i * d + j] * xhat;
-        sb += dy[i * d + j];
+    parallel_for(d, 8, [&](int64_t s, int64_t e) {
+      for (int64_t j = s; j < e; ++j) {
+        double sg = 0.0, sb = 0.0;
+        for (int64_t i = 0; i < m; ++i) {
+          const double xhat = (x[i * d + j] - mean[i]) * static_cast<double>(rstd[i]);
+          sg += dy[i * d + j] * xhat;
+          sb += dy[i * d + j];
+        }
+        if (dgamma) dgamma[j] += static_cast<float>(sg);
+        if (dbeta) dbeta[j] += static_cast<float>(sb);
       }
-      if (dgamma) dgamma[j] += static_cast<float>(sg);
-      if (dbeta) dbeta[j] += static_cast<float>(sb);
-    }
+    });
   }
 }
 

@@ -1,0 +1,354 @@
+#define TOML_HEADER_ONLY 1
+#include "config.h"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "cai/core/error.h"
+
+namespace cai::app {
+
+namespace {
+
+enum class Kind { Int, Float, Bool, String };
+
+struct Field {
+  Field(std::string k, Kind kd, void* p, std::vector<std::string> ch = {}, double l = -1e300,
+        double h = 1e300)
+      : key(std::move(k)), kind(kd), ptr(p), choices(std::move(ch)), lo(l), hi(h) {}
+  std::string key;  // "section.key"
+  Kind kind;
+  void* ptr;
+  std::vector<std::string> choices;  // strings: allowed values (empty: any)
+  double lo, hi;                     // numbers: allowed range
+};
+
+std::vector<Field> fields(TrainConfig& c) {
+  const double inf = 1e300;
+  return {
+      {"train.batch_size", Kind::Int, &c.batch_size, {}, 1, inf},
+      {"train.num_epochs", Kind::Int, &c.num_epochs, {}, 1, inf},
+      {"train.learning_rate", Kind::Float, &c.learning_rate, {}, 0, inf},
+      {"train.weight_decay", Kind::Float, &c.weight_decay, {}, 0, inf},
+      {"train.warmup_epochs", Kind::Float, &c.warmup_epochs, {}, 0, inf},
+      {"train.gradient_accumulation", Kind::Int, &c.gradient_accumulation, {}, 1, inf},
+      {"train.clip_grad_norm", Kind::Float, &c.clip_grad_norm, {}, 0, inf},
+      {"train.label_smoothing", Kind::Float, &c.label_smoothing, {}, 0, 0.999},
+      {"train.seed", Kind::Int, &c.seed, {}, 0, inf},
+      {"train.optimizer", Kind::String, &c.optimizer, {"sgd", "adam", "adamw", "lamb"}},
+      {"train.momentum", Kind::Float, &c.momentum, {}, 0, 1},
+      {"train.nesterov", Kind::Bool, &c.nesterov},
+      {"train.lr_schedule", Kind::String, &c.lr_schedule, {"cosine", "linear", "constant"}},
+      {"train.schedule_by", Kind::String, &c.schedule_by, {"step", "epoch"}},
+      {"train.min_lr", Kind::Float, &c.min_lr, {}, 0, inf},
+      {"train.num_workers", Kind::Int, &c.num_workers, {}, 0, 64},
+      {"train.log_interval", Kind::Int, &c.log_interval, {}, 0, inf},
+      {"train.metrics_file", Kind::String, &c.metrics_file},
+      {"train.max_steps_per_epoch", Kind::Int, &c.max_steps_per_epoch, {}, 0, inf},
+      {"model.name", Kind::String, &c.model_name},
+      {"model.img_size", Kind::Int, &c.img_size, {}, 1, inf},
+      {"model.patch_size", Kind::Int, &c.patch_size, {}, 1, inf},
+      {"model.in_chans", Kind::Int, &c.in_chans, {}, 1, inf},
+      {"model.hidden_size", Kind::Int, &c.hidden_size, {}, 1, inf},
+      {"model.depth", Kind::Int, &c.depth, {}, 1, inf},
+      {"model.num_heads", Kind::Int, &c.num_heads, {}, 1, inf},
+      {"model.mlp_ratio", Kind::Float, &c.mlp_ratio, {}, 1e-6, inf},
+      {"model.num_classes", Kind::Int, &c.num_classes, {}, 1, inf},
+      {"model.dropout", Kind::Float, &c.dropout, {}, 0, 0.999},
+      {"model.drop_path", Kind::Float, &c.drop_path, {}, 0, 0.999},
+      {"model.checkpoint", Kind::Bool, &c.checkpoint},
+      {"parallel.pipeline", Kind::Int, &c.pipeline, {}, 1, inf},
+      {"parallel.num_microbatches", Kind::Int, &c.num_microbatches, {}, 0, inf},
+      {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
+      {"parallel.pp_style", Kind::String, &c.pp_style, {"gpipe", "1f1b", "interleaved"}},
+      {"parallel.num_model_chunks", Kind::Int, &c.num_model_chunks, {}, 1, inf},
+      {"parallel.tensor.mode", Kind::String, &c.tensor_mode, {"none", "1d", "2d", "2.5d", "3d"}},
+      {"parallel.tensor.size", Kind::Int, &c.tensor_size, {}, 1, inf},
+      {"parallel.tensor.depth", Kind::Int, &c.tensor_depth, {}, 1, inf},
+      {"parallel.zero_stage", Kind::Int, &c.zero_stage, {}, 0, 3},
+      {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
+      {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
+      {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
+      {"precision.min_scale", Kind::Float, &c.min_scale, {}, 1e-30, inf},
+      {"precision.growth_factor", Kind::Float, &c.growth_factor, {}, 1, inf},
+      {"precision.backoff_factor", Kind::Float, &c.backoff_factor, {}, 1e-30, 1},
+      {"precision.growth_interval", Kind::Int, &c.growth_interval, {}, 1, inf},
+      {"precision.hysteresis", Kind::Int, &c.hysteresis, {}, 1, inf},
+      {"precision.max_scale", Kind::Float, &c.max_scale, {}, 1e-30, inf},
+      {"data.dataset",
+       Kind::String,
+       &c.dataset,
+       {"fashion_mnist", "mnist", "cifar10", "image_folder"}},
+      {"data.path", Kind::String, &c.path},
+      {"data.train_subset", Kind::Int, &c.train_subset, {}, 0, inf},
+      {"data.eval_subset", Kind::Int, &c.eval_subset, {}, 0, inf},
+      {"data.random_crop_padding", Kind::Int, &c.random_crop_padding, {}, 0, inf},
+      {"data.horizontal_flip", Kind::Bool, &c.horizontal_flip},
+      {"data.image_size", Kind::Int, &c.image_size, {}, 0, inf},
+  };
+}
+
+std::string keys_of_section(const std::vector<Field>& fs, const std::string& section) {
+  std::vector<std::string> ks;
+  for (const auto& f : fs)
+    if (f.key.rfind(section + ".", 0) == 0) ks.push_back(f.key.substr(section.size() + 1));
+  return fmt::format("{}", fmt::join(ks, ", "));
+}
+
+std::string node_str(const toml::node& n) {
+  if (auto v = n.value_exact<std::string>()) return fmt::format("\"{}\"", *v);
+  if (auto v = n.value_exact<int64_t>()) return fmt::format("{}", *v);
+  if (auto v = n.value_exact<double>()) return fmt::format("{}", *v);
+  if (auto v = n.value_exact<bool>()) return *v ? "true" : "false";
+  if (n.is_table()) return "a table";
+  if (n.is_array()) return "an array";
+  return "a value";
+}
+
+void assign(const Field& f, const toml::node& n, const std::string& origin) {
+  auto bad = [&](const std::string& want) {
+    fail("[config] {}: {} = {} is not {}", origin, f.key, node_str(n), want);
+  };
+  auto range = [&](double v) {
+    if (v < f.lo || v > f.hi)
+      fail("[config] {}: {} = {} is outside [{}, {}]", origin, f.key, node_str(n), f.lo,
+           f.hi >= 1e300 ? std::string("inf") : fmt::format("{}", f.hi));
+  };
+  switch (f.kind) {
+    case Kind::Int: {
+      auto v = n.value_exact<int64_t>();
+      if (!v) bad("an integer");
+      range(static_cast<double>(*v));
+      *static_cast<int64_t*>(f.ptr) = *v;
+      break;
+    }
+    case Kind::Float: {
+      std::optional<double> v = n.is_integer() ? std::optional<double>(double(*n.value<int64_t>()))
+                                               : n.value_exact<double>();
+      if (!v) bad("a number");
+      range(*v);
+      *static_cast<double*>(f.ptr) = *v;
+      break;
+    }
+    case Kind::Bool: {
+      auto v = n.value_exact<bool>();
+      if (!v) bad("true or false");
+      *static_cast<bool*>(f.ptr) = *v;
+      break;
+    }
+    case Kind::String: {
+      auto v = n.value_exact<std::string>();
+      if (!v) bad("a string");
+      if (!f.choices.empty() &&
+          std::find(f.choices.begin(), f.choices.end(), *v) == f.choices.end())
+        fail("[config] {}: {} = \"{}\" is not one of: {}", origin, f.key, *v,
+             fmt::join(f.choices, ", "));
+      *static_cast<std::string*>(f.ptr) = *v;
+      break;
+    }
+  }
+}
+
+// Walks a table, assigning known keys and rejecting unknown ones.
+void walk(const toml::table& t, const std::string& prefix, std::vector<Field>& fs, TrainConfig& c,
+          const std::string& origin) {
+  for (auto&& [k, v] : t) {
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    auto it = std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.key == key; });
+    if (it != fs.end()) {
+      assign(*it, v, origin);
+      c.explicitly_set.insert(key);
+      continue;
+    }
+    bool is_section = false;
+    for (const auto& f : fs) is_section = is_section || f.key.rfind(key + ".", 0) == 0;
+    if (is_section && v.is_table()) {
+      walk(*v.as_table(), key, fs, c, origin);
+      continue;
+    }
+    if (prefix.empty())
+      fail(
+          "[config] {}: unknown section or key '{}': expected [train], [model], [parallel], "
+          "[precision] or [data]",
+          origin, key);
+    fail("[config] {}: unknown key '{}': [{}] accepts {}", origin, key, prefix,
+         keys_of_section(fs, prefix));
+  }
+}
+
+}  // namespace
+
+nn::ViTConfig TrainConfig::vit() const {
+  nn::ViTConfig v;
+  if (!model_name.empty()) v = nn::ViTConfig::named(model_name);
+  auto pick = [&](const char* key, int64_t mine, int64_t named) {
+    return model_name.empty() || explicitly_set.count(key) ? mine : named;
+  };
+  v.img_size = pick("model.img_size", img_size, v.img_size);
+  v.patch_size = pick("model.patch_size", patch_size, v.patch_size);
+  v.embed_dim = pick("model.hidden_size", hidden_size, v.embed_dim);
+  v.depth = pick("model.depth", depth, v.depth);
+  v.num_heads = pick("model.num_heads", num_heads, v.num_heads);
+  if (model_name.empty() || explicitly_set.count("model.mlp_ratio")) v.mlp_ratio = mlp_ratio;
+  v.num_classes = num_classes;
+  v.in_chans = in_chans > 0 ? in_chans : (dataset == "fashion_mnist" || dataset == "mnist" ? 1 : 3);
+  v.drop_rate = static_cast<float>(dropout);
+  v.drop_path_rate = static_cast<float>(drop_path);
+  v.checkpoint = checkpoint;
+  return v;
+}
+
+TrainConfig parse_config(const std::string& text, const std::string& origin,
+                         const std::vector<std::string>& overrides) {
+  TrainConfig c;
+  auto fs = fields(c);
+  try {
+    walk(toml::parse(text, origin), "", fs, c, origin);
+  } catch (const toml::parse_error& e) {
+    fail("[config] {}:{}:{}: {}", origin, e.source().begin.line, e.source().begin.column,
+         e.description());
+  }
+  for (const std::string& o : overrides) {
+    const auto eq = o.find('=');
+    CAI_CHECK(eq != std::string::npos && eq > 0,
+              "[config] --set '{}' is not of the form section.key=value", o);
+    const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    auto it = std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.key == key; });
+    if (it == fs.end()) {
+      const auto dot = key.find('.');
+      const std::string section = dot == std::string::npos ? key : key.substr(0, dot);
+      const std::string known = keys_of_section(fs, section);
+      CAI_CHECK(!known.empty(), "[config] --set {}: unknown section '{}'", o, section);
+      fail("[config] --set {}: unknown key '{}': [{}] accepts {}", o, key, section, known);
+    }
+    // A TOML value, or a bare word taken as a string (so --set data.dataset=cifar10 works).
+    toml::table t;
+    try {
+      t = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      t = toml::table{{"v", value}};
+    }
+    assign(*it, *t.get("v"), "--set");
+    c.explicitly_set.insert(key);
+  }
+  return c;
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  CAI_CHECK(f.good(), "[config] cannot open config file '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string expand_env(const std::string& s, const std::string& key) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, 2, "${") == 0) {
+      const auto end = s.find('}', i);
+      CAI_CHECK(end != std::string::npos, "[config] {} = \"{}\": unterminated ${{", key, s);
+      const std::string name = s.substr(i + 2, end - i - 2);
+      const char* v = std::getenv(name.c_str());
+      CAI_CHECK(v, "[config] {} = \"{}\" uses ${{{}}} but the environment variable {} is not set",
+                key, s, name, name);
+      out += v;
+      i = end + 1;
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+void validate(const TrainConfig& c, int world) {
+  const nn::ViTConfig v = c.vit();
+  v.validate();
+  auto not_yet = [](const std::string& what) {
+    throw NotImplemented(fmt::format("[config] {}: not supported yet in this build", what));
+  };
+  if (c.pipeline > 1)
+    not_yet(fmt::format("parallel.pipeline = {} (pipeline parallelism)", c.pipeline));
+  if (c.tensor_size > 1 || (c.tensor_mode != "none" && c.tensor_mode != "1d"))
+    not_yet(fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (tensor parallelism)",
+                        c.tensor_mode, c.tensor_size));
+  if (c.zero_stage > 0) not_yet(fmt::format("parallel.zero_stage = {} (ZeRO)", c.zero_stage));
+  if (c.cpu_offload) not_yet("parallel.cpu_offload = true");
+  if (c.num_model_chunks > 1)
+    not_yet(
+        fmt::format("parallel.num_model_chunks = {} (interleaved pipeline)", c.num_model_chunks));
+  if (c.precision != "fp32")
+    not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
+                        c.precision));
+  if (world > 1) not_yet(fmt::format("{} processes (data parallelism; run one process)", world));
+  CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
+            "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
+            c.min_scale, c.initial_scale, c.max_scale);
+  CAI_CHECK(c.min_lr <= c.learning_rate, "[config] train.min_lr {} exceeds train.learning_rate {}",
+            c.min_lr, c.learning_rate);
+  if (c.dataset == "fashion_mnist" || c.dataset == "mnist")
+    CAI_CHECK(v.in_chans == 1, "[config] model.in_chans = {} but {} images have 1 channel",
+              v.in_chans, c.dataset);
+  if (c.dataset == "cifar10") {
+    CAI_CHECK(v.in_chans == 3, "[config] model.in_chans = {} but cifar10 images have 3 channels",
+              v.in_chans);
+  }
+  if (c.dataset != "image_folder")
+    CAI_CHECK(v.num_classes == 10, "[config] model.num_classes = {} but {} has 10 classes",
+              v.num_classes, c.dataset);
+}
+
+std::string to_toml(const TrainConfig& c0) {
+  TrainConfig c = c0;
+  auto fs = fields(c);
+  std::string out, section;
+  for (const auto& f : fs) {
+    const auto dot = f.key.rfind('.');
+    const std::string sec = f.key.substr(0, dot), key = f.key.substr(dot + 1);
+    if (sec != section) {
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", sec);
+      section = sec;
+    }
+    switch (f.kind) {
+      case Kind::Int:
+        out += fmt::format("{} = {}\n", key, *static_cast<int64_t*>(f.ptr));
+        break;
+      case Kind::Float:
+        out += fmt::format("{} = {}\n", key, *static_cast<double*>(f.ptr));
+        break;
+      case Kind::Bool:
+        out += fmt::format("{} = {}\n", key, *static_cast<bool*>(f.ptr));
+        break;
+      case Kind::String:
+        out += fmt::format("{} = \"{}\"\n", key, *static_cast<std::string*>(f.ptr));
+        break;
+    }
+  }
+  return out;
+}
+
+MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters) {
+  const nn::ViTConfig v = c.vit();
+  MemoryEstimate m;
+  m.parameters = num_parameters * 4;
+  m.gradients = num_parameters * 4;
+  const int64_t slots = c.optimizer == "sgd" ? (c.momentum > 0 ? 1 : 0) : 2;
+  m.optimizer_state = num_parameters * 4 * slots;
+  // Saved activations per sample and block: x, norm1 out, qkv (3D), attention out, h, norm2 out
+  // (D each but qkv), fc1 out and GELU out (hidden each), probabilities (heads · N²).
+  const int64_t n = v.num_patches() + 1, d = v.embed_dim, hid = v.mlp_hidden();
+  const int64_t per_block = n * (8 * d + 2 * hid) + v.num_heads * n * n;
+  const int64_t blocks = c.checkpoint ? (n * d * v.depth + per_block) : per_block * v.depth;
+  const int64_t embed = v.num_patches() * v.in_chans * v.patch_size * v.patch_size + n * d;
+  m.activations = (blocks + embed) * 4 * c.batch_size;
+  return m;
+}
+
+}  // namespace cai::app

@@ -1,0 +1,84 @@
+// vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
+// Unknown keys and bad values are errors naming the key and what is allowed; keys this build
+// cannot honour yet (pipeline > 1, tensor parallelism, ZeRO, half precision, several processes)
+// are "not supported yet" errors, never silently ignored.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cai/nn/vit.h"
+
+namespace cai::app {
+
+struct TrainConfig {
+  // [train]
+  int64_t batch_size = 128;  // per process
+  int64_t num_epochs = 5;
+  double learning_rate = 1e-3;
+  double weight_decay = 0.05;
+  double warmup_epochs = 1.0;
+  int64_t gradient_accumulation = 1;
+  double clip_grad_norm = 0.0;  // 0 = off
+  double label_smoothing = 0.0;
+  int64_t seed = 42;
+  std::string optimizer = "adamw";     // sgd | adam | adamw | lamb
+  double momentum = 0.9;               // sgd
+  bool nesterov = false;               // sgd
+  std::string lr_schedule = "cosine";  // cosine | linear | constant
+  std::string schedule_by = "step";    // step | epoch
+  double min_lr = 0.0;                 // cosine eta_min
+  int64_t num_workers = 2;             // data loader threads
+  int64_t log_interval = 0;            // steps between plain progress lines (0: 10 per epoch)
+  std::string metrics_file;            // JSON lines; "" = none
+  int64_t max_steps_per_epoch = 0;     // 0 = whole epoch
+  // [model]
+  std::string model_name;  // a timm name as the starting point, e.g. vit_base_patch16_224
+  int64_t img_size = 28, patch_size = 7, in_chans = 0, hidden_size = 64, depth = 4, num_heads = 4,
+          num_classes = 10;
+  double mlp_ratio = 2.0, dropout = 0.0, drop_path = 0.0;
+  bool checkpoint = false;
+  // [parallel]
+  int64_t pipeline = 1, num_microbatches = 0, microbatch_size = 0, num_model_chunks = 1;
+  std::string pp_style = "1f1b";     // gpipe | 1f1b | interleaved
+  std::string tensor_mode = "none";  // none | 1d | 2d | 2.5d | 3d
+  int64_t tensor_size = 1, tensor_depth = 1;
+  int64_t zero_stage = 0;
+  bool cpu_offload = false;
+  // [precision]
+  std::string precision = "fp32";  // fp32 | fp16 | bf16
+  double initial_scale = 65536.0, min_scale = 1.0, growth_factor = 2.0, backoff_factor = 0.5,
+         max_scale = 4294967296.0;
+  int64_t growth_interval = 1000, hysteresis = 2;
+  // [data]
+  std::string dataset = "fashion_mnist";  // fashion_mnist | mnist | cifar10 | image_folder
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t train_subset = 0, eval_subset = 0;  // 0 = all
+  int64_t random_crop_padding = 0;
+  bool horizontal_flip = false;
+  int64_t image_size = 0;  // image_folder decode size (0: model.img_size)
+
+  std::set<std::string> explicitly_set;  // "section.key" given in the file or by --set
+
+  nn::ViTConfig vit() const;  // model section resolved (named defaults + overrides)
+};
+
+// Parses a TOML file and then `overrides` ("section.key=value"). Throws cai::Error naming the key.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+TrainConfig parse_config(const std::string& toml_text, const std::string& origin,
+                         const std::vector<std::string>& overrides);
+// Checks values against each other and this build ("not supported yet"); world = processes.
+void validate(const TrainConfig& c, int world);
+std::string to_toml(const TrainConfig& c);  // the resolved configuration
+// ${NAME} expanded from the environment; an unset variable is an error naming it.
+std::string expand_env(const std::string& s, const std::string& key);
+
+// Per-process memory estimate in bytes: parameters, gradients, optimizer state, activations.
+struct MemoryEstimate {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state + activations; }
+};
+MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters);
+
+}  // namespace cai::app

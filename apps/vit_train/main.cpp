@@ -1,0 +1,170 @@
+// vit_train: the config-driven ViT trainer (Colossal-AI's train.py).
+//   vit_train --config FILE [--set section.key=value ...] [--dry-run]
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "cai/core/error.h"
+#include "cai/core/log.h"
+#include "cai/data/data.h"
+#include "cai/nn/vit.h"
+#include "cai/optim/lr_scheduler.h"
+#include "cai/optim/optimizer.h"
+#include "cai/train/trainer.h"
+#include "config.h"
+
+namespace {
+
+int world_from_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c, bool train,
+                                                 const std::string& path) {
+  using namespace cai::data;
+  if (c.dataset == "fashion_mnist") return load_mnist_dir(path, train, "fashion-mnist");
+  if (c.dataset == "mnist") return load_mnist_dir(path, train, "mnist");
+  if (c.dataset == "cifar10") return load_cifar10(path, train);
+  const int64_t size = c.image_size > 0 ? c.image_size : c.vit().img_size;
+  return load_image_folder(path + (train ? "/train" : "/val"), size);
+}
+
+std::string gib(int64_t bytes) {
+  return fmt::format("{:.3f} GiB", bytes / double(1ull << 30));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"vit_train: train a Vision Transformer from a TOML config (Colossal-AI's keys)"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+  app.add_option("-c,--config", config_path, "TOML config file (see apps/vit_train/configs)")
+      ->required();
+  app.add_option("--set", overrides, "Override a key: section.key=value (repeatable)");
+  app.add_flag("--dry-run", dry_run,
+               "Print the resolved config, parameter count and memory estimate, then exit");
+  CLI11_PARSE(app, argc, argv);
+
+  using namespace cai;
+  app::TrainConfig cfg;
+  try {
+    cfg = app::load_config(config_path, overrides);
+    cfg.path = app::expand_env(cfg.path, "data.path");
+    cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");
+    app::validate(cfg, world_from_env());
+  } catch (const Error& e) {
+    std::cerr << "vit_train: " << e.what() << "\n";
+    return 2;
+  }
+
+  try {
+    log::init(0);
+    const nn::ViTConfig vc = cfg.vit();
+    nn::ViT model(vc);
+    const int64_t nparams = model.num_parameters();
+    if (dry_run) {
+      std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
+      const auto m = app::estimate_memory(cfg, nparams);
+      std::cout << fmt::format(
+          "# model: ViT img {} patch {} dim {} depth {} heads {} mlp {} classes {}: {} "
+          "parameters\n",
+          vc.img_size, vc.patch_size, vc.embed_dim, vc.depth, vc.num_heads, vc.mlp_hidden(),
+          vc.num_classes, nparams);
+      std::cout << fmt::format(
+          "# memory per process (estimate): parameters {}, gradients {}, optimizer state {}, "
+          "activations {} (batch {}), total {}\n",
+          gib(m.parameters), gib(m.gradients), gib(m.optimizer_state), gib(m.activations),
+          cfg.batch_size, gib(m.total()));
+      return 0;
+    }
+
+    auto train_set = load_dataset(cfg, true, cfg.path);
+    auto eval_set = load_dataset(cfg, false, cfg.path);
+    if (cfg.train_subset > 0) train_set = data::subset(train_set, cfg.train_subset);
+    if (cfg.eval_subset > 0) eval_set = data::subset(eval_set, cfg.eval_subset);
+    CAI_CHECK(train_set->num_classes() <= vc.num_classes,
+              "[vit_train] the dataset has {} classes but model.num_classes = {}",
+              train_set->num_classes(), vc.num_classes);
+
+    data::LoaderConfig lc;
+    lc.batch_size = cfg.batch_size;
+    lc.seed = static_cast<uint64_t>(cfg.seed);
+    lc.num_workers = static_cast<int>(cfg.num_workers);
+    lc.transform.normalize =
+        data::normalization_for(cfg.dataset == "image_folder" ? "imagenet" : cfg.dataset);
+    if (train_set->height() != vc.img_size || train_set->width() != vc.img_size)
+      lc.transform.resize = vc.img_size;
+    data::LoaderConfig ec = lc;
+    lc.transform.random_crop = cfg.random_crop_padding > 0 ? vc.img_size : 0;
+    lc.transform.crop_padding = cfg.random_crop_padding;
+    lc.transform.horizontal_flip = cfg.horizontal_flip;
+    ec.shuffle = false;
+    ec.train = false;
+    data::DataLoader train_loader(train_set, lc);
+    data::DataLoader eval_loader(eval_set, ec);
+
+    model.init(static_cast<uint64_t>(cfg.seed));
+    optim::OptimizerOptions oo;
+    oo.name = cfg.optimizer;
+    oo.momentum = cfg.momentum;
+    oo.nesterov = cfg.nesterov;
+    auto opt = optim::make_optimizer(
+        oo, optim::weight_decay_groups(model.parameters(), cfg.learning_rate, cfg.weight_decay));
+
+    train::TrainerConfig tc;
+    tc.num_epochs = cfg.num_epochs;
+    tc.gradient_accumulation = cfg.gradient_accumulation;
+    tc.clip_grad_norm = cfg.clip_grad_norm;
+    tc.seed = static_cast<uint64_t>(cfg.seed);
+    tc.max_steps_per_epoch = cfg.max_steps_per_epoch;
+    const bool by_epoch = cfg.schedule_by == "epoch";
+    const int64_t steps_per_epoch = [&] {
+      int64_t s =
+          (train_loader.num_batches() + tc.gradient_accumulation - 1) / tc.gradient_accumulation;
+      return tc.max_steps_per_epoch > 0 ? std::min(s, tc.max_steps_per_epoch) : s;
+    }();
+    const int64_t total = by_epoch ? cfg.num_epochs : cfg.num_epochs * steps_per_epoch;
+    int64_t warmup = static_cast<int64_t>(cfg.warmup_epochs * (by_epoch ? 1 : steps_per_epoch));
+    warmup = std::min(warmup, total - 1);
+    auto sched = optim::make_scheduler(cfg.lr_schedule, *opt, total, warmup, cfg.min_lr);
+
+    train::Booster booster;
+    train::Criterion crit{static_cast<float>(cfg.label_smoothing)};
+    auto trainer =
+        booster.boost(model, *opt, crit, train_loader, &eval_loader, sched.get(), by_epoch, tc);
+    trainer->add_hook(
+        std::make_shared<train::ProgressHook>(isatty(STDOUT_FILENO) != 0, cfg.log_interval));
+    trainer->add_hook(std::make_shared<train::LogMetricByEpochHook>());
+    if (!cfg.metrics_file.empty())
+      trainer->add_hook(std::make_shared<train::MetricsFileHook>(
+          cfg.metrics_file, std::max<int64_t>(1, steps_per_epoch / 20)));
+
+    log::info(
+        "ViT dim {} depth {} heads {} patch {} ({} parameters), {} ({}), {} {}, {} steps "
+        "of batch {} per epoch, {} epochs",
+        vc.embed_dim, vc.depth, vc.num_heads, vc.patch_size, nparams, train_set->describe(),
+        eval_set->describe(), opt->name(), sched->name(), steps_per_epoch, cfg.batch_size,
+        cfg.num_epochs);
+    const auto t0 = std::chrono::steady_clock::now();
+    trainer->fit();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto& last = trainer->history().back();
+    double ips = 0;
+    for (const auto& e : trainer->history()) ips += e.images_per_sec;
+    ips /= static_cast<double>(trainer->history().size());
+    log::info("finished: test accuracy {:.2f}% after {} epochs in {} ({:.0f} img/s training)",
+              100 * last.eval_accuracy, cfg.num_epochs, train::format_duration(secs), ips);
+  } catch (const Error& e) {
+    std::cerr << "vit_train: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

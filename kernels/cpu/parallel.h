@@ -1,0 +1,18 @@
+// The CPU kernels' thread pool. Idle workers sleep (no spinning), so the pool coexists with data
+// loader threads and other processes on small machines; OpenBLAS runs single-threaded inside it.
+// Threads: CAI_NUM_THREADS, else OMP_NUM_THREADS, else the hardware concurrency.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace cai::kernels::cpu {
+
+int num_threads();
+void set_num_threads(int n);  // recreates the pool; n >= 1
+
+// Runs fn(begin, end) over contiguous blocks covering [0, n), in parallel when n ≥ 2·grain
+// (grain: the fewest items worth a thread). Calls from inside a block, or while another thread
+// is using the pool, run inline. Exceptions from blocks are rethrown to the caller.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace cai::kernels::cpu

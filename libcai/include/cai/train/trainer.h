@@ -1,0 +1,178 @@
+// The booster/trainer loop (Colossal-AI's shape): boost(model, optimizer, criterion, loader,
+// scheduler) wires a Plugin (the parallel strategy: single process now; DDP, ZeRO and pipeline
+// plug in here), then Trainer::fit runs epochs of steps with gradient accumulation, clipping,
+// evaluation each epoch and hooks (LR scheduler, progress, epoch log, metrics file).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/data/data.h"
+#include "cai/nn/vit.h"
+#include "cai/optim/lr_scheduler.h"
+#include "cai/optim/optimizer.h"
+
+namespace cai::train {
+
+// Cross-entropy with label smoothing, averaged over the global batch.
+struct Criterion {
+  float label_smoothing = 0.0f;
+};
+
+struct StepInfo {
+  int64_t epoch = 0, num_epochs = 0;
+  int64_t step_in_epoch = 0, steps_per_epoch = 0;  // optimizer steps
+  int64_t global_step = 0;
+  double loss = 0;            // mean loss of this step's global batch
+  double accuracy = 0;        // top-1 on this step's training samples
+  double lr = 0;              // lr used by this step
+  double grad_norm = 0;       // before clipping (0 when not computed)
+  int64_t images = 0;         // images this step, over all ranks
+  double images_per_sec = 0;  // over the epoch so far
+  double epoch_seconds = 0;   // elapsed in this epoch
+};
+
+struct EpochInfo {
+  int64_t epoch = 0, num_epochs = 0, global_step = 0;
+  double train_loss = 0, train_accuracy = 0;
+  double eval_loss = -1, eval_accuracy = -1;  // -1 when there is no evaluation set
+  double seconds = 0, images_per_sec = 0, lr = 0;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;
+};
+
+class Trainer;
+
+class Hook {
+ public:
+  virtual ~Hook() = default;
+  virtual void before_train(Trainer&) {}
+  virtual void before_epoch(Trainer&, int64_t /*epoch*/) {}
+  virtual void after_step(Trainer&, const StepInfo&) {}
+  virtual void after_epoch(Trainer&, const EpochInfo&) {}
+  virtual void after_train(Trainer&) {}
+};
+
+// What a parallel strategy changes in a step. The default is one process.
+class Plugin {
+ public:
+  virtual ~Plugin() = default;
+  virtual std::string name() const { return "single-process"; }
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+  // After the backward of every micro-batch of a step, before clipping.
+  virtual void sync_gradients(nn::ViT&) {}
+  // Sum of a metric over the data-parallel ranks.
+  virtual double all_reduce_sum(double v) { return v; }
+};
+
+struct TrainerConfig {
+  int64_t num_epochs = 1;
+  int64_t gradient_accumulation = 1;  // batches per optimizer step
+  double clip_grad_norm = 0.0;        // 0: off
+  uint64_t seed = 42;                 // dropout / drop-path masks
+  int64_t max_steps_per_epoch = 0;    // 0: the whole loader (a cap for smoke runs and tests)
+};
+
+class Trainer {
+ public:
+  Trainer(nn::ViT& model, optim::Optimizer& opt, Criterion criterion, data::DataLoader& train,
+          data::DataLoader* eval, std::shared_ptr<Plugin> plugin, TrainerConfig cfg);
+
+  void add_hook(std::shared_ptr<Hook> hook) { hooks_.push_back(std::move(hook)); }
+  // Runs epochs [start_epoch, num_epochs).
+  void fit(int64_t start_epoch = 0);
+  EvalResult evaluate(data::DataLoader& loader);
+
+  nn::ViT& model() { return model_; }
+  optim::Optimizer& optimizer() { return opt_; }
+  Plugin& plugin() { return *plugin_; }
+  const TrainerConfig& config() const { return cfg_; }
+  int64_t steps_per_epoch() const;
+  int64_t global_step() const { return global_step_; }
+  const std::vector<EpochInfo>& history() const { return history_; }
+
+ private:
+  nn::ViT& model_;
+  optim::Optimizer& opt_;
+  Criterion crit_;
+  data::DataLoader& train_;
+  data::DataLoader* eval_;
+  std::shared_ptr<Plugin> plugin_;
+  TrainerConfig cfg_;
+  std::vector<std::shared_ptr<Hook>> hooks_;
+  int64_t global_step_ = 0;
+  std::vector<EpochInfo> history_;
+};
+
+// Colossal-AI's Booster: holds the plugin and boosts the training objects into a Trainer.
+class Booster {
+ public:
+  explicit Booster(std::shared_ptr<Plugin> plugin = nullptr);
+  std::unique_ptr<Trainer> boost(nn::ViT& model, optim::Optimizer& opt, Criterion criterion,
+                                 data::DataLoader& train, data::DataLoader* eval,
+                                 optim::LRScheduler* scheduler, bool schedule_by_epoch,
+                                 TrainerConfig cfg);
+  Plugin& plugin() { return *plugin_; }
+
+ private:
+  std::shared_ptr<Plugin> plugin_;
+};
+
+// --- hooks ------------------------------------------------------------------------------------
+
+// Steps the LR scheduler after every optimizer step, or after every epoch.
+class LRSchedulerHook : public Hook {
+ public:
+  LRSchedulerHook(optim::LRScheduler& s, bool by_epoch) : s_(s), by_epoch_(by_epoch) {}
+  void after_step(Trainer&, const StepInfo&) override;
+  void after_epoch(Trainer&, const EpochInfo&) override;
+
+ private:
+  optim::LRScheduler& s_;
+  bool by_epoch_;
+};
+
+// A progress bar on a terminal (epoch, step/total, img/s, loss, lr, ETA), redrawn in place;
+// plain lines every `interval` steps otherwise. Prints on rank 0 only.
+class ProgressHook : public Hook {
+ public:
+  explicit ProgressHook(bool terminal, int64_t interval = 0);
+  void after_step(Trainer&, const StepInfo&) override;
+  void after_epoch(Trainer&, const EpochInfo&) override;
+
+ private:
+  bool terminal_;
+  int64_t interval_;
+  double last_draw_ = -1;
+};
+
+// One log line per epoch: train loss/accuracy, eval loss/accuracy, time, img/s, lr.
+class LogMetricByEpochHook : public Hook {
+ public:
+  void after_epoch(Trainer&, const EpochInfo&) override;
+};
+
+// JSON lines for plotting: {"type": "step", ...} every `interval` steps, {"type": "epoch", ...}
+// after each epoch. Written by rank 0. The file is truncated at the start of training.
+class MetricsFileHook : public Hook {
+ public:
+  MetricsFileHook(std::string path, int64_t interval);
+  void before_train(Trainer&) override;
+  void after_step(Trainer&, const StepInfo&) override;
+  void after_epoch(Trainer&, const EpochInfo&) override;
+
+ private:
+  void write(const std::string& line);
+  std::string path_;
+  int64_t interval_;
+};
+
+std::string format_duration(double seconds);  // "1:02:03" or "2:03"
+
+}  // namespace cai::train

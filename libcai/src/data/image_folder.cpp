@@ -1,0 +1,121 @@
+// Image-folder dataset (one sub-folder per class) decoded with stb_image. stb_image is compiled
+// here, static to this translation unit: the library does not link libstb.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/core/error.h"
+#include "cai/data/data.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#define STB_IMAGE_STATIC
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_NO_HDR
+#define STBI_NO_LINEAR
+#include <stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace cai::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
+}
+
+class ImageFolderDataset final : public Dataset {
+ public:
+  ImageFolderDataset(std::string dir, int64_t image_size, std::vector<std::string> classes,
+                     std::vector<std::string> files, std::vector<int32_t> labels)
+      : dir_(std::move(dir)),
+        size_(image_size),
+        classes_(std::move(classes)),
+        files_(std::move(files)),
+        labels_(std::move(labels)) {}
+  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
+  int64_t channels() const override { return 3; }
+  int64_t height() const override { return size_; }
+  int64_t width() const override { return size_; }
+  int64_t num_classes() const override { return static_cast<int64_t>(classes_.size()); }
+  int32_t get(int64_t i, float* out) const override {
+    CAI_CHECK(i >= 0 && i < size(), "[image_folder] sample {} out of range for {}", i, describe());
+    const std::string& path = files_[static_cast<size_t>(i)];
+    int w = 0, h = 0, comp = 0;
+    // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
+    stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
+    if (!px) fail("[image_folder] cannot decode {}: {}", path, stbi_failure_reason());
+    std::vector<float> chw(static_cast<size_t>(3) * w * h);
+    const size_t plane = static_cast<size_t>(w) * h;
+    for (size_t k = 0; k < plane; ++k)
+      for (size_t c = 0; c < 3; ++c)
+        chw[c * plane + k] = static_cast<float>(px[k * 3 + c]) / 255.0f;
+    stbi_image_free(px);
+    TransformConfig resize;
+    resize.resize = size_;
+    apply_transform(resize, chw.data(), 3, h, w, out, false, 0, 0, 0);
+    return labels_[static_cast<size_t>(i)];
+  }
+  std::string describe() const override {
+    return fmt::format("image folder {} ({} {}x{}x3, {} classes)", dir_, files_.size(), size_,
+                       size_, classes_.size());
+  }
+
+ private:
+  std::string dir_;
+  int64_t size_;
+  std::vector<std::string> classes_;
+  std::vector<std::string> files_;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size) {
+  CAI_CHECK(image_size > 0, "[image_folder] image_size = {} must be > 0", image_size);
+  std::error_code ec;
+  CAI_CHECK(fs::is_directory(dir, ec), "[image_folder] {} is not a directory", dir);
+  std::vector<std::string> classes;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && !name.empty() && name[0] != '.') classes.push_back(name);
+  }
+  std::sort(classes.begin(), classes.end());
+  CAI_CHECK(!classes.empty(),
+            "[image_folder] {}: no class sub-folders (expected one folder per class holding "
+            "PNG/JPEG/BMP files)",
+            dir);
+  std::vector<std::string> files;
+  std::vector<int32_t> labels;
+  for (size_t c = 0; c < classes.size(); ++c) {
+    std::vector<std::string> found;
+    const fs::path cdir = fs::path(dir) / classes[c];
+    for (const auto& e :
+         fs::recursive_directory_iterator(cdir, fs::directory_options::follow_directory_symlink))
+      if (e.is_regular_file() && is_image_file(e.path())) found.push_back(e.path().string());
+    std::sort(found.begin(), found.end());
+    for (auto& f : found) {
+      files.push_back(std::move(f));
+      labels.push_back(static_cast<int32_t>(c));
+    }
+  }
+  CAI_CHECK(!files.empty(),
+            "[image_folder] {}: no images (.png, .jpg, .jpeg or .bmp) in its {} class folder(s)",
+            dir, classes.size());
+  return std::make_shared<ImageFolderDataset>(dir, image_size, std::move(classes), std::move(files),
+                                              std::move(labels));
+}
+
+}  // namespace cai::data

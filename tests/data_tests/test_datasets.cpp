@@ -1,0 +1,447 @@
+// Datasets: IDX (raw and gzip) round trips and error messages, the real Fashion-MNIST, CIFAR-10
+// binary records, image folders of PNG files, subsets and normalisation statistics.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cai/core/error.h"
+#include "cai/data/data.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#define STB_IMAGE_WRITE_STATIC
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb_image_write.h>
+#pragma GCC diagnostic pop
+
+using namespace cai;
+using namespace cai::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = fs::temp_directory_path() /
+           fmt::format("cai_data_{}_{}_{}", ::getpid(), info->test_suite_name(), info->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void put_be32(std::vector<uint8_t>& v, uint32_t x) {
+  for (int s = 24; s >= 0; s -= 8) v.push_back(static_cast<uint8_t>(x >> s));
+}
+
+std::vector<uint8_t> idx_images(const std::vector<std::vector<uint8_t>>& imgs, int rows, int cols) {
+  std::vector<uint8_t> v;
+  put_be32(v, 0x00000803);
+  put_be32(v, static_cast<uint32_t>(imgs.size()));
+  put_be32(v, static_cast<uint32_t>(rows));
+  put_be32(v, static_cast<uint32_t>(cols));
+  for (const auto& im : imgs) v.insert(v.end(), im.begin(), im.end());
+  return v;
+}
+
+std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels) {
+  std::vector<uint8_t> v;
+  put_be32(v, 0x00000801);
+  put_be32(v, static_cast<uint32_t>(labels.size()));
+  v.insert(v.end(), labels.begin(), labels.end());
+  return v;
+}
+
+void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile g = gzopen(path.c_str(), "wb");
+  ASSERT_NE(g, nullptr) << path;
+  ASSERT_EQ(gzwrite(g, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzclose(g), Z_OK);
+}
+
+std::vector<uint8_t> read_gz(const std::string& path) {
+  std::vector<uint8_t> out;
+  gzFile g = gzopen(path.c_str(), "rb");
+  if (!g) return out;
+  uint8_t buf[1 << 16];
+  int n;
+  while ((n = gzread(g, buf, sizeof buf)) > 0) out.insert(out.end(), buf, buf + n);
+  gzclose(g);
+  return out;
+}
+
+// The message of the cai::Error thrown by f ("" when nothing is thrown).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Three 2x3 images with distinct pixels and labels 0, 7, 3.
+struct Synthetic {
+  std::vector<std::vector<uint8_t>> imgs = {
+      {0, 1, 2, 3, 4, 5}, {255, 128, 64, 32, 16, 8}, {10, 20, 30, 40, 50, 60}};
+  std::vector<uint8_t> labels = {0, 7, 3};
+};
+
+void expect_synthetic(const Dataset& ds) {
+  Synthetic s;
+  ASSERT_EQ(ds.size(), 3);
+  EXPECT_EQ(ds.channels(), 1);
+  EXPECT_EQ(ds.height(), 2);
+  EXPECT_EQ(ds.width(), 3);
+  EXPECT_EQ(ds.num_classes(), 10);
+  for (int i = 0; i < 3; ++i) {
+    float px[6];
+    EXPECT_EQ(ds.get(i, px), s.labels[i]);
+    for (int k = 0; k < 6; ++k) EXPECT_FLOAT_EQ(px[k], s.imgs[i][k] / 255.0f) << i << "," << k;
+  }
+}
+
+}  // namespace
+
+TEST(Idx, RawRoundTrip) {
+  TempDir d;
+  Synthetic s;
+  write_raw(d / "img", idx_images(s.imgs, 2, 3));
+  write_raw(d / "lab", idx_labels(s.labels));
+  auto ds = load_idx(d / "img", d / "lab", "synthetic");
+  expect_synthetic(*ds);
+  EXPECT_EQ(ds->describe(), "synthetic (3 2x3x1)");
+  EXPECT_NE(error_of([&] {
+              float px[6];
+              ds->get(3, px);
+            }),
+            "");
+}
+
+TEST(Idx, GzipRoundTripChosenByContent) {
+  TempDir d;
+  Synthetic s;
+  // Compressed content without a .gz name and raw content with one: the magic decides.
+  write_gz(d / "img", idx_images(s.imgs, 2, 3));
+  write_raw(d / "lab.gz", idx_labels(s.labels));
+  expect_synthetic(*load_idx(d / "img", d / "lab.gz"));
+}
+
+TEST(Idx, MnistDirPrefersGzAndListsWhatItLookedFor) {
+  TempDir d;
+  Synthetic s;
+  write_gz(d / "train-images-idx3-ubyte.gz", idx_images(s.imgs, 2, 3));
+  write_raw(d / "train-images-idx3-ubyte", idx_images({{1, 1, 1, 1, 1, 1}}, 2, 3));  // ignored
+  write_raw(d / "train-labels-idx1-ubyte", idx_labels(s.labels));
+  auto ds = load_mnist_dir(d.path.string(), true, "toy");
+  expect_synthetic(*ds);
+  EXPECT_EQ(ds->describe(), "toy train (3 2x3x1)");
+  const std::string msg = error_of([&] { load_mnist_dir(d.path.string(), false); });
+  EXPECT_NE(msg.find("[mnist]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("t10k-images-idx3-ubyte.gz"), std::string::npos) << msg;
+  // Both candidates are listed: the .gz and the raw name (at the end of the message).
+  const std::string raw = (d.path / "t10k-images-idx3-ubyte").string();
+  ASSERT_GE(msg.size(), raw.size()) << msg;
+  EXPECT_EQ(msg.substr(msg.size() - raw.size()), raw) << msg;
+}
+
+TEST(Idx, TruncatedFileNamesFileOffsetAndExpectedBytes) {
+  TempDir d;
+  Synthetic s;
+  auto img = idx_images(s.imgs, 2, 3);  // 16 + 18 bytes
+  img.resize(30);
+  write_raw(d / "short-images", img);
+  write_raw(d / "lab", idx_labels(s.labels));
+  std::string msg = error_of([&] { load_idx(d / "short-images", d / "lab"); });
+  EXPECT_NE(msg.find("[idx]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("short-images"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 30"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("18 bytes"), std::string::npos) << msg;  // 3 images of 2x3
+  EXPECT_NE(msg.find("34 bytes"), std::string::npos) << msg;
+
+  // The same through gzip: offsets are in the decompressed data.
+  write_gz(d / "short-images.gz", img);
+  msg = error_of([&] { load_idx(d / "short-images.gz", d / "lab"); });
+  EXPECT_NE(msg.find("short-images.gz"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 30 (decompressed)"), std::string::npos) << msg;
+
+  // A header cut inside the dimensions.
+  write_raw(d / "short-header", {0, 0, 8, 3, 0, 0});
+  msg = error_of([&] { load_idx(d / "short-header", d / "lab"); });
+  EXPECT_NE(msg.find("short-header"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 6"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16 bytes of header"), std::string::npos) << msg;
+
+  // A truncated gzip stream (the compressed file itself cut short).
+  std::vector<uint8_t> big = idx_images(std::vector<std::vector<uint8_t>>(200, s.imgs[1]), 2, 3);
+  for (size_t k = 16; k < big.size(); ++k) big[k] = static_cast<uint8_t>(k * 2654435761u >> 13);
+  write_gz(d / "cut.gz", big);
+  const auto gz_size = fs::file_size(d / "cut.gz");
+  fs::resize_file(d / "cut.gz", gz_size / 2);
+  msg = error_of([&] { load_idx(d / "cut.gz", d / "lab"); });
+  EXPECT_NE(msg.find("cut.gz"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(decompressed)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1216 bytes"), std::string::npos) << msg;  // 16 + 200 * 6 expected
+}
+
+TEST(Idx, BadMagicNamesFileAndOffset) {
+  TempDir d;
+  Synthetic s;
+  write_raw(d / "img", idx_images(s.imgs, 2, 3));
+  write_raw(d / "lab", idx_labels(s.labels));
+  // Labels given as images: magic 0x00000801 where 0x00000803 is expected.
+  std::string msg = error_of([&] { load_idx(d / "lab", d / "img"); });
+  EXPECT_NE(msg.find("[idx]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "lab"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0x00000801"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0x00000803"), std::string::npos) << msg;
+  // A text file.
+  std::ofstream(d / "text") << "hello world, not an IDX file";
+  msg = error_of([&] { load_idx(d / "img", d / "text"); });
+  EXPECT_NE(msg.find(d / "text"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad magic"), std::string::npos) << msg;
+  // Trailing bytes are corruption too.
+  auto lab = idx_labels(s.labels);
+  lab.push_back(1);
+  write_raw(d / "lab-long", lab);
+  msg = error_of([&] { load_idx(d / "img", d / "lab-long"); });
+  EXPECT_NE(msg.find("trailing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 11"), std::string::npos) << msg;
+  // A missing file.
+  msg = error_of([&] { load_idx(d / "nope", d / "lab"); });
+  EXPECT_NE(msg.find(d / "nope"), std::string::npos) << msg;
+}
+
+TEST(Idx, CountMismatch) {
+  TempDir d;
+  Synthetic s;
+  write_raw(d / "img", idx_images(s.imgs, 2, 3));
+  write_raw(d / "lab", idx_labels({1, 2}));
+  const std::string msg = error_of([&] { load_idx(d / "img", d / "lab"); });
+  EXPECT_NE(msg.find("3 images"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 labels"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "lab"), std::string::npos) << msg;
+}
+
+TEST(Idx, NumClassesFollowsTheLabels) {
+  TempDir d;
+  write_raw(d / "img", idx_images({{0}, {0}}, 1, 1));
+  write_raw(d / "lab", idx_labels({2, 14}));
+  auto ds = load_idx(d / "img", d / "lab");
+  EXPECT_EQ(ds->num_classes(), 15);
+  float px;
+  EXPECT_EQ(ds->get(1, &px), 14);
+}
+
+TEST(FashionMnist, RealFilesLoad) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  auto train = load_mnist_dir(dir, true, "fashion-mnist");
+  auto test = load_mnist_dir(dir, false, "fashion-mnist");
+  ASSERT_EQ(train->size(), 60000);
+  ASSERT_EQ(test->size(), 10000);
+  for (const auto& ds : {train, test}) {
+    EXPECT_EQ(ds->channels(), 1);
+    EXPECT_EQ(ds->height(), 28);
+    EXPECT_EQ(ds->width(), 28);
+    EXPECT_EQ(ds->num_classes(), 10);
+  }
+  EXPECT_EQ(train->describe(), "fashion-mnist train (60000 28x28x1)");
+
+  // Compare with the files read independently: label byte 8 + i, pixels from byte 16.
+  const auto labels = read_gz(dir + "/train-labels-idx1-ubyte.gz");
+  const auto images = read_gz(dir + "/train-images-idx3-ubyte.gz");
+  ASSERT_EQ(labels.size(), 60008u);
+  ASSERT_EQ(images.size(), 16u + 60000u * 784u);
+  std::vector<float> px(784);
+  std::vector<int> counts(10, 0);
+  for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{12345}, int64_t{59999}}) {
+    const int32_t label = train->get(i, px.data());
+    EXPECT_EQ(label, labels[8 + i]) << i;
+    float lo = 1, hi = 0;
+    for (int k = 0; k < 784; ++k) {
+      EXPECT_EQ(px[k], images[16 + i * 784 + k] / 255.0f);
+      lo = std::min(lo, px[k]);
+      hi = std::max(hi, px[k]);
+    }
+    EXPECT_GE(lo, 0.0f);
+    EXPECT_LE(hi, 1.0f);
+    EXPECT_GT(hi, 0.0f);
+  }
+  EXPECT_EQ(train->get(0, px.data()), 9);  // Fashion-MNIST's first training image is an ankle boot
+  for (int64_t i = 0; i < 60000; i += 7) ++counts[train->get(i, px.data())];
+  for (int c = 0; c < 10; ++c) EXPECT_GT(counts[c], 0) << c;
+}
+
+TEST(Cifar10, SyntheticRecords) {
+  TempDir d;
+  std::vector<uint8_t> bytes;
+  for (int r = 0; r < 2; ++r) {
+    bytes.push_back(static_cast<uint8_t>(r == 0 ? 6 : 9));
+    for (int k = 0; k < 3072; ++k) bytes.push_back(static_cast<uint8_t>((k * 7 + r * 100) % 256));
+  }
+  write_raw(d / "test_batch.bin", bytes);
+  auto ds = load_cifar10(d.path.string(), false);
+  ASSERT_EQ(ds->size(), 2);
+  EXPECT_EQ(ds->channels(), 3);
+  EXPECT_EQ(ds->height(), 32);
+  EXPECT_EQ(ds->width(), 32);
+  EXPECT_EQ(ds->num_classes(), 10);
+  std::vector<float> px(3072);
+  EXPECT_EQ(ds->get(0, px.data()), 6);
+  EXPECT_EQ(ds->get(1, px.data()), 9);
+  // Record 1: the red plane then green then blue, 32x32 each: (c, y, x) is byte 1 + c*1024+y*32+x.
+  for (int k : {0, 1, 31, 32, 1023, 1024, 2048, 3071})
+    EXPECT_FLOAT_EQ(px[k], ((k * 7 + 100) % 256) / 255.0f) << k;
+
+  // Train needs all five batches.
+  write_raw(d / "data_batch_1.bin", bytes);
+  std::string msg = error_of([&] { load_cifar10(d.path.string(), true); });
+  EXPECT_NE(msg.find("data_batch_2.bin"), std::string::npos) << msg;
+  for (int k = 2; k <= 5; ++k) write_raw(d / fmt::format("data_batch_{}.bin", k), bytes);
+  EXPECT_EQ(load_cifar10(d.path.string(), true)->size(), 10);
+
+  // A size that is not a multiple of 3073.
+  auto cut = bytes;
+  cut.resize(3073 + 100);
+  write_raw(d / "test_batch.bin", cut);
+  msg = error_of([&] { load_cifar10(d.path.string(), false); });
+  EXPECT_NE(msg.find("test_batch.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3173"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3073"), std::string::npos) << msg;
+
+  // A label >= 10 in the second record.
+  auto bad = bytes;
+  bad[3073] = 10;
+  write_raw(d / "test_batch.bin", bad);
+  msg = error_of([&] { load_cifar10(d.path.string(), false); });
+  EXPECT_NE(msg.find("test_batch.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 3073"), std::string::npos) << msg;
+}
+
+TEST(ImageFolder, ClassesFromSortedFoldersAndResize) {
+  TempDir d;
+  fs::create_directories(d.path / "cat");
+  fs::create_directories(d.path / "ant");
+  fs::create_directories(d.path / "bee");
+  // ant: a solid red 4x4 PNG and a BMP; bee: one PNG with uppercase extension; cat: 2x2 PNG with a
+  // gradient, plus a text file that is not an image.
+  std::vector<uint8_t> red(4 * 4 * 3);
+  for (int k = 0; k < 16; ++k) red[k * 3] = 255;
+  ASSERT_TRUE(stbi_write_png((d / "ant/b.png").c_str(), 4, 4, 3, red.data(), 4 * 3));
+  std::vector<uint8_t> gray(6 * 2, 100);  // 6x2 grayscale, decoded as RGB
+  ASSERT_TRUE(stbi_write_bmp((d / "ant/a.bmp").c_str(), 6, 2, 1, gray.data()));
+  std::vector<uint8_t> blue(3 * 3 * 3, 0);
+  for (int k = 0; k < 9; ++k) blue[k * 3 + 2] = 200;
+  ASSERT_TRUE(stbi_write_png((d / "bee/x.PNG").c_str(), 3, 3, 3, blue.data(), 3 * 3));
+  // 2x2 gray: [[0, 255], [0, 255]] upsampled to 4x4 with half-pixel centres gives columns
+  // 0, 0.25, 0.75, 1 (times 255).
+  std::vector<uint8_t> grad = {0, 255, 0, 255};
+  ASSERT_TRUE(stbi_write_png((d / "cat/g.png").c_str(), 2, 2, 1, grad.data(), 2));
+  std::ofstream(d / "cat/notes.txt") << "not an image";
+
+  auto ds = load_image_folder(d.path.string(), 4);
+  ASSERT_EQ(ds->size(), 4);
+  EXPECT_EQ(ds->num_classes(), 3);
+  EXPECT_EQ(ds->channels(), 3);
+  EXPECT_EQ(ds->height(), 4);
+  EXPECT_EQ(ds->width(), 4);
+  std::vector<float> px(3 * 16);
+  // Sorted: ant/a.bmp, ant/b.png, bee/x.PNG, cat/g.png.
+  EXPECT_EQ(ds->get(0, px.data()), 0);
+  for (float v : px) EXPECT_NEAR(v, 100 / 255.0f, 1e-6f);
+  EXPECT_EQ(ds->get(1, px.data()), 0);
+  for (int k = 0; k < 16; ++k) {
+    EXPECT_FLOAT_EQ(px[k], 1.0f);
+    EXPECT_FLOAT_EQ(px[16 + k], 0.0f);
+    EXPECT_FLOAT_EQ(px[32 + k], 0.0f);
+  }
+  EXPECT_EQ(ds->get(2, px.data()), 1);
+  for (int k = 0; k < 16; ++k) {  // 3x3 resized to 4x4: a constant stays constant
+    EXPECT_FLOAT_EQ(px[k], 0.0f);
+    EXPECT_NEAR(px[32 + k], 200 / 255.0f, 1e-6f);
+  }
+  EXPECT_EQ(ds->get(3, px.data()), 2);
+  const float cols[4] = {0.0f, 0.25f, 0.75f, 1.0f};
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 4; ++y)
+      for (int x = 0; x < 4; ++x) EXPECT_NEAR(px[c * 16 + y * 4 + x], cols[x], 1e-6f);
+
+  // A corrupt image fails when decoded, naming the file.
+  std::ofstream(d / "cat/z.jpg") << "definitely not a jpeg";
+  auto ds2 = load_image_folder(d.path.string(), 4);
+  ASSERT_EQ(ds2->size(), 5);
+  const std::string msg = error_of([&] { ds2->get(4, px.data()); });
+  EXPECT_NE(msg.find("[image_folder]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("z.jpg"), std::string::npos) << msg;
+}
+
+TEST(ImageFolder, EmptyFoldersAreErrors) {
+  TempDir d;
+  std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });
+  EXPECT_NE(msg.find("no class sub-folders"), std::string::npos) << msg;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/readme.txt") << "x";
+  msg = error_of([&] { load_image_folder(d.path.string(), 8); });
+  EXPECT_NE(msg.find("no images"), std::string::npos) << msg;
+  msg = error_of([&] { load_image_folder(d / "missing", 8); });
+  EXPECT_NE(msg.find("not a directory"), std::string::npos) << msg;
+}
+
+TEST(Subset, FirstNClamped) {
+  TempDir d;
+  Synthetic s;
+  write_raw(d / "img", idx_images(s.imgs, 2, 3));
+  write_raw(d / "lab", idx_labels(s.labels));
+  auto ds = load_idx(d / "img", d / "lab");
+  auto two = subset(ds, 2);
+  EXPECT_EQ(two->size(), 2);
+  EXPECT_EQ(two->height(), 2);
+  float px[6];
+  EXPECT_EQ(two->get(1, px), 7);
+  EXPECT_NE(error_of([&] { two->get(2, px); }), "");
+  EXPECT_EQ(subset(ds, 100)->size(), 3);
+}
+
+TEST(Normalization, KnownAndUnknown) {
+  const auto f = normalization_for("fashion_mnist");
+  ASSERT_EQ(f.mean.size(), 1u);
+  EXPECT_FLOAT_EQ(f.mean[0], 0.2860f);
+  EXPECT_FLOAT_EQ(f.std[0], 0.3530f);
+  EXPECT_FLOAT_EQ(normalization_for("mnist").mean[0], 0.1307f);
+  EXPECT_FLOAT_EQ(normalization_for("mnist").std[0], 0.3081f);
+  const auto c = normalization_for("cifar10");
+  ASSERT_EQ(c.mean.size(), 3u);
+  EXPECT_FLOAT_EQ(c.mean[2], 0.4465f);
+  EXPECT_FLOAT_EQ(c.std[1], 0.2435f);
+  const auto i = normalization_for("imagenet");
+  EXPECT_FLOAT_EQ(i.mean[0], 0.485f);
+  EXPECT_FLOAT_EQ(i.std[2], 0.225f);
+  const std::string msg = error_of([] { normalization_for("svhn"); });
+  EXPECT_NE(msg.find("svhn"), std::string::npos) << msg;
+  for (const char* known : {"fashion_mnist", "mnist", "cifar10", "imagenet"})
+    EXPECT_NE(msg.find(known), std::string::npos) << msg;
+}
