@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# vit_train as a user meets it: --help, --dry-run, config errors with exit code 2.
+set -euo pipefail
+bin=${1:?path to vit_train}; configs=${2:?config dir}
+"$bin" --help | grep -q -- "--dry-run"
+out=$("$bin" --config "$configs/fmnist_tiny.toml" --dry-run)
+grep -q "^\[train\]" <<<"$out"
+grep -q "parameters" <<<"$out"
+grep -q "memory per process" <<<"$out"
+set +e
+err=$("$bin" --config "$configs/fmnist_tiny.toml" --set train.batchsize=3 2>&1); rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "expected exit 2 for an unknown key, got $rc"; exit 1; }
+grep -q "unknown key 'train.batchsize'" <<<"$err"
+set +e
+err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" 2>&1); rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "pipeline config: $err"; exit 1; }
+echo "vit_train cli: ok"
