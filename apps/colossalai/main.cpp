@@ -6,6 +6,7 @@
 #include "cai/core/error.h"
 #include "cai/core/version.h"
 #include "cmd_check.h"
+#include "cmd_run.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -16,11 +17,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   cai::app::CheckOptions check;
   cai::app::setup_check(app, check);
+  cai::app::RunOptions run;
+  cai::app::setup_run(app, run);
   CLI11_PARSE(app, argc, argv);
   const std::string self_dir =
       std::filesystem::weakly_canonical(std::filesystem::path(argv[0])).parent_path().string();
   try {
     if (app.got_subcommand("check")) return cai::app::run_check(check, self_dir);
+    if (app.got_subcommand("run")) return cai::app::run_launch(run);
+    if (app.got_subcommand("_rank_wrapper")) return cai::app::run_rank_wrapper(run);
   } catch (const cai::Error& e) {
     std::cerr << "colossalai: " << e.what() << "\n";
     return 1;

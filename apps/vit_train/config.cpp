@@ -73,6 +73,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.tensor.depth", Kind::Int, &c.tensor_depth, {}, 1, inf},
       {"parallel.zero_stage", Kind::Int, &c.zero_stage, {}, 0, 3},
       {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
+      {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
+      {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
       {"precision.min_scale", Kind::Float, &c.min_scale, {}, 1e-30, inf},
@@ -279,15 +281,22 @@ void validate(const TrainConfig& c, int world) {
   if (c.tensor_size > 1 || (c.tensor_mode != "none" && c.tensor_mode != "1d"))
     not_yet(fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (tensor parallelism)",
                         c.tensor_mode, c.tensor_size));
-  if (c.zero_stage > 0) not_yet(fmt::format("parallel.zero_stage = {} (ZeRO)", c.zero_stage));
-  if (c.cpu_offload) not_yet("parallel.cpu_offload = true");
+  CAI_CHECK(
+      !(c.zero_stage > 0 && c.optimizer == "lamb"),
+      "[config] parallel.zero_stage = {} with train.optimizer = \"lamb\": LAMB's per-parameter "
+      "trust ratio spans ZeRO shards; use sgd, adam or adamw",
+      c.zero_stage);
+  CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
+            "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
   if (c.num_model_chunks > 1)
     not_yet(
         fmt::format("parallel.num_model_chunks = {} (interleaved pipeline)", c.num_model_chunks));
   if (c.precision != "fp32")
     not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
                         c.precision));
-  if (world > 1) not_yet(fmt::format("{} processes (data parallelism; run one process)", world));
+  CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
+            "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
+            c.tensor_size, c.pipeline);
   CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
             "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
             c.min_scale, c.initial_scale, c.max_scale);

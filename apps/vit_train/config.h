@@ -14,7 +14,7 @@ namespace cai::app {
 
 struct TrainConfig {
   // [train]
-  int64_t batch_size = 128;  // per process
+  int64_t batch_size = 128;  // per process (data-parallel rank), as in Colossal-AI's configs
   int64_t num_epochs = 5;
   double learning_rate = 1e-3;
   double weight_decay = 0.05;
@@ -46,6 +46,8 @@ struct TrainConfig {
   int64_t tensor_size = 1, tensor_depth = 1;
   int64_t zero_stage = 0;
   bool cpu_offload = false;
+  double ddp_bucket_cap_mb = 25.0;
+  double zero_bucket_size_in_m = 12.0;
   // [precision]
   std::string precision = "fp32";  // fp32 | fp16 | bf16
   double initial_scale = 65536.0, min_scale = 1.0, growth_factor = 2.0, backoff_factor = 0.5,
@@ -68,7 +70,8 @@ struct TrainConfig {
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
 TrainConfig parse_config(const std::string& toml_text, const std::string& origin,
                          const std::vector<std::string>& overrides);
-// Checks values against each other and this build ("not supported yet"); world = processes.
+// Checks values against each other and this build ("not supported yet"); world = processes
+// (the data-parallel size is world / (tensor size · pipeline)).
 void validate(const TrainConfig& c, int world);
 std::string to_toml(const TrainConfig& c);  // the resolved configuration
 // ${NAME} expanded from the environment; an unset variable is an error naming it.

@@ -10,19 +10,17 @@
 #include "cai/core/error.h"
 #include "cai/core/log.h"
 #include "cai/data/data.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/launch.h"
+#include "cai/dist/mesh.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
+#include "cai/parallel/data_parallel.h"
 #include "cai/train/trainer.h"
 #include "config.h"
 
 namespace {
-
-int world_from_env() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
-}
 
 std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c, bool train,
                                                  const std::string& path) {
@@ -54,18 +52,33 @@ int main(int argc, char** argv) {
 
   using namespace cai;
   app::TrainConfig cfg;
+  dist::LaunchInfo li;
   try {
+    li = dist::launch_from_env();
     cfg = app::load_config(config_path, overrides);
     cfg.path = app::expand_env(cfg.path, "data.path");
     cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");
-    app::validate(cfg, world_from_env());
+    app::validate(cfg, li.world_size);
   } catch (const Error& e) {
-    std::cerr << "vit_train: " << e.what() << "\n";
+    if (li.rank == 0) std::cerr << "vit_train: " << e.what() << "\n";
     return 2;
   }
 
+  // Several processes: MPI carries the collectives (initialised only then, so a single
+  // process needs no MPI runtime).
+  std::unique_ptr<dist::MpiEnvironment> mpi;
+  std::unique_ptr<dist::Communicator> world;
   try {
-    log::init(0);
+    log::init(li.rank);
+    if (li.world_size > 1 && !dry_run) {
+      mpi = std::make_unique<dist::MpiEnvironment>(&argc, &argv);
+      world = mpi->world();
+      CAI_CHECK(world->size() == li.world_size,
+                "[vit_train] MPI sees {} processes but the launcher announced {} ({})",
+                world->size(), li.world_size, li.source);
+    }
+    const dist::ProcessMesh mesh(li.world_size, static_cast<int>(cfg.tensor_size),
+                                 static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
     nn::ViT model(vc);
     const int64_t nparams = model.num_parameters();
@@ -95,6 +108,8 @@ int main(int argc, char** argv) {
 
     data::LoaderConfig lc;
     lc.batch_size = cfg.batch_size;
+    lc.world = mesh.dp_size();
+    lc.rank = mesh.coord(li.rank).dp;
     lc.seed = static_cast<uint64_t>(cfg.seed);
     lc.num_workers = static_cast<int>(cfg.num_workers);
     lc.transform.normalize =
@@ -111,12 +126,24 @@ int main(int argc, char** argv) {
     data::DataLoader eval_loader(eval_set, ec);
 
     model.init(static_cast<uint64_t>(cfg.seed));
+    std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
+    if (world || cfg.zero_stage > 0) {
+      if (!world) world = dist::make_single();
+      parallel::DataParallelConfig dc;
+      dc.zero_stage = static_cast<int>(cfg.zero_stage);
+      dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
+      dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
+      dc.cpu_offload = cfg.cpu_offload;
+      plugin = std::make_shared<parallel::DataParallelPlugin>(*world, dc);
+    }
+    plugin->setup(model);
     optim::OptimizerOptions oo;
     oo.name = cfg.optimizer;
     oo.momentum = cfg.momentum;
     oo.nesterov = cfg.nesterov;
-    auto opt = optim::make_optimizer(
-        oo, optim::weight_decay_groups(model.parameters(), cfg.learning_rate, cfg.weight_decay));
+    auto opt =
+        optim::make_optimizer(oo, optim::weight_decay_groups(plugin->optimizer_parameters(model),
+                                                             cfg.learning_rate, cfg.weight_decay));
 
     train::TrainerConfig tc;
     tc.num_epochs = cfg.num_epochs;
@@ -135,7 +162,7 @@ int main(int argc, char** argv) {
     warmup = std::min(warmup, total - 1);
     auto sched = optim::make_scheduler(cfg.lr_schedule, *opt, total, warmup, cfg.min_lr);
 
-    train::Booster booster;
+    train::Booster booster(plugin);
     train::Criterion crit{static_cast<float>(cfg.label_smoothing)};
     auto trainer =
         booster.boost(model, *opt, crit, train_loader, &eval_loader, sched.get(), by_epoch, tc);
@@ -148,10 +175,11 @@ int main(int argc, char** argv) {
 
     log::info(
         "ViT dim {} depth {} heads {} patch {} ({} parameters), {} ({}), {} {}, {} steps "
-        "of batch {} per epoch, {} epochs",
+        "of global batch {} per epoch, {} epochs, {} process(es): {}, {}",
         vc.embed_dim, vc.depth, vc.num_heads, vc.patch_size, nparams, train_set->describe(),
-        eval_set->describe(), opt->name(), sched->name(), steps_per_epoch, cfg.batch_size,
-        cfg.num_epochs);
+        eval_set->describe(), opt->name(), sched->name(), steps_per_epoch,
+        cfg.batch_size * mesh.dp_size(), cfg.num_epochs, li.world_size, mesh.describe(),
+        plugin->name());
     const auto t0 = std::chrono::steady_clock::now();
     trainer->fit();
     const double secs =
@@ -163,7 +191,9 @@ int main(int argc, char** argv) {
     log::info("finished: test accuracy {:.2f}% after {} epochs in {} ({:.0f} img/s training)",
               100 * last.eval_accuracy, cfg.num_epochs, train::format_duration(secs), ips);
   } catch (const Error& e) {
-    std::cerr << "vit_train: " << e.what() << "\n";
+    std::cerr << "vit_train: rank " << li.rank << ": " << e.what() << "\n";
+    // One rank cannot go on: end every rank now rather than leaving them waiting.
+    if (mpi) dist::MpiEnvironment::abort(1);
     return 1;
   }
   return 0;

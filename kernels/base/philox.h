@@ -42,6 +42,15 @@ CAI_HD U32x4 block(uint64_t seed, uint64_t stream, uint64_t counter) {
   return U32x4{{c0, c1, c2, c3}};
 }
 
+// A 64-bit mixing function (SplitMix64's finaliser): derives well-spread stream ids from small
+// integers such as an epoch.
+CAI_HD uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // The 32-bit word at `offset` of the (seed, stream) sequence.
 CAI_HD uint32_t word(uint64_t seed, uint64_t stream, uint64_t offset) {
   return block(seed, stream, offset >> 2).v[offset & 3];

@@ -76,9 +76,15 @@ TEST(Config, UnsupportedFeaturesSaySoInsteadOfBeingIgnored) {
   expect_error("[parallel]\npipeline = 2\n", {"parallel.pipeline = 2", "not supported yet"});
   expect_error("[parallel]\ntensor = { mode = \"2d\", size = 4 }\n",
                {"tensor parallelism", "not supported yet"});
-  expect_error("[parallel]\nzero_stage = 2\n", {"ZeRO", "not supported yet"});
   expect_error("[precision]\nmode = \"fp16\"\n", {"fp16", "not supported yet"});
-  expect_error("", {"2 processes", "not supported yet"}, {}, 2);
+}
+
+TEST(Config, DataParallelSettingsAreChecked) {
+  EXPECT_NO_THROW(validate(parse_config("[parallel]\nzero_stage = 3\n", "t", {}), 4));
+  expect_error("[parallel]\nzero_stage = 2\n[train]\noptimizer = \"lamb\"\n",
+               {"zero_stage = 2", "lamb", "trust ratio"});
+  expect_error("[parallel]\ncpu_offload = true\n", {"cpu_offload", "zero_stage >= 1"});
+  expect_error("[parallel]\nzero_stage = 4\n", {"parallel.zero_stage = 4 is outside [0, 3]"});
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {

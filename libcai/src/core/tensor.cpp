@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -61,11 +62,33 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+namespace {
+// Bytes held by live Storage objects, per device type: what traces plot as memory in use.
+std::atomic<int64_t> live_bytes[2];
+std::atomic<int64_t> peak_bytes[2];
+}  // namespace
+
+int64_t memory_in_use(DeviceType t) {
+  return live_bytes[static_cast<int>(t)].load();
+}
+int64_t peak_memory(DeviceType t) {
+  return peak_bytes[static_cast<int>(t)].load();
+}
+void reset_peak_memory(DeviceType t) {
+  peak_bytes[static_cast<int>(t)].store(live_bytes[static_cast<int>(t)].load());
+}
+
 Storage::Storage(size_t bytes, Device dev) : bytes_(bytes), device_(dev) {
   data_ = dev.is_cuda() ? kernels::cuda::alloc(bytes, dev.index) : kernels::cpu::alloc(bytes);
+  const int d = static_cast<int>(dev.type);
+  const int64_t now = live_bytes[d].fetch_add(static_cast<int64_t>(bytes)) + bytes;
+  int64_t peak = peak_bytes[d].load();
+  while (now > peak && !peak_bytes[d].compare_exchange_weak(peak, now)) {
+  }
 }
 
 Storage::~Storage() {
+  live_bytes[static_cast<int>(device_.type)].fetch_sub(static_cast<int64_t>(bytes_));
   if (device_.is_cuda())
     kernels::cuda::free(data_, device_.index);
   else

@@ -11,16 +11,6 @@
 #include "kernels/base/philox.h"
 
 namespace cai::data {
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t batch_size, int world,
                                        int rank, bool shuffle, bool drop_last, uint64_t seed)
@@ -46,7 +36,7 @@ std::vector<int64_t> DistributedSampler::epoch_order(int64_t epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(n_));
   std::iota(order.begin(), order.end(), int64_t{0});
   if (shuffle_) {
-    const uint64_t stream = rng::stream_of("shuffle") ^ splitmix64(static_cast<uint64_t>(epoch));
+    const uint64_t stream = rng::stream_of("shuffle") ^ philox::mix64(static_cast<uint64_t>(epoch));
     for (int64_t i = n_ - 1; i > 0; --i) {
       const uint64_t off = 2 * static_cast<uint64_t>(i);
       const uint64_t r =

@@ -13,13 +13,6 @@
 namespace cai::data {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // Offsets of the draws of one sample within its epoch's stream.
 constexpr uint64_t kDrawsPerSample = 4;
 constexpr uint64_t kDrawTop = 0, kDrawLeft = 1, kDrawFlip = 2;
@@ -117,7 +110,7 @@ void apply_transform(const TransformConfig& t, const float* in, int64_t c, int64
   }
 
   // 2. Crop: output (y, x) reads source (y + top, x + left); outside the source is zero padding.
-  const uint64_t stream = rng::stream_of("augment") ^ splitmix64(epoch);
+  const uint64_t stream = rng::stream_of("augment") ^ philox::mix64(epoch);
   const uint64_t base = sample_key * kDrawsPerSample;
   const int64_t oh = t.out_height(h), ow = t.out_width(w);
   int64_t top = 0, left = 0;

@@ -321,19 +321,29 @@ void ViT::init(uint64_t seed) {
 }
 
 Tensor ViT::forward(const Tensor& img, std::vector<std::unique_ptr<Cache>>& caches,
-                    const ForwardCtx& ctx) {
+                    const ForwardCtx& ctx, const LayerHooks* hooks) {
   caches.resize(layers_.size());
   Tensor x = img;
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, caches[i], ctx);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = *layers_[i];
+    if (hooks && hooks->before_forward) hooks->before_forward(l);
+    x = l.forward(x, caches[i], ctx);
+    if (hooks && hooks->after_forward) hooks->after_forward(l);
+  }
   return x;
 }
 
 void ViT::backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& caches,
-                   const ForwardCtx& ctx) {
+                   const ForwardCtx& ctx, const LayerHooks* hooks) {
   CAI_CHECK(caches.size() == layers_.size(), "[vit] backward needs {} caches, got {}",
             layers_.size(), caches.size());
   Tensor g = dlogits;
-  for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(g, caches[i], ctx);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    Layer& l = *layers_[i];
+    if (hooks && hooks->before_backward) hooks->before_backward(l);
+    g = l.backward(g, caches[i], ctx);
+    if (hooks && hooks->after_backward) hooks->after_backward(l);
+  }
 }
 
 }  // namespace cai::nn

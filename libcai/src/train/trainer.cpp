@@ -67,9 +67,47 @@ int64_t Trainer::steps_per_epoch() const {
   return steps;
 }
 
+StepMetrics Plugin::forward_backward(nn::ViT& model, const std::vector<data::Batch>& batches,
+                                     float weight, const Criterion& crit,
+                                     const nn::ForwardCtx& step_ctx) {
+  StepMetrics m;
+  int64_t offset = 0;  // position of this batch's global batch within the step
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const data::Batch& b = batches[i];
+    nn::ForwardCtx ctx = step_ctx;
+    ctx.sample_offset = offset + b.sample_offset;
+    offset += b.global_batch_size;
+    const nn::LayerHooks* hooks = train_hooks(i + 1 == batches.size());
+    std::vector<std::unique_ptr<nn::Cache>> caches;
+    Tensor logits = model.forward(b.images, caches, ctx, hooks);
+    m.loss_sum += sum_of(ops::cross_entropy_fwd(logits, b.labels, crit.label_smoothing));
+    m.correct += static_cast<double>(count_correct(logits, b.labels));
+    m.samples += static_cast<double>(b.labels.numel());
+    model.backward(ops::cross_entropy_bwd(logits, b.labels, crit.label_smoothing, weight), caches,
+                   ctx, hooks);
+  }
+  return m;
+}
+
+StepMetrics Plugin::eval_batch(nn::ViT& model, const data::Batch& b) {
+  std::vector<std::unique_ptr<nn::Cache>> caches;
+  Tensor logits = model.forward(b.images, caches, nn::ForwardCtx{}, eval_hooks());
+  StepMetrics m;
+  m.loss_sum = sum_of(ops::cross_entropy_fwd(logits, b.labels, 0.0f));
+  m.correct = static_cast<double>(count_correct(logits, b.labels));
+  m.samples = static_cast<double>(b.labels.numel());
+  return m;
+}
+
+double Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+  std::vector<nn::Parameter*> ps;
+  for (auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
+  return optim::clip_grad_norm(ps, max_norm);
+}
+
 void Trainer::fit(int64_t start_epoch) {
   for (auto& h : hooks_) h->before_train(*this);
-  const std::vector<nn::Parameter*> params = model_.parameters();
+  plugin_->zero_grad(model_, opt_);
   const int64_t steps = steps_per_epoch();
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
@@ -88,26 +126,17 @@ void Trainer::fit(int64_t start_epoch) {
         step_samples += b.global_batch_size;
       }
       const float weight = 1.0f / static_cast<float>(step_samples);
-      double local_loss = 0, local_correct = 0;
-      int64_t offset = 0;
-      for (auto& b : batches) {
-        nn::ForwardCtx ctx{true, cfg_.seed, static_cast<uint64_t>(global_step_),
-                           offset + b.sample_offset};
-        offset += b.global_batch_size;
-        std::vector<std::unique_ptr<nn::Cache>> caches;
-        Tensor logits = model_.forward(b.images, caches, ctx);
-        local_loss += sum_of(ops::cross_entropy_fwd(logits, b.labels, crit_.label_smoothing));
-        local_correct += static_cast<double>(count_correct(logits, b.labels));
-        model_.backward(ops::cross_entropy_bwd(logits, b.labels, crit_.label_smoothing, weight),
-                        caches, ctx);
-      }
+      const StepMetrics local = plugin_->forward_backward(
+          model_, batches, weight, crit_,
+          nn::ForwardCtx{true, cfg_.seed, static_cast<uint64_t>(global_step_), 0});
+      const double local_loss = local.loss_sum, local_correct = local.correct;
       plugin_->sync_gradients(model_);
       StepInfo info;
       if (cfg_.clip_grad_norm > 0)
-        info.grad_norm = optim::clip_grad_norm(params, cfg_.clip_grad_norm);
+        info.grad_norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
       info.lr = opt_.groups().empty() ? 0 : opt_.groups().front().lr;
-      opt_.step();
-      opt_.zero_grad();
+      plugin_->optimizer_step(opt_);
+      plugin_->zero_grad(model_, opt_);
       ++global_step_;
       const double step_loss = plugin_->all_reduce_sum(local_loss);
       const double step_correct = plugin_->all_reduce_sum(local_correct);
@@ -148,11 +177,10 @@ EvalResult Trainer::evaluate(data::DataLoader& loader) {
   double loss = 0, correct = 0, n = 0;
   data::Batch b;
   while (loader.next(b)) {
-    std::vector<std::unique_ptr<nn::Cache>> caches;
-    Tensor logits = model_.forward(b.images, caches, nn::ForwardCtx{});
-    loss += sum_of(ops::cross_entropy_fwd(logits, b.labels, 0.0f));
-    correct += static_cast<double>(count_correct(logits, b.labels));
-    n += static_cast<double>(b.labels.numel());
+    const StepMetrics m = plugin_->eval_batch(model_, b);
+    loss += m.loss_sum;
+    correct += m.correct;
+    n += m.samples;
   }
   EvalResult r;
   n = plugin_->all_reduce_sum(n);

@@ -96,6 +96,12 @@ class Tensor {
   bool defined_ = false;
 };
 
+// Bytes held by all live tensors' storage on a device type in this process (an accounting of
+// the process's allocations, for traces and memory reports), and the peak since the last reset.
+int64_t memory_in_use(DeviceType t = DeviceType::CPU);
+int64_t peak_memory(DeviceType t = DeviceType::CPU);
+void reset_peak_memory(DeviceType t = DeviceType::CPU);
+
 // Half-precision conversions (round to nearest even), used by Tensor::to(DType) on the host.
 uint16_t float_to_bf16(float f);
 float bf16_to_float(uint16_t h);

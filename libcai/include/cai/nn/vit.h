@@ -5,6 +5,7 @@
 //   layer depth+1: Head (final norm on the class token, classifier)
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,12 @@ class Head : public Layer {
   ViTConfig c_;
 };
 
+// Callbacks around each layer's forward and backward: where data parallelism starts gradient
+// reductions as soon as a layer's gradients are final, and ZeRO-3 gathers and frees parameters.
+struct LayerHooks {
+  std::function<void(Layer&)> before_forward, after_forward, before_backward, after_backward;
+};
+
 class ViT {
  public:
   explicit ViT(const ViTConfig& c);
@@ -106,9 +113,9 @@ class ViT {
 
   // Whole-model forward: img [B, C, H, W] -> logits [B, classes]; caches[i] is layer i's.
   Tensor forward(const Tensor& img, std::vector<std::unique_ptr<Cache>>& caches,
-                 const ForwardCtx& ctx);
+                 const ForwardCtx& ctx, const LayerHooks* hooks = nullptr);
   void backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& caches,
-                const ForwardCtx& ctx);
+                const ForwardCtx& ctx, const LayerHooks* hooks = nullptr);
 
  private:
   ViTConfig c_;

@@ -41,6 +41,11 @@ struct EpochInfo {
   double seconds = 0, images_per_sec = 0, lr = 0;
 };
 
+// Sums over this rank's samples (a pipeline's non-last stages report zeros).
+struct StepMetrics {
+  double loss_sum = 0, correct = 0, samples = 0;
+};
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t samples = 0;
@@ -58,15 +63,39 @@ class Hook {
   virtual void after_train(Trainer&) {}
 };
 
-// What a parallel strategy changes in a step. The default is one process.
+// What a parallel strategy changes in a step. The default is one process. Call setup() before
+// building the optimizer, over optimizer_parameters() (ZeRO shards them).
 class Plugin {
  public:
   virtual ~Plugin() = default;
   virtual std::string name() const { return "single-process"; }
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+  // Once, before training: e.g. broadcast parameters from rank 0, build buckets and shards.
+  virtual void setup(nn::ViT&) {}
+  // The parameters the optimizer updates on this rank.
+  virtual std::vector<nn::Parameter*> optimizer_parameters(nn::ViT& model) {
+    return model.parameters();
+  }
+  // Forward and backward of one optimizer step's batches (gradient accumulation: several),
+  // each sample's loss weighted by `weight` (1 / samples in the global step). step_ctx carries
+  // the training flag, seed and step; sample offsets come from the batches. The default runs the
+  // whole model per batch with train_hooks(); the pipeline executor runs its schedule instead.
+  virtual StepMetrics forward_backward(nn::ViT& model, const std::vector<data::Batch>& batches,
+                                       float weight, const Criterion& crit,
+                                       const nn::ForwardCtx& step_ctx);
+  // Evaluation forward of one batch (no label smoothing).
+  virtual StepMetrics eval_batch(nn::ViT& model, const data::Batch& batch);
+  // Hooks for a training micro-batch (last: the final micro-batch of the step), and for
+  // evaluation forwards. Null: none.
+  virtual const nn::LayerHooks* train_hooks(bool /*last_micro_batch*/) { return nullptr; }
+  virtual const nn::LayerHooks* eval_hooks() { return nullptr; }
   // After the backward of every micro-batch of a step, before clipping.
   virtual void sync_gradients(nn::ViT&) {}
+  // Global-norm clipping over what this rank's optimizer sees; returns the global norm.
+  virtual double clip_grad_norm(optim::Optimizer& opt, double max_norm);
+  virtual void optimizer_step(optim::Optimizer& opt) { opt.step(); }
+  virtual void zero_grad(nn::ViT&, optim::Optimizer& opt) { opt.zero_grad(); }
   // Sum of a metric over the data-parallel ranks.
   virtual double all_reduce_sum(double v) { return v; }
 };

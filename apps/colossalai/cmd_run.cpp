@@ -1,0 +1,882 @@
+#include "cmd_run.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cai/core/error.h"
+
+extern char** environ;
+
+namespace cai::app {
+
+namespace {
+
+constexpr const char* kMarker = "[colossalai run] ";
+constexpr const char* kWrapperCommand = "_rank_wrapper";
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+// Host names as mpirun's --host takes them: letters, digits, '.', '-', '_' (IPv4 addresses
+// included); ',' and ':' would break `--host h:N`.
+bool valid_host(const std::string& h) {
+  if (h.empty() || h.front() == '-' || h.front() == '.') return false;
+  return std::all_of(h.begin(), h.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
+
+bool valid_env_name(const std::string& n) {
+  if (n.empty() || std::isdigit(static_cast<unsigned char>(n.front()))) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+bool parse_int(const std::string& s, long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (errno || !end || *end) return false;
+  *out = v;
+  return true;
+}
+
+// Hosts named by --include/--exclude/--host, each checked.
+std::vector<std::string> host_list(const std::vector<std::string>& items, const char* flag) {
+  std::vector<std::string> out;
+  for (const auto& raw : items) {
+    const std::string h = trim(raw);
+    CAI_CHECK(valid_host(h), "[run] {}: '{}' is not a host name", flag, raw);
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Hostfile and host selection
+
+std::vector<HostEntry> parse_hostfile(const std::string& text, const std::string& path) {
+  std::vector<HostEntry> out;
+  std::map<std::string, int> seen;
+  std::istringstream in(text);
+  std::string raw;
+  int ln = 0;
+  while (std::getline(in, raw)) {
+    ++ln;
+    if (const auto hash = raw.find('#'); hash != std::string::npos) raw.resize(hash);
+    std::istringstream words(raw);
+    std::string name, word;
+    if (!(words >> name)) continue;  // blank or comment-only line
+    CAI_CHECK(valid_host(name), "[run] hostfile {} line {}: '{}' is not a host name", path, ln,
+              name);
+    HostEntry e{name, ln, -1};
+    while (words >> word) {
+      long slots = 0;
+      CAI_CHECK(word.rfind("slots=", 0) == 0 && parse_int(word.substr(6), &slots) && slots >= 1,
+                "[run] hostfile {} line {}: unexpected '{}' after host {} (only slots=N may "
+                "follow a host)",
+                path, ln, word, name);
+      e.slots = static_cast<int>(slots);
+    }
+    if (auto it = seen.find(name); it != seen.end())
+      fail("[run] hostfile {}: host {} is listed twice, on lines {} and {}", path, name, it->second,
+           ln);
+    seen[name] = ln;
+    out.push_back(e);
+  }
+  CAI_CHECK(!out.empty(), "[run] hostfile {} lists no hosts (only blank lines or comments)", path);
+  return out;
+}
+
+std::vector<HostEntry> read_hostfile(const std::string& path) {
+  std::error_code ec;
+  CAI_CHECK(std::filesystem::exists(path, ec), "[run] hostfile {} not found", path);
+  CAI_CHECK(!std::filesystem::is_directory(path, ec), "[run] hostfile {} is a directory", path);
+  std::ifstream f(path);
+  CAI_CHECK(f.good(), "[run] cannot read hostfile {}: {}", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_hostfile(ss.str(), path);
+}
+
+std::vector<std::string> select_hosts(const RunOptions& o) {
+  const bool have_file = !o.hostfile.empty();
+  CAI_CHECK(o.host.empty() || !have_file, "[run] --host and --hostfile {} are mutually exclusive",
+            o.hostfile);
+  CAI_CHECK(o.include.empty() || o.exclude.empty(),
+            "[run] --include {} and --exclude {} are mutually exclusive", join(o.include, ","),
+            join(o.exclude, ","));
+  CAI_CHECK(o.include.empty() || have_file, "[run] --include {} works only with --hostfile",
+            join(o.include, ","));
+  CAI_CHECK(o.exclude.empty() || have_file, "[run] --exclude {} works only with --hostfile",
+            join(o.exclude, ","));
+
+  std::vector<std::string> hosts;
+  if (!o.host.empty()) {
+    hosts = host_list(o.host, "--host");
+    std::set<std::string> seen;
+    for (const auto& h : hosts) CAI_CHECK(seen.insert(h).second, "[run] --host lists {} twice", h);
+  } else if (have_file) {
+    const auto entries = read_hostfile(o.hostfile);
+    std::set<std::string> in_file;
+    for (const auto& e : entries) in_file.insert(e.name);
+    const auto include = host_list(o.include, "--include");
+    const auto exclude = host_list(o.exclude, "--exclude");
+    for (const auto& h : include)
+      CAI_CHECK(in_file.count(h), "[run] --include: host {} is not in hostfile {}", h, o.hostfile);
+    for (const auto& h : exclude)
+      CAI_CHECK(in_file.count(h), "[run] --exclude: host {} is not in hostfile {}", h, o.hostfile);
+    const std::set<std::string> inc(include.begin(), include.end()),
+        exc(exclude.begin(), exclude.end());
+    // A filter: the hostfile's order (node ranks, the master) is kept.
+    for (const auto& e : entries)
+      if ((inc.empty() || inc.count(e.name)) && !exc.count(e.name)) hosts.push_back(e.name);
+    CAI_CHECK(!hosts.empty(), "[run] --exclude {} leaves no host of hostfile {}",
+              join(exclude, ","), o.hostfile);
+  }
+
+  if (o.num_nodes != -1) {
+    CAI_CHECK(o.num_nodes >= 1, "[run] --num_nodes {} must be at least 1", o.num_nodes);
+    if (hosts.empty()) {
+      CAI_CHECK(o.num_nodes == 1,
+                "[run] --num_nodes {} without --host or --hostfile: only this machine is known",
+                o.num_nodes);
+    } else {
+      CAI_CHECK(static_cast<size_t>(o.num_nodes) <= hosts.size(),
+                "[run] --num_nodes {} but only {} host(s) selected ({})", o.num_nodes, hosts.size(),
+                join(hosts, ","));
+      hosts.resize(o.num_nodes);
+    }
+  }
+  return hosts;
+}
+
+std::string master_addr_for(const RunOptions& o, const std::vector<std::string>& hosts) {
+  if (!o.master_addr.empty()) return o.master_addr;
+  return hosts.size() > 1 ? hosts.front() : "127.0.0.1";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment, quoting, the mpirun command
+
+std::vector<std::pair<std::string, std::string>> forwarded_env(const RunOptions& o,
+                                                               const std::string& master_addr,
+                                                               const Getenv& getenv,
+                                                               int cores_per_host) {
+  std::vector<std::pair<std::string, std::string>> env;
+  auto set = [&env](const std::string& k, const std::string& v) {
+    for (auto& kv : env)
+      if (kv.first == k) {
+        kv.second = v;
+        return;
+      }
+    env.emplace_back(k, v);
+  };
+  auto pass = [&](const char* name) {
+    if (const char* v = getenv(name)) set(name, v);
+  };
+  set("MASTER_ADDR", master_addr);
+  set("MASTER_PORT", std::to_string(o.master_port));
+  set("CAI_NPROC_PER_NODE", std::to_string(o.nproc_per_node));
+  pass("CAI_COLLECTIVE_TIMEOUT");
+  const char* omp = getenv("OMP_NUM_THREADS");
+  const char* cai = getenv("CAI_NUM_THREADS");
+  if (omp || cai) {
+    pass("OMP_NUM_THREADS");
+    pass("CAI_NUM_THREADS");
+  } else {
+    set("CAI_NUM_THREADS",
+        std::to_string(std::max(1, cores_per_host / std::max(1, o.nproc_per_node))));
+  }
+  pass("DATA");
+  pass("PATH");
+  pass("LD_LIBRARY_PATH");
+  for (const auto& x : o.env) {
+    const auto eq = x.find('=');
+    const std::string name = x.substr(0, eq);
+    CAI_CHECK(valid_env_name(name), "[run] -x {}: '{}' is not a variable name", x, name);
+    if (eq != std::string::npos) {
+      set(name, x.substr(eq + 1));
+    } else {
+      const char* v = getenv(name.c_str());
+      CAI_CHECK(v != nullptr, "[run] -x {}: {} is not set in this environment (use -x {}=VALUE)",
+                name, name, name);
+      set(name, v);
+    }
+  }
+  return env;
+}
+
+std::vector<std::string> split_shell_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool have = false;  // an empty '' still makes a word
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '\'') {
+      const auto end = s.find('\'', i + 1);
+      CAI_CHECK(end != std::string::npos, "[run] --extra_launch_args {}: unterminated ' quote", s);
+      cur += s.substr(i + 1, end - i - 1);
+      i = end;
+      have = true;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < s.size() && s[j] != '"'; ++j) {
+        if (s[j] == '\\' && j + 1 < s.size() && std::strchr("\"\\$`", s[j + 1])) ++j;
+        cur += s[j];
+      }
+      CAI_CHECK(j < s.size(), "[run] --extra_launch_args {}: unterminated \" quote", s);
+      i = j;
+      have = true;
+    } else if (c == '\\') {
+      CAI_CHECK(i + 1 < s.size(), "[run] --extra_launch_args {}: trailing backslash", s);
+      cur += s[++i];
+      have = true;
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      if (have) out.push_back(cur);
+      cur.clear();
+      have = false;
+    } else {
+      cur += c;
+      have = true;
+    }
+  }
+  if (have) out.push_back(cur);
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("@%+=:,./_-", c);
+      }))
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string shell_join(const std::vector<std::string>& argv) {
+  std::string out;
+  for (size_t i = 0; i < argv.size(); ++i) out += (i ? " " : "") + shell_quote(argv[i]);
+  return out;
+}
+
+LaunchPlan make_plan(const RunOptions& o, const Getenv& getenv, int cores_per_host) {
+  CAI_CHECK(o.nproc_per_node >= 1, "[run] --nproc_per_node {} must be at least 1",
+            o.nproc_per_node);
+  CAI_CHECK(o.master_port >= 1 && o.master_port <= 65535,
+            "[run] --master_port {} is not a port (1-65535)", o.master_port);
+  CAI_CHECK(o.ssh_port >= 0 && o.ssh_port <= 65535, "[run] --ssh-port {} is not a port (1-65535)",
+            o.ssh_port);
+  CAI_CHECK(o.timeout >= 0, "[run] --timeout {} must be positive", o.timeout);
+  std::vector<std::string> command = o.command;
+  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  CAI_CHECK(!command.empty(), "[run] no program given: colossalai run [OPTIONS] PROGRAM [ARGS...]");
+  CAI_CHECK(command.front().empty() || command.front().front() != '-',
+            "[run] unknown option {} (options go before the program; see colossalai run --help)",
+            command.front());
+  LaunchPlan p;
+  p.nproc_per_node = o.nproc_per_node;
+  p.hosts = select_hosts(o);
+  p.ssh_port = o.ssh_port;
+  p.extra_args = split_shell_words(o.extra_launch_args);
+  p.env = forwarded_env(o, master_addr_for(o, p.hosts), getenv, cores_per_host);
+  p.command = std::move(command);
+  return p;
+}
+
+std::vector<std::string> build_mpirun_argv(const LaunchPlan& p) {
+  std::vector<std::string> a{p.mpirun};
+  if (p.as_root) a.push_back("--allow-run-as-root");
+  a.push_back("--oversubscribe");
+  const size_t nodes = std::max<size_t>(1, p.hosts.size());
+  a.insert(a.end(), {"-np", std::to_string(p.nproc_per_node * nodes), "--host"});
+  std::vector<std::string> slots;
+  for (const auto& h : p.hosts) slots.push_back(fmt::format("{}:{}", h, p.nproc_per_node));
+  if (slots.empty()) slots.push_back(fmt::format("localhost:{}", p.nproc_per_node));
+  a.push_back(join(slots, ","));
+  // mpirun binds each rank to one core by default (np <= 2), which serialises a rank's thread
+  // pool; torchrun does not bind. --extra_launch_args "--bind-to core" overrides.
+  if (std::find(p.extra_args.begin(), p.extra_args.end(), "--bind-to") == p.extra_args.end())
+    a.insert(a.end(), {"--bind-to", "none"});
+  if (p.ssh_port > 0)
+    a.insert(a.end(), {"--mca", "plm_rsh_args", fmt::format("-p {}", p.ssh_port)});
+  a.insert(a.end(), p.extra_args.begin(), p.extra_args.end());
+  for (const auto& [k, v] : p.env) a.insert(a.end(), {"-x", k + "=" + v});
+  a.insert(a.end(), {p.wrapper, kWrapperCommand});
+  a.insert(a.end(), p.command.begin(), p.command.end());
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure lines
+
+std::string signal_name(int sig) {
+  static const std::map<int, const char*> names = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},       {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},     {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},     {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},     {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"},     {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
+      {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},       {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"},
+      {SIGPROF, "SIGPROF"}, {SIGVTALRM, "SIGVTALRM"}, {SIGSYS, "SIGSYS"},   {SIGWINCH, "SIGWINCH"}};
+  const auto it = names.find(sig);
+  return it != names.end() ? it->second : fmt::format("signal {}", sig);
+}
+
+std::string wrapper_failure_line(const std::string& rank, const std::string& host, int status) {
+  if (WIFSIGNALED(status))
+    return fmt::format("{}rank {} on host {} was killed by signal {} ({})", kMarker, rank, host,
+                       WTERMSIG(status), signal_name(WTERMSIG(status)));
+  return fmt::format("{}rank {} on host {} exited with code {}", kMarker, rank, host,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+std::optional<RankFailure> parse_failure_line(const std::string& line) {
+  static const std::regex ours(
+      R"(\[colossalai run\] rank (\S+) on host (\S+) (?:exited with code (-?\d+)|was killed by signal (\d+) \((\w+)\)))");
+  static const std::regex ompi(
+      R"(mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
+  std::smatch m;
+  RankFailure f;
+  if (std::regex_search(line, m, ours)) {
+    f.rank = m[1], f.host = m[2];
+    if (m[3].matched) {
+      f.exit_code = std::stoi(m[3]);
+    } else {
+      f.signal = std::stoi(m[4]);
+      f.signal_name = m[5];
+    }
+    return f;
+  }
+  if (std::regex_search(line, m, ompi)) {
+    f.rank = m[1], f.host = m[2];
+    f.signal = std::stoi(m[3]);
+    f.signal_name = signal_name(f.signal);
+    return f;
+  }
+  return std::nullopt;
+}
+
+std::string failure_summary(const RankFailure& f) {
+  const std::string what = f.signal
+                               ? fmt::format("killed by signal {} ({})", f.signal, f.signal_name)
+                               : fmt::format("exit code {}", f.exit_code);
+  return fmt::format("colossalai run: rank {} (host {}) failed: {}; all ranks stopped", f.rank,
+                     f.host, what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int cores_here() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  CAI_CHECK(!ec, "[run] cannot find this program's path (/proc/self/exe): {}", ec.message());
+  return p.string();
+}
+
+// `name` on PATH (or `name` itself when it has a '/'); empty when not found.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string cand = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(cand.c_str(), X_OK) == 0 && !std::filesystem::is_directory(cand)) return cand;
+  }
+  return "";
+}
+
+// mpirun's own environment: what it and ssh need, never the user's whole environment (its local
+// ranks inherit it; remote ranks get sshd's). Every rank variable travels as -x NAME=VALUE.
+std::vector<std::string> mpirun_environment() {
+  static const std::set<std::string> keep = {"PATH",    "LD_LIBRARY_PATH", "HOME",       "USER",
+                                             "LOGNAME", "SHELL",           "TMPDIR",     "LANG",
+                                             "LC_ALL",  "SSH_AUTH_SOCK",   "OPAL_PREFIX"};
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const std::string k = kv.substr(0, kv.find('='));
+    if (keep.count(k) || k.rfind("OMPI_MCA_", 0) == 0 || k.rfind("PMIX_MCA_", 0) == 0 ||
+        k.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) == 0)
+      out.push_back(kv);
+  }
+  return out;
+}
+
+std::vector<char*> c_argv(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w, n -= static_cast<size_t>(w);
+  }
+}
+
+void say(const std::string& msg) {
+  const std::string line = msg + "\n";
+  write_all(2, line.data(), line.size());
+}
+
+int g_signal_pipe = -1;
+void on_launcher_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe, &b, 1);
+  errno = saved;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int run_launch(const RunOptions& opts) {
+  if (opts.rank_wrapper) return run_rank_wrapper(opts);
+  LaunchPlan plan = make_plan(
+      opts, [](const char* n) { return std::getenv(n); }, cores_here());
+  plan.as_root = geteuid() == 0;
+  plan.wrapper = self_exe();
+  const std::string mpirun = find_program("mpirun");
+  plan.mpirun = mpirun.empty() ? "mpirun" : mpirun;
+  std::vector<std::string> argv = build_mpirun_argv(plan);
+  if (opts.dry_run) {
+    std::cout << shell_join(argv) << std::endl;
+    return 0;
+  }
+  CAI_CHECK(!mpirun.empty(),
+            "[run] mpirun not found on PATH: colossalai run launches through Open MPI's mpirun "
+            "(Debian: apt-get install openmpi-bin)");
+  if (plan.hosts.empty())
+    CAI_CHECK(!find_program(plan.command.front()).empty(),
+              "[run] program {} not found or not executable{}", plan.command.front(),
+              plan.command.front().find('/') == std::string::npos ? " (searched PATH)" : "");
+
+  // Self-pipe for signals; mpirun's stderr through a pipe (scanned for failure lines, forwarded
+  // byte for byte); its stdout is ours.
+  int sig_pipe[2], err_pipe[2];
+  CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0 && pipe2(err_pipe, O_CLOEXEC) == 0,
+            "[run] pipe: {}", std::strerror(errno));
+  g_signal_pipe = sig_pipe[1];
+  const int handled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int s : handled) sigaddset(&block, s);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  for (int s : handled) {
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sa.sa_flags = SA_RESTART | (s == SIGCHLD ? SA_NOCLDSTOP : 0);
+    sigemptyset(&sa.sa_mask);
+    sigaction(s, &sa, nullptr);
+  }
+  std::vector<std::string> env = mpirun_environment();
+  auto c_args = c_argv(argv);
+  auto c_env = c_argv(env);
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  CAI_CHECK(pid >= 0, "[run] fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    // mpirun gets its own process group: a terminal's Ctrl-C reaches only us, and we forward it
+    // once (a second SIGINT makes mpirun quit without cleaning up).
+    setpgid(0, 0);
+    // If we die without forwarding anything (SIGKILL), mpirun still stops the job.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(143);
+    dup2(err_pipe[1], 2);
+    for (int s : handled) signal(s, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    execve(argv[0].c_str(), c_args.data(), c_env.data());
+    const std::string msg =
+        fmt::format("colossalai run: cannot run {}: {}\n", argv[0], std::strerror(errno));
+    write_all(2, msg.data(), msg.size());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(err_pipe[1]);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> deadline, kill_at, drain_until;
+  if (opts.timeout > 0)
+    deadline = start + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(opts.timeout));
+  bool exited = false, err_open = true, timed_out = false;
+  int status = 0, stop_signal = 0;
+  std::optional<RankFailure> failure;
+  std::string line;
+
+  auto scan = [&](const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] != '\n' && line.size() < 65536) {
+        line += p[i];
+        continue;
+      }
+      if (!failure) failure = parse_failure_line(line);
+      line.clear();
+    }
+  };
+  auto stop = [&](int sig) {  // ask mpirun to stop every rank; SIGKILL its group if it hangs
+    kill(pid, sig);
+    kill_at = Clock::now() + std::chrono::seconds(10);
+  };
+
+  while (!exited || (err_open && (!drain_until || Clock::now() < *drain_until))) {
+    const auto now = Clock::now();
+    std::optional<Clock::time_point> next;
+    for (const auto& t : {!timed_out && !stop_signal ? deadline : std::nullopt, kill_at,
+                          exited ? drain_until : std::nullopt})
+      if (t && (!next || *t < *next)) next = t;
+    int wait_ms = -1;
+    if (next)
+      wait_ms = static_cast<int>(std::clamp<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count() + 1, 0,
+          INT_MAX));
+    pollfd fds[2] = {{err_open ? err_pipe[0] : -1, POLLIN, 0}, {sig_pipe[0], POLLIN, 0}};
+    const int r = poll(fds, 2, wait_ms);
+    if (r < 0 && errno != EINTR) break;
+    if (r > 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char buf[8192];
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n > 0) {
+        write_all(2, buf, static_cast<size_t>(n));
+        scan(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        err_open = false;
+      }
+    }
+    if (r > 0 && (fds[1].revents & POLLIN)) {
+      unsigned char sigs[64];
+      const ssize_t n = read(sig_pipe[0], sigs, sizeof sigs);
+      for (ssize_t i = 0; i < n; ++i) {
+        const int s = sigs[i];
+        if (s == SIGCHLD || exited) continue;
+        if (!stop_signal && !timed_out) {
+          stop_signal = s;
+          say(fmt::format("colossalai run: got {}: stopping every rank", signal_name(s)));
+          stop(s);
+        } else {
+          if (!stop_signal) stop_signal = s;
+          say(fmt::format("colossalai run: got {} again: killing mpirun", signal_name(s)));
+          kill(-pid, SIGKILL);
+        }
+      }
+    }
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      drain_until = Clock::now() + std::chrono::seconds(2);
+    }
+    const auto t = Clock::now();
+    if (!exited && deadline && !timed_out && !stop_signal && t >= *deadline) {
+      timed_out = true;
+      say(
+          fmt::format("colossalai run: timeout: the job ran {} s (--timeout {}): stopping every "
+                      "rank",
+                      opts.timeout, opts.timeout));
+      stop(SIGTERM);
+    }
+    if (!exited && kill_at && t >= *kill_at) {
+      say("colossalai run: mpirun did not stop within 10 s: killing it");
+      kill(-pid, SIGKILL);
+      kill_at.reset();
+    }
+  }
+  if (!exited) {  // poll failed: do not leave mpirun behind
+    kill(-pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  if (!line.empty() && !failure) failure = parse_failure_line(line);
+  // Whatever is left in mpirun's process group (its local ranks) goes now.
+  kill(-pid, SIGKILL);
+  close(err_pipe[0]);
+  for (int s : handled) signal(s, SIG_DFL);
+  close(sig_pipe[0]);
+  close(sig_pipe[1]);
+  g_signal_pipe = -1;
+
+  const int code = exit_code_of(status);
+  if (timed_out) {
+    say(
+        fmt::format("colossalai run: timeout: job stopped after {} s (--timeout {}); all ranks "
+                    "stopped",
+                    opts.timeout, opts.timeout));
+    return 124;
+  }
+  if (stop_signal) {
+    say(fmt::format("colossalai run: interrupted by {}; all ranks stopped",
+                    signal_name(stop_signal)));
+    return 128 + stop_signal;
+  }
+  if (code == 0) return 0;
+  if (failure)
+    say(failure_summary(*failure));
+  else
+    say(
+        fmt::format("colossalai run: mpirun failed with exit code {} (see its messages above); "
+                    "all ranks stopped",
+                    code));
+  return code;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rank wrapper: colossalai _rank_wrapper PROGRAM ARGS (one per rank, started by mpirun)
+
+int run_rank_wrapper(const RunOptions& opts) {
+  std::vector<std::string> cmd = opts.command;
+  if (!cmd.empty() && cmd.front() == "--") cmd.erase(cmd.begin());
+  CAI_CHECK(!cmd.empty(), "[run] {}: no program given", kWrapperCommand);
+
+  auto env = [](const char* n) -> std::string {
+    const char* v = std::getenv(n);
+    return v ? v : "";
+  };
+  std::string rank = env("OMPI_COMM_WORLD_RANK");
+  if (rank.empty()) rank = env("PMIX_RANK");
+  if (rank.empty()) rank = "?";
+  char hostbuf[256] = {};
+  gethostname(hostbuf, sizeof hostbuf - 1);
+  const std::string host = hostbuf[0] ? hostbuf : "?";
+
+  // torchrun's variables, for programs that read them.
+  if (!env("OMPI_COMM_WORLD_RANK").empty()) {
+    setenv("RANK", env("OMPI_COMM_WORLD_RANK").c_str(), 1);
+    setenv("WORLD_SIZE", env("OMPI_COMM_WORLD_SIZE").c_str(), 1);
+    setenv("LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK").c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", env("OMPI_COMM_WORLD_LOCAL_SIZE").c_str(), 1);
+    long r = 0, n = 0;
+    if (parse_int(rank, &r) && parse_int(env("CAI_NPROC_PER_NODE"), &n) && n > 0) {
+      setenv("NODE_RANK", std::to_string(r / n).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(r / n).c_str(), 1);
+    }
+  }
+
+  const int stops[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  sigset_t set, old;
+  sigemptyset(&set);
+  for (int s : stops) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  sigprocmask(SIG_BLOCK, &set, &old);
+  // An ignored signal is dropped even while blocked: mpirun may hand us ignored ones.
+  for (int s : stops) signal(s, SIG_DFL);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) signal(s, SIG_DFL);
+
+  const pid_t parent = getpid();
+  auto c_args = c_argv(cmd);
+  const pid_t pid = fork();
+  CAI_CHECK(pid >= 0, "[run] fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    // Own process group (so the whole program can be stopped), and die with the wrapper.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    execvp(c_args[0], c_args.data());
+    const std::string msg = fmt::format("{}rank {} on host {}: cannot run {}: {}\n", kMarker, rank,
+                                        host, cmd.front(), std::strerror(errno));
+    write_all(2, msg.data(), msg.size());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+
+  int status = 0, stop_signal = 0;
+  std::optional<Clock::time_point> kill_at;
+  for (;;) {
+    siginfo_t info;
+    int s;
+    if (kill_at) {
+      const auto left = std::max<long long>(
+          0, std::chrono::duration_cast<std::chrono::nanoseconds>(*kill_at - Clock::now()).count());
+      timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+      s = sigtimedwait(&set, &info, &ts);
+    } else {
+      s = sigwaitinfo(&set, &info);
+    }
+    if (s < 0) {
+      if (errno == EAGAIN) {  // the grace period is over
+        kill(-pid, SIGKILL);
+        kill_at.reset();
+      }
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+      continue;
+    }
+    if (s == SIGCHLD) {
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+    } else if (s == SIGUSR1 || s == SIGUSR2) {
+      kill(-pid, s);
+    } else if (!stop_signal) {
+      // mpirun stops this rank (another failed, a timeout, Ctrl-C): pass it on, then SIGKILL the
+      // group before mpirun's own SIGKILL (1 s) would leave the program's children behind.
+      stop_signal = s;
+      kill(-pid, s);
+      kill_at = Clock::now() + std::chrono::milliseconds(500);
+    }
+  }
+  if (stop_signal) {
+    // Stopped from outside: not this rank's failure, so nothing to report.
+    kill(-pid, SIGKILL);
+    signal(stop_signal, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, stop_signal);
+    sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    raise(stop_signal);
+    return 128 + stop_signal;
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  kill(-pid, SIGKILL);  // the failed program's leftovers
+  say(wrapper_failure_line(rank, host, status));
+  return exit_code_of(status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CLI
+
+void setup_run(CLI::App& app, RunOptions& opts) {
+  auto* sub = app.add_subcommand(
+      "run",
+      "Launch PROGRAM on every rank through Open MPI's mpirun (ssh for remote hosts), like "
+      "Colossal-AI's `colossalai run` / torchrun");
+  sub->prefix_command();  // the first positional is the program: everything after it is its own
+  sub->add_option("--nproc_per_node", opts.nproc_per_node,
+                  "Processes (ranks) per host; -np is this times the number of hosts")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+         "--host", opts.host,
+         "Comma-separated hosts to run on, N ranks each, in this order (default: this machine "
+         "only; not with --hostfile)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  sub->add_option("--hostfile", opts.hostfile,
+                  "File with one host per line (`host slots=N` accepted, N ignored); blank "
+                  "lines and # comments skipped");
+  sub->add_option(
+         "--include", opts.include,
+         "With --hostfile: use only these comma-separated hosts, kept in hostfile order (not "
+         "with --exclude)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  sub->add_option("--exclude", opts.exclude,
+                  "With --hostfile: leave out these comma-separated hosts (not with --include)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  sub->add_option("--num_nodes", opts.num_nodes,
+                  "Use only the first K selected hosts (default: all of them)");
+  sub->add_option("--master_addr", opts.master_addr,
+                  "MASTER_ADDR for the ranks (default: the first host when there are several, "
+                  "else 127.0.0.1)");
+  sub->add_option("--master_port", opts.master_port, "MASTER_PORT for the ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  sub->add_option("--ssh-port,--ssh_port", opts.ssh_port,
+                  "ssh port of the remote hosts (mpirun --mca plm_rsh_args \"-p PORT\")")
+      ->check(CLI::Range(1, 65535));
+  sub->add_option("--extra_launch_args", opts.extra_launch_args,
+                  "More mpirun arguments, split like a shell does (e.g. \"--mca "
+                  "btl_tcp_if_include eth0\")");
+  sub->add_option("-x,--env", opts.env,
+                  "Also pass variable NAME (from this environment) or NAME=VALUE to every rank; "
+                  "repeatable. Only MASTER_ADDR, MASTER_PORT, CAI_NPROC_PER_NODE, "
+                  "CAI_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS, CAI_NUM_THREADS, DATA, PATH and "
+                  "LD_LIBRARY_PATH are passed otherwise")
+      ->allow_extra_args(false);
+  sub->add_flag("--dry-run", opts.dry_run,
+                "Print the mpirun command (shell-quoted, one line) and exit without running it");
+  sub->add_option("--timeout", opts.timeout,
+                  "Stop the whole job after SECONDS and exit 124 (default: no limit)")
+      ->check(CLI::PositiveNumber);
+  sub->footer(
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and Open MPI's "
+      "OMPI_COMM_WORLD_*). When a rank fails, every rank on every host is stopped and the exit "
+      "names the rank, host and exit code or signal. Ctrl-C/SIGTERM stop the job (exit "
+      "130/143).");
+  // PROGRAM [ARGS...]: prefix_command() hands the first positional and everything after it to
+  // remaining(), unparsed. After "--", CLI11 2.1 would give the rest back to the parent app unless
+  // the subcommand has a positional, so `program` takes what follows "--" (its validator refuses
+  // anything before it, which then falls to prefix_command()).
+  sub->validate_positionals();
+  sub->add_option("PROGRAM", opts.after_dashes,
+                  "The program every rank runs, then its arguments, passed unchanged (its own "
+                  "--flags too; a \"--\" before PROGRAM is optional)")
+      ->check(CLI::Validator(
+          [sub](std::string&) -> std::string {
+            const auto rem = sub->remaining();
+            return !rem.empty() && rem.front() == "--" ? "" : "not after --";
+          },
+          "", "after --"));
+  sub->callback([sub, &opts] {
+    opts.command = sub->remaining();
+    if (!opts.command.empty() && opts.command.front() == "--")
+      opts.command.erase(opts.command.begin());
+    opts.command.insert(opts.command.end(), opts.after_dashes.begin(), opts.after_dashes.end());
+  });
+
+  auto* wrap = app.add_subcommand(kWrapperCommand, "internal: runs one rank for colossalai run");
+  wrap->group("");  // hidden
+  wrap->prefix_command();
+  wrap->callback([wrap, &opts] {
+    opts.rank_wrapper = true;
+    opts.command = wrap->remaining();
+  });
+}
+
+}  // namespace cai::app

@@ -1,0 +1,94 @@
+// The Communicator: collectives and point-to-point over a group of processes, with an MPI backend
+// (CPU tensors) and an in-process fake (threads) for unit tests; NCCL follows behind the same
+// interface. Non-blocking calls return a Work handle; every wait is bounded by the
+// communicator's timeout and raises cai::Error naming the operation and the group instead of
+// hanging. Communicators are explicit objects passed to whoever needs them: no globals.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/core/tensor.h"
+
+namespace cai::dist {
+
+enum class ReduceOp { Sum, Max, Min };
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;  // throws on timeout naming the operation and group
+  virtual bool test() = 0;  // true when complete
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // e.g. "world", "dp[0,2]"
+  void set_timeout(double seconds) { timeout_ = seconds; }
+  double timeout() const { return timeout_; }
+
+  // In place: t becomes the reduction over the group.
+  virtual std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) = 0;
+  // in has Σ counts[r] elements laid out rank-major; out receives this rank's counts[rank()]
+  // elements of the reduction.
+  virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& in, Tensor& out,
+                                                     const std::vector<int64_t>& counts,
+                                                     ReduceOp op) = 0;
+  // out (Σ counts[r] elements) receives every rank's `in` (counts[r] elements), rank-major.
+  virtual std::unique_ptr<Work> all_gather_async(const Tensor& in, Tensor& out,
+                                                 const std::vector<int64_t>& counts) = 0;
+  virtual std::unique_ptr<Work> broadcast_async(Tensor& t, int root) = 0;
+  virtual std::unique_ptr<Work> send_async(const Tensor& t, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> recv_async(Tensor& t, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+  // A sub-group of the ranks with the same color, ordered by key (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  // Blocking conveniences.
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
+  void reduce_scatter(const Tensor& in, Tensor& out, const std::vector<int64_t>& counts,
+                      ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(in, out, counts, op)->wait();
+  }
+  void all_gather(const Tensor& in, Tensor& out, const std::vector<int64_t>& counts) {
+    all_gather_async(in, out, counts)->wait();
+  }
+  void broadcast(Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+  void send(const Tensor& t, int peer, int tag = 0) { send_async(t, peer, tag)->wait(); }
+  void recv(Tensor& t, int peer, int tag = 0) { recv_async(t, peer, tag)->wait(); }
+  // A scalar reduced in double precision.
+  virtual double all_reduce_scalar(double v, ReduceOp op = ReduceOp::Sum);
+
+ protected:
+  double timeout_ = 300.0;
+};
+
+// MPI: initialised (MPI_THREAD_FUNNELED) by the first MpiEnvironment and finalised when it goes.
+// Owned by main(); the library never initialises MPI behind the caller's back.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+  // The world communicator; timeout in seconds (CAI_COLLECTIVE_TIMEOUT overrides when set).
+  std::unique_ptr<Communicator> world(double timeout_seconds = 300.0);
+  // Ends the whole job (MPI_Abort) after printing why: for a rank that cannot go on.
+  [[noreturn]] static void abort(int code);
+  static bool initialized();
+
+ private:
+  bool initialized_here_ = false;  // MPI_Finalize only what this object initialised
+};
+
+// n communicators of one in-process group, to be used from n threads (rank i uses the i-th).
+std::vector<std::unique_ptr<Communicator>> make_fake_group(int n, double timeout_seconds = 30.0);
+
+// A one-rank communicator: every collective is the identity.
+std::unique_ptr<Communicator> make_single();
+
+}  // namespace cai::dist

@@ -1,0 +1,67 @@
+// Data parallelism and ZeRO as a train::Plugin over a data-parallel Communicator.
+//
+//  stage 0 (DDP): parameters broadcast from rank 0; gradients grouped in buckets of
+//    ddp_bucket_cap_mb (in backward order); each bucket's all-reduce starts as soon as the last
+//    layer owning one of its parameters has finished its backward (overlap), on the final
+//    micro-batch of a step. The loss of every sample is weighted by 1/global batch, so the summed
+//    gradient is the average of the ranks' local-mean gradients (what PyTorch DDP computes).
+//  stage 1: as DDP, but each rank keeps the optimizer state of its shard only (every parameter
+//    is cut into dp contiguous chunks; rank r owns chunk r), updates its shard, then all-gathers.
+//  stage 2: gradients are reduce-scattered per bucket of zero_bucket_size_in_m elements on every
+//    micro-batch; each rank keeps only its shard of the gradients (full gradients are freed).
+//  stage 3: parameters are sharded too (Gemini-style chunks: one chunk per layer): a layer's
+//    parameters are gathered just before its forward and its backward and freed after.
+// cpu_offload is accepted; on CPU tensors it changes nothing (it matters once CUDA lands).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/dist/communicator.h"
+#include "cai/train/trainer.h"
+
+namespace cai::parallel {
+
+struct DataParallelConfig {
+  int zero_stage = 0;                   // 0 (DDP), 1, 2, 3
+  double ddp_bucket_cap_mb = 25.0;      // stage 0 and 1 buckets
+  double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
+  bool cpu_offload = false;
+  bool overlap = true;  // start reductions during backward (else all at sync_gradients)
+};
+
+class DataParallelPlugin : public train::Plugin {
+ public:
+  DataParallelPlugin(dist::Communicator& dp, DataParallelConfig cfg);
+  ~DataParallelPlugin() override;
+
+  std::string name() const override;
+  int rank() const override;
+  int world_size() const override;
+  void setup(nn::ViT& model) override;
+  // setup() for a subset of the model's layers (a pipeline stage's): only their parameters are
+  // broadcast, reduced, sharded and stepped.
+  void setup_layers(const std::vector<nn::Layer*>& layers);
+  std::vector<nn::Parameter*> optimizer_parameters(nn::ViT& model) override;
+  const nn::LayerHooks* train_hooks(bool last_micro_batch) override;
+  const nn::LayerHooks* eval_hooks() override;
+  void sync_gradients(nn::ViT& model) override;
+  double clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
+  void optimizer_step(optim::Optimizer& opt) override;
+  void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
+  double all_reduce_sum(double v) override;
+
+  // ZeRO-3: gathers every parameter's full value (for checkpoints and comparisons); the next
+  // forward frees them again. A no-op for other stages.
+  void materialize_parameters();
+  // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
+  int64_t parameter_bytes() const;
+  int num_buckets() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cai::parallel

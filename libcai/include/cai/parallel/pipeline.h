@@ -1,0 +1,70 @@
+// The pipeline executor: runs a schedule::Schedule (GPipe, 1F1B, interleaved) on real processes
+// as a train::Plugin. Every rank builds the whole ViT and keeps only the layers of its virtual
+// stages (the others' parameters are freed); micro-batches flow between stages with the
+// Communicator's non-blocking sends and blocking receives, exactly the semantics the schedule
+// validator proves deadlock-free. Data parallelism across pipeline replicas (pp × dp) and ZeRO-1
+// come from a DataParallelPlugin over the data-parallel group, applied to the stage's layers.
+// Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cai/core/trace.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/mesh.h"
+#include "cai/parallel/data_parallel.h"
+#include "cai/schedule/schedule.h"
+#include "cai/train/trainer.h"
+
+namespace cai::parallel {
+
+struct PipelineConfig {
+  std::string style = "1f1b";  // gpipe | 1f1b | interleaved
+  int num_microbatches = 0;    // per step; 0: from microbatch_size, else the stage count
+  int microbatch_size = 0;
+  int chunks = 1;                         // model chunks per rank (interleaved: >= 2)
+  std::string partition = "uniform";      // uniform | balanced (by parameter count)
+  std::vector<int> num_layers_per_stage;  // explicit partition (per virtual stage), overrides
+  DataParallelConfig dp;                  // zero_stage 0 or 1 across pipeline replicas
+};
+
+class PipelinePlugin : public train::Plugin {
+ public:
+  // world: every process; mesh: its dp × pp × tp layout (tp must be 1 here).
+  PipelinePlugin(dist::Communicator& world, const dist::ProcessMesh& mesh, PipelineConfig cfg);
+  ~PipelinePlugin() override;
+
+  std::string name() const override;
+  int rank() const override;
+  int world_size() const override;
+  void setup(nn::ViT& model) override;
+  std::vector<nn::Parameter*> optimizer_parameters(nn::ViT& model) override;
+  train::StepMetrics forward_backward(nn::ViT& model, const std::vector<data::Batch>& batches,
+                                      float weight, const train::Criterion& crit,
+                                      const nn::ForwardCtx& step_ctx) override;
+  train::StepMetrics eval_batch(nn::ViT& model, const data::Batch& batch) override;
+  double clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
+  void optimizer_step(optim::Optimizer& opt) override;
+  void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
+  double all_reduce_sum(double v) override;
+
+  int micro_batches_for(int64_t batch_size) const;
+  // The schedule for m micro-batches (validated when built).
+  const schedule::Schedule& schedule_for(int micro_batches);
+  const schedule::Partition& partition() const;
+  // Mean over recorded steps of 1 − compute time / step time on this rank (Load to ReduceGrads).
+  double measured_bubble() const;
+  int pipeline_rank() const;
+  int stages() const;
+  // Collective over the world: every rank's spans and memory go to rank 0, which writes one
+  // Chrome-trace JSON with one track per rank. Returns the per-rank measured bubble fractions
+  // (on every rank).
+  std::vector<double> write_trace(const std::string& path);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cai::parallel

@@ -1,0 +1,171 @@
+// Pipeline-parallel schedules as data: an instruction list per pipeline rank, the generators for
+// GPipe, 1F1B (PipeDream-flush) and Megatron's interleaved 1F1B, layer partitioning, and a
+// validator that replays the programs concurrently (dependencies, pairing, deadlocks, timing).
+//
+// Pure functions: no devices, no communication. Consumed by the pipeline executor
+// (cai/parallel), the SimGrid simulator and the schedule GUI.
+//
+// Model pieces. The model has L layers in a global order (layer 0 = embedding, layer L-1 = final
+// norm + head). A schedule with p stages (pipeline ranks) and v chunks per rank cuts them into
+// V = p * v contiguous virtual stages; virtual stage vs = chunk * p + rank (Megatron's
+// interleaving), so rank r holds virtual stages r, p + r, 2p + r, ...
+//
+// Program semantics (what an executor must honour, what validate() checks):
+//  - LoadMicroBatch(mb): rank 0 loads the images of mb before Forward(mb, vs 0); the rank holding
+//    the last virtual stage loads the labels of mb before its Forward(mb, V-1) (one Load when
+//    p==1).
+//  - RecvActivation / RecvGrad block until the matching send has been executed; SendActivation /
+//    SendGrad never block (buffered / isend). Messages between one (src, dst) pair of one kind
+//    (activation or grad) are received in the order they were sent (FIFO).
+//  - A Recv immediately precedes the compute that consumes it; a Send immediately follows the
+//    compute that produced it. Activations go from vs to vs+1, gradients from vs+1 to vs.
+//  - With split_backward, Backward is BackwardInput (grad of the input, sent on at once) followed
+//  by
+//    BackwardWeight (grad of the parameters) after the SendGrad.
+//  - Every program ends with ReduceGrads then OptimizerStep (once, covering all its chunks).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cai::schedule {
+
+enum class Op {
+  LoadMicroBatch,
+  Forward,
+  Backward,
+  BackwardInput,
+  BackwardWeight,
+  SendActivation,
+  RecvActivation,
+  SendGrad,
+  RecvGrad,
+  ReduceGrads,
+  OptimizerStep,
+};
+const char* op_name(Op op);  // "Forward", "SendActivation", ...
+bool is_compute(Op op);      // Forward, Backward, BackwardInput, BackwardWeight
+bool is_send(Op op);         // SendActivation, SendGrad
+bool is_recv(Op op);         // RecvActivation, RecvGrad
+
+struct Instr {
+  Op op = Op::Forward;
+  int mb = -1;    // micro-batch index, -1 when not applicable (ReduceGrads, OptimizerStep)
+  int chunk = 0;  // model chunk on this rank (virtual stage = chunk * stages + rank)
+  int peer = -1;  // pipeline rank of the peer for send/recv, -1 otherwise
+  // The global layer range [first_layer, first_layer + num_layers) of this rank's (mb, chunk):
+  // computed by Forward/Backward*, produced (Send) or consumed (Recv) by the transfer, fed
+  // (LoadMicroBatch). ReduceGrads/OptimizerStep: first_layer of chunk 0 and num_layers = all the
+  // layers the rank holds (not one contiguous range when chunks > 1).
+  int first_layer = 0, num_layers = 0;
+  int64_t bytes = 0;  // bytes moved by send/recv (ScheduleOptions::activation_bytes), 0 otherwise
+
+  // "Load(mb=3)", "F(mb=3,c=0)", "B(..)", "BI(..)", "BW(..)", "SendAct(mb=3,c=0,->2)",
+  // "RecvAct(mb=3,c=0,<-1)", "SendGrad(..)", "RecvGrad(..)", "ReduceGrads", "OptStep".
+  std::string str() const;
+  bool operator==(const Instr&) const = default;
+};
+
+using Program = std::vector<Instr>;  // one rank's ordered instructions
+
+struct Schedule {
+  std::string name;  // "gpipe" | "1f1b" | "interleaved" (or anything for hand-made ones)
+  int stages = 1, micro_batches = 1, chunks = 1;
+  std::vector<Program> programs;  // index = pipeline rank
+
+  int virtual_stages() const { return stages * chunks; }
+  int virtual_stage(int rank, int chunk) const { return chunk * stages + rank; }
+  int rank_of(int vstage) const { return vstage % stages; }
+  int chunk_of(int vstage) const { return vstage / stages; }
+  // One line per rank: "rank 0: Load(mb=0) F(mb=0,c=0) SendAct(mb=0,c=0,->1) ..."
+  std::string str() const;
+};
+
+// Layers per virtual stage (in virtual-stage order), each >= 1; they sum to the layer count.
+// Contiguity puts the embedding (layer 0) in virtual stage 0 and the head in the last one.
+struct Partition {
+  std::vector<int> layers_per_virtual_stage;
+
+  int virtual_stages() const { return static_cast<int>(layers_per_virtual_stage.size()); }
+  int total_layers() const;
+  int first_layer(int vstage) const;  // sum of the layers of the virtual stages before it
+  int num_layers(int vstage) const { return layers_per_virtual_stage.at(vstage); }
+};
+
+// Uniform by count: every virtual stage gets num_layers / V layers and the first num_layers % V
+// get one more (14 over 4 -> 4,4,3,3). Throws "[partition] ..." when num_layers < V or V < 1.
+Partition partition_uniform(int num_layers, int virtual_stages);
+// Contiguous split minimising the largest stage cost (sum of layer_costs, e.g. parameter counts);
+// among the optimal splits the one with the smallest sum of squared stage costs, then the one
+// giving earlier stages more layers. Costs must be >= 0; throws when fewer layers than stages.
+Partition partition_balanced(const std::vector<int64_t>& layer_costs, int virtual_stages);
+// The given list, checked: every entry >= 1, sum == num_layers, and (when virtual_stages > 0)
+// exactly virtual_stages entries.
+Partition partition_explicit(const std::vector<int>& num_layers_per_stage, int num_layers,
+                             int virtual_stages = 0);
+
+struct ScheduleOptions {
+  int stages = 1;                // p, pipeline ranks
+  int micro_batches = 1;         // m, per optimizer step
+  int chunks = 1;                // v, model chunks per rank (interleaved only: >= 2)
+  int64_t activation_bytes = 0;  // size of one micro-batch's boundary tensor (activation = grad)
+  bool split_backward = false;   // BackwardInput + BackwardWeight instead of Backward
+};
+
+// GPipe: all forwards (mb 0..m-1), then all backwards (mb 0..m-1). Peak live activations m.
+Schedule gpipe(const ScheduleOptions& opt, const Partition& part);
+// PipeDream-flush 1F1B: stage s runs min(p-s-1, m) warm-up forwards, then alternates one forward
+// and one backward, then drains the remaining backwards. Peak live activations min(p-s, m).
+Schedule one_f_one_b(const ScheduleOptions& opt, const Partition& part);
+// Megatron's interleaved 1F1B with v = chunks >= 2 chunks per rank; m must be a multiple of p
+// (micro-batches advance through the chunks in groups of p). Rank r warms up with
+// min(2(p-r-1) + (v-1)p, m v) forwards; forward k runs chunk (k mod pv) / p of micro-batch
+// (k / pv) p + k mod p, backward k the chunk v-1 - (k mod pv) / p of the same micro-batch.
+Schedule interleaved(const ScheduleOptions& opt, const Partition& part);
+// By name: "gpipe" | "1f1b" | "interleaved"; throws "[schedule] unknown style ..." otherwise.
+Schedule make(const std::string& style, const ScheduleOptions& opt, const Partition& part);
+
+// Durations for the timing replay. Compute costs are per virtual stage (every chunk costs the
+// same) unless per_layer, where they are multiplied by the instruction's num_layers. Bubble
+// fractions compare across chunk counts as they are; absolute times only with per_layer (or with
+// forward/backward divided by chunks), since a chunk of an interleaved model is a 1/v model piece.
+struct CostModel {
+  double forward = 1.0;
+  double backward = 2.0;              // a whole Backward (= BackwardInput + BackwardWeight)
+  double backward_input_share = 0.5;  // BackwardInput = share * backward, BackwardWeight = rest
+  bool per_layer = false;
+  double comm = 0.0;           // latency of a message: send end -> earliest recv end
+  double comm_per_byte = 0.0;  // added per Instr::bytes
+  double load = 0.0, reduce = 0.0, optimizer = 0.0;  // LoadMicroBatch, ReduceGrads, OptimizerStep
+};
+
+struct InstrTime {
+  double start = 0.0, end = 0.0;  // a recv's start..end is its wait; a send takes no time
+};
+
+struct ValidationResult {
+  bool ok = false;
+  std::string error;  // empty when ok; "[schedule] ..." naming the rank(s) and instruction(s)
+  std::vector<int> peak_activations;  // per rank: max over time of forwards - completed backwards
+  std::vector<double> busy;           // per rank: time spent in anything but waiting on a recv
+  double makespan = 0.0;              // latest end over all ranks
+  double bubble_fraction = 0.0;       // 1 - sum(busy) / (stages * makespan)
+  std::vector<std::vector<InstrTime>> times;  // [rank][instruction index], same shape as programs
+  explicit operator bool() const { return ok; }
+};
+
+// Replays all programs concurrently (rank-local program counters, blocking receives, buffered
+// sends) and checks: instruction fields in range (mb, chunk, peer, layer range, bytes); each
+// recv pairs with the oldest pending send of its (peer -> rank, kind) channel carrying the same
+// micro-batch and the adjacent virtual stage; data dependencies (Forward(mb, vs) after the output
+// of Forward(mb, vs-1) is here, Backward(mb, vs) after Forward(mb, vs) and the grad of vs+1, the
+// loss stage after its labels were loaded, BackwardWeight after BackwardInput, sends after what
+// they send was computed); exactly one Forward and one Backward (or BackwardInput +
+// BackwardWeight) per (mb, vs); every send received; ReduceGrads after the rank's last backward
+// and OptimizerStep last. A state where no rank can progress is a deadlock: the error names every
+// stuck rank and its next instruction. Stops at the first error (times filled up to there).
+ValidationResult validate(const Schedule& schedule, const CostModel& cost = {});
+// validate(), throwing cai::Error with the message when it fails.
+ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost = {});
+
+}  // namespace cai::schedule

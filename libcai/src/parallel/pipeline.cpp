@@ -1,0 +1,459 @@
+#include "cai/parallel/pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "cai/core/error.h"
+#include "cai/ops/ops.h"
+
+namespace cai::parallel {
+
+namespace {
+
+enum Kind { kActivation = 0, kGrad = 1, kEval = 2 };
+
+// Message tag of a tensor produced by virtual stage `vs` for micro-batch `mb`.
+int tag_of(int mb, int vs, int virtual_stages, Kind kind) {
+  return (mb * virtual_stages + vs) * 3 + kind;
+}
+
+double sum_of(const Tensor& t) {
+  double s = 0;
+  for (float v : t.to_vector()) s += v;
+  return s;
+}
+
+int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  const auto l = logits.to_vector();
+  const auto y = labels.to_vector();
+  const int64_t b = logits.size(0), k = logits.size(1);
+  int64_t correct = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; ++j)
+      if (l[i * k + j] > l[i * k + arg]) arg = j;
+    correct += arg == static_cast<int64_t>(y[i]);
+  }
+  return correct;
+}
+
+const char* category_of(schedule::Op op) {
+  using schedule::Op;
+  if (schedule::is_compute(op)) return "compute";
+  if (schedule::is_send(op) || schedule::is_recv(op)) return "comm";
+  if (op == Op::LoadMicroBatch) return "load";
+  return "reduce";
+}
+
+}  // namespace
+
+struct PipelinePlugin::Impl {
+  dist::Communicator& world;
+  dist::ProcessMesh mesh;
+  PipelineConfig cfg;
+  dist::MeshCoord me;
+  std::unique_ptr<dist::Communicator> pp, dp;
+  std::unique_ptr<DataParallelPlugin> inner;
+  nn::ViT* model = nullptr;
+  schedule::Partition part;
+  std::map<int, schedule::Schedule> schedules;  // by micro-batch count
+  std::vector<nn::Layer*> owned;                // this rank's layers, model order
+  trace::Recorder rec;
+  std::vector<double> bubbles;  // per executed step
+  int64_t tokens = 0, dim = 0;
+
+  Impl(dist::Communicator& w, const dist::ProcessMesh& m, PipelineConfig c)
+      : world(w), mesh(m), cfg(std::move(c)) {
+    CAI_CHECK(mesh.world() == world.size(),
+              "[pipeline] the mesh describes {} processes but the communicator has {}",
+              mesh.world(), world.size());
+    CAI_CHECK(mesh.tp_size() == 1, "[pipeline] tensor parallel size {} is not supported yet",
+              mesh.tp_size());
+    CAI_CHECK(cfg.dp.zero_stage <= 1,
+              "[pipeline] zero_stage {} with pipeline parallelism: ZeRO 2/3 need whole-model "
+              "gradient and parameter ownership per rank; use zero_stage 0 or 1",
+              cfg.dp.zero_stage);
+    CAI_CHECK(cfg.chunks >= 1, "[pipeline] num_model_chunks {} must be >= 1", cfg.chunks);
+    CAI_CHECK(cfg.style == "interleaved" || cfg.chunks == 1,
+              "[pipeline] num_model_chunks = {} needs pp_style = \"interleaved\" (got \"{}\")",
+              cfg.chunks, cfg.style);
+    me = mesh.coord(world.rank());
+    // pp group: same dp (and tp), ordered by pp; dp group: same pp, ordered by dp.
+    pp = world.split(me.dp * mesh.tp_size() + me.tp, me.pp, fmt::format("pp[dp={}]", me.dp));
+    dp = world.split(me.pp * mesh.tp_size() + me.tp, me.dp, fmt::format("dp[pp={}]", me.pp));
+  }
+
+  int p() const { return mesh.pp_size(); }
+  int V() const { return p() * cfg.chunks; }
+  int my_vs(int chunk) const { return chunk * p() + me.pp; }
+  std::vector<nn::Layer*> chunk_layers(int chunk) const {
+    std::vector<nn::Layer*> out;
+    const int vs = my_vs(chunk);
+    for (int i = 0; i < part.num_layers(vs); ++i)
+      out.push_back(model->layers()[part.first_layer(vs) + i].get());
+    return out;
+  }
+
+  const schedule::Schedule& get_schedule(int m) {
+    auto it = schedules.find(m);
+    if (it != schedules.end()) return it->second;
+    schedule::ScheduleOptions so;
+    so.stages = p();
+    so.micro_batches = m;
+    so.chunks = cfg.chunks;
+    schedule::Schedule s = schedule::make(cfg.style, so, part);
+    schedule::validate_or_throw(s);
+    return schedules.emplace(m, std::move(s)).first->second;
+  }
+
+  int micro_batches(int64_t batch) const {
+    int m = cfg.num_microbatches;
+    if (m == 0 && cfg.microbatch_size > 0)
+      m = static_cast<int>((batch + cfg.microbatch_size - 1) / cfg.microbatch_size);
+    if (m == 0) m = p();
+    if (cfg.style == "interleaved") {
+      CAI_CHECK(m % p() == 0,
+                "[pipeline] interleaved schedules need the micro-batch count ({}) to be a "
+                "multiple of the stage count ({})",
+                m, p());
+    }
+    CAI_CHECK(batch >= m, "[pipeline] a batch of {} samples cannot make {} micro-batches", batch,
+              m);
+    return m;
+  }
+
+  // Micro-batch i of a batch of n samples split in m nearly equal parts.
+  static std::pair<int64_t, int64_t> slice(int64_t n, int m, int i) {
+    const int64_t b = n * i / m, e = n * (i + 1) / m;
+    return {b, e - b};
+  }
+
+  Tensor boundary(int64_t rows) const { return Tensor::empty({rows, tokens, dim}); }
+
+  void record(const std::string& name, const char* cat, double t0) {
+    const double t1 = trace::Recorder::now_us();
+    rec.span(name, cat, t0, t1);
+    rec.memory(t1, memory_in_use());
+  }
+};
+
+PipelinePlugin::PipelinePlugin(dist::Communicator& world, const dist::ProcessMesh& mesh,
+                               PipelineConfig cfg)
+    : impl_(std::make_unique<Impl>(world, mesh, std::move(cfg))) {}
+
+PipelinePlugin::~PipelinePlugin() = default;
+
+std::string PipelinePlugin::name() const {
+  const Impl& m = *impl_;
+  return fmt::format("pipeline {} ×{}{} (m per step from config), {}", m.cfg.style, m.p(),
+                     m.cfg.chunks > 1 ? fmt::format(", {} chunks", m.cfg.chunks) : "",
+                     m.inner ? m.inner->name() : "no dp");
+}
+int PipelinePlugin::rank() const {
+  return impl_->world.rank();
+}
+int PipelinePlugin::world_size() const {
+  return impl_->world.size();
+}
+int PipelinePlugin::pipeline_rank() const {
+  return impl_->me.pp;
+}
+int PipelinePlugin::stages() const {
+  return impl_->p();
+}
+const schedule::Partition& PipelinePlugin::partition() const {
+  return impl_->part;
+}
+int PipelinePlugin::micro_batches_for(int64_t batch) const {
+  return impl_->micro_batches(batch);
+}
+const schedule::Schedule& PipelinePlugin::schedule_for(int m) {
+  return impl_->get_schedule(m);
+}
+
+void PipelinePlugin::setup(nn::ViT& model) {
+  Impl& m = *impl_;
+  m.model = &model;
+  const int L = static_cast<int>(model.layers().size());
+  if (!m.cfg.num_layers_per_stage.empty()) {
+    m.part = schedule::partition_explicit(m.cfg.num_layers_per_stage, L, m.V());
+  } else if (m.cfg.partition == "balanced") {
+    std::vector<int64_t> costs;
+    for (auto& l : model.layers()) {
+      std::vector<nn::Parameter*> ps;
+      l->collect(ps);
+      int64_t n = 0;
+      for (auto* p : ps) n += p->value.numel();
+      costs.push_back(n);
+    }
+    m.part = schedule::partition_balanced(costs, m.V());
+  } else {
+    CAI_CHECK(m.cfg.partition == "uniform", "[pipeline] partition '{}' is not uniform or balanced",
+              m.cfg.partition);
+    m.part = schedule::partition_uniform(L, m.V());
+  }
+  for (int c = 0; c < m.cfg.chunks; ++c)
+    for (nn::Layer* l : m.chunk_layers(c)) m.owned.push_back(l);
+  std::sort(m.owned.begin(), m.owned.end(), [&](nn::Layer* a, nn::Layer* b) {
+    auto pos = [&](nn::Layer* x) {
+      for (size_t i = 0; i < model.layers().size(); ++i)
+        if (model.layers()[i].get() == x) return i;
+      return size_t{0};
+    };
+    return pos(a) < pos(b);
+  });
+  // Free what this stage does not own.
+  for (auto& l : model.layers()) {
+    if (std::find(m.owned.begin(), m.owned.end(), l.get()) != m.owned.end()) continue;
+    std::vector<nn::Parameter*> ps;
+    l->collect(ps);
+    for (nn::Parameter* p : ps) p->value = Tensor(), p->grad = Tensor();
+  }
+  const nn::ViTConfig& vc = model.config();
+  m.tokens = vc.num_patches() + 1;
+  m.dim = vc.embed_dim;
+  m.inner = std::make_unique<DataParallelPlugin>(*m.dp, m.cfg.dp);
+  m.inner->setup_layers(m.owned);
+}
+
+std::vector<nn::Parameter*> PipelinePlugin::optimizer_parameters(nn::ViT& model) {
+  CAI_CHECK(impl_->inner, "[pipeline] call setup(model) before optimizer_parameters()");
+  return impl_->inner->optimizer_parameters(model);
+}
+
+train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
+                                                    const std::vector<data::Batch>& batches,
+                                                    float weight, const train::Criterion& crit,
+                                                    const nn::ForwardCtx& step_ctx) {
+  Impl& m = *impl_;
+  CAI_CHECK(batches.size() == 1,
+            "[pipeline] gradient_accumulation = {}: with pipeline parallelism accumulate through "
+            "micro-batches (num_microbatches) instead",
+            batches.size());
+  const data::Batch& batch = batches[0];
+  const int64_t n = batch.labels.numel();
+  const int mbs = m.micro_batches(n);
+  const schedule::Schedule& sched = m.get_schedule(mbs);
+  const schedule::Program& prog = sched.programs[m.me.pp];
+  const int V = m.V(), last_vs = V - 1;
+
+  std::map<std::pair<int, int>, Tensor> input, output, grad_in, grad_out;  // key (mb, chunk)
+  std::map<std::pair<int, int>, std::vector<std::unique_ptr<nn::Cache>>> caches;
+  std::map<int, Tensor> dlogits;
+  std::vector<std::unique_ptr<dist::Work>> sends;
+  train::StepMetrics metrics;
+  const double step_t0 = trace::Recorder::now_us();
+  double compute_us = 0;
+
+  auto ctx_of = [&](int mb) {
+    nn::ForwardCtx c = step_ctx;
+    c.sample_offset = batch.sample_offset + m.slice(n, mbs, mb).first;
+    return c;
+  };
+
+  for (const schedule::Instr& in : prog) {
+    const double t0 = trace::Recorder::now_us();
+    const auto key = std::make_pair(in.mb, in.chunk);
+    const int vs = m.my_vs(in.chunk);
+    using schedule::Op;
+    switch (in.op) {
+      case Op::LoadMicroBatch:
+        break;  // every rank of the pipeline already holds the batch; slices are views
+      case Op::RecvActivation: {
+        Tensor t = m.boundary(m.slice(n, mbs, in.mb).second);
+        m.pp->recv(t, in.peer, tag_of(in.mb, vs - 1, V, kActivation));
+        input[key] = t;
+        break;
+      }
+      case Op::Forward: {
+        const auto [off, rows] = m.slice(n, mbs, in.mb);
+        Tensor x = vs == 0 ? batch.images.narrow(off, rows) : input.at(key);
+        input.erase(key);
+        const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == mbs - 1);
+        auto& cs = caches[key];
+        const nn::ForwardCtx ctx = ctx_of(in.mb);
+        for (nn::Layer* l : m.chunk_layers(in.chunk)) {
+          if (hooks && hooks->before_forward) hooks->before_forward(*l);
+          cs.emplace_back();
+          x = l->forward(x, cs.back(), ctx);
+          if (hooks && hooks->after_forward) hooks->after_forward(*l);
+        }
+        if (vs == last_vs) {
+          const Tensor labels = batch.labels.narrow(off, rows);
+          metrics.loss_sum += sum_of(ops::cross_entropy_fwd(x, labels, crit.label_smoothing));
+          metrics.correct += static_cast<double>(count_correct(x, labels));
+          metrics.samples += static_cast<double>(rows);
+          dlogits[in.mb] = ops::cross_entropy_bwd(x, labels, crit.label_smoothing, weight);
+        } else {
+          output[key] = x;
+        }
+        compute_us += trace::Recorder::now_us() - t0;
+        break;
+      }
+      case Op::SendActivation:
+        sends.push_back(
+            m.pp->send_async(output.at(key), in.peer, tag_of(in.mb, vs, V, kActivation)));
+        output.erase(key);
+        break;
+      case Op::RecvGrad: {
+        Tensor t = m.boundary(m.slice(n, mbs, in.mb).second);
+        m.pp->recv(t, in.peer, tag_of(in.mb, vs + 1, V, kGrad));
+        grad_in[key] = t;
+        break;
+      }
+      case Op::Backward:
+      case Op::BackwardInput: {
+        Tensor g = vs == last_vs ? dlogits.at(in.mb) : grad_in.at(key);
+        if (vs == last_vs)
+          dlogits.erase(in.mb);
+        else
+          grad_in.erase(key);
+        const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == mbs - 1);
+        auto& cs = caches.at(key);
+        const nn::ForwardCtx ctx = ctx_of(in.mb);
+        const auto layers = m.chunk_layers(in.chunk);
+        for (size_t i = layers.size(); i-- > 0;) {
+          if (hooks && hooks->before_backward) hooks->before_backward(*layers[i]);
+          g = layers[i]->backward(g, cs[i], ctx);
+          if (hooks && hooks->after_backward) hooks->after_backward(*layers[i]);
+        }
+        caches.erase(key);
+        if (vs > 0) grad_out[key] = g;
+        compute_us += trace::Recorder::now_us() - t0;
+        break;
+      }
+      case Op::BackwardWeight:
+        break;  // our layers compute weight gradients together with input gradients
+      case Op::SendGrad:
+        sends.push_back(m.pp->send_async(grad_out.at(key), in.peer, tag_of(in.mb, vs, V, kGrad)));
+        grad_out.erase(key);
+        break;
+      case Op::ReduceGrads:
+        for (auto& w : sends) w->wait();
+        sends.clear();
+        m.inner->sync_gradients(model);
+        break;
+      case Op::OptimizerStep:
+        break;  // the trainer clips, then calls optimizer_step()
+    }
+    m.record(in.str(), category_of(in.op), t0);
+  }
+  const double wall = trace::Recorder::now_us() - step_t0;
+  m.bubbles.push_back(wall > 0 ? 1.0 - compute_us / wall : 0.0);
+  m.rec.span("step", "step", step_t0, step_t0 + wall);
+  return metrics;
+}
+
+train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch) {
+  Impl& m = *impl_;
+  const int V = m.V();
+  const int64_t rows = batch.labels.numel();
+  train::StepMetrics metrics;
+  std::vector<std::unique_ptr<dist::Work>> sends;
+  Tensor x;
+  for (int vs = 0; vs < V; ++vs) {
+    if (m.part.num_layers(vs) == 0 || vs % m.p() != m.me.pp) continue;
+    const int chunk = vs / m.p();
+    if (vs == 0) {
+      x = batch.images;
+    } else {
+      x = m.boundary(rows);
+      m.pp->recv(x, (vs - 1) % m.p(), tag_of(0, vs - 1, V, kEval));
+    }
+    for (nn::Layer* l : m.chunk_layers(chunk)) {
+      std::unique_ptr<nn::Cache> cache;
+      x = l->forward(x, cache, nn::ForwardCtx{});
+    }
+    if (vs == V - 1) {
+      metrics.loss_sum = sum_of(ops::cross_entropy_fwd(x, batch.labels, 0.0f));
+      metrics.correct = static_cast<double>(count_correct(x, batch.labels));
+      metrics.samples = static_cast<double>(rows);
+    } else {
+      sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(0, vs, V, kEval)));
+    }
+  }
+  for (auto& w : sends) w->wait();
+  return metrics;
+}
+
+double PipelinePlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+  Impl& m = *impl_;
+  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
+  std::vector<nn::Parameter*> ps;
+  for (auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
+  double sq = 0;
+  for (nn::Parameter* p : ps) sq += ops::sum_squares(p->grad);
+  // Stages hold disjoint layers; with ZeRO-1 the data-parallel ranks hold disjoint shards too.
+  sq = m.cfg.dp.zero_stage >= 1 ? m.world.all_reduce_scalar(sq) : m.pp->all_reduce_scalar(sq);
+  const double norm = std::sqrt(sq);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (nn::Parameter* p : ps) ops::scale_(p->grad, static_cast<float>(coef));
+  return norm;
+}
+
+void PipelinePlugin::optimizer_step(optim::Optimizer& opt) {
+  const double t0 = trace::Recorder::now_us();
+  impl_->inner->optimizer_step(opt);
+  impl_->record("OptStep", "optimizer", t0);
+}
+
+void PipelinePlugin::zero_grad(nn::ViT& model, optim::Optimizer& opt) {
+  impl_->inner->zero_grad(model, opt);
+}
+
+double PipelinePlugin::all_reduce_sum(double v) {
+  return impl_->world.all_reduce_scalar(v);
+}
+
+double PipelinePlugin::measured_bubble() const {
+  const auto& b = impl_->bubbles;
+  if (b.empty()) return 0.0;
+  // The first step includes one-time allocation and warm-up: leave it out when there are more.
+  const size_t first = b.size() > 1 ? 1 : 0;
+  double s = 0;
+  for (size_t i = first; i < b.size(); ++i) s += b[i];
+  return s / static_cast<double>(b.size() - first);
+}
+
+std::vector<double> PipelinePlugin::write_trace(const std::string& path) {
+  Impl& m = *impl_;
+  const int R = m.world.size(), me = m.world.rank();
+  // Common origin: the earliest event of any rank.
+  double first = m.rec.spans().empty() ? trace::Recorder::now_us() : m.rec.spans().front().start_us;
+  first = m.world.all_reduce_scalar(first, dist::ReduceOp::Min);
+  const auto c = m.me;
+  const std::string json =
+      m.rec.events_json(me, fmt::format("rank {} (pp {}, dp {})", me, c.pp, c.dp), first);
+  // Lengths, then the JSON text as int32 words, gathered on rank 0.
+  std::vector<double> bubbles(R, 0.0);
+  for (int r = 0; r < R; ++r)
+    bubbles[r] = m.world.all_reduce_scalar(r == me ? measured_bubble() : 0.0);
+  const int64_t words = (static_cast<int64_t>(json.size()) + 3) / 4;
+  std::vector<int64_t> lengths(R, 0);
+  for (int r = 0; r < R; ++r)
+    lengths[r] = static_cast<int64_t>(
+        m.world.all_reduce_scalar(r == me ? static_cast<double>(json.size()) : 0.0));
+  std::vector<std::string> arrays(R);
+  if (me == 0) {
+    arrays[0] = json;
+    for (int r = 1; r < R; ++r) {
+      Tensor t = Tensor::empty({(lengths[r] + 3) / 4}, DType::I32);
+      m.world.recv(t, r, 1 << 20);
+      arrays[r].assign(static_cast<const char*>(t.raw()), static_cast<size_t>(lengths[r]));
+    }
+    std::ofstream f(path);
+    CAI_CHECK(f.good(), "[trace] cannot write {}", path);
+    f << trace::chrome_trace(arrays);
+  } else {
+    Tensor t = Tensor::zeros({words}, DType::I32);
+    std::memcpy(t.raw(), json.data(), json.size());
+    m.world.send(t, 0, 1 << 20);
+  }
+  m.world.barrier();
+  return bubbles;
+}
+
+}  // namespace cai::parallel

@@ -1,0 +1,209 @@
+// Run under mpirun: N training steps with data parallelism / ZeRO / pipeline parallelism on W
+// ranks give the losses and parameters of one process with the same global batch (fp32, ≤ 1e-5
+// relative), and per-rank optimizer state (ZeRO ≥ 1) and parameter bytes (ZeRO 3) shrink to
+// ≈ 1/dp.
+//   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
+//            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "cai/core/error.h"
+#include "cai/data/data.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/mesh.h"
+#include "cai/nn/vit.h"
+#include "cai/optim/optimizer.h"
+#include "cai/parallel/data_parallel.h"
+#include "cai/parallel/pipeline.h"
+#include "cai/train/trainer.h"
+
+using namespace cai;
+
+namespace {
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<float> params;
+  int64_t state_bytes = 0, param_bytes = 0;
+};
+
+class RecordLoss : public train::Hook {
+ public:
+  explicit RecordLoss(std::vector<double>& out) : out_(out) {}
+  void after_step(train::Trainer&, const train::StepInfo& s) override { out_.push_back(s.loss); }
+
+ private:
+  std::vector<double>& out_;
+};
+
+struct PipeArgs {
+  int pp = 1, chunks = 1, microbatches = 0, depth = 3;
+  std::string style = "1f1b";
+};
+
+Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
+           const std::string& optimizer, const PipeArgs& pa) {
+  const int world_size = comm ? comm->size() : 1;
+  const dist::ProcessMesh mesh(world_size, 1, comm ? pa.pp : 1);
+  const int world = mesh.dp_size(), rank = mesh.coord(comm ? comm->rank() : 0).dp;
+  const int64_t global_batch = 24;
+  auto ds =
+      data::subset(data::load_mnist_dir("/usr/share/datasets/fashion-mnist", true, "fashion-mnist"),
+                   global_batch * steps);
+  data::LoaderConfig lc;
+  lc.batch_size = global_batch / accum / world;
+  lc.world = world, lc.rank = rank, lc.seed = 9, lc.num_workers = 0;
+  lc.transform.normalize = data::normalization_for("fashion_mnist");
+  lc.transform.random_crop = 28, lc.transform.crop_padding = 2;
+  data::DataLoader loader(ds, lc);
+
+  nn::ViTConfig c;
+  c.img_size = 28, c.patch_size = 7, c.in_chans = 1, c.num_classes = 10, c.embed_dim = 24;
+  c.depth = pa.depth, c.num_heads = 2, c.mlp_ratio = 2.0, c.drop_rate = 0.1f,
+  c.drop_path_rate = 0.1f;
+  nn::ViT model(c);
+  const int wrank = comm ? comm->rank() : 0;
+  model.init(wrank == 0 || pa.pp > 1 ? 7 : 100 + wrank);  // dp ranks start different: the
+                                                          // broadcast must fix it
+  std::map<std::string, Shape> shapes;
+  for (nn::Parameter* p : model.parameters()) shapes[p->name] = p->value.shape();
+
+  std::shared_ptr<train::Plugin> plugin;
+  std::shared_ptr<parallel::DataParallelPlugin> dpp;
+  std::shared_ptr<parallel::PipelinePlugin> pipe;
+  if (comm && pa.pp > 1) {
+    parallel::PipelineConfig pc;
+    pc.style = pa.style;
+    pc.chunks = pa.chunks;
+    pc.num_microbatches = pa.microbatches;
+    pc.dp.zero_stage = zero;
+    pc.dp.ddp_bucket_cap_mb = 0.01;
+    pipe = std::make_shared<parallel::PipelinePlugin>(*comm, mesh, pc);
+    plugin = pipe;
+  } else if (comm) {
+    parallel::DataParallelConfig dc;
+    dc.zero_stage = zero;
+    dc.overlap = overlap;
+    dc.ddp_bucket_cap_mb = 0.01;  // several buckets even for this small model
+    dc.zero_bucket_size_in_m = 0.003;
+    dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
+    plugin = dpp;
+  } else {
+    plugin = std::make_shared<train::Plugin>();
+  }
+  plugin->setup(model);
+  optim::OptimizerOptions oo;
+  oo.name = optimizer;
+  auto opt = optim::make_optimizer(
+      oo, optim::weight_decay_groups(plugin->optimizer_parameters(model), 1e-2, 0.05));
+  train::TrainerConfig tc;
+  tc.gradient_accumulation = accum;
+  tc.clip_grad_norm = 0.5;
+  tc.seed = 5;
+  train::Trainer t(model, *opt, train::Criterion{0.1f}, loader, nullptr, plugin, tc);
+  Result r;
+  t.add_hook(std::make_shared<RecordLoss>(r.losses));
+  t.fit();
+  r.state_bytes = opt->state_bytes();
+  r.param_bytes = dpp ? dpp->parameter_bytes() : 0;
+  if (dpp) dpp->materialize_parameters();
+  // A pipeline stage holds only its layers: compare those (NaN marks the others).
+  for (nn::Parameter* p : model.parameters()) {
+    if (!p->value.defined()) {
+      for (int64_t i = 0; i < shape_numel(shapes.at(p->name)); ++i) r.params.push_back(NAN);
+      continue;
+    }
+    for (float v : p->value.to_vector()) r.params.push_back(v);
+  }
+  if (!dpp) {
+    for (nn::Parameter* p : model.parameters()) r.param_bytes += p->value.nbytes();
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::MpiEnvironment env(&argc, &argv);
+  int zero = 0, accum = 1, steps = 4;
+  bool overlap = true;
+  std::string optimizer = "adamw";
+  PipeArgs pa;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--zero" && i + 1 < argc)
+      zero = std::atoi(argv[++i]);
+    else if (a == "--accum" && i + 1 < argc)
+      accum = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--optimizer" && i + 1 < argc)
+      optimizer = argv[++i];
+    else if (a == "--no-overlap")
+      overlap = false;
+    else if (a == "--pp" && i + 1 < argc)
+      pa.pp = std::atoi(argv[++i]);
+    else if (a == "--depth" && i + 1 < argc)
+      pa.depth = std::atoi(argv[++i]);
+    else if (a == "--chunks" && i + 1 < argc)
+      pa.chunks = std::atoi(argv[++i]);
+    else if (a == "--microbatches" && i + 1 < argc)
+      pa.microbatches = std::atoi(argv[++i]);
+    else if (a == "--style" && i + 1 < argc)
+      pa.style = argv[++i];
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    auto world = env.world(60.0);
+    const Result ref = run(nullptr, 0, accum, steps, overlap, optimizer, pa);
+    const Result dist = run(world.get(), zero, accum, steps, overlap, optimizer, pa);
+    bool ok = ref.losses.size() == dist.losses.size() && ref.params.size() == dist.params.size();
+    double loss_err = 0, num = 0, den = 0;
+    for (size_t i = 0; ok && i < ref.losses.size(); ++i)
+      loss_err =
+          std::max(loss_err, std::abs(ref.losses[i] - dist.losses[i]) / std::abs(ref.losses[i]));
+    size_t compared = 0;
+    for (size_t i = 0; ok && i < ref.params.size(); ++i) {
+      if (std::isnan(dist.params[i])) continue;  // another pipeline stage's layer
+      num += std::pow(double(ref.params[i]) - dist.params[i], 2), den += std::pow(ref.params[i], 2);
+      ++compared;
+    }
+    ok = ok && compared > 0;
+    const double param_err = std::sqrt(num / den);
+    ok = ok && loss_err <= 1e-5 && param_err <= 1e-5;
+    const int W = world->size() / pa.pp;  // data-parallel size
+    const double state_ratio = double(dist.state_bytes) / double(ref.state_bytes);
+    const double param_ratio = double(dist.param_bytes) / double(ref.param_bytes);
+    if (pa.pp == 1) {
+      if (zero >= 1)
+        ok = ok && std::abs(state_ratio - 1.0 / W) < 0.02;
+      else
+        ok = ok && state_ratio == 1.0;
+      if (zero == 3) ok = ok && std::abs(param_ratio - 1.0 / W) < 0.02;
+    } else {
+      ok = ok && state_ratio < 1.0;  // a stage keeps the state of its layers only
+    }
+    // Every rank must agree.
+    const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
+    std::printf(
+        "[rank %d] pp %d (%s, %d chunks) zero %d dp %d accum %d: %zu steps, losses %.6f..%.6f, max "
+        "loss rel err "
+        "%.2e, param rel err %.2e, optimizer state %lld B (single %lld B, ratio %.3f), "
+        "parameters %lld B (single %lld B, ratio %.3f): %s\n",
+        world->rank(), pa.pp, pa.style.c_str(), pa.chunks, zero, W, accum, dist.losses.size(),
+        dist.losses.front(), dist.losses.back(), loss_err, param_err,
+        static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
+        state_ratio, static_cast<long long>(dist.param_bytes),
+        static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");
+    return all_ok == 1.0 ? 0 : 1;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "test_dp_equivalence: %s\n", e.what());
+    dist::MpiEnvironment::abort(1);
+  }
+}
