@@ -16,7 +16,7 @@ namespace cai::app {
 
 namespace {
 
-enum class Kind { Int, Float, Bool, String };
+enum class Kind { Int, Float, Bool, String, IntList };
 
 struct Field {
   Field(std::string k, Kind kd, void* p, std::vector<std::string> ch = {}, double l = -1e300,
@@ -68,6 +68,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
       {"parallel.pp_style", Kind::String, &c.pp_style, {"gpipe", "1f1b", "interleaved"}},
       {"parallel.num_model_chunks", Kind::Int, &c.num_model_chunks, {}, 1, inf},
+      {"parallel.partition", Kind::String, &c.partition, {"uniform", "balanced"}},
+      {"parallel.num_layers_per_stage", Kind::IntList, &c.num_layers_per_stage, {}, 1, inf},
       {"parallel.tensor.mode", Kind::String, &c.tensor_mode, {"none", "1d", "2d", "2.5d", "3d"}},
       {"parallel.tensor.size", Kind::Int, &c.tensor_size, {}, 1, inf},
       {"parallel.tensor.depth", Kind::Int, &c.tensor_depth, {}, 1, inf},
@@ -142,6 +144,19 @@ void assign(const Field& f, const toml::node& n, const std::string& origin) {
       auto v = n.value_exact<bool>();
       if (!v) bad("true or false");
       *static_cast<bool*>(f.ptr) = *v;
+      break;
+    }
+    case Kind::IntList: {
+      const toml::array* a = n.as_array();
+      if (!a) bad("an array of integers");
+      std::vector<int> out;
+      for (const toml::node& e : *a) {
+        auto v = e.value_exact<int64_t>();
+        if (!v) bad("an array of integers");
+        range(static_cast<double>(*v));
+        out.push_back(static_cast<int>(*v));
+      }
+      *static_cast<std::vector<int>*>(f.ptr) = out;
       break;
     }
     case Kind::String: {
@@ -276,8 +291,25 @@ void validate(const TrainConfig& c, int world) {
   auto not_yet = [](const std::string& what) {
     throw NotImplemented(fmt::format("[config] {}: not supported yet in this build", what));
   };
-  if (c.pipeline > 1)
-    not_yet(fmt::format("parallel.pipeline = {} (pipeline parallelism)", c.pipeline));
+  if (c.pipeline > 1) {
+    CAI_CHECK(c.zero_stage <= 1,
+              "[config] parallel.zero_stage = {} with parallel.pipeline = {}: pipeline stages "
+              "combine with ZeRO 0 or 1 only",
+              c.zero_stage, c.pipeline);
+    CAI_CHECK(c.gradient_accumulation == 1,
+              "[config] train.gradient_accumulation = {} with parallel.pipeline = {}: accumulate "
+              "through parallel.num_microbatches instead",
+              c.gradient_accumulation, c.pipeline);
+  }
+  CAI_CHECK(c.pp_style == "interleaved" || c.num_model_chunks == 1,
+            "[config] parallel.num_model_chunks = {} needs parallel.pp_style = \"interleaved\"",
+            c.num_model_chunks);
+  CAI_CHECK(c.pp_style != "interleaved" || c.num_model_chunks >= 2 || c.pipeline == 1,
+            "[config] parallel.pp_style = \"interleaved\" needs parallel.num_model_chunks >= 2");
+  CAI_CHECK(
+      c.num_microbatches == 0 || c.microbatch_size == 0,
+      "[config] set parallel.num_microbatches ({}) or parallel.microbatch_size ({}), not both",
+      c.num_microbatches, c.microbatch_size);
   if (c.tensor_size > 1 || (c.tensor_mode != "none" && c.tensor_mode != "1d"))
     not_yet(fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (tensor parallelism)",
                         c.tensor_mode, c.tensor_size));
@@ -288,9 +320,6 @@ void validate(const TrainConfig& c, int world) {
       c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
-  if (c.num_model_chunks > 1)
-    not_yet(
-        fmt::format("parallel.num_model_chunks = {} (interleaved pipeline)", c.num_model_chunks));
   if (c.precision != "fp32")
     not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
                         c.precision));
@@ -337,6 +366,10 @@ std::string to_toml(const TrainConfig& c0) {
         break;
       case Kind::String:
         out += fmt::format("{} = \"{}\"\n", key, *static_cast<std::string*>(f.ptr));
+        break;
+      case Kind::IntList:
+        out += fmt::format("{} = [{}]\n", key,
+                           fmt::join(*static_cast<std::vector<int>*>(f.ptr), ", "));
         break;
     }
   }

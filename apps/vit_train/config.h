@@ -1,7 +1,7 @@
 // vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
 // Unknown keys and bad values are errors naming the key and what is allowed; keys this build
-// cannot honour yet (pipeline > 1, tensor parallelism, ZeRO, half precision, several processes)
-// are "not supported yet" errors, never silently ignored.
+// cannot honour yet (tensor parallelism, half precision) are "not supported yet" errors, never
+// silently ignored.
 #pragma once
 #include <cstdint>
 #include <set>
@@ -41,8 +41,10 @@ struct TrainConfig {
   bool checkpoint = false;
   // [parallel]
   int64_t pipeline = 1, num_microbatches = 0, microbatch_size = 0, num_model_chunks = 1;
-  std::string pp_style = "1f1b";     // gpipe | 1f1b | interleaved
-  std::string tensor_mode = "none";  // none | 1d | 2d | 2.5d | 3d
+  std::string pp_style = "1f1b";          // gpipe | 1f1b | interleaved
+  std::string partition = "uniform";      // uniform | balanced (by parameter count)
+  std::vector<int> num_layers_per_stage;  // explicit partition per virtual stage
+  std::string tensor_mode = "none";       // none | 1d | 2d | 2.5d | 3d
   int64_t tensor_size = 1, tensor_depth = 1;
   int64_t zero_stage = 0;
   bool cpu_offload = false;

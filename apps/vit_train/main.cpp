@@ -17,6 +17,7 @@
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
 #include "cai/parallel/data_parallel.h"
+#include "cai/parallel/pipeline.h"
 #include "cai/train/trainer.h"
 #include "config.h"
 
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "Override a key: section.key=value (repeatable)");
   app.add_flag("--dry-run", dry_run,
                "Print the resolved config, parameter count and memory estimate, then exit");
+  std::string trace_path;
+  app.add_option("--trace", trace_path,
+                 "Record every rank's timed instructions and memory; write one Chrome-trace "
+                 "JSON (open in Perfetto) and print the measured bubble fraction per stage");
   CLI11_PARSE(app, argc, argv);
 
   using namespace cai;
@@ -127,13 +132,27 @@ int main(int argc, char** argv) {
 
     model.init(static_cast<uint64_t>(cfg.seed));
     std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
-    if (world || cfg.zero_stage > 0) {
+    std::shared_ptr<parallel::PipelinePlugin> pipe;
+    parallel::DataParallelConfig dc;
+    dc.zero_stage = static_cast<int>(cfg.zero_stage);
+    dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
+    dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
+    dc.cpu_offload = cfg.cpu_offload;
+    if (cfg.pipeline > 1 || !trace_path.empty()) {
+      // The pipeline executor (also for one stage when a trace is asked for: it records spans).
       if (!world) world = dist::make_single();
-      parallel::DataParallelConfig dc;
-      dc.zero_stage = static_cast<int>(cfg.zero_stage);
-      dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
-      dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
-      dc.cpu_offload = cfg.cpu_offload;
+      parallel::PipelineConfig pc;
+      pc.style = cfg.pp_style;
+      pc.num_microbatches = static_cast<int>(cfg.num_microbatches);
+      pc.microbatch_size = static_cast<int>(cfg.microbatch_size);
+      pc.chunks = static_cast<int>(cfg.num_model_chunks);
+      pc.partition = cfg.partition;
+      pc.num_layers_per_stage = cfg.num_layers_per_stage;
+      pc.dp = dc;
+      pipe = std::make_shared<parallel::PipelinePlugin>(*world, mesh, pc);
+      plugin = pipe;
+    } else if (world || cfg.zero_stage > 0) {
+      if (!world) world = dist::make_single();
       plugin = std::make_shared<parallel::DataParallelPlugin>(*world, dc);
     }
     plugin->setup(model);
@@ -190,6 +209,18 @@ int main(int argc, char** argv) {
     ips /= static_cast<double>(trainer->history().size());
     log::info("finished: test accuracy {:.2f}% after {} epochs in {} ({:.0f} img/s training)",
               100 * last.eval_accuracy, cfg.num_epochs, train::format_duration(secs), ips);
+    if (pipe && !trace_path.empty()) {
+      const auto bubbles = pipe->write_trace(trace_path);
+      const int m = pipe->micro_batches_for(cfg.batch_size);
+      const auto ideal = schedule::validate(pipe->schedule_for(m)).bubble_fraction;
+      log::info(
+          "trace written to {} ({} tracks); schedule {} with {} stages × {} micro-batches: "
+          "ideal bubble {:.3f} (forward 1, backward 2, no communication)",
+          trace_path, bubbles.size(), cfg.pp_style, pipe->stages(), m, ideal);
+      for (size_t r = 0; r < bubbles.size(); ++r)
+        log::info("  rank {} (stage {}): measured bubble {:.3f}", r,
+                  mesh.coord(static_cast<int>(r)).pp, bubbles[r]);
+    }
   } catch (const Error& e) {
     std::cerr << "vit_train: rank " << li.rank << ": " << e.what() << "\n";
     // One rank cannot go on: end every rank now rather than leaving them waiting.

@@ -73,10 +73,29 @@ TEST(Config, BadValuesNameTheKeyAndTheAllowedValues) {
 }
 
 TEST(Config, UnsupportedFeaturesSaySoInsteadOfBeingIgnored) {
-  expect_error("[parallel]\npipeline = 2\n", {"parallel.pipeline = 2", "not supported yet"});
   expect_error("[parallel]\ntensor = { mode = \"2d\", size = 4 }\n",
                {"tensor parallelism", "not supported yet"});
   expect_error("[precision]\nmode = \"fp16\"\n", {"fp16", "not supported yet"});
+}
+
+TEST(Config, PipelineSettingsAreChecked) {
+  EXPECT_NO_THROW(validate(
+      parse_config("[parallel]\npipeline = 2\nnum_microbatches = 4\npp_style = \"gpipe\"\n", "t",
+                   {}),
+      4));
+  expect_error("[parallel]\npipeline = 2\n", {"1 processes are not divisible", "pipeline 2"});
+  expect_error("[parallel]\npipeline = 2\nzero_stage = 2\n", {"zero_stage = 2", "ZeRO 0 or 1"}, {},
+               2);
+  expect_error("[parallel]\npipeline = 2\n[train]\ngradient_accumulation = 2\n",
+               {"gradient_accumulation = 2", "num_microbatches"}, {}, 2);
+  expect_error("[parallel]\nnum_model_chunks = 2\n", {"needs parallel.pp_style = \"interleaved\""});
+  expect_error("[parallel]\npipeline = 2\npp_style = \"interleaved\"\n", {"num_model_chunks >= 2"},
+               {}, 2);
+  expect_error("[parallel]\nnum_microbatches = 2\nmicrobatch_size = 8\n", {"not both"});
+  expect_error("[parallel]\nnum_layers_per_stage = [2, \"x\"]\n",
+               {"parallel.num_layers_per_stage", "an array of integers"});
+  TrainConfig c = parse_config("[parallel]\nnum_layers_per_stage = [3, 3]\n", "t", {});
+  EXPECT_EQ(c.num_layers_per_stage, (std::vector<int>{3, 3}));
 }
 
 TEST(Config, DataParallelSettingsAreChecked) {

@@ -192,7 +192,17 @@ void PipelinePlugin::setup(nn::ViT& model) {
   } else {
     CAI_CHECK(m.cfg.partition == "uniform", "[pipeline] partition '{}' is not uniform or balanced",
               m.cfg.partition);
-    m.part = schedule::partition_uniform(L, m.V());
+    // Blocks spread evenly; the embedding joins the first stage and norm + head the last.
+    // With fewer blocks than virtual stages, all layers are spread evenly instead.
+    const int blocks = L - 2;
+    if (blocks >= m.V()) {
+      std::vector<int> n = schedule::partition_uniform(blocks, m.V()).layers_per_virtual_stage;
+      n.front() += 1;
+      n.back() += 1;
+      m.part = schedule::partition_explicit(n, L, m.V());
+    } else {
+      m.part = schedule::partition_uniform(L, m.V());
+    }
   }
   for (int c = 0; c < m.cfg.chunks; ++c)
     for (nn::Layer* l : m.chunk_layers(c)) m.owned.push_back(l);
@@ -338,7 +348,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
       case Op::OptimizerStep:
         break;  // the trainer clips, then calls optimizer_step()
     }
-    m.record(in.str(), category_of(in.op), t0);
+    if (in.op != schedule::Op::OptimizerStep) m.record(in.str(), category_of(in.op), t0);
   }
   const double wall = trace::Recorder::now_us() - step_t0;
   m.bubbles.push_back(wall > 0 ? 1.0 - compute_us / wall : 0.0);

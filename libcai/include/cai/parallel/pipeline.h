@@ -23,8 +23,11 @@ struct PipelineConfig {
   std::string style = "1f1b";  // gpipe | 1f1b | interleaved
   int num_microbatches = 0;    // per step; 0: from microbatch_size, else the stage count
   int microbatch_size = 0;
-  int chunks = 1;                         // model chunks per rank (interleaved: >= 2)
-  std::string partition = "uniform";      // uniform | balanced (by parameter count)
+  int chunks = 1;  // model chunks per rank (interleaved: >= 2)
+  // uniform: blocks spread evenly, the embedding with the first virtual stage and norm + head
+  // with the last (all layers spread evenly when there are fewer blocks than virtual stages);
+  // balanced: contiguous split minimising the largest per-stage parameter count.
+  std::string partition = "uniform";
   std::vector<int> num_layers_per_stage;  // explicit partition (per virtual stage), overrides
   DataParallelConfig dp;                  // zero_stage 0 or 1 across pipeline replicas
 };
