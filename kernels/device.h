@@ -34,8 +34,14 @@ struct RuntimeInfo {
 };
 RuntimeInfo runtime_info();
 int device_count();  // 0 when there is no driver or no GPU
+// Device memory from a caching allocator (no cudaMalloc per step; see device.cu).
 void* alloc(size_t bytes, int device);
 void free(void* p, int device);
+struct AllocatorStats {
+  size_t in_use = 0, cached = 0, peak = 0;  // bytes
+};
+AllocatorStats allocator_stats(int device);
+void empty_cache(int device);  // returns cached blocks to the driver
 void copy_h2d(void* dst, const void* src, size_t bytes);
 void copy_d2h(void* dst, const void* src, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);

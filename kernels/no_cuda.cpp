@@ -8,7 +8,104 @@
   throw ::cai::NotImplemented("[" op                                      \
                               "] this build has no CUDA (configure with " \
                               "-DCAI_WITH_CUDA=ON where nvcc is installed)")
-#include "kernels/cuda_stubs.inc"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels/embed.h"
+#include "kernels/layernorm.h"
+#include "kernels/linear.h"
+#include "kernels/optim.h"
+
+namespace cai::kernels::cuda {
+void layernorm_fwd(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                   int64_t, float, void*) {
+  CAI_STUB("layernorm_fwd");
+}
+void layernorm_bwd(const float*, const float*, const float*, const float*, const float*, float*,
+                   float*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("layernorm_bwd");
+}
+void dropout_fwd(const float*, float*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
+  CAI_STUB("dropout_fwd");
+}
+void dropout_bwd(const float*, float*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
+  CAI_STUB("dropout_bwd");
+}
+void drop_path_fwd(const float*, float*, int64_t, int64_t, float, uint64_t, uint64_t, uint64_t,
+                   void*) {
+  CAI_STUB("drop_path_fwd");
+}
+void drop_path_bwd(const float*, float*, int64_t, int64_t, float, uint64_t, uint64_t, uint64_t,
+                   void*) {
+  CAI_STUB("drop_path_bwd");
+}
+void patchify(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("patchify");
+}
+void cls_pos_fwd(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                 void*) {
+  CAI_STUB("cls_pos_fwd");
+}
+void cls_pos_bwd(const float*, float*, float*, float*, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("cls_pos_bwd");
+}
+void select_token_fwd(const float*, float*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("select_token_fwd");
+}
+void select_token_bwd(const float*, float*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("select_token_bwd");
+}
+void cross_entropy_fwd(const float*, const int32_t*, float*, int64_t, int64_t, float, void*) {
+  CAI_STUB("cross_entropy_fwd");
+}
+void cross_entropy_bwd(const float*, const int32_t*, float, float*, int64_t, int64_t, float,
+                       void*) {
+  CAI_STUB("cross_entropy_bwd");
+}
+void linear_fwd(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                void*) {
+  CAI_STUB("linear_fwd");
+}
+void linear_bwd(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,
+                int64_t, void*) {
+  CAI_STUB("linear_bwd");
+}
+void attention_fwd(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("attention_fwd");
+}
+void attention_bwd(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                   int64_t, void*) {
+  CAI_STUB("attention_bwd");
+}
+void add(const float*, const float*, float*, int64_t, void*) {
+  CAI_STUB("add");
+}
+void axpy(float, const float*, float*, int64_t, void*) {
+  CAI_STUB("axpy");
+}
+void scale(float, float*, int64_t, void*) {
+  CAI_STUB("scale");
+}
+void fill(float, float*, int64_t, void*) {
+  CAI_STUB("fill");
+}
+double sum_squares(const float*, int64_t, void*) {
+  CAI_STUB("sum_squares");
+}
+void sgd_step(float*, const float*, float*, int64_t, float, float, float, float, bool, bool,
+              void*) {
+  CAI_STUB("sgd_step");
+}
+void adam_step(float*, const float*, float*, float*, int64_t, float, float, float, float, float,
+               int64_t, bool, void*) {
+  CAI_STUB("adam_step");
+}
+void lamb_update(const float*, const float*, float*, float*, float*, int64_t, float, float, float,
+                 float, int64_t, void*) {
+  CAI_STUB("lamb_update");
+}
+}  // namespace cai::kernels::cuda
 
 namespace cai::kernels::cuda {
 RuntimeInfo runtime_info() {
@@ -23,6 +120,10 @@ void* alloc(size_t, int) {
   CAI_STUB("cuda_alloc");
 }
 void free(void*, int) {}
+AllocatorStats allocator_stats(int) {
+  return {};
+}
+void empty_cache(int) {}
 void copy_h2d(void*, const void*, size_t) {
   CAI_STUB("copy_h2d");
 }

@@ -36,7 +36,7 @@ std::vector<CheckRow> collect_installation_report(const std::string& self_dir, b
                   "library version and commit"});
   rows.push_back({"compiler", CAI_CXX_COMPILER, Verdict::Ok, "C++20"});
   rows.push_back({"OpenBLAS", kernels::cpu::blas_info(), Verdict::Ok,
-                  fmt::format("CPU GEMM; {} OpenMP threads", kernels::cpu::max_threads())});
+                  fmt::format("CPU GEMM; {} CPU kernel threads", kernels::cpu::max_threads())});
 
   char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;

@@ -51,6 +51,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.log_interval", Kind::Int, &c.log_interval, {}, 0, inf},
       {"train.metrics_file", Kind::String, &c.metrics_file},
       {"train.max_steps_per_epoch", Kind::Int, &c.max_steps_per_epoch, {}, 0, inf},
+      {"train.device", Kind::String, &c.device, {"cpu", "cuda"}},
       {"model.name", Kind::String, &c.model_name},
       {"model.img_size", Kind::Int, &c.img_size, {}, 1, inf},
       {"model.patch_size", Kind::Int, &c.patch_size, {}, 1, inf},
@@ -320,6 +321,10 @@ void validate(const TrainConfig& c, int world) {
       c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
+  CAI_CHECK(c.device == "cpu" || world == 1,
+            "[config] train.device = \"cuda\" with {} processes: multi-GPU training needs the "
+            "NCCL communicator, which is not built yet; run one process per job on a GPU",
+            world);
   if (c.precision != "fp32")
     not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
                         c.precision));

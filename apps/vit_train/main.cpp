@@ -20,6 +20,7 @@
 #include "cai/parallel/pipeline.h"
 #include "cai/train/trainer.h"
 #include "config.h"
+#include "kernels/device.h"
 
 namespace {
 
@@ -154,6 +155,12 @@ int main(int argc, char** argv) {
     } else if (world || cfg.zero_stage > 0) {
       if (!world) world = dist::make_single();
       plugin = std::make_shared<parallel::DataParallelPlugin>(*world, dc);
+    }
+    if (cfg.device == "cuda") {
+      CAI_CHECK(kernels::cuda::device_count() > 0,
+                "[vit_train] train.device = \"cuda\" but no GPU is visible ({})",
+                kernels::cuda::runtime_info().device_error);
+      model.to(Device::cuda(li.local_rank % kernels::cuda::device_count()));
     }
     plugin->setup(model);
     optim::OptimizerOptions oo;

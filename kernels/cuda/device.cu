@@ -1,4 +1,8 @@
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 #include "kernels/cuda/check.h"
 #include "kernels/device.h"
@@ -45,17 +49,84 @@ int device_count() {
   return n;
 }
 
+namespace {
+// Caching allocator: freed blocks go to a per-device pool keyed by their rounded size and are
+// reused, so a training step does not call cudaMalloc/cudaFree. Sizes round up to 512 bytes below
+// 1 MiB and to 2 MiB above. A cudaMalloc that fails empties the pool and retries once.
+// The pool is a process-wide resource of the device (like the driver's own), not job state.
+struct Pool {
+  std::mutex m;
+  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+  std::unordered_map<void*, size_t> live;    // block -> rounded size
+  size_t cached = 0, in_use = 0, peak = 0;
+};
+constexpr int kMaxDevices = 64;
+Pool& pool(int device) {
+  static Pool pools[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices)
+    fail("[cuda] device index {} outside [0, {})", device, kMaxDevices);
+  return pools[device];
+}
+size_t round_size(size_t bytes) {
+  const size_t unit = bytes < (1u << 20) ? 512 : (2u << 20);
+  return (bytes + unit - 1) / unit * unit;
+}
+void release_cached(Pool& p, int device) {
+  cudaSetDevice(device);
+  for (auto& [size, ptr] : p.free_blocks) cudaFree(ptr);
+  p.free_blocks.clear();
+  p.cached = 0;
+}
+}  // namespace
+
 void* alloc(size_t bytes, int device) {
   if (bytes == 0) return nullptr;
-  CAI_CUDA_CHECK(cudaSetDevice(device));
-  void* p = nullptr;
-  CAI_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return p;
+  const size_t size = round_size(bytes);
+  Pool& p = pool(device);
+  std::lock_guard<std::mutex> l(p.m);
+  void* ptr = nullptr;
+  auto it = p.free_blocks.find(size);
+  if (it != p.free_blocks.end()) {
+    ptr = it->second;
+    p.free_blocks.erase(it);
+    p.cached -= size;
+  } else {
+    CAI_CUDA_CHECK(cudaSetDevice(device));
+    if (cudaMalloc(&ptr, size) != cudaSuccess) {
+      cudaGetLastError();
+      release_cached(p, device);
+      CAI_CUDA_CHECK(cudaSetDevice(device));
+      CAI_CUDA_CHECK(cudaMalloc(&ptr, size));
+    }
+  }
+  p.live[ptr] = size;
+  p.in_use += size;
+  p.peak = std::max(p.peak, p.in_use);
+  return ptr;
 }
-void free(void* p, int device) {
-  if (!p) return;
-  cudaSetDevice(device);
-  cudaFree(p);  // no throw from a destructor path
+
+void free(void* ptr, int device) {
+  if (!ptr) return;
+  Pool& p = pool(device);
+  std::lock_guard<std::mutex> l(p.m);
+  auto it = p.live.find(ptr);
+  if (it == p.live.end()) return;  // not ours: never throw from a destructor path
+  p.free_blocks.emplace(it->second, ptr);
+  p.cached += it->second;
+  p.in_use -= it->second;
+  p.live.erase(it);
+}
+
+AllocatorStats allocator_stats(int device) {
+  Pool& p = pool(device);
+  std::lock_guard<std::mutex> l(p.m);
+  return AllocatorStats{p.in_use, p.cached, p.peak};
+}
+
+void empty_cache(int device) {
+  Pool& p = pool(device);
+  std::lock_guard<std::mutex> l(p.m);
+  release_cached(p, device);
 }
 void copy_h2d(void* dst, const void* src, size_t bytes) {
   CAI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));

@@ -283,6 +283,19 @@ Parameter& ViT::parameter(const std::string& name) {
   fail("[vit] no parameter named '{}'", name);
 }
 
+void ViT::to(Device dev) {
+  for (Parameter* p : parameters()) {
+    if (p->value.defined()) p->value = p->value.to(dev);
+    if (p->grad.defined()) p->grad = p->grad.to(dev);
+  }
+}
+
+Device ViT::device() {
+  for (Parameter* p : parameters())
+    if (p->value.defined()) return p->value.device();
+  return Device::cpu();
+}
+
 int64_t ViT::num_parameters() {
   int64_t n = 0;
   for (Parameter* p : parameters()) n += p->value.numel();

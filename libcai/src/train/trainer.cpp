@@ -34,6 +34,13 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   return correct;
 }
 
+// Batches come from the loader on the host; the model may live on a GPU.
+void to_device(data::Batch& b, Device dev) {
+  if (b.images.device() == dev) return;
+  b.images = b.images.to(dev);
+  b.labels = b.labels.to(dev);
+}
+
 double sum_of(const Tensor& t) {
   double s = 0;
   for (float v : t.to_vector()) s += v;
@@ -109,6 +116,7 @@ void Trainer::fit(int64_t start_epoch) {
   for (auto& h : hooks_) h->before_train(*this);
   plugin_->zero_grad(model_, opt_);
   const int64_t steps = steps_per_epoch();
+  const Device device = model_.device();
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
     train_.start_epoch(epoch);
@@ -124,6 +132,7 @@ void Trainer::fit(int64_t start_epoch) {
       for (auto& b : batches) {
         CAI_CHECK(train_.next(b), "[trainer] the loader ended early in epoch {}", epoch);
         step_samples += b.global_batch_size;
+        to_device(b, device);
       }
       const float weight = 1.0f / static_cast<float>(step_samples);
       const StepMetrics local = plugin_->forward_backward(
@@ -176,7 +185,9 @@ EvalResult Trainer::evaluate(data::DataLoader& loader) {
   loader.start_epoch(0);
   double loss = 0, correct = 0, n = 0;
   data::Batch b;
+  const Device device = model_.device();
   while (loader.next(b)) {
+    to_device(b, device);
     const StepMetrics m = plugin_->eval_batch(model_, b);
     loss += m.loss_sum;
     correct += m.correct;

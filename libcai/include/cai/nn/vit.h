@@ -105,6 +105,10 @@ class ViT {
 
   std::vector<Parameter*> parameters();
   Parameter& parameter(const std::string& name);  // throws naming the unknown name
+  // Moves every parameter and gradient to `dev` (initialise on the CPU first: the RNG fills
+  // host tensors). device() is where the parameters live.
+  void to(Device dev);
+  Device device();
   int64_t num_parameters();
   void zero_grad();
 

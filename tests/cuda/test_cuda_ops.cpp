@@ -1,0 +1,220 @@
+// Every CUDA kernel against its CPU reference (fp32: ≤ 1e-5 relative), through the ops layer so
+// the dispatch is tested too; the ViT against timm on the GPU; one optimizer step on the GPU.
+// Runs on a GPU host (scripts/gpu-test); without a GPU every case skips, saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
+#include "cai/optim/optimizer.h"
+#include "golden.h"
+#include "gradcheck.h"
+#include "kernels/device.h"
+
+using namespace cai;
+using cai::test::random_tensor;
+using cai::test::rel_error;
+
+namespace {
+const Device kGpu = Device::cuda(0);
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kernels::cuda::device_count() == 0)
+      GTEST_SKIP() << "no GPU: " << kernels::cuda::runtime_info().device_error;
+  }
+};
+
+Tensor gpu(const Tensor& t) {
+  return t.to(kGpu);
+}
+
+// ≤ 1e-5 relative (norm-wise), with a floor for all-zero references.
+void expect_close(const Tensor& cuda, const Tensor& cpu, const char* what, double tol = 1e-5) {
+  ASSERT_TRUE(cuda.is_cuda()) << what;
+  const Tensor h = cuda.to(Device::cpu());
+  double num = 0, den = 0;
+  const auto a = h.to_vector(), b = cpu.to_vector();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_FALSE(std::isnan(a[i])) << what << " element " << i;
+    num += std::pow(double(a[i]) - b[i], 2), den += std::pow(double(b[i]), 2);
+  }
+  EXPECT_LE(std::sqrt(num), tol * std::sqrt(den) + 1e-12) << what;
+}
+}  // namespace
+
+TEST_F(Cuda, Linear) {
+  for (auto [m, k, n] : {std::tuple{5, 7, 3}, {1, 1, 1}, {300, 192, 576}}) {
+    Tensor x = random_tensor({m, k}, 1), w = random_tensor({n, k}, 2), b = random_tensor({n}, 3);
+    Tensor dy = random_tensor({m, n}, 4);
+    Tensor dw = random_tensor({n, k}, 5), db = random_tensor({n}, 6);  // accumulate onto these
+    Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b), gdw = gpu(dw), gdb = gpu(db);
+    Tensor gbias = gpu(b);
+    expect_close(ops::linear_fwd(gx, gw, &gbias), ops::linear_fwd(x, w, &b), "linear fwd");
+    Tensor dx = ops::linear_bwd(x, w, dy, &dw, &db);
+    Tensor gdx = ops::linear_bwd(gx, gw, gpu(dy), &gdw, &gdb);
+    expect_close(gdx, dx, "linear dx");
+    expect_close(gdw, dw, "linear dw (accumulated)");
+    expect_close(gdb, db, "linear db (accumulated)");
+  }
+}
+
+TEST_F(Cuda, LayerNorm) {
+  for (auto [m, d] : {std::pair{4, 9}, {1, 1}, {394, 768}}) {
+    Tensor x = random_tensor({m, d}, 1), g = random_tensor({d}, 2), b = random_tensor({d}, 3);
+    Tensor dy = random_tensor({m, d}, 4), dg = random_tensor({d}, 5), dbt = random_tensor({d}, 6);
+    Tensor mean, rstd, gmean, grstd;
+    Tensor y = ops::layernorm_fwd(x, g, b, 1e-6f, &mean, &rstd);
+    Tensor gy = ops::layernorm_fwd(gpu(x), gpu(g), gpu(b), 1e-6f, &gmean, &grstd);
+    expect_close(gy, y, "layernorm fwd");
+    expect_close(gmean, mean, "layernorm mean");
+    expect_close(grstd, rstd, "layernorm rstd");
+    Tensor gdg = gpu(dg), gdb = gpu(dbt);
+    Tensor dx = ops::layernorm_bwd(x, g, mean, rstd, dy, &dg, &dbt);
+    Tensor gdx = ops::layernorm_bwd(gpu(x), gpu(g), gmean, grstd, gpu(dy), &gdg, &gdb);
+    expect_close(gdx, dx, "layernorm dx");
+    expect_close(gdg, dg, "layernorm dgamma");
+    expect_close(gdb, dbt, "layernorm dbeta");
+  }
+}
+
+TEST_F(Cuda, Gelu) {
+  Tensor x = random_tensor({1000, 3}, 1, 3.0f), dy = random_tensor({1000, 3}, 2);
+  expect_close(ops::gelu_fwd(gpu(x)), ops::gelu_fwd(x), "gelu fwd");
+  expect_close(ops::gelu_bwd(gpu(x), gpu(dy)), ops::gelu_bwd(x, dy), "gelu bwd");
+}
+
+TEST_F(Cuda, Attention) {
+  struct S {
+    int b, n, h, hd;
+  };
+  for (S s : {S{2, 5, 2, 3}, S{1, 1, 1, 4}, S{2, 197, 12, 64}, S{3, 17, 4, 16}}) {
+    const int d = s.h * s.hd;
+    Tensor qkv = random_tensor({s.b, s.n, 3 * d}, 1), dout = random_tensor({s.b, s.n, d}, 2);
+    Tensor probs, gprobs;
+    Tensor out = ops::attention_fwd(qkv, s.h, &probs);
+    Tensor gout = ops::attention_fwd(gpu(qkv), s.h, &gprobs);
+    expect_close(gout, out, "attention out");
+    expect_close(gprobs, probs, "attention probs");
+    expect_close(ops::attention_bwd(gpu(qkv), gprobs, gpu(dout), s.h),
+                 ops::attention_bwd(qkv, probs, dout, s.h), "attention dqkv");
+  }
+}
+
+TEST_F(Cuda, DropoutMasksAreIdenticalToTheCpu) {
+  Tensor x = random_tensor({64, 50}, 1);
+  const ops::RngKey key{11, 22, 333};
+  // Identical masks: the values match exactly, not just closely.
+  EXPECT_EQ(ops::dropout_fwd(gpu(x), 0.3f, key).to_vector(),
+            ops::dropout_fwd(x, 0.3f, key).to_vector());
+  EXPECT_EQ(ops::dropout_bwd(gpu(x), 0.3f, key).to_vector(),
+            ops::dropout_bwd(x, 0.3f, key).to_vector());
+  Tensor t = random_tensor({16, 3, 4}, 2);
+  EXPECT_EQ(ops::drop_path_fwd(gpu(t), 0.5f, key).to_vector(),
+            ops::drop_path_fwd(t, 0.5f, key).to_vector());
+  EXPECT_EQ(ops::drop_path_bwd(gpu(t), 0.5f, key).to_vector(),
+            ops::drop_path_bwd(t, 0.5f, key).to_vector());
+}
+
+TEST_F(Cuda, EmbeddingOps) {
+  Tensor img = random_tensor({2, 3, 32, 32}, 1), w = random_tensor({64, 3, 8, 8}, 2),
+         b = random_tensor({64}, 3), patches, gpatches;
+  Tensor y = ops::patch_embed_fwd(img, w, b, &patches);
+  expect_close(ops::patch_embed_fwd(gpu(img), gpu(w), gpu(b), &gpatches), y, "patch embed");
+  expect_close(gpatches, patches, "patchify");
+  Tensor cls = random_tensor({1, 1, 64}, 4), pos = random_tensor({1, 17, 64}, 5);
+  expect_close(ops::cls_pos_fwd(gpu(y), gpu(cls), gpu(pos)), ops::cls_pos_fwd(y, cls, pos),
+               "cls_pos fwd");
+  Tensor dout = random_tensor({2, 17, 64}, 6);
+  Tensor dcls = random_tensor({1, 1, 64}, 7), dpos = random_tensor({1, 17, 64}, 8);
+  Tensor gdcls = gpu(dcls), gdpos = gpu(dpos);
+  expect_close(ops::cls_pos_bwd(gpu(dout), &gdcls, &gdpos), ops::cls_pos_bwd(dout, &dcls, &dpos),
+               "cls_pos dtokens");
+  expect_close(gdcls, dcls, "cls_pos dcls");
+  expect_close(gdpos, dpos, "cls_pos dpos");
+  expect_close(ops::select_token_fwd(gpu(dout), 0), ops::select_token_fwd(dout, 0), "select");
+  Tensor dsel = random_tensor({2, 64}, 9);
+  expect_close(ops::select_token_bwd(gpu(dsel), 17, 0), ops::select_token_bwd(dsel, 17, 0),
+               "select bwd");
+}
+
+TEST_F(Cuda, CrossEntropy) {
+  Tensor logits = random_tensor({37, 10}, 1, 3.0f);
+  std::vector<int32_t> lab(37);
+  for (int i = 0; i < 37; ++i) lab[i] = (7 * i) % 10;
+  Tensor labels = Tensor::from_vector(lab, {37});
+  for (float eps : {0.0f, 0.1f}) {
+    expect_close(ops::cross_entropy_fwd(gpu(logits), gpu(labels), eps),
+                 ops::cross_entropy_fwd(logits, labels, eps), "ce fwd");
+    expect_close(ops::cross_entropy_bwd(gpu(logits), gpu(labels), eps, 1.0f / 37),
+                 ops::cross_entropy_bwd(logits, labels, eps, 1.0f / 37), "ce bwd");
+  }
+}
+
+TEST_F(Cuda, ElementwiseAndNorms) {
+  Tensor a = random_tensor({100001}, 1), b = random_tensor({100001}, 2);
+  expect_close(ops::add(gpu(a), gpu(b)), ops::add(a, b), "add");
+  Tensor ga = gpu(a);
+  ops::axpy_(ga, 0.5f, gpu(b));
+  ops::axpy_(a, 0.5f, b);
+  expect_close(ga, a, "axpy");
+  ops::scale_(ga, -2.0f);
+  ops::scale_(a, -2.0f);
+  expect_close(ga, a, "scale");
+  EXPECT_NEAR(ops::sum_squares(ga), ops::sum_squares(a), 1e-9 * ops::sum_squares(a));
+  ops::fill_(ga, 3.0f);
+  EXPECT_EQ(ga.to_vector(), std::vector<float>(100001, 3.0f));
+}
+
+TEST_F(Cuda, OptimizersMatchTheCpu) {
+  const auto g = test::load_golden(test::data_path("optim_golden.bin"));
+  for (const std::string name : {"sgd", "adamw", "lamb"}) {
+    auto w = nn::make_parameter("w", {6, 5}, true);
+    w.value.copy_from(g.at("init.w"));
+    auto wg = w;
+    wg.value = gpu(w.value), wg.grad = gpu(w.grad);
+    std::vector<optim::ParamGroup> cpu(1), cuda(1);
+    cpu[0].params = {&w}, cpu[0].lr = 0.01, cpu[0].weight_decay = 0.05;
+    cuda[0] = cpu[0];
+    cuda[0].params = {&wg};
+    optim::OptimizerOptions o;
+    o.name = name;
+    auto oc = optim::make_optimizer(o, cpu), og = optim::make_optimizer(o, cuda);
+    for (int t = 0; t < 4; ++t) {
+      w.grad.copy_from(g.at("grad" + std::to_string(t) + ".w"));
+      wg.grad.copy_from(w.grad);
+      oc->step();
+      og->step();
+    }
+    expect_close(wg.value, w.value, name.c_str());
+  }
+}
+
+TEST_F(Cuda, VitMatchesTimmOnTheGpu) {
+  auto g = test::load_golden(test::data_path("vit_golden.bin"));
+  const auto ci = g.at("config.ints").to_vector();
+  nn::ViTConfig c;
+  c.img_size = int64_t(ci[0]), c.patch_size = int64_t(ci[1]), c.in_chans = int64_t(ci[2]);
+  c.num_classes = int64_t(ci[3]), c.embed_dim = int64_t(ci[4]), c.depth = int64_t(ci[5]);
+  c.num_heads = int64_t(ci[6]);
+  c.mlp_ratio = ci[7] / ci[4];
+  const float eps = g.at("config.label_smoothing").item();
+  nn::ViT m(c);
+  for (nn::Parameter* p : m.parameters()) p->value.copy_from(g.at("param." + p->name));
+  m.to(kGpu);
+  std::vector<std::unique_ptr<nn::Cache>> caches;
+  nn::ForwardCtx ctx{true, 0, 0, 0};
+  Tensor labels = gpu(g.at("input.labels"));
+  Tensor logits = m.forward(gpu(g.at("input.images")), caches, ctx);
+  expect_close(logits, g.at("output.logits"), "logits");
+  const int64_t B = logits.size(0);
+  double loss = 0;
+  for (float l : ops::cross_entropy_fwd(logits, labels, eps).to_vector()) loss += l / B;
+  EXPECT_NEAR(loss, g.at("output.loss").item(), 1e-5 * loss);
+  m.backward(ops::cross_entropy_bwd(logits, labels, eps, 1.0f / B), caches, ctx);
+  for (nn::Parameter* p : m.parameters())
+    expect_close(p->grad, g.at("grad." + p->name), p->name.c_str());
+}
