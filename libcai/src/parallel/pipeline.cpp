@@ -432,7 +432,8 @@ std::vector<double> PipelinePlugin::write_trace(const std::string& path) {
   Impl& m = *impl_;
   const int R = m.world.size(), me = m.world.rank();
   // Common origin: the earliest event of any rank.
-  double first = m.rec.spans().empty() ? trace::Recorder::now_us() : m.rec.spans().front().start_us;
+  double first = trace::Recorder::now_us();
+  for (const auto& sp : m.rec.spans()) first = std::min(first, sp.start_us);
   first = m.world.all_reduce_scalar(first, dist::ReduceOp::Min);
   const auto c = m.me;
   const std::string json =
