@@ -1,0 +1,94 @@
+// A benchmark, not a test: training-step throughput of a ViT (forward, backward, AdamW) on one
+// device with synthetic data. Prints img/s, achieved TFLOP/s, MFU against a peak, and peak memory.
+//   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
+//                  [--device cuda|cpu] [--peak-tflops 989]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cai/core/error.h"
+#include "cai/core/rng.h"
+#include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
+#include "cai/optim/optimizer.h"
+#include "kernels/device.h"
+
+using namespace cai;
+
+namespace {
+// Forward FLOPs per image (2 per multiply-add): patch embedding, per block the four projections
+// and the MLP (24·D²·N) plus the two attention matmuls (4·N²·D), the head.
+double forward_flops(const nn::ViTConfig& c) {
+  const double n = static_cast<double>(c.num_patches() + 1), d = static_cast<double>(c.embed_dim);
+  const double hid = static_cast<double>(c.mlp_hidden());
+  const double patch = 2.0 * c.num_patches() * d * c.in_chans * c.patch_size * c.patch_size;
+  const double block = 2.0 * n * (4 * d * d + 2 * d * hid) + 4.0 * n * n * d;
+  return patch + c.depth * block + 2.0 * d * c.num_classes;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "vit_base_patch16_224", device = "cuda";
+  int64_t batch = 256, steps = 10, warmup = 3;
+  double peak = 989.0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--model") model = v;
+    else if (a == "--batch") batch = std::atoll(v.c_str());
+    else if (a == "--steps") steps = std::atoll(v.c_str());
+    else if (a == "--warmup") warmup = std::atoll(v.c_str());
+    else if (a == "--device") device = v;
+    else if (a == "--peak-tflops") peak = std::atof(v.c_str());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    nn::ViTConfig c = nn::ViTConfig::named(model);
+    nn::ViT m(c);
+    m.init(0);
+    const Device dev = device == "cuda" ? Device::cuda(0) : Device::cpu();
+    if (dev.is_cuda()) {
+      CAI_CHECK(kernels::cuda::device_count() > 0, "[bench] no GPU: {}",
+                kernels::cuda::runtime_info().device_error);
+      m.to(dev);
+    }
+    optim::AdamW opt(optim::weight_decay_groups(m.parameters(), 1e-3, 0.05));
+    Tensor img = Tensor::empty({batch, c.in_chans, c.img_size, c.img_size});
+    rng::normal_(img, 1, 2, 0.0f, 1.0f);
+    std::vector<int32_t> lab(batch);
+    for (int64_t i = 0; i < batch; ++i) lab[i] = static_cast<int32_t>(i % c.num_classes);
+    Tensor images = img.to(dev), labels = Tensor::from_vector(lab, {batch}).to(dev);
+    auto step = [&](int64_t s) {
+      std::vector<std::unique_ptr<nn::Cache>> caches;
+      nn::ForwardCtx ctx{true, 0, static_cast<uint64_t>(s), 0};
+      Tensor logits = m.forward(images, caches, ctx);
+      m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / batch), caches, ctx);
+      opt.step();
+      opt.zero_grad();
+      if (dev.is_cuda()) kernels::cuda::synchronize();
+    };
+    for (int64_t s = 0; s < warmup; ++s) step(s);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < steps; ++s) step(warmup + s);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double ips = static_cast<double>(batch * steps) / secs;
+    const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
+    const double peak_gib =
+        dev.is_cuda() ? kernels::cuda::allocator_stats(0).peak / double(1ull << 30)
+                      : peak_memory(DeviceType::CPU) / double(1ull << 30);
+    std::printf(
+        "{\"impl\": \"colossalai-cpp fp32\", \"model\": \"%s\", \"batch\": %lld, \"device\": "
+        "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
+        "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f}\n",
+        model.c_str(), static_cast<long long>(batch), device.c_str(), ips,
+        1e3 * secs / static_cast<double>(steps), tflops, tflops / peak, peak_gib,
+        3.0 * forward_flops(c) / 1e9);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
