@@ -11,6 +11,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 
 namespace cai::kernels::cuda {
 
@@ -174,12 +175,6 @@ __global__ void attention_dk_kernel(const float* qkv, const float* ds, float* dq
   }
 }
 
-unsigned elem_blocks(int64_t total) {
-  int64_t g = (total + kElemThreads - 1) / kElemThreads;
-  if (g > (int64_t{1} << 30)) g = int64_t{1} << 30;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(g);
-}
-
 // Bytes of dynamic shared memory for one row of hd floats, rounded up to 16 bytes: the compiler
 // reads the tail of the row with 16-byte vector loads (harmless on the hardware, but
 // compute-sanitizer's memcheck reports the bytes past an unrounded allocation).
@@ -217,7 +212,8 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t elems = b * h * n * hd;
-  attention_dv_kernel<<<elem_blocks(elems), kElemThreads, 0, s>>>(probs, dout, dqkv, b, n, h, hd);
+  attention_dv_kernel<<<grid_for(elems, kElemThreads), kElemThreads, 0, s>>>(probs, dout, dqkv, b,
+                                                                             n, h, hd);
   CAI_CUDA_CHECK_LAUNCH();
 
   // dS for every (b, h, i, j): stream-ordered temporary, freed after the kernels that read it
@@ -235,7 +231,8 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
   attention_ds_dq_kernel<<<static_cast<unsigned>(b * h * n), kRowThreads, smem, s>>>(
       qkv, probs, dout, ds.p, dqkv, n, h, hd, scale);
   CAI_CUDA_CHECK_LAUNCH();
-  attention_dk_kernel<<<elem_blocks(elems), kElemThreads, 0, s>>>(qkv, ds.p, dqkv, b, n, h, hd);
+  attention_dk_kernel<<<grid_for(elems, kElemThreads), kElemThreads, 0, s>>>(qkv, ds.p, dqkv, b, n,
+                                                                             h, hd);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

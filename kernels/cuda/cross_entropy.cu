@@ -6,16 +6,11 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-constexpr int kBlock = 256;  // threads per row block; a multiple of 32
-constexpr int64_t kMaxGrid = int64_t{1} << 20;
-
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
-}
 
 struct SumOp {
   __device__ double operator()(double a, double b) const { return a + b; }

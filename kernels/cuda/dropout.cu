@@ -3,18 +3,12 @@
 // the host, so masks are bit-identical to the CPU ones.
 #include "kernels/base/philox.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/dropout.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-constexpr int kBlock = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;
-
-unsigned blocks(int64_t n) {
-  const int64_t g = (n + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid);
-}
 
 // y = keep ? x · keep_scale : 0 with keep = uniform(offset + i) >= p (forward on x, backward on
 // dy).
@@ -43,7 +37,7 @@ void masked_scale(const float* x, float* y, int64_t n, float p, uint64_t seed, u
                   uint64_t offset, void* cuda_stream) {
   if (n <= 0) return;
   const float keep_scale = 1.0f / (1.0f - p);
-  masked_scale_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+  masked_scale_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
       x, y, n, p, keep_scale, seed, stream, offset);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -53,7 +47,7 @@ void sample_scale(const float* x, float* y, int64_t b, int64_t per, float p, uin
   if (b <= 0 || per <= 0) return;
   const int64_t n = b * per;
   const float keep_scale = 1.0f / (1.0f - p);
-  sample_scale_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+  sample_scale_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
       x, y, n, per, p, keep_scale, seed, stream, offset);
   CAI_CUDA_CHECK_LAUNCH();
 }

@@ -2,22 +2,12 @@
 #include <algorithm>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/elementwise.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-
-constexpr int kBlock = 256;
-unsigned blocks(int64_t n) {
-  int64_t g = (n + kBlock - 1) / kBlock;
-  if (g > (int64_t{1} << 30)) g = int64_t{1} << 30;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(g);
-}
-
-#define CAI_GRID_STRIDE(i, n)                                                            \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
   CAI_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
@@ -68,35 +58,33 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) *total = r;
 }
 
-#undef CAI_GRID_STRIDE
-
 }  // namespace
 
 void add(const float* a, const float* b, float* y, int64_t n, void* stream) {
   if (n <= 0) return;
-  add_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(a, b, y, n);
+  add_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(a, b, y, n);
   CAI_CUDA_CHECK_LAUNCH();
 }
 void axpy(float alpha, const float* x, float* y, int64_t n, void* stream) {
   if (n <= 0) return;
-  axpy_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(alpha, x, y, n);
+  axpy_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(alpha, x, y, n);
   CAI_CUDA_CHECK_LAUNCH();
 }
 void scale(float alpha, float* x, int64_t n, void* stream) {
   if (n <= 0) return;
-  scale_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(alpha, x, n);
+  scale_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(alpha, x, n);
   CAI_CUDA_CHECK_LAUNCH();
 }
 void fill(float value, float* x, int64_t n, void* stream) {
   if (n <= 0) return;
-  fill_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(value, x, n);
+  fill_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(value, x, n);
   CAI_CUDA_CHECK_LAUNCH();
 }
 
 double sum_squares(const float* x, int64_t n, void* stream) {
   if (n <= 0) return 0.0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const unsigned parts = std::min<unsigned>(blocks(n), kPartBlocks);
+  const unsigned parts = std::min<unsigned>(grid_for(n), kPartBlocks);
   // part[0, parts) then the total at part[parts]; freed stream-ordered, also when a check throws.
   struct Temp {
     double* p = nullptr;

@@ -1,25 +1,12 @@
 // Patch embedding and token bookkeeping on the GPU: the twins of kernels/cpu/embed.cpp.
 // Backward kernels overwrite input gradients and accumulate (+=) parameter gradients.
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/embed.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-constexpr int kBlock = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;
-
-unsigned blocks(int64_t n) {
-  const int64_t g = (n + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid);
-}
-
-__device__ int64_t first_index() {
-  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-}
-__device__ int64_t grid_step() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
 
 // One thread per output element of patches[b, gh·gw, c·p·p] ((c, ky, kx) order in a row).
 __global__ void patchify_kernel(const float* __restrict__ img, float* __restrict__ patches,
@@ -93,7 +80,7 @@ void patchify(const float* img, float* patches, int64_t b, int64_t c, int64_t hh
   const int64_t gh = hh / p, gw = ww / p;
   const int64_t total = b * gh * gw * c * p * p;
   if (total <= 0) return;
-  patchify_kernel<<<blocks(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  patchify_kernel<<<grid_for(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       img, patches, total, c, hh, ww, p, gh, gw);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -102,7 +89,7 @@ void cls_pos_fwd(const float* tokens, const float* cls, const float* pos, float*
                  int64_t np, int64_t d, void* stream) {
   const int64_t total = b * (np + 1) * d;
   if (total <= 0) return;
-  cls_pos_fwd_kernel<<<blocks(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  cls_pos_fwd_kernel<<<grid_for(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       tokens, cls, pos, out, total, np, d);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -112,12 +99,12 @@ void cls_pos_bwd(const float* dout, float* dtokens, float* dcls, float* dpos, in
   const auto s = static_cast<cudaStream_t>(stream);
   const int64_t ntok = b * np * d;
   if (dtokens && ntok > 0) {
-    cls_pos_dtokens_kernel<<<blocks(ntok), kBlock, 0, s>>>(dout, dtokens, ntok, np, d);
+    cls_pos_dtokens_kernel<<<grid_for(ntok), kBlock, 0, s>>>(dout, dtokens, ntok, np, d);
     CAI_CUDA_CHECK_LAUNCH();
   }
   const int64_t n = (np + 1) * d;
   if ((dcls || dpos) && n > 0 && b > 0) {
-    cls_pos_dparam_kernel<<<blocks(n), kBlock, 0, s>>>(dout, dcls, dpos, b, n, d);
+    cls_pos_dparam_kernel<<<grid_for(n), kBlock, 0, s>>>(dout, dcls, dpos, b, n, d);
     CAI_CUDA_CHECK_LAUNCH();
   }
 }
@@ -128,7 +115,7 @@ void select_token_fwd(const float* x, float* out, int64_t b, int64_t n, int64_t 
   if (total <= 0) return;
   CAI_CHECK(index >= 0 && index < n, "[select_token] token {} out of range for {} tokens", index,
             n);
-  select_token_fwd_kernel<<<blocks(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  select_token_fwd_kernel<<<grid_for(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       x, out, total, n, d, index);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -139,7 +126,7 @@ void select_token_bwd(const float* dout, float* dx, int64_t b, int64_t n, int64_
   if (total <= 0) return;
   CAI_CHECK(index >= 0 && index < n, "[select_token] token {} out of range for {} tokens", index,
             n);
-  select_token_bwd_kernel<<<blocks(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  select_token_bwd_kernel<<<grid_for(total), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       dout, dx, total, n, d, index);
   CAI_CUDA_CHECK_LAUNCH();
 }

@@ -1,17 +1,12 @@
 // LayerNorm on the GPU: the twin of kernels/cpu/layernorm.cpp. Reductions run in double, as on
 // the CPU, so results agree to rounding; every reduction has a fixed order (deterministic).
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/layernorm.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-constexpr int kBlock = 256;  // threads per row block; a multiple of 32
-constexpr int64_t kMaxGrid = int64_t{1} << 20;
-
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
-}
 
 __device__ double warp_sum(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);

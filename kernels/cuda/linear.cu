@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/linear.h"
 
 namespace cai::kernels::cuda {
@@ -44,13 +45,6 @@ cublasHandle_t handle_locked(cudaStream_t stream) {
 void check_dims(const char* op, int64_t m, int64_t k, int64_t n) {
   CAI_CHECK(m >= 0 && k >= 0 && n >= 0 && m <= INT_MAX && k <= INT_MAX && n <= INT_MAX,
             "[{}] m = {}, k = {}, n = {}: cuBLAS needs each in [0, {}]", op, m, k, n, INT_MAX);
-}
-
-constexpr int kBlock = 256;
-unsigned blocks(int64_t total) {
-  int64_t g = (total + kBlock - 1) / kBlock;
-  if (g > (int64_t{1} << 30)) g = int64_t{1} << 30;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(g);
 }
 
 // y[i, j] = b[j] (b == nullptr: 0) for y[m, n].
@@ -100,7 +94,7 @@ void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_
   // y = b broadcast over rows (or 0 when there is no bias and the GEMM has no k to sum over).
   const bool bias = b != nullptr;
   if (bias || k == 0) {
-    broadcast_rows_kernel<<<blocks(m * n), kBlock, 0, s>>>(b, y, m, n);
+    broadcast_rows_kernel<<<grid_for(m * n), kBlock, 0, s>>>(b, y, m, n);
     CAI_CUDA_CHECK_LAUNCH();
   }
   if (k == 0) return;

@@ -3,22 +3,12 @@
 #include <cmath>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/optim.h"
 
 namespace cai::kernels::cuda {
 
 namespace {
-
-constexpr int kBlock = 256;
-unsigned blocks(int64_t n) {
-  int64_t g = (n + kBlock - 1) / kBlock;
-  if (g > (int64_t{1} << 30)) g = int64_t{1} << 30;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(g);
-}
-
-#define CAI_GRID_STRIDE(i, n)                                                            \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void sgd_kernel(float* p, const float* grad, float* buf, int64_t n, float lr,
                            float momentum, float dampening, float weight_decay, bool nesterov,
@@ -70,14 +60,12 @@ __global__ void lamb_kernel(const float* p, const float* grad, float* m, float* 
   }
 }
 
-#undef CAI_GRID_STRIDE
-
 }  // namespace
 
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
               float dampening, float weight_decay, bool nesterov, bool first, void* stream) {
   if (n <= 0) return;
-  sgd_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  sgd_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       p, grad, buf, n, lr, momentum, dampening, weight_decay, nesterov, first);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -91,7 +79,7 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
   const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, static_cast<float>(step)));
   const float step_size = lr / bc1;
   const float decay = 1.0f - lr * weight_decay;
-  adam_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  adam_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       p, grad, m, v, n, beta1, beta2, eps, weight_decay, decay, step_size, bc2_sqrt, decoupled);
   CAI_CUDA_CHECK_LAUNCH();
 }
@@ -103,7 +91,7 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
   const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
   const float bc2_sqrt = std::sqrt(bc2);
-  lamb_kernel<<<blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+  lamb_kernel<<<grid_for(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       p, grad, m, v, update, n, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt);
   CAI_CUDA_CHECK_LAUNCH();
 }

@@ -34,12 +34,18 @@ int main(int argc, char** argv) {
   double peak = 989.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--model") model = v;
-    else if (a == "--batch") batch = std::atoll(v.c_str());
-    else if (a == "--steps") steps = std::atoll(v.c_str());
-    else if (a == "--warmup") warmup = std::atoll(v.c_str());
-    else if (a == "--device") device = v;
-    else if (a == "--peak-tflops") peak = std::atof(v.c_str());
+    if (a == "--model")
+      model = v;
+    else if (a == "--batch")
+      batch = std::atoll(v.c_str());
+    else if (a == "--steps")
+      steps = std::atoll(v.c_str());
+    else if (a == "--warmup")
+      warmup = std::atoll(v.c_str());
+    else if (a == "--device")
+      device = v;
+    else if (a == "--peak-tflops")
+      peak = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -73,12 +79,13 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < warmup; ++s) step(s);
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t s = 0; s < steps; ++s) step(warmup + s);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ips = static_cast<double>(batch * steps) / secs;
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
-    const double peak_gib =
-        dev.is_cuda() ? kernels::cuda::allocator_stats(0).peak / double(1ull << 30)
-                      : peak_memory(DeviceType::CPU) / double(1ull << 30);
+    const double peak_gib = dev.is_cuda()
+                                ? kernels::cuda::allocator_stats(0).peak / double(1ull << 30)
+                                : peak_memory(DeviceType::CPU) / double(1ull << 30);
     std::printf(
         "{\"impl\": \"colossalai-cpp fp32\", \"model\": \"%s\", \"batch\": %lld, \"device\": "
         "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "

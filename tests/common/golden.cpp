@@ -42,6 +42,16 @@ std::map<std::string, Tensor> load_golden(const std::string& path) {
   return out;
 }
 
+nn::ViTConfig vit_config(const std::map<std::string, Tensor>& golden) {
+  const auto ci = golden.at("config.ints").to_vector();
+  nn::ViTConfig c;
+  c.img_size = int64_t(ci[0]), c.patch_size = int64_t(ci[1]), c.in_chans = int64_t(ci[2]);
+  c.num_classes = int64_t(ci[3]), c.embed_dim = int64_t(ci[4]), c.depth = int64_t(ci[5]);
+  c.num_heads = int64_t(ci[6]);
+  c.mlp_ratio = ci[7] / ci[4];
+  return c;
+}
+
 double tolerance_ratio(const Tensor& a, const Tensor& b, double rtol, double atol) {
   CAI_CHECK(a.numel() == b.numel(), "[compare] {} vs {}", a.str(), b.str());
   const auto va = a.to_vector(), vb = b.to_vector();

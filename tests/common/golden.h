@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cai/core/tensor.h"
+#include "cai/nn/vit.h"
 
 namespace cai::test {
 
@@ -16,5 +17,9 @@ double tolerance_ratio(const Tensor& a, const Tensor& b, double rtol, double ato
 double rel_error(const Tensor& a, const Tensor& b);
 
 std::string data_path(const std::string& file);  // CAI_TEST_DATA_DIR/file
+
+// The ViT configuration stored in a golden file ("config.ints": img, patch, in_chans, classes,
+// dim, depth, heads, mlp hidden).
+nn::ViTConfig vit_config(const std::map<std::string, Tensor>& golden);
 
 }  // namespace cai::test

@@ -195,12 +195,7 @@ TEST_F(Cuda, OptimizersMatchTheCpu) {
 
 TEST_F(Cuda, VitMatchesTimmOnTheGpu) {
   auto g = test::load_golden(test::data_path("vit_golden.bin"));
-  const auto ci = g.at("config.ints").to_vector();
-  nn::ViTConfig c;
-  c.img_size = int64_t(ci[0]), c.patch_size = int64_t(ci[1]), c.in_chans = int64_t(ci[2]);
-  c.num_classes = int64_t(ci[3]), c.embed_dim = int64_t(ci[4]), c.depth = int64_t(ci[5]);
-  c.num_heads = int64_t(ci[6]);
-  c.mlp_ratio = ci[7] / ci[4];
+  const nn::ViTConfig c = test::vit_config(g);
   const float eps = g.at("config.label_smoothing").item();
   nn::ViT m(c);
   for (nn::Parameter* p : m.parameters()) p->value.copy_from(g.at("param." + p->name));

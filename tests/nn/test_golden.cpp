@@ -14,12 +14,7 @@ using namespace cai::nn;
 
 TEST(Golden, ForwardAndBackwardMatchTimm) {
   auto g = test::load_golden(test::data_path("vit_golden.bin"));
-  const auto ci = g.at("config.ints").to_vector();
-  ViTConfig c;
-  c.img_size = int64_t(ci[0]), c.patch_size = int64_t(ci[1]), c.in_chans = int64_t(ci[2]);
-  c.num_classes = int64_t(ci[3]), c.embed_dim = int64_t(ci[4]), c.depth = int64_t(ci[5]);
-  c.num_heads = int64_t(ci[6]);
-  c.mlp_ratio = ci[7] / ci[4];
+  const ViTConfig c = test::vit_config(g);
   const float smoothing = g.at("config.label_smoothing").item();
   ViT m(c);
 

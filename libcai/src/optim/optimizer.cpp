@@ -192,9 +192,13 @@ double grad_norm(const std::vector<nn::Parameter*>& params) {
   return std::sqrt(s);
 }
 
-double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm) {
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
+                      const std::function<double(double)>& reduce_sq) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
-  const double norm = grad_norm(params);
+  double sq = 0;
+  for (const nn::Parameter* p : params) sq += ops::sum_squares(p->grad);
+  if (reduce_sq) sq = reduce_sq(sq);
+  const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
     for (nn::Parameter* p : params) ops::scale_(p->grad, static_cast<float>(coef));

@@ -353,18 +353,10 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
 
 double DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
-  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
-  std::vector<nn::Parameter*> ps;
-  for (auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
-  double sq = 0;
-  for (nn::Parameter* p : ps) sq += ops::sum_squares(p->grad);
   // DDP: every rank holds the full (identical) gradients; ZeRO: each holds its shard.
-  if (m.cfg.zero_stage >= 1) sq = m.dp.all_reduce_scalar(sq);
-  const double norm = std::sqrt(sq);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (nn::Parameter* p : ps) ops::scale_(p->grad, static_cast<float>(coef));
-  return norm;
+  std::function<double(double)> reduce;
+  if (m.cfg.zero_stage >= 1) reduce = [&m](double sq) { return m.dp.all_reduce_scalar(sq); };
+  return optim::clip_grad_norm(train::optimizer_params(opt), max_norm, reduce);
 }
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {

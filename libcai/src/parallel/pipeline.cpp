@@ -19,26 +19,6 @@ int tag_of(int mb, int vs, int virtual_stages, Kind kind) {
   return (mb * virtual_stages + vs) * 3 + kind;
 }
 
-double sum_of(const Tensor& t) {
-  double s = 0;
-  for (float v : t.to_vector()) s += v;
-  return s;
-}
-
-int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  const auto l = logits.to_vector();
-  const auto y = labels.to_vector();
-  const int64_t b = logits.size(0), k = logits.size(1);
-  int64_t correct = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    int64_t arg = 0;
-    for (int64_t j = 1; j < k; ++j)
-      if (l[i * k + j] > l[i * k + arg]) arg = j;
-    correct += arg == static_cast<int64_t>(y[i]);
-  }
-  return correct;
-}
-
 const char* category_of(schedule::Op op) {
   using schedule::Op;
   if (schedule::is_compute(op)) return "compute";
@@ -292,8 +272,9 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         }
         if (vs == last_vs) {
           const Tensor labels = batch.labels.narrow(off, rows);
-          metrics.loss_sum += sum_of(ops::cross_entropy_fwd(x, labels, crit.label_smoothing));
-          metrics.correct += static_cast<double>(count_correct(x, labels));
+          metrics.loss_sum +=
+              train::sum_of(ops::cross_entropy_fwd(x, labels, crit.label_smoothing));
+          metrics.correct += static_cast<double>(train::count_correct(x, labels));
           metrics.samples += static_cast<double>(rows);
           dlogits[in.mb] = ops::cross_entropy_bwd(x, labels, crit.label_smoothing, weight);
         } else {
@@ -377,8 +358,8 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
       x = l->forward(x, cache, nn::ForwardCtx{});
     }
     if (vs == V - 1) {
-      metrics.loss_sum = sum_of(ops::cross_entropy_fwd(x, batch.labels, 0.0f));
-      metrics.correct = static_cast<double>(count_correct(x, batch.labels));
+      metrics.loss_sum = train::sum_of(ops::cross_entropy_fwd(x, batch.labels, 0.0f));
+      metrics.correct = static_cast<double>(train::count_correct(x, batch.labels));
       metrics.samples = static_cast<double>(rows);
     } else {
       sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(0, vs, V, kEval)));
@@ -390,18 +371,10 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
 
 double PipelinePlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
-  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
-  std::vector<nn::Parameter*> ps;
-  for (auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
-  double sq = 0;
-  for (nn::Parameter* p : ps) sq += ops::sum_squares(p->grad);
   // Stages hold disjoint layers; with ZeRO-1 the data-parallel ranks hold disjoint shards too.
-  sq = m.cfg.dp.zero_stage >= 1 ? m.world.all_reduce_scalar(sq) : m.pp->all_reduce_scalar(sq);
-  const double norm = std::sqrt(sq);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (nn::Parameter* p : ps) ops::scale_(p->grad, static_cast<float>(coef));
-  return norm;
+  return optim::clip_grad_norm(train::optimizer_params(opt), max_norm, [&m](double sq) {
+    return m.cfg.dp.zero_stage >= 1 ? m.world.all_reduce_scalar(sq) : m.pp->all_reduce_scalar(sq);
+  });
 }
 
 void PipelinePlugin::optimizer_step(optim::Optimizer& opt) {

@@ -19,7 +19,15 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Correct top-1 predictions in logits [B, K].
+// Batches come from the loader on the host; the model may live on a GPU.
+void to_device(data::Batch& b, Device dev) {
+  if (b.images.device() == dev) return;
+  b.images = b.images.to(dev);
+  b.labels = b.labels.to(dev);
+}
+
+}  // namespace
+
 int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   const auto l = logits.to_vector();
   const auto y = labels.to_vector();
@@ -34,19 +42,11 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   return correct;
 }
 
-// Batches come from the loader on the host; the model may live on a GPU.
-void to_device(data::Batch& b, Device dev) {
-  if (b.images.device() == dev) return;
-  b.images = b.images.to(dev);
-  b.labels = b.labels.to(dev);
-}
-
 double sum_of(const Tensor& t) {
   double s = 0;
   for (float v : t.to_vector()) s += v;
   return s;
 }
-}  // namespace
 
 Trainer::Trainer(nn::ViT& model, optim::Optimizer& opt, Criterion criterion,
                  data::DataLoader& train, data::DataLoader* eval, std::shared_ptr<Plugin> plugin,
@@ -106,10 +106,14 @@ StepMetrics Plugin::eval_batch(nn::ViT& model, const data::Batch& b) {
   return m;
 }
 
-double Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+std::vector<nn::Parameter*> optimizer_params(const optim::Optimizer& opt) {
   std::vector<nn::Parameter*> ps;
-  for (auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
-  return optim::clip_grad_norm(ps, max_norm);
+  for (const auto& g : opt.groups()) ps.insert(ps.end(), g.params.begin(), g.params.end());
+  return ps;
+}
+
+double Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+  return optim::clip_grad_norm(optimizer_params(opt), max_norm);
 }
 
 void Trainer::fit(int64_t start_epoch) {

@@ -3,6 +3,7 @@
 // "<parameter name>.<slot>" so that a checkpoint or a ZeRO shard can address them.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,7 +107,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 
 // Scales all gradients so their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
 // factor max_norm / (norm + 1e-6), only when < 1). Returns the norm before clipping.
-double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm);
+// `reduce_sq` (optional) turns this process's sum of squares into the global one, for gradients
+// sharded over ranks (ZeRO, pipeline stages).
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
+                      const std::function<double(double)>& reduce_sq = nullptr);
 double grad_norm(const std::vector<nn::Parameter*>& params);
 
 }  // namespace cai::optim

@@ -41,6 +41,13 @@ struct EpochInfo {
   double seconds = 0, images_per_sec = 0, lr = 0;
 };
 
+// Top-1 correct predictions of logits [B, K] against int32 labels [B], and the sum of a
+// tensor's elements (in double): the metrics the trainer and plugins accumulate.
+int64_t count_correct(const Tensor& logits, const Tensor& labels);
+double sum_of(const Tensor& t);
+// Every parameter of the optimizer's groups.
+std::vector<nn::Parameter*> optimizer_params(const optim::Optimizer& opt);
+
 // Sums over this rank's samples (a pipeline's non-last stages report zeros).
 struct StepMetrics {
   double loss_sum = 0, correct = 0, samples = 0;
