@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);
       const int m = pipe->micro_batches_for(cfg.batch_size);
-      const auto ideal = schedule::validate(pipe->schedule_for(m)).bubble_fraction;
+      const auto ideal = schedule::validate(pipe->schedule_for(cfg.batch_size)).bubble_fraction;
       log::info(
           "trace written to {} ({} tracks); schedule {} with {} stages × {} micro-batches: "
           "ideal bubble {:.3f} (forward 1, backward 2, no communication)",

@@ -38,8 +38,8 @@ struct PipelinePlugin::Impl {
   std::unique_ptr<DataParallelPlugin> inner;
   nn::ViT* model = nullptr;
   schedule::Partition part;
-  std::map<int, schedule::Schedule> schedules;  // by micro-batch count
-  std::vector<nn::Layer*> owned;                // this rank's layers, model order
+  std::map<std::pair<int, int64_t>, schedule::Schedule> schedules;  // by (micro-batches, batch)
+  std::vector<nn::Layer*> owned;  // this rank's layers, model order
   trace::Recorder rec;
   std::vector<double> bubbles;  // per executed step
   int64_t tokens = 0, dim = 0;
@@ -76,16 +76,19 @@ struct PipelinePlugin::Impl {
     return out;
   }
 
-  const schedule::Schedule& get_schedule(int m) {
-    auto it = schedules.find(m);
+  // The schedule for m micro-batches of a batch of `batch` samples; its send/recv instructions
+  // carry the bytes of one boundary tensor [batch/m, tokens, dim] (fp32).
+  const schedule::Schedule& get_schedule(int m, int64_t batch) {
+    auto it = schedules.find({m, batch});
     if (it != schedules.end()) return it->second;
     schedule::ScheduleOptions so;
     so.stages = p();
     so.micro_batches = m;
     so.chunks = cfg.chunks;
+    so.activation_bytes = (batch + m - 1) / m * tokens * dim * static_cast<int64_t>(sizeof(float));
     schedule::Schedule s = schedule::make(cfg.style, so, part);
     schedule::validate_or_throw(s);
-    return schedules.emplace(m, std::move(s)).first->second;
+    return schedules.emplace(std::make_pair(m, batch), std::move(s)).first->second;
   }
 
   int micro_batches(int64_t batch) const {
@@ -149,8 +152,8 @@ const schedule::Partition& PipelinePlugin::partition() const {
 int PipelinePlugin::micro_batches_for(int64_t batch) const {
   return impl_->micro_batches(batch);
 }
-const schedule::Schedule& PipelinePlugin::schedule_for(int m) {
-  return impl_->get_schedule(m);
+const schedule::Schedule& PipelinePlugin::schedule_for(int64_t batch) {
+  return impl_->get_schedule(impl_->micro_batches(batch), batch);
 }
 
 void PipelinePlugin::setup(nn::ViT& model) {
@@ -225,7 +228,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
   const data::Batch& batch = batches[0];
   const int64_t n = batch.labels.numel();
   const int mbs = m.micro_batches(n);
-  const schedule::Schedule& sched = m.get_schedule(mbs);
+  const schedule::Schedule& sched = m.get_schedule(mbs, n);
   const schedule::Program& prog = sched.programs[m.me.pp];
   const int V = m.V(), last_vs = V - 1;
 

@@ -53,8 +53,9 @@ class PipelinePlugin : public train::Plugin {
   double all_reduce_sum(double v) override;
 
   int micro_batches_for(int64_t batch_size) const;
-  // The schedule for m micro-batches (validated when built).
-  const schedule::Schedule& schedule_for(int micro_batches);
+  // The schedule for a batch of `batch` samples (validated when built; its transfers carry the
+  // bytes of one boundary tensor).
+  const schedule::Schedule& schedule_for(int64_t batch);
   const schedule::Partition& partition() const;
   // Mean over recorded steps of 1 − compute time / step time on this rank (Load to ReduceGrads).
   double measured_bubble() const;
