@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/cuda/blas.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/linear.h"
@@ -12,35 +13,6 @@
 namespace cai::kernels::cuda {
 
 namespace {
-
-// One cuBLAS handle per device, created lazily on first use and kept for the process lifetime
-// (a compute resource like the CUDA context, not process-group state). The mutex also serialises
-// cublasSetStream + GEMM so that two host threads on one device cannot swap each other's stream.
-struct Blas {
-  std::mutex mu;
-  std::unordered_map<int, cublasHandle_t> handles;
-};
-Blas& blas() {
-  static Blas* b = new Blas;  // never destroyed: handles must outlive static destructors
-  return *b;
-}
-// Call with blas().mu held.
-cublasHandle_t handle_locked(cudaStream_t stream) {
-  int device = 0;
-  CAI_CUDA_CHECK(cudaGetDevice(&device));
-  auto& hs = blas().handles;
-  auto it = hs.find(device);
-  if (it == hs.end()) {
-    cublasHandle_t h = nullptr;
-    CAI_CUDA_CHECK(cublasCreate(&h));
-    const cublasStatus_t s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);  // FP32, no TF32
-    if (s != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);
-    CAI_CUDA_CHECK(s);
-    it = hs.emplace(device, h).first;
-  }
-  CAI_CUDA_CHECK(cublasSetStream(it->second, stream));
-  return it->second;
-}
 
 void check_dims(const char* op, int64_t m, int64_t k, int64_t n) {
   CAI_CHECK(m >= 0 && k >= 0 && n >= 0 && m <= INT_MAX && k <= INT_MAX && n <= INT_MAX,
@@ -100,8 +72,8 @@ void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_
   if (k == 0) return;
   // Column-major: y^T[n, m] = (w as col-major [k, n])^T · (x as col-major [k, m]) (+ y^T).
   const float alpha = 1.0f, beta = bias ? 1.0f : 0.0f;
-  std::lock_guard<std::mutex> lock(blas().mu);
-  cublasHandle_t h = handle_locked(s);
+  std::lock_guard<std::mutex> lock(cublas_mutex());
+  cublasHandle_t h = cublas_handle_locked(s);
   CAI_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), &alpha, w, static_cast<int>(k), x,
                              static_cast<int>(k), &beta, y, static_cast<int>(n)));
@@ -117,8 +89,8 @@ void linear_bwd(const float* x, const float* w, const float* dy, float* dx, floa
       CAI_CUDA_CHECK(cudaMemsetAsync(dx, 0, static_cast<size_t>(m * k) * sizeof(float), s));
     } else {
       const float alpha = 1.0f, beta = 0.0f;
-      std::lock_guard<std::mutex> lock(blas().mu);
-      cublasHandle_t h = handle_locked(s);
+      std::lock_guard<std::mutex> lock(cublas_mutex());
+      cublasHandle_t h = cublas_handle_locked(s);
       // Column-major: dx^T[k, m] = (w as col-major [k, n]) · (dy as col-major [n, m]).
       CAI_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(k),
                                  static_cast<int>(m), static_cast<int>(n), &alpha, w,
@@ -130,8 +102,8 @@ void linear_bwd(const float* x, const float* w, const float* dy, float* dx, floa
   // dw[n, k] += dy^T · x.
   if (dw && k > 0) {
     const float alpha = 1.0f, beta = 1.0f;
-    std::lock_guard<std::mutex> lock(blas().mu);
-    cublasHandle_t h = handle_locked(s);
+    std::lock_guard<std::mutex> lock(cublas_mutex());
+    cublasHandle_t h = cublas_handle_locked(s);
     // Column-major: dw^T[k, n] += (x as col-major [k, m]) · (dy as col-major [n, m])^T.
     CAI_CUDA_CHECK(cublasSgemm(
         h, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k), static_cast<int>(n), static_cast<int>(m),
