@@ -88,14 +88,18 @@ Schedule lower(const std::string& name, const ScheduleOptions& opt, const Partit
   return s;
 }
 
+void check_single_chunk(const ScheduleOptions& opt, const char* style) {
+  CAI_CHECK(opt.chunks == 1,
+            "[schedule] {}: chunks must be 1 (got {}); several chunks per rank need style "
+            "'interleaved'",
+            style, opt.chunks);
+}
+
 }  // namespace
 
 Schedule gpipe(const ScheduleOptions& opt, const Partition& part) {
   check_common(opt, part, "gpipe");
-  CAI_CHECK(opt.chunks == 1,
-            "[schedule] gpipe: chunks must be 1 (got {}); several chunks per rank need style "
-            "'interleaved'",
-            opt.chunks);
+  check_single_chunk(opt, "gpipe");
   std::vector<std::vector<Step>> order(opt.stages);
   for (auto& o : order) {
     for (int mb = 0; mb < opt.micro_batches; ++mb) o.push_back({true, mb, 0});
@@ -106,10 +110,7 @@ Schedule gpipe(const ScheduleOptions& opt, const Partition& part) {
 
 Schedule one_f_one_b(const ScheduleOptions& opt, const Partition& part) {
   check_common(opt, part, "1f1b");
-  CAI_CHECK(opt.chunks == 1,
-            "[schedule] 1f1b: chunks must be 1 (got {}); several chunks per rank need style "
-            "'interleaved'",
-            opt.chunks);
+  check_single_chunk(opt, "1f1b");
   const int p = opt.stages, m = opt.micro_batches;
   std::vector<std::vector<Step>> order(p);
   for (int r = 0; r < p; ++r) {
