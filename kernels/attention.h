@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/base/dtype.h"
+
 namespace cai::kernels {
 namespace cpu {
 void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_t n, int64_t h,
@@ -17,5 +19,12 @@ void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_
                    int64_t hd, void* stream = nullptr);
 void attention_bwd(const float* qkv, const float* probs, const float* dout, float* dqkv, int64_t b,
                    int64_t n, int64_t h, int64_t hd, void* stream = nullptr);
+
+// The same in bf16/fp16 (t != F32): qkv, out, probs, dout, dqkv in `t`; softmax and every
+// reduction accumulate in fp32.
+void attention_fwd_t(DT t, const void* qkv, void* out, void* probs, int64_t b, int64_t n,
+                     int64_t h, int64_t hd, void* stream = nullptr);
+void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout, void* dqkv,
+                     int64_t b, int64_t n, int64_t h, int64_t hd, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

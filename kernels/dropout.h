@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/base/dtype.h"
+
 namespace cai::kernels {
 namespace cpu {
 void dropout_fwd(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
@@ -27,5 +29,12 @@ void drop_path_fwd(const float* x, float* y, int64_t b, int64_t per_sample, floa
                    uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
 void drop_path_bwd(const float* dy, float* dx, int64_t b, int64_t per_sample, float p,
                    uint64_t seed, uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
+
+// Typed: input and output in t, same masks as the fp32 kernels.
+void dropout_fwd_t(DT t, const void* x, void* y, int64_t n, float p, uint64_t seed,
+                   uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
+void drop_path_fwd_t(DT t, const void* x, void* y, int64_t b, int64_t per_sample, float p,
+                     uint64_t seed, uint64_t stream, uint64_t offset, void* cuda_stream = nullptr);
+// (the backward of both is the forward applied to dy: same mask, same scale)
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/base/dtype.h"
+
 namespace cai::kernels {
 namespace cpu {
 void add(const float* a, const float* b, float* y, int64_t n);  // y = a + b
@@ -16,5 +18,16 @@ void axpy(float alpha, const float* x, float* y, int64_t n, void* stream = nullp
 void scale(float alpha, float* x, int64_t n, void* stream = nullptr);
 void fill(float value, float* x, int64_t n, void* stream = nullptr);
 double sum_squares(const float* x, int64_t n, void* stream = nullptr);
+
+// Typed elementwise.
+// cast: dst[i] = src[i] converted (round to nearest even).
+void cast(DT src_t, const void* src, DT dst_t, void* dst, int64_t n, void* stream = nullptr);
+// y = a + b with each operand in its own type (math in fp32).
+void add_t(DT at, const void* a, DT bt, const void* b, DT yt, void* y, int64_t n,
+           void* stream = nullptr);
+// y += alpha·x, y fp32, x in xt.
+void axpy_t(float alpha, DT xt, const void* x, float* y, int64_t n, void* stream = nullptr);
+// Number of elements of fp32 x that are inf or NaN (the loss scaler's overflow check).
+int64_t count_nonfinite(const float* x, int64_t n, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/base/dtype.h"
+
 namespace cai::kernels {
 namespace cpu {
 void gelu_fwd(const float* x, float* y, int64_t n);
@@ -10,5 +12,9 @@ void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n);
 namespace cuda {
 void gelu_fwd(const float* x, float* y, int64_t n, void* stream = nullptr);
 void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n, void* stream = nullptr);
+
+// Typed: x, y, dy, dx all in t; math in fp32.
+void gelu_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream = nullptr);
+void gelu_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/base/dtype.h"
+
 namespace cai::kernels {
 namespace cpu {
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
@@ -16,5 +18,15 @@ void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_
                 int64_t n, void* stream = nullptr);
 void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                 int64_t m, int64_t k, int64_t n, void* stream = nullptr);
+
+// Typed linear on cuBLASLt (fp32 accumulation). x, w, b are in `t`; y is in `yt` (t or F32) and b,
+// when given, must be in yt. t == F32 runs plain FP32 (tf32 = true allows TF32 tensor cores).
+void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void* y, int64_t m,
+                  int64_t k, int64_t n, bool tf32 = false, void* stream = nullptr);
+// x, w, dy, dx in `t`: dx = dy·w (overwritten); dw[n, k] += dy^T·x and db[n] += Σ_rows dy, both
+// fp32 (the master gradients) and accumulated. Any of dx, dw, db may be null.
+void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,
+                  float* db, int64_t m, int64_t k, int64_t n, bool tf32 = false,
+                  void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -28,5 +28,19 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
 void lamb_update(const float* p, const float* grad, float* m, float* v, float* update, int64_t n,
                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
                  void* stream = nullptr);
+
+// Multi-tensor fused updates: one pass (a few launches, not one per tensor) over `count` tensors
+// given as host arrays of device pointers, lengths n[i] and weight decays wd[i]. Gradients are
+// multiplied by grad_scale first (1/loss scale; 1 otherwise). Same formulas as adam_step and, for
+// LAMB, lamb_update followed by p -= lr·trust·u with trust = ‖p‖/‖u‖ when wd[i] != 0 and both norms
+// are positive, else 1 (timm's Lamb, as Lamb::update does it).
+void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
+                       float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
+                       float beta2, float eps, int64_t step, bool decoupled, float grad_scale = 1.0f,
+                       void* stream = nullptr);
+void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
+                       float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
+                       float beta2, float eps, int64_t step, float grad_scale = 1.0f,
+                       void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels
