@@ -78,6 +78,21 @@ void attention_bwd(const float*, const float*, const float*, float*, int64_t, in
                    int64_t, void*) {
   CAI_STUB("attention_bwd");
 }
+void linear_fwd_t(DT, const void*, const void*, const void*, DT, void*, int64_t, int64_t, int64_t,
+                  bool, void*) {
+  CAI_STUB("linear_fwd");
+}
+void linear_bwd_t(DT, const void*, const void*, const void*, void*, float*, float*, int64_t,
+                  int64_t, int64_t, bool, void*) {
+  CAI_STUB("linear_bwd");
+}
+void attention_fwd_t(DT, const void*, void*, void*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("attention_fwd");
+}
+void attention_bwd_t(DT, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
+                     int64_t, void*) {
+  CAI_STUB("attention_bwd");
+}
 void add(const float*, const float*, float*, int64_t, void*) {
   CAI_STUB("add");
 }

@@ -1,8 +1,12 @@
 #include "kernels/cuda/blas.h"
 
+#include <array>
+#include <map>
 #include <unordered_map>
+#include <utility>
 
 #include "kernels/cuda/check.h"
+#include "kernels/device.h"
 
 namespace cai::kernels::cuda {
 
@@ -16,6 +20,101 @@ struct Blas {
 Blas& blas() {
   static Blas* b = new Blas;  // never destroyed: handles must outlive static destructors
   return *b;
+}
+
+// cuBLASLt: a handle per device, a workspace per (device, stream) (two streams must not share
+// one: their GEMMs may run at the same time), and a plan (descriptors + the heuristic's
+// algorithm) per problem, so cublasLtMatmulAlgoGetHeuristic runs once per shape. All kept for
+// the process lifetime, like the cuBLAS handles.
+constexpr size_t kLtWorkspace = size_t{32} << 20;
+
+struct LtPlan {
+  bool ok = false;  // false: cuBLASLt offered no algorithm (cached too, to not ask again)
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+using LtKey = std::array<int64_t, 17>;
+
+struct Lt {
+  std::mutex mu;
+  std::unordered_map<int, cublasLtHandle_t> handles;
+  std::map<std::pair<int, cudaStream_t>, void*> workspaces;
+  std::map<LtKey, LtPlan> plans;
+};
+Lt& lt() {
+  static Lt* l = new Lt;  // never destroyed, as Blas
+  return *l;
+}
+
+// The largest power of two ≤ 256 that divides the address (cuBLASLt's default assumes 256).
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+void destroy(LtPlan& p) {
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  p = LtPlan{};
+}
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, T value) {
+  CAI_CUDA_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, T value) {
+  CAI_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+void build_plan(cublasLtHandle_t handle, const LtGemm& g, bool bias, const uint32_t align[4],
+                LtPlan& p) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  try {
+    CAI_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, g.compute, CUDA_R_32F));
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(g.ta));
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.tb));
+    if (bias) {
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(g.cd));
+    }
+    const bool na = g.ta == CUBLAS_OP_N, nb = g.tb == CUBLAS_OP_N;
+    CAI_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.ab, na ? g.m : g.k, na ? g.k : g.m, g.lda));
+    CAI_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.ab, nb ? g.k : g.n, nb ? g.n : g.k, g.ldb));
+    CAI_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.d, g.cd, g.m, g.n, g.ldd));
+    CAI_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]);
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]);
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]);
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d,
+                                                            pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    pref = nullptr;
+    // No algorithm: NOT_SUPPORTED, or nothing found; with the bias epilogue any refusal (the
+    // caller then adds the bias itself).
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (bias && s != CUBLAS_STATUS_SUCCESS) ||
+        (s == CUBLAS_STATUS_SUCCESS && found == 0)) {
+      destroy(p);  // ok stays false
+      return;
+    }
+    CAI_CUDA_CHECK(s);
+    CAI_CUDA_CHECK(result.state);
+    p.algo = result.algo;
+    p.ok = true;
+  } catch (...) {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    destroy(p);
+    throw;
+  }
 }
 }  // namespace
 
@@ -38,6 +137,39 @@ cublasHandle_t cublas_handle_locked(cudaStream_t stream) {
   }
   CAI_CUDA_CHECK(cublasSetStream(it->second, stream));
   return it->second;
+}
+
+bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const void* bias,
+               float alpha, float beta, cudaStream_t stream) {
+  int device = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&device));
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto hit = l.handles.find(device);
+  if (hit == l.handles.end()) {
+    cublasLtHandle_t h = nullptr;
+    CAI_CUDA_CHECK(cublasLtCreate(&h));
+    hit = l.handles.emplace(device, h).first;
+  }
+  auto wit = l.workspaces.find({device, stream});
+  if (wit == l.workspaces.end())
+    wit = l.workspaces.emplace(std::pair{device, stream}, alloc(kLtWorkspace, device)).first;
+
+  const uint32_t align[4] = {alignment(a), alignment(b), alignment(d), bias ? alignment(bias) : 0u};
+  const LtKey key{device, g.ab,  g.cd,  g.compute,       g.ta,     g.tb,     g.m,      g.n,     g.k,
+                  g.lda,  g.ldb, g.ldd, bias != nullptr, align[0], align[1], align[2], align[3]};
+  auto pit = l.plans.find(key);
+  if (pit == l.plans.end()) {
+    LtPlan p;
+    build_plan(hit->second, g, bias != nullptr, align, p);
+    pit = l.plans.emplace(key, p).first;
+  }
+  const LtPlan& p = pit->second;
+  if (!p.ok) return false;
+  if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d,
+                                &p.algo, wit->second, kLtWorkspace, stream));
+  return true;
 }
 
 }  // namespace cai::kernels::cuda

@@ -1,0 +1,396 @@
+// The typed CUDA GEMM kernels against the CPU fp32 kernels: linear_fwd_t / linear_bwd_t on
+// cuBLASLt (fp32, fp32 with TF32, bf16, fp16) and attention_fwd_t / attention_bwd_t (bf16, fp16).
+// Inputs are rounded to the half type on the host and the CPU kernel runs on the rounded values,
+// so the error measured is the GPU's own: fp32 accumulation, half outputs. Norm-wise relative
+// error bounds: fp32 1e-5, TF32 5e-3, bf16 1e-2, fp16 2e-3; every case prints what it measured.
+// A disabled case (run with --gtest_also_run_disabled_tests) times the ViT-B/16 shapes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cai/core/tensor.h"
+#include "kernels/attention.h"
+#include "kernels/device.h"
+#include "kernels/linear.h"
+
+#ifdef CAI_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace cai;
+using kernels::DT;
+namespace kc = kernels::cuda;
+
+namespace {
+
+class CudaGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kc::device_count() == 0) GTEST_SKIP() << "no GPU: " << kc::runtime_info().device_error;
+  }
+};
+
+float round_to(DT t, float v) {
+  switch (t) {
+    case DT::BF16:
+      return bf16_to_float(float_to_bf16(v));
+    case DT::F16:
+      return fp16_to_float(float_to_fp16(v));
+    default:
+      return v;
+  }
+}
+
+// Uniform in [-scale, scale), rounded to t.
+std::vector<float> random_values(size_t count, uint64_t seed, float scale, DT t) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(count);
+  for (auto& x : v) x = round_to(t, u(gen));
+  return v;
+}
+
+std::vector<float> rounded(DT t, std::vector<float> v) {
+  for (auto& x : v) x = round_to(t, x);
+  return v;
+}
+
+// A device buffer of `count` elements of type t (GPU 0, caching allocator).
+struct Buf {
+  DT t;
+  size_t count;
+  void* p = nullptr;
+  Buf(DT type, size_t n) : t(type), count(n) {
+    p = kc::alloc(std::max<size_t>(n, 1) * kernels::dt_size(t), 0);
+  }
+  Buf(DT type, const std::vector<float>& v) : Buf(type, v.size()) { upload(v); }
+  ~Buf() { kc::free(p, 0); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+
+  void upload(const std::vector<float>& v) {
+    ASSERT_EQ(v.size(), count);
+    if (t == DT::F32) {
+      kc::copy_h2d(p, v.data(), count * 4);
+      return;
+    }
+    std::vector<uint16_t> h(count);
+    for (size_t i = 0; i < count; ++i)
+      h[i] = t == DT::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+    kc::copy_h2d(p, h.data(), count * 2);
+  }
+  std::vector<float> download() const {
+    std::vector<float> v(count);
+    if (t == DT::F32) {
+      kc::copy_d2h(v.data(), p, count * 4);
+      return v;
+    }
+    std::vector<uint16_t> h(count);
+    kc::copy_d2h(h.data(), p, count * 2);
+    for (size_t i = 0; i < count; ++i)
+      v[i] = t == DT::BF16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+    return v;
+  }
+};
+
+double tolerance(DT t, bool tf32) {
+  if (t == DT::F32) return tf32 ? 5e-3 : 1e-5;
+  return t == DT::BF16 ? 1e-2 : 2e-3;
+}
+
+std::string type_name(DT t, bool tf32) {
+  return t == DT::F32 && tf32 ? "tf32" : kernels::dt_name(t);
+}
+
+// ‖got − ref‖ / ‖ref‖ ≤ tol, printed. The reference must not be all zeros (a test that cannot
+// fail is a defect) and the result must hold no NaN.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i];
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  ASSERT_GT(den, 0.0) << what << ": the reference is all zeros";
+  const double err = std::sqrt(num / den);
+  std::printf("  %-60s rel err %.3e (tol %.0e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what;
+}
+
+struct Mode {
+  DT t;
+  bool tf32;
+};
+const Mode kLinearModes[] = {
+    {DT::F32, false}, {DT::F32, true}, {DT::BF16, false}, {DT::F16, false}};
+
+struct LinearShape {
+  int64_t m, k, n;
+};
+const LinearShape kLinearShapes[] = {{5, 7, 3}, {1, 1, 1}, {2 * 197, 768, 2304}};
+
+std::string shape_name(const char* op, Mode md, const LinearShape& s) {
+  return std::string(op) + " " + type_name(md.t, md.tf32) + " m=" + std::to_string(s.m) +
+         " k=" + std::to_string(s.k) + " n=" + std::to_string(s.n);
+}
+
+}  // namespace
+
+// y = x·wᵀ (+ b): without bias, with a bias in the input type, with bf16/fp16 inputs writing fp32
+// (bias fp32), and with a bias at a 2-byte-aligned address (not the epilogue: y = b, y += x·wᵀ).
+TEST_F(CudaGemm, LinearForward) {
+  for (const Mode md : kLinearModes) {
+    for (const LinearShape s : kLinearShapes) {
+      const DT t = md.t;
+      const auto x = random_values(s.m * s.k, 1, 1.0f, t), w = random_values(s.n * s.k, 2, 1.0f, t);
+      const auto b32 = random_values(s.n + 1, 3, 1.0f, DT::F32);
+      Buf gx(t, x), gw(t, w);
+      struct Case {
+        const char* name;
+        bool bias;
+        DT yt;
+        bool odd_bias;
+      };
+      std::vector<Case> cases = {{"no bias", false, t, false}, {"bias", true, t, false}};
+      if (t != DT::F32) cases.push_back({"bias, fp32 output", true, DT::F32, false});
+      if (t == DT::BF16) cases.push_back({"bias at an odd address", true, t, true});
+      for (const Case& c : cases) {
+        // The bias lives in yt; an odd-address bias is element 1 of an n + 1 buffer.
+        const auto bias_all = rounded(c.yt, b32);
+        const std::vector<float> bias(bias_all.begin() + (c.odd_bias ? 1 : 0),
+                                      bias_all.begin() + (c.odd_bias ? 1 : 0) + s.n);
+        std::vector<float> ref(s.m * s.n);
+        kernels::cpu::linear_fwd(x.data(), w.data(), c.bias ? bias.data() : nullptr, ref.data(),
+                                 s.m, s.k, s.n);
+        Buf gb(c.yt, bias_all), gy(c.yt, static_cast<size_t>(s.m * s.n));
+        const char* bptr =
+            static_cast<const char*>(gb.p) + (c.odd_bias ? kernels::dt_size(c.yt) : 0);
+        kc::linear_fwd_t(t, gx.p, gw.p, c.bias ? bptr : nullptr, c.yt, gy.p, s.m, s.k, s.n,
+                         md.tf32);
+        // Half inputs, fp32 output: exact products, fp32 sums (a half output would be ~1e-3).
+        const double tol = c.yt == DT::F32 && t != DT::F32 ? 1e-4 : tolerance(t, md.tf32);
+        expect_close(gy.download(), ref, tol, shape_name("linear_fwd", md, s) + " " + c.name);
+      }
+    }
+  }
+}
+
+// k = 0: nothing to sum, y is the bias on every row (or zeros).
+TEST_F(CudaGemm, LinearForwardEmptyK) {
+  for (DT t : {DT::F32, DT::BF16, DT::F16}) {
+    const auto b = random_values(3, 3, 1.0f, t);
+    Buf gb(t, b), gy(t, 4 * 3);
+    gy.upload(std::vector<float>(12, 7.0f));
+    kc::linear_fwd_t(t, nullptr, nullptr, gb.p, t, gy.p, 4, 0, 3);
+    std::vector<float> ref(12);
+    for (int i = 0; i < 12; ++i) ref[i] = b[i % 3];
+    expect_close(gy.download(), ref, 0.0, std::string("linear_fwd k=0 ") + kernels::dt_name(t));
+    kc::linear_fwd_t(t, nullptr, nullptr, nullptr, t, gy.p, 4, 0, 3);
+    for (float v : gy.download()) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+// dx = dy·w (type t), dw += dyᵀ·x and db += Σ dy (fp32, onto non-zero values); then with dx
+// null, and with only dx.
+TEST_F(CudaGemm, LinearBackward) {
+  for (const Mode md : kLinearModes) {
+    for (const LinearShape s : kLinearShapes) {
+      const DT t = md.t;
+      const auto x = random_values(s.m * s.k, 1, 1.0f, t), w = random_values(s.n * s.k, 2, 1.0f, t);
+      const auto dy = random_values(s.m * s.n, 4, 1.0f, t);
+      const auto dw0 = random_values(s.n * s.k, 5, 1.0f, DT::F32);
+      const auto db0 = random_values(s.n, 6, 1.0f, DT::F32);
+      std::vector<float> dx_ref(s.m * s.k), dw_ref = dw0, db_ref = db0;
+      kernels::cpu::linear_bwd(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(),
+                               db_ref.data(), s.m, s.k, s.n);
+      Buf gx(t, x), gw(t, w), gdy(t, dy), gdx(t, dx_ref.size()), gdw(DT::F32, dw0),
+          gdb(DT::F32, db0);
+      // fp32 master gradients: exact products of the rounded inputs, fp32 sums (TF32 rounds).
+      const double tol_w = t == DT::F32 ? tolerance(t, md.tf32) : 1e-4;
+      const std::string name = shape_name("linear_bwd", md, s);
+      kc::linear_bwd_t(t, gx.p, gw.p, gdy.p, gdx.p, static_cast<float*>(gdw.p),
+                       static_cast<float*>(gdb.p), s.m, s.k, s.n, md.tf32);
+      expect_close(gdx.download(), dx_ref, tolerance(t, md.tf32), name + " dx");
+      expect_close(gdw.download(), dw_ref, tol_w, name + " dw (accumulated)");
+      expect_close(gdb.download(), db_ref, tol_w, name + " db (accumulated)");
+
+      // dx null: dw and db accumulate once more (on the GPU results).
+      std::vector<float> dw2 = dw_ref, db2 = db_ref;
+      for (size_t i = 0; i < dw2.size(); ++i) dw2[i] += dw_ref[i] - dw0[i];
+      for (size_t i = 0; i < db2.size(); ++i) db2[i] += db_ref[i] - db0[i];
+      gdx.upload(std::vector<float>(dx_ref.size(), 3.0f));
+      kc::linear_bwd_t(t, gx.p, gw.p, gdy.p, nullptr, static_cast<float*>(gdw.p),
+                       static_cast<float*>(gdb.p), s.m, s.k, s.n, md.tf32);
+      expect_close(gdw.download(), dw2, tol_w, name + " dw, null dx");
+      expect_close(gdb.download(), db2, tol_w, name + " db, null dx");
+      for (float v : gdx.download()) ASSERT_EQ(v, 3.0f) << name << ": dx written when null";
+
+      // Only dx.
+      kc::linear_bwd_t(t, gx.p, gw.p, gdy.p, gdx.p, nullptr, nullptr, s.m, s.k, s.n, md.tf32);
+      expect_close(gdx.download(), dx_ref, tolerance(t, md.tf32), name + " dx only");
+    }
+  }
+}
+
+// The fp32 entry points are the typed ones (t = F32, no TF32): ≤ 1e-5 on a tall dy whose column
+// sum takes the chunked path (m > 1024 rows).
+TEST_F(CudaGemm, LinearFp32WrappersTallColumnSum) {
+  const int64_t m = 5000, k = 33, n = 70;
+  const auto x = random_values(m * k, 1, 1.0f, DT::F32), w = random_values(n * k, 2, 1.0f, DT::F32);
+  const auto b = random_values(n, 3, 1.0f, DT::F32), dy = random_values(m * n, 4, 1.0f, DT::F32);
+  const auto dw0 = random_values(n * k, 5, 1.0f, DT::F32), db0 = random_values(n, 6, 1.0f, DT::F32);
+  std::vector<float> y_ref(m * n), dx_ref(m * k), dw_ref = dw0, db_ref = db0;
+  kernels::cpu::linear_fwd(x.data(), w.data(), b.data(), y_ref.data(), m, k, n);
+  kernels::cpu::linear_bwd(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(),
+                           db_ref.data(), m, k, n);
+  Buf gx(DT::F32, x), gw(DT::F32, w), gb(DT::F32, b), gdy(DT::F32, dy), gy(DT::F32, y_ref.size()),
+      gdx(DT::F32, dx_ref.size()), gdw(DT::F32, dw0), gdb(DT::F32, db0);
+  auto f = [](const Buf& bf) { return static_cast<float*>(bf.p); };
+  kc::linear_fwd(f(gx), f(gw), f(gb), f(gy), m, k, n);
+  kc::linear_bwd(f(gx), f(gw), f(gdy), f(gdx), f(gdw), f(gdb), m, k, n);
+  expect_close(gy.download(), y_ref, 1e-5, "linear_fwd fp32 wrapper m=5000 k=33 n=70");
+  expect_close(gdx.download(), dx_ref, 1e-5, "linear_bwd fp32 wrapper dx");
+  expect_close(gdw.download(), dw_ref, 1e-5, "linear_bwd fp32 wrapper dw");
+  expect_close(gdb.download(), db_ref, 1e-5, "linear_bwd fp32 wrapper db (chunked column sum)");
+}
+
+// Forward (out, probs) and backward (dqkv, from the CPU's probs rounded to t) per type and shape:
+// odd sizes, one token, ViT-B/16 (b 2), and rows longer than the register path (n > 1024).
+TEST_F(CudaGemm, Attention) {
+  struct Shape {
+    int64_t b, n, h, hd;
+  };
+  const Shape shapes[] = {{1, 5, 2, 3},     {2, 7, 3, 5},    {3, 1, 2, 8},
+                          {2, 197, 12, 64}, {1, 300, 2, 16}, {1, 1100, 1, 8}};
+  for (DT t : {DT::BF16, DT::F16}) {
+    for (const Shape s : shapes) {
+      const std::string name = std::string("attention ") + kernels::dt_name(t) +
+                               " b=" + std::to_string(s.b) + " n=" + std::to_string(s.n) +
+                               " h=" + std::to_string(s.h) + " hd=" + std::to_string(s.hd);
+      const int64_t d = s.h * s.hd, heads = s.b * s.h;
+      const auto qkv = random_values(s.b * s.n * 3 * d, 11, 2.0f, t);
+      const auto dout = random_values(s.b * s.n * d, 12, 1.0f, t);
+      std::vector<float> out_ref(s.b * s.n * d), probs_ref(heads * s.n * s.n);
+      kernels::cpu::attention_fwd(qkv.data(), out_ref.data(), probs_ref.data(), s.b, s.n, s.h,
+                                  s.hd);
+      Buf gqkv(t, qkv), gout(t, out_ref.size()), gprobs(t, probs_ref.size());
+      kc::attention_fwd_t(t, gqkv.p, gout.p, gprobs.p, s.b, s.n, s.h, s.hd);
+      expect_close(gout.download(), out_ref, tolerance(t, false), name + " out");
+      expect_close(gprobs.download(), probs_ref, tolerance(t, false), name + " probs");
+
+      const auto probs_t = rounded(t, probs_ref);
+      std::vector<float> dqkv_ref(qkv.size());
+      kernels::cpu::attention_bwd(qkv.data(), probs_t.data(), dout.data(), dqkv_ref.data(), s.b,
+                                  s.n, s.h, s.hd);
+      Buf gp(t, probs_t), gdout(t, dout), gdqkv(t, qkv.size());
+      gdqkv.upload(std::vector<float>(qkv.size(), 5.0f));  // overwritten, not accumulated
+      kc::attention_bwd_t(t, gqkv.p, gp.p, gdout.p, gdqkv.p, s.b, s.n, s.h, s.hd);
+      if (s.n == 1) {  // one token: dQ = dK = 0 (softmax of one score), dV = dout
+        const auto got = gdqkv.download();
+        for (int64_t r = 0; r < s.b; ++r)
+          for (int64_t j = 0; j < 2 * d; ++j) ASSERT_EQ(got[r * 3 * d + j], 0.0f) << name;
+      }
+      expect_close(gdqkv.download(), dqkv_ref, tolerance(t, false), name + " dqkv");
+    }
+  }
+}
+
+#ifdef CAI_HAVE_CUDA
+// Not a check: times the ViT-B/16 shapes (bf16) and prints the TFLOP/s reached.
+TEST_F(CudaGemm, DISABLED_Timing) {
+  auto fill = [](Buf& b) {
+    std::vector<uint16_t> h(b.count);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (auto& v : h) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      v = float_to_bf16((static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 2.0f);
+    }
+    kc::copy_h2d(b.p, h.data(), h.size() * 2);
+  };
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  auto time_ms = [&](int iters, const auto& f) {
+    for (int i = 0; i < 3; ++i) f();
+    cudaEventRecord(e0);
+    for (int i = 0; i < iters; ++i) f();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return static_cast<double>(ms) / iters;
+  };
+  const DT t = DT::BF16;
+  const int64_t m = 50432, k = 768;
+  for (int64_t n : {3072, 2304}) {
+    Buf x(t, m * k), w(t, n * k), b(t, n), y(t, m * n), dx(t, m * k), dw(DT::F32, n * k),
+        db(DT::F32, n);
+    fill(x), fill(w), fill(b), fill(y);
+    kc::memset_zero(dw.p, n * k * 4), kc::memset_zero(db.p, n * 4);
+    const double flop = 2.0 * m * k * n;
+    const double fwd = time_ms(20, [&] { kc::linear_fwd_t(t, x.p, w.p, b.p, t, y.p, m, k, n); });
+    const double nobias =
+        time_ms(20, [&] { kc::linear_fwd_t(t, x.p, w.p, nullptr, t, y.p, m, k, n); });
+    const double bwd = time_ms(10, [&] {
+      kc::linear_bwd_t(t, x.p, w.p, y.p, dx.p, static_cast<float*>(dw.p), static_cast<float*>(db.p),
+                       m, k, n);
+    });
+    const double dwdb = time_ms(10, [&] {
+      kc::linear_bwd_t(t, x.p, w.p, y.p, nullptr, static_cast<float*>(dw.p),
+                       static_cast<float*>(db.p), m, k, n);
+    });
+    std::printf(
+        "TIMING linear_fwd_t bf16+bias m=%lld k=%lld n=%lld: %.3f ms, %.1f TFLOP/s (no bias "
+        "%.3f ms)\n",
+        (long long)m, (long long)k, (long long)n, fwd, flop / fwd * 1e-9, nobias);
+    std::printf(
+        "TIMING linear_bwd_t bf16 (dx, dw fp32, db) m=%lld k=%lld n=%lld: %.3f ms, %.1f TFLOP/s; "
+        "dw+db only %.3f ms\n",
+        (long long)m, (long long)k, (long long)n, bwd, 2 * flop / bwd * 1e-9, dwdb);
+  }
+  {
+    Buf x(t, m * k), w(t, 1000 * k), b(DT::F32, 1000), y(DT::F32, m * 1000);
+    fill(x), fill(w), kc::memset_zero(b.p, 4000);
+    const double ms =
+        time_ms(20, [&] { kc::linear_fwd_t(t, x.p, w.p, b.p, DT::F32, y.p, m, k, 1000); });
+    std::printf("TIMING linear_fwd_t bf16 -> fp32 logits m=%lld k=%lld n=1000: %.3f ms\n",
+                (long long)m, (long long)k, ms);
+  }
+  const int64_t bb = 256, n = 197, h = 12, hd = 64, d = h * hd;
+  Buf qkv(t, bb * n * 3 * d), out(t, bb * n * d), probs(t, bb * h * n * n), dout(t, bb * n * d),
+      dqkv(t, bb * n * 3 * d);
+  fill(qkv), fill(dout);
+  const double flop = 4.0 * bb * h * n * n * hd;  // two products of 2·n²·hd per head
+  const double fwd =
+      time_ms(10, [&] { kc::attention_fwd_t(t, qkv.p, out.p, probs.p, bb, n, h, hd); });
+  const double bwd =
+      time_ms(10, [&] { kc::attention_bwd_t(t, qkv.p, probs.p, dout.p, dqkv.p, bb, n, h, hd); });
+  std::printf("TIMING attention_fwd_t bf16 b=%lld n=%lld h=%lld hd=%lld: %.3f ms, %.1f TFLOP/s\n",
+              (long long)bb, (long long)n, (long long)h, (long long)hd, fwd, flop / fwd * 1e-9);
+  std::printf("TIMING attention_bwd_t bf16 b=%lld n=%lld h=%lld hd=%lld: %.3f ms, %.1f TFLOP/s\n",
+              (long long)bb, (long long)n, (long long)h, (long long)hd, bwd, 2 * flop / bwd * 1e-9);
+  // The fp32 twins on the same shape, for comparison.
+  {
+    Buf qkv32(DT::F32, bb * n * 3 * d), out32(DT::F32, bb * n * d), p32(DT::F32, bb * h * n * n),
+        dout32(DT::F32, bb * n * d), dqkv32(DT::F32, bb * n * 3 * d);
+    kc::memset_zero(qkv32.p, qkv32.count * 4), kc::memset_zero(dout32.p, dout32.count * 4);
+    auto f = [](Buf& bf) { return static_cast<float*>(bf.p); };
+    const double f32 =
+        time_ms(5, [&] { kc::attention_fwd(f(qkv32), f(out32), f(p32), bb, n, h, hd); });
+    const double b32 = time_ms(
+        5, [&] { kc::attention_bwd(f(qkv32), f(p32), f(dout32), f(dqkv32), bb, n, h, hd); });
+    std::printf("TIMING attention fp32 (same shape): fwd %.3f ms, bwd %.3f ms\n", f32, b32);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+}
+#endif
