@@ -159,3 +159,66 @@ void gelu_bwd(const float*, const float*, float*, int64_t, void*) {
   CAI_STUB("gelu_bwd");
 }
 }  // namespace cai::kernels::cuda
+
+// Typed (fp32/bf16/fp16) kernels and the multi-tensor optimizers.
+namespace cai::kernels::cuda {
+void layernorm_fwd_t(DT, const void*, const float*, const float*, DT, void*, float*, float*,
+                     int64_t, int64_t, float, void*) {
+  CAI_STUB("layernorm_fwd_t");
+}
+void layernorm_bwd_t(DT, const void*, const float*, const float*, const float*, DT, const void*, DT,
+                     void*, float*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("layernorm_bwd_t");
+}
+void gelu_fwd_t(DT, const void*, void*, int64_t, void*) {
+  CAI_STUB("gelu_fwd_t");
+}
+void gelu_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
+  CAI_STUB("gelu_bwd_t");
+}
+void dropout_fwd_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
+  CAI_STUB("dropout_fwd_t");
+}
+void drop_path_fwd_t(DT, const void*, void*, int64_t, int64_t, float, uint64_t, uint64_t, uint64_t,
+                     void*) {
+  CAI_STUB("drop_path_fwd_t");
+}
+void patchify_t(const float*, DT, void*, int64_t, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("patchify_t");
+}
+void cls_pos_fwd_t(DT, const void*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                   void*) {
+  CAI_STUB("cls_pos_fwd_t");
+}
+void cls_pos_bwd_t(const float*, DT, void*, float*, float*, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("cls_pos_bwd_t");
+}
+void select_token_fwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("select_token_fwd_t");
+}
+void select_token_bwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("select_token_bwd_t");
+}
+void cast(DT, const void*, DT, void*, int64_t, void*) {
+  CAI_STUB("cast");
+}
+void add_t(DT, const void*, DT, const void*, DT, void*, int64_t, void*) {
+  CAI_STUB("add_t");
+}
+void axpy_t(float, DT, const void*, float*, int64_t, void*) {
+  CAI_STUB("axpy_t");
+}
+int64_t count_nonfinite(const float*, int64_t, void*) {
+  CAI_STUB("count_nonfinite");
+}
+void multi_tensor_adam(int, float* const*, const float* const*, float* const*, float* const*,
+                       const int64_t*, const float*, float, float, float, float, int64_t, bool,
+                       float, void*) {
+  CAI_STUB("multi_tensor_adam");
+}
+void multi_tensor_lamb(int, float* const*, const float* const*, float* const*, float* const*,
+                       const int64_t*, const float*, float, float, float, float, int64_t, float,
+                       void*) {
+  CAI_STUB("multi_tensor_lamb");
+}
+}  // namespace cai::kernels::cuda

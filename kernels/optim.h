@@ -17,6 +17,15 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
                float beta2, float eps, float weight_decay, int64_t step, bool decoupled);
 void lamb_update(const float* p, const float* grad, float* m, float* v, float* update, int64_t n,
                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+// The CUDA multi-tensor updates' twins (below): a loop over the tensors through adam_step and
+// lamb_update (+ trust ratio), the gradients multiplied by grad_scale first.
+void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
+                       float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
+                       float beta2, float eps, int64_t step, bool decoupled,
+                       float grad_scale = 1.0f);
+void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
+                       float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
+                       float beta2, float eps, int64_t step, float grad_scale = 1.0f);
 }  // namespace cpu
 namespace cuda {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
@@ -36,8 +45,8 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
 // are positive, else 1 (timm's Lamb, as Lamb::update does it).
 void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
-                       float beta2, float eps, int64_t step, bool decoupled, float grad_scale = 1.0f,
-                       void* stream = nullptr);
+                       float beta2, float eps, int64_t step, bool decoupled,
+                       float grad_scale = 1.0f, void* stream = nullptr);
 void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, float grad_scale = 1.0f,

@@ -1,8 +1,11 @@
-// Elementwise helpers (fp32) and the sum of squares (accumulated in double, returned to the host).
+// Elementwise helpers (fp32) and the sum of squares (accumulated in double, returned to the host),
+// then the typed helpers: cast, add_t, axpy_t (4 elements per access when the pointers allow it)
+// and count_nonfinite.
 #include <algorithm>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
 #include "kernels/elementwise.h"
 
 namespace cai::kernels::cuda {
@@ -58,6 +61,72 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) *total = r;
 }
 
+// --- typed ---------------------------------------------------------------------------------------
+constexpr int kVec = 4;
+
+// Grid for n elements moved 4 at a time when vec.
+unsigned vec_grid(int64_t n, bool vec) {
+  return grid_for(vec ? (n + kVec - 1) / kVec : n);
+}
+
+template <typename TS, typename TD>
+__global__ void cast_kernel(const TS* __restrict__ src, TD* __restrict__ dst, int64_t n, bool vec) {
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    float a[kVec];
+    load_vec(src + k * kVec, a);
+    store_vec(dst + k * kVec, a);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
+    dst[i] = from_f32<TD>(to_f32(src[i]));
+}
+
+template <typename TA, typename TB, typename TY>
+__global__ void add_t_kernel(const TA* __restrict__ a, const TB* __restrict__ b, TY* __restrict__ y,
+                             int64_t n, bool vec) {
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    float va[kVec], vb[kVec];
+    load_vec(a + k * kVec, va);
+    load_vec(b + k * kVec, vb);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) va[e] += vb[e];
+    store_vec(y + k * kVec, va);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
+    y[i] = from_f32<TY>(to_f32(a[i]) + to_f32(b[i]));
+}
+
+template <typename TX>
+__global__ void axpy_t_kernel(float alpha, const TX* __restrict__ x, float* __restrict__ y,
+                              int64_t n, bool vec) {
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    float vx[kVec], vy[kVec];
+    load_vec(x + k * kVec, vx);
+    load_vec(y + k * kVec, vy);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) vy[e] += alpha * vx[e];
+    store_vec(y + k * kVec, vy);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step()) y[i] += alpha * to_f32(x[i]);
+}
+
+// Adds the number of inf/NaN elements to *count: per-thread counts, summed per warp, one atomic
+// per warp that saw any (an integer sum: the order does not matter).
+__global__ void count_nonfinite_kernel(const float* __restrict__ x, int64_t n, bool vec,
+                                       unsigned long long* count) {
+  unsigned long long c = 0;
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    const float4 v = reinterpret_cast<const float4*>(x)[k];
+    c += !isfinite(v.x) + !isfinite(v.y) + !isfinite(v.z) + !isfinite(v.w);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step()) c += !isfinite(x[i]);
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_down_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
+}
+
 }  // namespace
 
 void add(const float* a, const float* b, float* y, int64_t n, void* stream) {
@@ -103,6 +172,69 @@ double sum_squares(const float* x, int64_t n, void* stream) {
   CAI_CUDA_CHECK(cudaMemcpyAsync(&total, buf.p + parts, sizeof(double), cudaMemcpyDeviceToHost, s));
   CAI_CUDA_CHECK(cudaStreamSynchronize(s));  // the value goes to the host
   return total;
+}
+
+void cast(DT src_t, const void* src, DT dst_t, void* dst, int64_t n, void* stream) {
+  if (n <= 0) return;
+  if (src_t == dst_t) {
+    CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dt_size(src_t),
+                                   cudaMemcpyDeviceToDevice, as_stream(stream)));
+    return;
+  }
+  dispatch_dt(src_t, "cast", [&](auto ts) {
+    using TS = decltype(ts);
+    dispatch_dt(dst_t, "cast", [&](auto td) {
+      using TD = decltype(td);
+      const bool vec = vec_aligned<TS, kVec>(src) && vec_aligned<TD, kVec>(dst);
+      cast_kernel<TS, TD><<<vec_grid(n, vec), kBlock, 0, as_stream(stream)>>>(
+          static_cast<const TS*>(src), static_cast<TD*>(dst), n, vec);
+      CAI_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void add_t(DT at, const void* a, DT bt, const void* b, DT yt, void* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(at, "add", [&](auto ta) {
+    using TA = decltype(ta);
+    dispatch_dt(bt, "add", [&](auto tb) {
+      using TB = decltype(tb);
+      dispatch_dt(yt, "add", [&](auto ty) {
+        using TY = decltype(ty);
+        const bool vec =
+            vec_aligned<TA, kVec>(a) && vec_aligned<TB, kVec>(b) && vec_aligned<TY, kVec>(y);
+        add_t_kernel<TA, TB, TY><<<vec_grid(n, vec), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TY*>(y), n, vec);
+        CAI_CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+void axpy_t(float alpha, DT xt, const void* x, float* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(xt, "axpy", [&](auto tx) {
+    using TX = decltype(tx);
+    const bool vec = vec_aligned<TX, kVec>(x) && vec_aligned<float, kVec>(y);
+    axpy_t_kernel<TX><<<vec_grid(n, vec), kBlock, 0, as_stream(stream)>>>(
+        alpha, static_cast<const TX*>(x), y, n, vec);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+int64_t count_nonfinite(const float* x, int64_t n, void* stream) {
+  if (n <= 0) return 0;
+  const cudaStream_t s = as_stream(stream);
+  Scratch count(sizeof(unsigned long long));
+  CAI_CUDA_CHECK(cudaMemsetAsync(count.as<void>(), 0, sizeof(unsigned long long), s));
+  const bool vec = vec_aligned<float, kVec>(x);
+  const unsigned grid = std::min(vec_grid(n, vec), 4096u);
+  count_nonfinite_kernel<<<grid, kBlock, 0, s>>>(x, n, vec, count.as<unsigned long long>());
+  CAI_CUDA_CHECK_LAUNCH();
+  unsigned long long host = 0;
+  CAI_CUDA_CHECK(cudaMemcpyAsync(&host, count.as<void>(), sizeof host, cudaMemcpyDeviceToHost, s));
+  CAI_CUDA_CHECK(cudaStreamSynchronize(s));  // the count goes to the host
+  return static_cast<int64_t>(host);
 }
 
 }  // namespace cai::kernels::cuda

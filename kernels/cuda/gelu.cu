@@ -1,5 +1,8 @@
+// GELU on the GPU: the twin of kernels/cpu/gelu.cpp. The typed kernels move 4 elements per access
+// when the pointers allow it and compute in fp32.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
 #include "kernels/gelu.h"
 
 namespace cai::kernels::cuda {
@@ -15,6 +18,48 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
     dx[i] = dy[i] * (cdf + x[i] * pdf);
   }
 }
+
+__device__ __forceinline__ float gelu_f(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+__device__ __forceinline__ float gelu_grad_f(float x, float dy) {
+  const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+  const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
+  return dy * (cdf + x * pdf);
+}
+
+constexpr int kVec = 4;
+
+// vec: n/4 vectors of 4 first (aligned pointers), then the tail one by one.
+template <typename T>
+__global__ void gelu_fwd_t_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool vec) {
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    float a[kVec];
+    load_vec(x + k * kVec, a);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) a[e] = gelu_f(a[e]);
+    store_vec(y + k * kVec, a);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
+    y[i] = from_f32<T>(gelu_f(to_f32(x[i])));
+}
+
+template <typename T>
+__global__ void gelu_bwd_t_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                  T* __restrict__ dx, int64_t n, bool vec) {
+  const int64_t nv = vec ? n / kVec : 0;
+  CAI_GRID_STRIDE(k, nv) {
+    float a[kVec], g[kVec];
+    load_vec(x + k * kVec, a);
+    load_vec(dy + k * kVec, g);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) a[e] = gelu_grad_f(a[e], g[e]);
+    store_vec(dx + k * kVec, a);
+  }
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
+    dx[i] = from_f32<T>(gelu_grad_f(to_f32(x[i]), to_f32(dy[i])));
+}
 }  // namespace
 
 void gelu_fwd(const float* x, float* y, int64_t n, void* stream) {
@@ -26,6 +71,31 @@ void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n, void* strea
   if (n == 0) return;
   gelu_bwd_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(x, dy, dx, n);
   CAI_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(t, "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(y);
+    gelu_fwd_t_kernel<T>
+        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<T*>(y), n, vec);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void gelu_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(t, "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec =
+        vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(dy) && vec_aligned<T, kVec>(dx);
+    gelu_bwd_t_kernel<T>
+        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, vec);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace cai::kernels::cuda

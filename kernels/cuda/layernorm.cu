@@ -1,7 +1,14 @@
-// LayerNorm on the GPU: the twin of kernels/cpu/layernorm.cpp. Reductions run in double, as on
-// the CPU, so results agree to rounding; every reduction has a fixed order (deterministic).
+// LayerNorm on the GPU: the twin of kernels/cpu/layernorm.cpp. The fp32 entry points reduce in
+// double, as on the CPU, so results agree to rounding. The typed entry points (x, y, dy, dx in
+// fp32/bf16/fp16) run one warp per row with the row in registers and fp32 statistics, and reduce
+// dgamma/dbeta in two stages (per-block partial rows, then a fixed-order column sum). Every
+// reduction has a fixed order for a given device (deterministic).
+#include <algorithm>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
+#include "kernels/device.h"
 #include "kernels/layernorm.h"
 
 namespace cai::kernels::cuda {
@@ -32,57 +39,57 @@ __device__ double block_sum(double v) {
   return total;
 }
 
-// One block per row (grid-stride over rows).
-__global__ void layernorm_fwd_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                     const float* __restrict__ beta, float* __restrict__ y,
+// One block per row (grid-stride over rows). Also the typed fallback (any d, any alignment).
+template <typename TX, typename TY>
+__global__ void layernorm_fwd_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
+                                     const float* __restrict__ beta, TY* __restrict__ y,
                                      float* __restrict__ mean, float* __restrict__ rstd, int64_t m,
                                      int64_t d, float eps) {
   for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
-    const float* xi = x + i * d;
+    const TX* xi = x + i * d;
     double s = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += xi[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xi[j]);
     const double mu = block_sum(s) / static_cast<double>(d);
     double v = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const double c = xi[j] - mu;
+      const double c = to_f32(xi[j]) - mu;
       v += c * c;
     }
     const double rs = 1.0 / sqrt(block_sum(v) / static_cast<double>(d) + static_cast<double>(eps));
-    float* yi = y + i * d;
+    TY* yi = y + i * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
       // One fused multiply-add, as the CPU kernel compiles with -mfma (CAI_NATIVE_SIMD, default).
-      yi[j] = fmaf(static_cast<float>((xi[j] - mu) * rs), gamma[j], beta[j]);
+      yi[j] = from_f32<TY>(fmaf(static_cast<float>((to_f32(xi[j]) - mu) * rs), gamma[j], beta[j]));
     if (threadIdx.x == 0) {
-      mean[i] = static_cast<float>(mu);
-      rstd[i] = static_cast<float>(rs);
+      if (mean) mean[i] = static_cast<float>(mu);
+      if (rstd) rstd[i] = static_cast<float>(rs);
     }
   }
 }
 
 // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · gamma; one block per row.
-__global__ void layernorm_bwd_dx_kernel(const float* __restrict__ x,
-                                        const float* __restrict__ gamma,
+template <typename TX, typename TDY, typename TDX>
+__global__ void layernorm_bwd_dx_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
                                         const float* __restrict__ mean,
-                                        const float* __restrict__ rstd,
-                                        const float* __restrict__ dy, float* __restrict__ dx,
-                                        int64_t m, int64_t d) {
+                                        const float* __restrict__ rstd, const TDY* __restrict__ dy,
+                                        TDX* __restrict__ dx, int64_t m, int64_t d) {
   for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
-    const float* xi = x + i * d;
-    const float* dyi = dy + i * d;
+    const TX* xi = x + i * d;
+    const TDY* dyi = dy + i * d;
     const float mi = mean[i], ri = rstd[i];
     double sg = 0.0, sgx = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const double g = static_cast<double>(dyi[j]) * gamma[j];
+      const double g = static_cast<double>(to_f32(dyi[j])) * gamma[j];
       sg += g;
-      sgx += g * (xi[j] - mi) * ri;
+      sgx += g * (to_f32(xi[j]) - mi) * ri;
     }
     sg = block_sum(sg) / static_cast<double>(d);
     sgx = block_sum(sgx) / static_cast<double>(d);
-    float* dxi = dx + i * d;
+    TDX* dxi = dx + i * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const double xhat = (xi[j] - mi) * static_cast<double>(ri);
-      const double g = static_cast<double>(dyi[j]) * gamma[j];
-      dxi[j] = static_cast<float>(ri * (g - sg - xhat * sgx));
+      const double xhat = (to_f32(xi[j]) - mi) * static_cast<double>(ri);
+      const double g = static_cast<double>(to_f32(dyi[j])) * gamma[j];
+      dxi[j] = from_f32<TDX>(static_cast<float>(ri * (g - sg - xhat * sgx)));
     }
   }
 }
@@ -93,11 +100,11 @@ __global__ void layernorm_bwd_dx_kernel(const float* __restrict__ x,
 constexpr int kTile = 32;
 constexpr int kRowLanes = 16;
 
-__global__ void layernorm_bwd_param_kernel(const float* __restrict__ x,
-                                           const float* __restrict__ mean,
+template <typename TX, typename TDY>
+__global__ void layernorm_bwd_param_kernel(const TX* __restrict__ x, const float* __restrict__ mean,
                                            const float* __restrict__ rstd,
-                                           const float* __restrict__ dy, float* dgamma,
-                                           float* dbeta, int64_t m, int64_t d) {
+                                           const TDY* __restrict__ dy, float* dgamma, float* dbeta,
+                                           int64_t m, int64_t d) {
   __shared__ double sg_part[kRowLanes][kTile];
   __shared__ double sb_part[kRowLanes][kTile];
   const int64_t tiles = (d + kTile - 1) / kTile;
@@ -106,8 +113,8 @@ __global__ void layernorm_bwd_param_kernel(const float* __restrict__ x,
     double sg = 0.0, sb = 0.0;
     if (j < d) {
       for (int64_t i = threadIdx.y; i < m; i += kRowLanes) {
-        const double xhat = (x[i * d + j] - mean[i]) * static_cast<double>(rstd[i]);
-        const float g = dy[i * d + j];
+        const double xhat = (to_f32(x[i * d + j]) - mean[i]) * static_cast<double>(rstd[i]);
+        const float g = to_f32(dy[i * d + j]);
         sg += g * xhat;
         sb += g;
       }
@@ -126,6 +133,209 @@ __global__ void layernorm_bwd_param_kernel(const float* __restrict__ x,
       if (dbeta) dbeta[j] += static_cast<float>(tb);
     }
   }
+}
+
+// --- typed fast path: one warp per row, the row in registers ------------------------------------
+// Lane l holds the 4-element vectors c = l + 32·k (k < N) of its row, so d = 4·nvec with
+// nvec ≤ 32·N; the same lane owns the same columns in every row, which lets the backward keep
+// its dgamma/dbeta partial sums in registers.
+constexpr int kLnWarps = 4;  // rows in flight per block
+constexpr int kLnVec = 4;
+
+__device__ __forceinline__ float warp_allsum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename TX, typename TY, int N>
+__global__ void __launch_bounds__(kLnWarps * 32)
+    layernorm_fwd_warp_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
+                              const float* __restrict__ beta, TY* __restrict__ y,
+                              float* __restrict__ mean, float* __restrict__ rstd, int64_t m, int d,
+                              float eps) {
+  const int lane = threadIdx.x & 31;
+  const int nvec = d / kLnVec;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kLnWarps) + (threadIdx.x >> 5); i < m;
+       i += static_cast<int64_t>(gridDim.x) * kLnWarps) {
+    const TX* xi = x + i * d;
+    float v[N][kLnVec];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = lane + 32 * k;
+      if (c < nvec) {
+        load_vec(xi + c * kLnVec, v[k]);
+#pragma unroll
+        for (int e = 0; e < kLnVec; ++e) s += v[k][e];
+      }
+    }
+    const float mu = warp_allsum(s) / static_cast<float>(d);
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (lane + 32 * k < nvec) {
+#pragma unroll
+        for (int e = 0; e < kLnVec; ++e) {
+          const float t = v[k][e] - mu;
+          q += t * t;
+        }
+      }
+    }
+    const float rs = 1.0f / sqrtf(warp_allsum(q) / static_cast<float>(d) + eps);
+    TY* yi = y + i * d;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = lane + 32 * k;
+      if (c < nvec) {
+        float g[kLnVec], b[kLnVec], o[kLnVec];
+        load_vec(gamma + c * kLnVec, g);
+        load_vec(beta + c * kLnVec, b);
+#pragma unroll
+        for (int e = 0; e < kLnVec; ++e) o[e] = (v[k][e] - mu) * rs * g[e] + b[e];
+        store_vec(yi + c * kLnVec, o);
+      }
+    }
+    if (lane == 0) {
+      if (mean) mean[i] = mu;
+      if (rstd) rstd[i] = rs;
+    }
+  }
+}
+
+// dx (when dx is not null) as layernorm_bwd_dx_kernel, in fp32. With part not null, each block
+// also writes its rows' column sums: part[blockIdx.x][0][j] = Σ dy·xhat, part[blockIdx.x][1][j] =
+// Σ dy (lanes in registers, then the block's warps in order through shared memory: 8·d floats).
+template <typename TX, typename TDY, typename TDX, int N>
+__global__ void __launch_bounds__(kLnWarps * 32)
+    layernorm_bwd_warp_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
+                              const float* __restrict__ mean, const float* __restrict__ rstd,
+                              const TDY* __restrict__ dy, TDX* __restrict__ dx,
+                              float* __restrict__ part, int64_t m, int d) {
+  extern __shared__ float shared_part[];  // [kLnWarps][2][d]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = d / kLnVec;
+  float ag[N][kLnVec], ab[N][kLnVec];
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+#pragma unroll
+    for (int e = 0; e < kLnVec; ++e) ag[k][e] = ab[k][e] = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kLnWarps) + warp; i < m;
+       i += static_cast<int64_t>(gridDim.x) * kLnWarps) {
+    const float mi = mean[i], ri = rstd[i];
+    float xh[N][kLnVec], gg[N][kLnVec];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = lane + 32 * k;
+      if (c < nvec) {
+        float xv[kLnVec], dv[kLnVec], gm[kLnVec];
+        load_vec(x + i * d + c * kLnVec, xv);
+        load_vec(dy + i * d + c * kLnVec, dv);
+        load_vec(gamma + c * kLnVec, gm);
+#pragma unroll
+        for (int e = 0; e < kLnVec; ++e) {
+          xh[k][e] = (xv[e] - mi) * ri;
+          gg[k][e] = dv[e] * gm[e];
+          sg += gg[k][e];
+          sgx += gg[k][e] * xh[k][e];
+          ag[k][e] += dv[e] * xh[k][e];
+          ab[k][e] += dv[e];
+        }
+      }
+    }
+    sg = warp_allsum(sg) / static_cast<float>(d);
+    sgx = warp_allsum(sgx) / static_cast<float>(d);
+    if (dx) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int c = lane + 32 * k;
+        if (c < nvec) {
+          float o[kLnVec];
+#pragma unroll
+          for (int e = 0; e < kLnVec; ++e) o[e] = ri * (gg[k][e] - sg - xh[k][e] * sgx);
+          store_vec(dx + i * d + c * kLnVec, o);
+        }
+      }
+    }
+  }
+  if (part) {
+    float* mine = shared_part + warp * 2 * d;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = lane + 32 * k;
+      if (c < nvec) {
+#pragma unroll
+        for (int e = 0; e < kLnVec; ++e) {
+          mine[c * kLnVec + e] = ag[k][e];
+          mine[d + c * kLnVec + e] = ab[k][e];
+        }
+      }
+    }
+    __syncthreads();
+    float* out = part + blockIdx.x * static_cast<int64_t>(2 * d);
+    for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
+      float a = 0.0f;
+      for (int w = 0; w < kLnWarps; ++w) a += shared_part[w * 2 * d + j];
+      out[j] = a;
+    }
+  }
+}
+
+// dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j]: kTile columns per block,
+// kRowLanes lanes over the parts (p ≡ lane mod kRowLanes), the lanes added in a fixed order.
+__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int d,
+                                              float* dgamma, float* dbeta) {
+  __shared__ float sg_part[kRowLanes][kTile];
+  __shared__ float sb_part[kRowLanes][kTile];
+  const int j = blockIdx.x * kTile + threadIdx.x;
+  float sg = 0.0f, sb = 0.0f;
+  if (j < d) {
+    for (int p = threadIdx.y; p < parts; p += kRowLanes) {
+      sg += part[static_cast<int64_t>(p) * 2 * d + j];
+      sb += part[static_cast<int64_t>(p) * 2 * d + d + j];
+    }
+  }
+  sg_part[threadIdx.y][threadIdx.x] = sg;
+  sb_part[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < d) {
+    float tg = 0.0f, tb = 0.0f;
+    for (int r = 0; r < kRowLanes; ++r) {
+      tg += sg_part[r][threadIdx.x];
+      tb += sb_part[r][threadIdx.x];
+    }
+    if (dgamma) dgamma[j] += tg;
+    if (dbeta) dbeta[j] += tb;
+  }
+}
+
+// Vectors per lane for the register path (0: use the block-per-row kernels).
+int warp_tier(int64_t d) {
+  if (d <= 0 || d % kLnVec != 0) return 0;
+  const int64_t nvec = d / kLnVec;
+  return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : nvec <= 192 ? 6 : nvec <= 256 ? 8 : 0;
+}
+
+// Calls f(std::integral_constant<int, N>{}) for tier N.
+template <typename F>
+void with_tier(int tier, F&& f) {
+  switch (tier) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
+unsigned warp_rows_grid(int64_t m) {
+  const int64_t g = (m + kLnWarps - 1) / kLnWarps;
+  return static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid);
 }
 }  // namespace
 
@@ -152,6 +362,97 @@ void layernorm_bwd(const float* x, const float* gamma, const float* mean, const 
         x, mean, rstd, dy, dgamma, dbeta, m, d);
     CAI_CUDA_CHECK_LAUNCH();
   }
+}
+
+void layernorm_fwd_t(DT xt, const void* x, const float* gamma, const float* beta, DT yt, void* y,
+                     float* mean, float* rstd, int64_t m, int64_t d, float eps, void* stream) {
+  CAI_CHECK(d >= 1, "[layernorm] feature size {} must be at least 1", d);
+  if (m <= 0) return;
+  const auto s = as_stream(stream);
+  dispatch_dt(xt, "layernorm", [&](auto tx) {
+    using TX = decltype(tx);
+    dispatch_dt(yt, "layernorm", [&](auto ty) {
+      using TY = decltype(ty);
+      const TX* xp = static_cast<const TX*>(x);
+      TY* yp = static_cast<TY*>(y);
+      const int tier = warp_tier(d);
+      if (tier && vec_aligned<TX, kLnVec>(x) && vec_aligned<TY, kLnVec>(y) &&
+          vec_aligned<float, kLnVec>(gamma) && vec_aligned<float, kLnVec>(beta)) {
+        with_tier(tier, [&](auto n) {
+          layernorm_fwd_warp_kernel<TX, TY, decltype(n)::value>
+              <<<warp_rows_grid(m), kLnWarps * 32, 0, s>>>(xp, gamma, beta, yp, mean, rstd, m,
+                                                           static_cast<int>(d), eps);
+        });
+      } else {
+        layernorm_fwd_kernel<TX, TY>
+            <<<row_grid(m), kBlock, 0, s>>>(xp, gamma, beta, yp, mean, rstd, m, d, eps);
+      }
+      CAI_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean, const float* rstd,
+                     DT dyt, const void* dy, DT dxt, void* dx, float* dgamma, float* dbeta,
+                     int64_t m, int64_t d, void* stream) {
+  CAI_CHECK(d >= 1, "[layernorm] feature size {} must be at least 1", d);
+  if (m <= 0) return;
+  const auto s = as_stream(stream);
+  const bool params = dgamma || dbeta;
+  if (!dx && !params) return;
+  dispatch_dt(xt, "layernorm", [&](auto tx) {
+    using TX = decltype(tx);
+    dispatch_dt(dyt, "layernorm", [&](auto tdy) {
+      using TDY = decltype(tdy);
+      dispatch_dt(dxt, "layernorm", [&](auto tdx) {
+        using TDX = decltype(tdx);
+        const TX* xp = static_cast<const TX*>(x);
+        const TDY* dyp = static_cast<const TDY*>(dy);
+        TDX* dxp = static_cast<TDX*>(dx);
+        const int tier = warp_tier(d);
+        if (tier && vec_aligned<TX, kLnVec>(x) && vec_aligned<TDY, kLnVec>(dy) &&
+            vec_aligned<TDX, kLnVec>(dx) && vec_aligned<float, kLnVec>(gamma)) {
+          with_tier(tier, [&](auto n) {
+            const auto kernel = layernorm_bwd_warp_kernel<TX, TDY, TDX, decltype(n)::value>;
+            const size_t shmem = params ? sizeof(float) * kLnWarps * 2 * d : 0;
+            // As many blocks as fit on the device at once: each then sums many rows into its
+            // partial, and the partials stay few (the grid depends on the device only).
+            int per_sm = 0;
+            CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                         kLnWarps * 32, shmem));
+            const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors();
+            const int64_t grid = std::min<int64_t>(warp_rows_grid(m), resident);
+            if (!params) {
+              kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, 0, s>>>(
+                  xp, gamma, mean, rstd, dyp, dxp, nullptr, m, static_cast<int>(d));
+              CAI_CUDA_CHECK_LAUNCH();
+              return;
+            }
+            Scratch part(sizeof(float) * 2 * d * grid);
+            kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, shmem, s>>>(
+                xp, gamma, mean, rstd, dyp, dxp, part.as<float>(), m, static_cast<int>(d));
+            CAI_CUDA_CHECK_LAUNCH();
+            layernorm_param_reduce_kernel<<<static_cast<unsigned>((d + kTile - 1) / kTile),
+                                            dim3(kTile, kRowLanes), 0, s>>>(
+                part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta);
+            CAI_CUDA_CHECK_LAUNCH();
+          });
+          return;
+        }
+        if (dx) {
+          layernorm_bwd_dx_kernel<TX, TDY, TDX>
+              <<<row_grid(m), kBlock, 0, s>>>(xp, gamma, mean, rstd, dyp, dxp, m, d);
+          CAI_CUDA_CHECK_LAUNCH();
+        }
+        if (params) {
+          const int64_t tiles = (d + kTile - 1) / kTile;
+          layernorm_bwd_param_kernel<TX, TDY><<<row_grid(tiles), dim3(kTile, kRowLanes), 0, s>>>(
+              xp, mean, rstd, dyp, dgamma, dbeta, m, d);
+          CAI_CUDA_CHECK_LAUNCH();
+        }
+      });
+    });
+  });
 }
 
 }  // namespace cai::kernels::cuda

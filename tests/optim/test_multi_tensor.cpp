@@ -1,0 +1,165 @@
+// The CPU multi-tensor optimizers (kernels::cpu::multi_tensor_adam/lamb) against the per-tensor
+// kernels: tensors of odd sizes (an empty one included), per-tensor weight decay, two steps, the
+// gradients scaled by grad_scale first. Adam must match bit for bit (same kernel on the same
+// scaled values); LAMB's trust ratio is recomputed here from plain loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "kernels/optim.h"
+
+using namespace cai::kernels;
+
+namespace {
+struct State {
+  std::vector<std::vector<float>> p, g, m, v;
+  std::vector<int64_t> n;
+  std::vector<float> wd;
+
+  State(const std::vector<int64_t>& sizes, const std::vector<float>& decays, unsigned seed)
+      : n(sizes), wd(decays) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t s : sizes) {
+      auto fill = [&](float lo) {
+        std::vector<float> x(static_cast<size_t>(s));
+        for (float& e : x) e = lo < 0 ? u(rng) : lo + std::abs(u(rng)) * 0.01f;
+        return x;
+      };
+      p.push_back(fill(-1));
+      g.push_back(fill(-1));
+      m.push_back(fill(-1));
+      for (float& e : m.back()) e *= 0.1f;
+      v.push_back(fill(0.0f));  // second moments are non-negative
+    }
+  }
+  int count() const { return static_cast<int>(n.size()); }
+  template <typename T>
+  static std::vector<T*> ptrs(std::vector<std::vector<float>>& x) {
+    std::vector<T*> r;
+    for (auto& e : x) r.push_back(e.data());
+    return r;
+  }
+  void new_grads(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& t : g)
+      for (float& e : t) e = u(rng);
+  }
+};
+
+std::vector<float> scaled(const std::vector<float>& g, float s) {
+  std::vector<float> r(g);
+  for (float& e : r) e *= s;
+  return r;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num) / (std::sqrt(den) + 1e-30);
+}
+
+const std::vector<int64_t> kSizes = {1, 3, 0, 1000, 70000};
+const std::vector<float> kDecays = {0.05f, 0.0f, 0.05f, 0.1f, 0.02f};
+}  // namespace
+
+TEST(MultiTensorCpu, AdamMatchesPerTensorAdamStep) {
+  for (bool decoupled : {true, false}) {
+    for (float grad_scale : {1.0f, 0.5f}) {
+      State multi(kSizes, kDecays, 7), ref(kSizes, kDecays, 7);
+      const std::vector<float> p0 = multi.p[4];
+      for (int64_t step = 1; step <= 2; ++step) {
+        multi.new_grads(100 + step);
+        ref.new_grads(100 + step);
+        cpu::multi_tensor_adam(
+            multi.count(), State::ptrs<float>(multi.p).data(), State::ptrs<float>(multi.g).data(),
+            State::ptrs<float>(multi.m).data(), State::ptrs<float>(multi.v).data(), multi.n.data(),
+            multi.wd.data(), 1e-2f, 0.9f, 0.999f, 1e-8f, step, decoupled, grad_scale);
+        for (int i = 0; i < ref.count(); ++i) {
+          const std::vector<float> gs = scaled(ref.g[i], grad_scale);
+          cpu::adam_step(ref.p[i].data(), gs.data(), ref.m[i].data(), ref.v[i].data(), ref.n[i],
+                         1e-2f, 0.9f, 0.999f, 1e-8f, ref.wd[i], step, decoupled);
+        }
+      }
+      for (int i = 0; i < ref.count(); ++i) {
+        EXPECT_EQ(multi.p[i], ref.p[i]) << "p of tensor " << i << " decoupled " << decoupled;
+        EXPECT_EQ(multi.m[i], ref.m[i]) << "m of tensor " << i;
+        EXPECT_EQ(multi.v[i], ref.v[i]) << "v of tensor " << i;
+      }
+      EXPECT_GT(rel(multi.p[4], p0), 1e-4) << "the parameters moved";
+    }
+  }
+}
+
+TEST(MultiTensorCpu, AdamGradScaleIsApplied) {
+  // The same step with grad_scale 0.5 on g equals grad_scale 1 on g/2 and differs from g.
+  State a(kSizes, kDecays, 3), b(kSizes, kDecays, 3), c(kSizes, kDecays, 3);
+  for (auto& t : b.g)
+    for (float& e : t) e *= 0.5f;
+  auto run = [](State& s, float scale) {
+    cpu::multi_tensor_adam(s.count(), State::ptrs<float>(s.p).data(),
+                           State::ptrs<float>(s.g).data(), State::ptrs<float>(s.m).data(),
+                           State::ptrs<float>(s.v).data(), s.n.data(), s.wd.data(), 1e-2f, 0.9f,
+                           0.999f, 1e-8f, 1, true, scale);
+  };
+  run(a, 0.5f), run(b, 1.0f), run(c, 1.0f);
+  EXPECT_EQ(a.p[4], b.p[4]);
+  EXPECT_NE(a.p[4], c.p[4]);
+}
+
+TEST(MultiTensorCpu, LambMatchesPerTensorLambUpdateWithTrustRatio) {
+  for (float grad_scale : {1.0f, 0.5f}) {
+    State multi(kSizes, kDecays, 11), ref(kSizes, kDecays, 11);
+    for (int64_t step = 1; step <= 2; ++step) {
+      multi.new_grads(200 + step);
+      ref.new_grads(200 + step);
+      cpu::multi_tensor_lamb(multi.count(), State::ptrs<float>(multi.p).data(),
+                             State::ptrs<float>(multi.g).data(), State::ptrs<float>(multi.m).data(),
+                             State::ptrs<float>(multi.v).data(), multi.n.data(), multi.wd.data(),
+                             1e-2f, 0.9f, 0.999f, 1e-6f, step, grad_scale);
+      for (int i = 0; i < ref.count(); ++i) {
+        const int64_t n = ref.n[i];
+        const std::vector<float> gs = scaled(ref.g[i], grad_scale);
+        std::vector<float> u(static_cast<size_t>(n));
+        cpu::lamb_update(ref.p[i].data(), gs.data(), ref.m[i].data(), ref.v[i].data(), u.data(), n,
+                         0.9f, 0.999f, 1e-6f, ref.wd[i], step);
+        double pp = 0, uu = 0;
+        for (int64_t j = 0; j < n; ++j) pp += double(ref.p[i][j]) * ref.p[i][j];
+        for (int64_t j = 0; j < n; ++j) uu += double(u[j]) * u[j];
+        double trust = 1.0;
+        if (ref.wd[i] != 0 && pp > 0 && uu > 0) trust = std::sqrt(pp) / std::sqrt(uu);
+        const float alpha = static_cast<float>(-1e-2 * trust);
+        for (int64_t j = 0; j < n; ++j) ref.p[i][j] += alpha * u[j];
+      }
+    }
+    for (int i = 0; i < ref.count(); ++i) {
+      if (ref.n[i] == 0) continue;
+      EXPECT_LE(rel(multi.p[i], ref.p[i]), 1e-6) << "p of tensor " << i;
+      EXPECT_EQ(multi.m[i], ref.m[i]) << "m of tensor " << i;
+      EXPECT_EQ(multi.v[i], ref.v[i]) << "v of tensor " << i;
+    }
+  }
+}
+
+TEST(MultiTensorCpu, LambTrustRatioScalesTheStep) {
+  // With weight decay the step of a tensor is lr·‖p‖ in norm (‖trust·u‖ = ‖p‖); without it the
+  // trust ratio is 1 and the step is lr·‖u‖.
+  State s({5000}, {0.1f}, 5);
+  const std::vector<float> p0 = s.p[0];
+  cpu::multi_tensor_lamb(1, State::ptrs<float>(s.p).data(), State::ptrs<float>(s.g).data(),
+                         State::ptrs<float>(s.m).data(), State::ptrs<float>(s.v).data(), s.n.data(),
+                         s.wd.data(), 1e-2f, 0.9f, 0.999f, 1e-6f, 1, 1.0f);
+  double step = 0, norm = 0;
+  for (size_t j = 0; j < p0.size(); ++j) {
+    step += (double(s.p[0][j]) - p0[j]) * (double(s.p[0][j]) - p0[j]);
+    norm += double(p0[j]) * p0[j];
+  }
+  EXPECT_NEAR(std::sqrt(step) / std::sqrt(norm), 1e-2, 1e-5);
+}
