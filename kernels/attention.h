@@ -22,9 +22,21 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
 
 // The same in bf16/fp16 (t != F32): qkv, out, probs, dout, dqkv in `t`; softmax and every
 // reduction accumulate in fp32.
-void attention_fwd_t(DT t, const void* qkv, void* out, void* probs, int64_t b, int64_t n,
-                     int64_t h, int64_t hd, void* stream = nullptr);
+void attention_fwd_t(DT t, const void* qkv, void* out, void* probs, int64_t b, int64_t n, int64_t h,
+                     int64_t hd, void* stream = nullptr);
 void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout, void* dqkv,
                      int64_t b, int64_t n, int64_t h, int64_t hd, void* stream = nullptr);
+
+// Fused attention (t = BF16 or F16, hd a multiple of 8 and <= 128; flash_attention_supported()
+// says whether a shape is handled). Forward writes out (type t) and lse[b, h, n] (fp32 log-sum-exp
+// of each scaled score row) instead of the probabilities; backward recomputes them from qkv and lse
+// and writes dqkv (type t, overwritten) from out, dout (type t). Pointers 16-byte aligned.
+// kernels/cuda/flash_attention.cu; the CPU-only build reports false / throws.
+bool flash_attention_supported(DT t, int64_t hd);
+void flash_attention_fwd_t(DT t, const void* qkv, void* out, float* lse, int64_t b, int64_t n,
+                           int64_t h, int64_t hd, void* stream = nullptr);
+void flash_attention_bwd_t(DT t, const void* qkv, const void* out, const float* lse,
+                           const void* dout, void* dqkv, int64_t b, int64_t n, int64_t h,
+                           int64_t hd, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels
