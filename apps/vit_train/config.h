@@ -1,6 +1,6 @@
 // vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
 // Unknown keys and bad values are errors naming the key and what is allowed; keys this build
-// cannot honour yet (tensor parallelism, half precision) are "not supported yet" errors, never
+// cannot honour yet (tensor parallelism) are "not supported yet" errors, never
 // silently ignored.
 #pragma once
 #include <cstdint>
@@ -33,7 +33,8 @@ struct TrainConfig {
   int64_t log_interval = 0;            // steps between plain progress lines (0: 10 per epoch)
   std::string metrics_file;            // JSON lines; "" = none
   int64_t max_steps_per_epoch = 0;     // 0 = whole epoch
-  std::string device = "cpu";          // cpu | cuda (one GPU per process: local rank)
+  std::string device = "cpu";          // cpu | cuda (one GPU per process: local rank mod
+                                       // GPUs; several processes talk over NCCL)
   // [model]
   std::string model_name;  // a timm name as the starting point, e.g. vit_base_patch16_224
   int64_t img_size = 28, patch_size = 7, in_chans = 0, hidden_size = 64, depth = 4, num_heads = 4,

@@ -1,7 +1,10 @@
 // A benchmark, not a test: training-step throughput of a ViT (forward, backward, AdamW) on one
 // device with synthetic data. Prints img/s, achieved TFLOP/s, MFU against a peak, and peak memory.
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
-//                  [--device cuda|cpu] [--peak-tflops 989]
+//                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--peak-tflops 989]
+// Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
+// (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
+// optimizer) are timed separately on extra steps, each followed by a device synchronisation.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +32,7 @@ double forward_flops(const nn::ViTConfig& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "vit_base_patch16_224", device = "cuda";
+  std::string model = "vit_base_patch16_224", device = "cuda", precision = "bf16";
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -44,6 +47,8 @@ int main(int argc, char** argv) {
       warmup = std::atoll(v.c_str());
     else if (a == "--device")
       device = v;
+    else if (a == "--precision")
+      precision = v;
     else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
     else {
@@ -61,38 +66,55 @@ int main(int argc, char** argv) {
                 kernels::cuda::runtime_info().device_error);
       m.to(dev);
     }
+    m.set_compute_dtype(dtype_from_name(precision));
     optim::AdamW opt(optim::weight_decay_groups(m.parameters(), 1e-3, 0.05));
     Tensor img = Tensor::empty({batch, c.in_chans, c.img_size, c.img_size});
     rng::normal_(img, 1, 2, 0.0f, 1.0f);
     std::vector<int32_t> lab(batch);
     for (int64_t i = 0; i < batch; ++i) lab[i] = static_cast<int32_t>(i % c.num_classes);
     Tensor images = img.to(dev), labels = Tensor::from_vector(lab, {batch}).to(dev);
-    auto step = [&](int64_t s) {
-      std::vector<std::unique_ptr<nn::Cache>> caches;
-      nn::ForwardCtx ctx{true, 0, static_cast<uint64_t>(s), 0};
-      Tensor logits = m.forward(images, caches, ctx);
-      m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / batch), caches, ctx);
-      opt.step();
-      opt.zero_grad();
+    auto sync = [&] {
       if (dev.is_cuda()) kernels::cuda::synchronize();
     };
-    for (int64_t s = 0; s < warmup; ++s) step(s);
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point t) {
+      return std::chrono::duration<double>(Clock::now() - t).count();
+    };
+    double phase[3] = {0, 0, 0};  // forward, backward, optimizer (profiled steps only)
+    auto step = [&](int64_t s, bool profile) {
+      std::vector<std::unique_ptr<nn::Cache>> caches;
+      nn::ForwardCtx ctx{true, 0, static_cast<uint64_t>(s), 0};
+      auto t = Clock::now();
+      Tensor logits = m.forward(images, caches, ctx);
+      if (profile) sync(), phase[0] += since(t), t = Clock::now();
+      m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / batch), caches, ctx);
+      if (profile) sync(), phase[1] += since(t), t = Clock::now();
+      opt.step();
+      opt.zero_grad();
+      sync();
+      if (profile) phase[2] += since(t);
+    };
+    for (int64_t s = 0; s < warmup; ++s) step(s, false);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t s = 0; s < steps; ++s) step(warmup + s);
+    for (int64_t s = 0; s < steps; ++s) step(warmup + s, false);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ips = static_cast<double>(batch * steps) / secs;
+    const int64_t profiled = 2;
+    for (int64_t s = 0; s < profiled; ++s) step(warmup + steps + s, true);
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
     const double peak_gib = dev.is_cuda()
                                 ? kernels::cuda::allocator_stats(0).peak / double(1ull << 30)
                                 : peak_memory(DeviceType::CPU) / double(1ull << 30);
     std::printf(
-        "{\"impl\": \"colossalai-cpp fp32\", \"model\": \"%s\", \"batch\": %lld, \"device\": "
+        "{\"impl\": \"colossalai-cpp %s\", \"model\": \"%s\", \"batch\": %lld, \"device\": "
         "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
-        "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f}\n",
-        model.c_str(), static_cast<long long>(batch), device.c_str(), ips,
+        "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
+        "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f}\n",
+        precision.c_str(), model.c_str(), static_cast<long long>(batch), device.c_str(), ips,
         1e3 * secs / static_cast<double>(steps), tflops, tflops / peak, peak_gib,
-        3.0 * forward_flops(c) / 1e9);
+        3.0 * forward_flops(c) / 1e9, 1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled,
+        1e3 * phase[2] / profiled);
   } catch (const Error& e) {
     std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
     return 1;

@@ -99,8 +99,8 @@ TEST_F(Cuda, Attention) {
     Tensor gout = ops::attention_fwd(gpu(qkv), s.h, &gprobs);
     expect_close(gout, out, "attention out");
     expect_close(gprobs, probs, "attention probs");
-    expect_close(ops::attention_bwd(gpu(qkv), gprobs, gpu(dout), s.h),
-                 ops::attention_bwd(qkv, probs, dout, s.h), "attention dqkv");
+    expect_close(ops::attention_bwd(gpu(qkv), gout, gprobs, gpu(dout), s.h),
+                 ops::attention_bwd(qkv, out, probs, dout, s.h), "attention dqkv");
   }
 }
 

@@ -93,8 +93,8 @@ TEST_P(AttentionGrad, MatchesFiniteDifferences) {
   const auto s = GetParam();
   const int d = s.h * s.hd;
   Tensor qkv = random_tensor({s.b, s.n, 3 * d}, 1), r = random_tensor({s.b, s.n, d}, 2), probs;
-  ops::attention_fwd(qkv, s.h, &probs);
-  Tensor dqkv = ops::attention_bwd(qkv, probs, r, s.h);
+  Tensor out = ops::attention_fwd(qkv, s.h, &probs);
+  Tensor dqkv = ops::attention_bwd(qkv, out, probs, r, s.h);
   auto L = [&] {
     Tensor p;
     return dot(r, ops::attention_fwd(qkv, s.h, &p));

@@ -8,6 +8,7 @@
 
 #include "cai/core/error.h"
 #include "kernels/device.h"
+#include "kernels/elementwise.h"
 
 namespace cai {
 
@@ -239,9 +240,19 @@ Tensor Tensor::to(Device dev) const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
-  CAI_CHECK(!is_cuda(), "[to] dtype conversion of a CUDA tensor is not implemented yet ({})",
-            str());
   Tensor t = empty(shape_, dtype, device_);
+  if (is_cuda()) {
+    CAI_CHECK(dtype != DType::I32 && dtype_ != DType::I32,
+              "[to] int32 conversion of a CUDA tensor is not supported ({} to {})", str(),
+              dtype_name(dtype));
+    auto kt = [](DType d) {
+      return d == DType::F32    ? kernels::DT::F32
+             : d == DType::BF16 ? kernels::DT::BF16
+                                : kernels::DT::F16;
+    };
+    kernels::cuda::cast(kt(dtype_), raw(), kt(dtype), t.raw(), numel_);
+    return t;
+  }
   const std::vector<float> v = to_vector();
   if (dtype == DType::F32) {
     std::memcpy(t.raw(), v.data(), t.nbytes());

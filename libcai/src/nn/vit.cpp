@@ -78,7 +78,8 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
             "[embedding] expects images [batch, {}, {}, {}], got {}", c_.in_chans, c_.img_size,
             c_.img_size, img.str());
   auto cc = std::make_unique<EmbedCache>();
-  Tensor t = ops::patch_embed_fwd(img, proj.weight.value, proj.bias.value, &cc->patches);
+  Tensor t =
+      ops::patch_embed_fwd(img, proj.weight.value, proj.bias.value, &cc->patches, compute_dtype);
   Tensor x = ops::cls_pos_fwd(t, cls_token.value, pos_embed.value);
   if (ctx.training && c_.drop_rate > 0)
     x = ops::dropout_fwd(x, c_.drop_rate, ctx.key("pos_drop", x.numel() / x.size(0)));
@@ -91,7 +92,7 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
   Tensor g = dy;
   if (ctx.training && c_.drop_rate > 0)
     g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
-  Tensor dt = ops::cls_pos_bwd(g, &cls_token.grad, &pos_embed.grad);
+  Tensor dt = ops::cls_pos_bwd(g, &cls_token.grad, &pos_embed.grad, cc.patches.dtype());
   ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &proj.weight.grad, &proj.bias.grad);
   cache.reset();
   return Tensor();  // images need no gradient
@@ -129,15 +130,18 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   const bool dpath = ctx.training && drop_path_ > 0;
   const int64_t per = x.numel() / x.size(0);
   a.x = x;
-  a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1);
+  // Residual stream x, h in fp32; the normalised inputs and everything up to the residual adds
+  // in compute_dtype.
+  a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1,
+                           compute_dtype);
   a.qkv = ops::linear_fwd(a.a, qkv.weight.value, &qkv.bias.value);
   a.o = ops::attention_fwd(a.qkv, c_.num_heads, &a.probs);
   Tensor y = ops::linear_fwd(a.o, proj.weight.value, &proj.bias.value);
   if (drop) y = ops::dropout_fwd(y, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
   if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   a.h = ops::add(x, y);
-  a.b =
-      ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2);
+  a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
+                           compute_dtype);
   a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
   a.m = ops::gelu_fwd(a.f);
   if (drop)
@@ -194,7 +198,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
   Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
-  Tensor gq = ops::attention_bwd(a.qkv, a.probs, go, c_.num_heads);
+  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, c_.num_heads);
   Tensor ga = ops::linear_bwd(a.a, qkv.weight.value, gq, &qkv.weight.grad, &qkv.bias.grad);
   Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &norm1.weight.grad,
                                  &norm1.bias.grad);
@@ -234,9 +238,10 @@ Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forwa
   auto hc = std::make_unique<HeadCache>();
   hc->tokens = x.size(1);
   hc->t = ops::select_token_fwd(x, 0);
-  hc->z =
-      ops::layernorm_fwd(hc->t, norm.weight.value, norm.bias.value, norm.eps, &hc->mean, &hc->rstd);
-  Tensor logits = ops::linear_fwd(hc->z, head.weight.value, &head.bias.value);
+  hc->z = ops::layernorm_fwd(hc->t, norm.weight.value, norm.bias.value, norm.eps, &hc->mean,
+                             &hc->rstd, compute_dtype);
+  // Logits in fp32 (the loss is computed in fp32).
+  Tensor logits = ops::linear_fwd(hc->z, head.weight.value, &head.bias.value, DType::F32);
   cache = std::move(hc);
   return logits;
 }
@@ -294,6 +299,16 @@ Device ViT::device() {
   for (Parameter* p : parameters())
     if (p->value.defined()) return p->value.device();
   return Device::cpu();
+}
+
+void ViT::set_compute_dtype(DType t) {
+  CAI_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+            "[vit] compute dtype {} must be fp32, bf16 or fp16", dtype_name(t));
+  for (auto& l : layers_) l->compute_dtype = t;
+}
+
+DType ViT::compute_dtype() const {
+  return layers_.front()->compute_dtype;
 }
 
 int64_t ViT::num_parameters() {

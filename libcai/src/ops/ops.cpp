@@ -1,5 +1,7 @@
 #include "cai/ops/ops.h"
 
+#include <cmath>
+
 #include "cai/core/error.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -31,6 +33,25 @@ float* f32m(const Tensor& t) {
 float* opt(Tensor* t) {
   return t ? t->data<float>() : nullptr;
 }
+bool is_half(DType t) {
+  return t == DType::BF16 || t == DType::F16;
+}
+bool is_float(DType t) {
+  return t == DType::F32 || is_half(t);
+}
+kernels::DT kdt(DType t) {
+  return t == DType::F32    ? kernels::DT::F32
+         : t == DType::BF16 ? kernels::DT::BF16
+                            : kernels::DT::F16;
+}
+// fp32 view of a tensor for the CPU reference path (a converted copy when it is half).
+Tensor up(const Tensor& t) {
+  return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+}
+// `t` in dtype `d` (a converted copy when it differs).
+Tensor as(const Tensor& t, DType d) {
+  return t.dtype() == d ? t : t.to(d);
+}
 
 void same_device(const char* op, const Tensor& a, const Tensor& b) {
   CAI_CHECK(a.device() == b.device(), "[{}] tensors on different devices: {} and {}", op, a.str(),
@@ -39,10 +60,18 @@ void same_device(const char* op, const Tensor& a, const Tensor& b) {
 void f32_only(const char* op, const Tensor& t) {
   CAI_CHECK(t.dtype() == DType::F32, "[{}] expects fp32 tensors, got {}", op, t.str());
 }
+void floating(const char* op, const Tensor& t) {
+  CAI_CHECK(t.defined() && is_float(t.dtype()), "[{}] expects an fp32, bf16 or fp16 tensor, got {}",
+            op, t.str());
+}
+void floating_dtype(const char* op, DType d) {
+  CAI_CHECK(is_float(d), "[{}] output dtype {} must be fp32, bf16 or fp16", op, dtype_name(d));
+}
 void check_grad(const char* op, const char* what, const Tensor* g, const Tensor& like) {
   if (!g) return;
   CAI_CHECK(g->shape() == like.shape() && g->device() == like.device(),
             "[{}] {} gradient {} does not match its parameter {}", op, what, g->str(), like.str());
+  f32_only(op, *g);
 }
 int64_t rows_of(const Tensor& x) {
   return x.numel() / x.size(-1);
@@ -54,8 +83,16 @@ Shape with_last(const Shape& s, int64_t last) {
 }
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// Linear: the compute dtype is the input's. Half inputs use the weight (and bias) rounded to that
+// dtype, fp32 accumulation, and fp32 weight/bias gradients (the master gradients).
+
 Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b) {
-  f32_only("linear", x);
+  return linear_fwd(x, w, b, x.dtype());
+}
+
+Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, DType out) {
+  floating("linear", x);
   CAI_CHECK(w.dim() == 2, "[linear] weight must be 2-D [out, in], got {}", w.str());
   CAI_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1),
             "[linear] input has {} features, weight expects {}", x.dim() ? x.size(-1) : 0,
@@ -64,72 +101,149 @@ Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b) {
   if (b)
     CAI_CHECK(b->dim() == 1 && b->size(0) == w.size(0),
               "[linear] bias {} does not match {} output features", b->str(), w.size(0));
+  const DType t = x.dtype();
+  CAI_CHECK(out == t || out == DType::F32,
+            "[linear] output dtype {} must be the input's ({}) or fp32", dtype_name(out),
+            dtype_name(t));
   const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
-  Tensor y = Tensor::empty(with_last(x.shape(), n), DType::F32, x.device());
-  CAI_DISPATCH(x, linear_fwd, f32(x), f32(w), b ? f32(*b) : nullptr, f32m(y), m, k, n);
-  return y;
+  Tensor y = Tensor::empty(with_last(x.shape(), n), out, x.device());
+  if (t == DType::F32) {
+    f32_only("linear", w);
+    CAI_DISPATCH(x, linear_fwd, f32(x), f32(w), b ? f32(*b) : nullptr, f32m(y), m, k, n);
+    return y;
+  }
+  const Tensor wc = as(w, t);
+  const Tensor bc = b ? as(*b, out) : Tensor();
+  if (x.is_cuda()) {
+    kernels::cuda::linear_fwd_t(kdt(t), x.raw(), wc.raw(), b ? bc.raw() : nullptr, kdt(out),
+                                y.raw(), m, k, n);
+    return y;
+  }
+  // CPU reference: fp32 math on the rounded operands.
+  const Tensor bf = b ? up(bc) : Tensor();
+  return as(linear_fwd(up(x), up(wc), b ? &bf : nullptr), out);
 }
 
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx) {
+  floating("linear", x);
   const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
   CAI_CHECK(dy.shape() == with_last(x.shape(), n), "[linear] grad {} does not match output [{}]",
             dy.str(), fmt::join(with_last(x.shape(), n), ", "));
   check_grad("linear", "weight", dw, w);
-  if (db) CAI_CHECK(db->numel() == n, "[linear] bias grad {} has not {} elements", db->str(), n);
+  if (db) {
+    CAI_CHECK(db->numel() == n, "[linear] bias grad {} has not {} elements", db->str(), n);
+    f32_only("linear", *db);
+  }
+  const DType t = x.dtype();
   Tensor dx;
-  if (need_dx) dx = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, linear_bwd, f32(x), f32(w), f32(dy), need_dx ? f32m(dx) : nullptr, opt(dw),
-               opt(db), m, k, n);
-  return dx;
+  if (need_dx) dx = Tensor::empty(x.shape(), t, x.device());
+  if (t == DType::F32) {
+    f32_only("linear", w);
+    const Tensor dyf = as(dy, DType::F32);
+    CAI_DISPATCH(x, linear_bwd, f32(x), f32(w), f32(dyf), need_dx ? f32m(dx) : nullptr, opt(dw),
+                 opt(db), m, k, n);
+    return dx;
+  }
+  const Tensor wc = as(w, t), dyc = as(dy, t);
+  if (x.is_cuda()) {
+    kernels::cuda::linear_bwd_t(kdt(t), x.raw(), wc.raw(), dyc.raw(), need_dx ? dx.raw() : nullptr,
+                                opt(dw), opt(db), m, k, n);
+    return dx;
+  }
+  const Tensor dxf = linear_bwd(up(x), up(wc), up(dyc), dw, db, need_dx);
+  return need_dx ? as(dxf, t) : dx;
 }
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm: statistics and parameters in fp32; the input, output and gradients in any float type.
 
 Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                      Tensor* mean, Tensor* rstd) {
-  f32_only("layernorm", x);
+  return layernorm_fwd(x, gamma, beta, eps, mean, rstd, x.dtype());
+}
+
+Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                     Tensor* mean, Tensor* rstd, DType out) {
+  floating("layernorm", x);
+  floating_dtype("layernorm", out);
   const int64_t d = x.size(-1), m = rows_of(x);
   CAI_CHECK(gamma.numel() == d && beta.numel() == d,
             "[layernorm] input has {} features, weight {} and bias {} expect {}", d, gamma.numel(),
             beta.numel(), gamma.numel());
+  f32_only("layernorm", gamma);
   same_device("layernorm", x, gamma);
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
   *mean = Tensor::empty({m}, DType::F32, x.device());
   *rstd = Tensor::empty({m}, DType::F32, x.device());
-  CAI_DISPATCH(x, layernorm_fwd, f32(x), f32(gamma), f32(beta), f32m(y), f32m(*mean), f32m(*rstd),
-               m, d, eps);
+  if (x.dtype() == DType::F32 && out == DType::F32) {
+    CAI_DISPATCH(x, layernorm_fwd, f32(x), f32(gamma), f32(beta), f32m(y), f32m(*mean), f32m(*rstd),
+                 m, d, eps);
+  } else if (x.is_cuda()) {
+    kernels::cuda::layernorm_fwd_t(kdt(x.dtype()), x.raw(), f32(gamma), f32(beta), kdt(out),
+                                   y.raw(), f32m(*mean), f32m(*rstd), m, d, eps);
+  } else {
+    y = as(layernorm_fwd(up(x), gamma, beta, eps, mean, rstd), out);
+  }
   return y;
 }
 
 Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor* dgamma, Tensor* dbeta) {
+  floating("layernorm", x);
+  floating("layernorm", dy);
   CAI_CHECK(dy.shape() == x.shape(), "[layernorm] grad {} does not match input {}", dy.str(),
             x.str());
   check_grad("layernorm", "weight", dgamma, gamma);
   check_grad("layernorm", "bias", dbeta, gamma);
   const int64_t d = x.size(-1), m = rows_of(x);
-  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, layernorm_bwd, f32(x), f32(gamma), f32(mean), f32(rstd), f32(dy), f32m(dx),
-               opt(dgamma), opt(dbeta), m, d);
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == DType::F32 && dy.dtype() == DType::F32) {
+    CAI_DISPATCH(x, layernorm_bwd, f32(x), f32(gamma), f32(mean), f32(rstd), f32(dy), f32m(dx),
+                 opt(dgamma), opt(dbeta), m, d);
+  } else if (x.is_cuda()) {
+    kernels::cuda::layernorm_bwd_t(kdt(x.dtype()), x.raw(), f32(gamma), f32(mean), f32(rstd),
+                                   kdt(dy.dtype()), dy.raw(), kdt(x.dtype()), dx.raw(), opt(dgamma),
+                                   opt(dbeta), m, d);
+  } else {
+    dx = as(layernorm_bwd(up(x), gamma, mean, rstd, up(dy), dgamma, dbeta), x.dtype());
+  }
   return dx;
 }
 
+// ---------------------------------------------------------------------------------------------
+// GELU, attention, dropout, drop-path: same dtype in and out; fp32 math.
+
 Tensor gelu_fwd(const Tensor& x) {
-  f32_only("gelu", x);
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, gelu_fwd, f32(x), f32m(y), x.numel());
+  floating("gelu", x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == DType::F32)
+    CAI_DISPATCH(x, gelu_fwd, f32(x), f32m(y), x.numel());
+  else if (x.is_cuda())
+    kernels::cuda::gelu_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel());
+  else
+    y = as(gelu_fwd(up(x)), x.dtype());
   return y;
 }
 
-Tensor gelu_bwd(const Tensor& x, const Tensor& dy) {
-  CAI_CHECK(dy.shape() == x.shape(), "[gelu] grad {} does not match input {}", dy.str(), x.str());
-  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, gelu_bwd, f32(x), f32(dy), f32m(dx), x.numel());
+Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in) {
+  floating("gelu", x);
+  CAI_CHECK(dy_in.shape() == x.shape(), "[gelu] grad {} does not match input {}", dy_in.str(),
+            x.str());
+  const Tensor dy = as(dy_in, x.dtype());
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == DType::F32)
+    CAI_DISPATCH(x, gelu_bwd, f32(x), f32(dy), f32m(dx), x.numel());
+  else if (x.is_cuda())
+    kernels::cuda::gelu_bwd_t(kdt(x.dtype()), x.raw(), dy.raw(), dx.raw(), x.numel());
+  else
+    dx = as(gelu_bwd(up(x), up(dy)), x.dtype());
   return dx;
 }
 
 namespace {
 void attention_dims(const Tensor& qkv, int64_t heads, int64_t* b, int64_t* n, int64_t* hd) {
-  f32_only("attention", qkv);
+  floating("attention", qkv);
   CAI_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
             "[attention] qkv must be [batch, tokens, 3·dim], got {}", qkv.str());
   const int64_t d = qkv.size(2) / 3;
@@ -141,22 +255,62 @@ void attention_dims(const Tensor& qkv, int64_t heads, int64_t* b, int64_t* n, in
 }
 }  // namespace
 
-Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* probs) {
+// Half precision on a GPU runs the fused (flash) kernel where it supports the head size: it saves
+// the fp32 log-sum-exp of each score row [b, h, n] instead of the probabilities [b, h, n, n].
+Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* saved) {
   int64_t b, n, hd;
   attention_dims(qkv, heads, &b, &n, &hd);
-  Tensor out = Tensor::empty({b, n, heads * hd}, DType::F32, qkv.device());
-  *probs = Tensor::empty({b, heads, n, n}, DType::F32, qkv.device());
-  CAI_DISPATCH(qkv, attention_fwd, f32(qkv), f32m(out), f32m(*probs), b, n, heads, hd);
+  const DType t = qkv.dtype();
+  Tensor out = Tensor::empty({b, n, heads * hd}, t, qkv.device());
+  if (t == DType::F32) {
+    *saved = Tensor::empty({b, heads, n, n}, t, qkv.device());
+    CAI_DISPATCH(qkv, attention_fwd, f32(qkv), f32m(out), f32m(*saved), b, n, heads, hd);
+  } else if (qkv.is_cuda() && kernels::cuda::flash_attention_supported(kdt(t), hd)) {
+    *saved = Tensor::empty({b, heads, n}, DType::F32, qkv.device());
+    kernels::cuda::flash_attention_fwd_t(kdt(t), qkv.raw(), out.raw(), f32m(*saved), b, n, heads,
+                                         hd);
+  } else if (qkv.is_cuda()) {
+    *saved = Tensor::empty({b, heads, n, n}, t, qkv.device());
+    kernels::cuda::attention_fwd_t(kdt(t), qkv.raw(), out.raw(), saved->raw(), b, n, heads, hd);
+  } else {
+    Tensor pf;
+    out = as(attention_fwd(up(qkv), heads, &pf), t);
+    *saved = as(pf, t);
+  }
   return out;
 }
 
-Tensor attention_bwd(const Tensor& qkv, const Tensor& probs, const Tensor& dout, int64_t heads) {
+Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                     const Tensor& dout_in, int64_t heads) {
   int64_t b, n, hd;
   attention_dims(qkv, heads, &b, &n, &hd);
-  CAI_CHECK(dout.shape() == Shape({b, n, heads * hd}),
-            "[attention] grad {} does not match output [{}, {}, {}]", dout.str(), b, n, heads * hd);
-  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32, qkv.device());
-  CAI_DISPATCH(qkv, attention_bwd, f32(qkv), f32(probs), f32(dout), f32m(dqkv), b, n, heads, hd);
+  CAI_CHECK(dout_in.shape() == Shape({b, n, heads * hd}),
+            "[attention] grad {} does not match output [{}, {}, {}]", dout_in.str(), b, n,
+            heads * hd);
+  const DType t = qkv.dtype();
+  const Tensor dout = as(dout_in, t);
+  Tensor dqkv = Tensor::empty(qkv.shape(), t, qkv.device());
+  if (saved.dim() == 3) {  // log-sum-exp from the fused forward
+    CAI_CHECK(qkv.is_cuda() && t != DType::F32 && saved.dtype() == DType::F32 &&
+                  saved.shape() == Shape({b, heads, n}) && out.shape() == dout.shape() &&
+                  out.dtype() == t,
+              "[attention] fused backward needs half qkv/out on a GPU and fp32 log-sum-exp "
+              "[{}, {}, {}], got {}, {} and {}",
+              b, heads, n, qkv.str(), out.str(), saved.str());
+    kernels::cuda::flash_attention_bwd_t(kdt(t), qkv.raw(), out.raw(), f32(saved), dout.raw(),
+                                         dqkv.raw(), b, n, heads, hd);
+    return dqkv;
+  }
+  CAI_CHECK(saved.dtype() == t && saved.shape() == Shape({b, heads, n, n}),
+            "[attention] probabilities {} must be [{}, {}, {}, {}] in the dtype of qkv {}",
+            saved.str(), b, heads, n, n, qkv.str());
+  if (t == DType::F32)
+    CAI_DISPATCH(qkv, attention_bwd, f32(qkv), f32(saved), f32(dout), f32m(dqkv), b, n, heads, hd);
+  else if (qkv.is_cuda())
+    kernels::cuda::attention_bwd_t(kdt(t), qkv.raw(), saved.raw(), dout.raw(), dqkv.raw(), b, n,
+                                   heads, hd);
+  else
+    dqkv = as(attention_bwd(up(qkv), out, up(saved), up(dout), heads), t);
   return dqkv;
 }
 
@@ -164,44 +318,65 @@ namespace {
 void check_p(const char* op, float p) {
   CAI_CHECK(p >= 0.0f && p < 1.0f, "[{}] probability {} is outside [0, 1)", op, p);
 }
+// Dropout's forward and backward apply the same mask and scale; `fwd` picks the fp32 kernel.
+Tensor dropout_any(const char* op, const Tensor& x, float p, RngKey k, bool fwd) {
+  check_p(op, p);
+  floating(op, x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == DType::F32) {
+    if (fwd)
+      CAI_DISPATCH(x, dropout_fwd, f32(x), f32m(y), x.numel(), p, k.seed, k.stream, k.offset);
+    else
+      CAI_DISPATCH(x, dropout_bwd, f32(x), f32m(y), x.numel(), p, k.seed, k.stream, k.offset);
+  } else if (x.is_cuda()) {
+    kernels::cuda::dropout_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel(), p, k.seed, k.stream,
+                                 k.offset);
+  } else {
+    y = as(dropout_any(op, up(x), p, k, fwd), x.dtype());
+  }
+  return y;
+}
+Tensor drop_path_any(const char* op, const Tensor& x, float p, RngKey k, bool fwd) {
+  check_p(op, p);
+  floating(op, x);
+  const int64_t b = x.size(0), per = b ? x.numel() / b : 0;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == DType::F32) {
+    if (fwd)
+      CAI_DISPATCH(x, drop_path_fwd, f32(x), f32m(y), b, per, p, k.seed, k.stream, k.offset);
+    else
+      CAI_DISPATCH(x, drop_path_bwd, f32(x), f32m(y), b, per, p, k.seed, k.stream, k.offset);
+  } else if (x.is_cuda()) {
+    kernels::cuda::drop_path_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), b, per, p, k.seed, k.stream,
+                                   k.offset);
+  } else {
+    y = as(drop_path_any(op, up(x), p, k, fwd), x.dtype());
+  }
+  return y;
+}
 }  // namespace
 
 Tensor dropout_fwd(const Tensor& x, float p, RngKey k) {
-  check_p("dropout", p);
-  f32_only("dropout", x);
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, dropout_fwd, f32(x), f32m(y), x.numel(), p, k.seed, k.stream, k.offset);
-  return y;
+  return dropout_any("dropout", x, p, k, true);
 }
-
 Tensor dropout_bwd(const Tensor& dy, float p, RngKey k) {
-  check_p("dropout", p);
-  Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device());
-  CAI_DISPATCH(dy, dropout_bwd, f32(dy), f32m(dx), dy.numel(), p, k.seed, k.stream, k.offset);
-  return dx;
+  return dropout_any("dropout", dy, p, k, false);
 }
-
 Tensor drop_path_fwd(const Tensor& x, float p, RngKey k) {
-  check_p("drop_path", p);
-  f32_only("drop_path", x);
-  const int64_t b = x.size(0);
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  CAI_DISPATCH(x, drop_path_fwd, f32(x), f32m(y), b, b ? x.numel() / b : 0, p, k.seed, k.stream,
-               k.offset);
-  return y;
+  return drop_path_any("drop_path", x, p, k, true);
 }
-
 Tensor drop_path_bwd(const Tensor& dy, float p, RngKey k) {
-  check_p("drop_path", p);
-  const int64_t b = dy.size(0);
-  Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device());
-  CAI_DISPATCH(dy, drop_path_bwd, f32(dy), f32m(dx), b, b ? dy.numel() / b : 0, p, k.seed, k.stream,
-               k.offset);
-  return dx;
+  return drop_path_any("drop_path", dy, p, k, false);
 }
 
-Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tensor* patches) {
+// ---------------------------------------------------------------------------------------------
+// Embedding: patches and the patch GEMM in the compute dtype; the token stream from cls_pos on is
+// fp32 (the residual stream).
+
+Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tensor* patches,
+                       DType compute) {
   f32_only("patch_embed", img);
+  floating_dtype("patch_embed", compute);
   CAI_CHECK(img.dim() == 4, "[patch_embed] image must be [batch, channels, height, width], got {}",
             img.str());
   CAI_CHECK(w.dim() == 4 && w.size(2) == w.size(3),
@@ -211,8 +386,16 @@ Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tens
   CAI_CHECK(H % p == 0 && W % p == 0, "[patch_embed] image {}x{} is not divisible by patch {}", H,
             W, p);
   const int64_t np = (H / p) * (W / p), row = C * p * p;
-  *patches = Tensor::empty({B, np, row}, DType::F32, img.device());
-  CAI_DISPATCH(img, patchify, f32(img), f32m(*patches), B, C, H, W, p);
+  *patches = Tensor::empty({B, np, row}, compute, img.device());
+  if (compute == DType::F32) {
+    CAI_DISPATCH(img, patchify, f32(img), f32m(*patches), B, C, H, W, p);
+  } else if (img.is_cuda()) {
+    kernels::cuda::patchify_t(f32(img), kdt(compute), patches->raw(), B, C, H, W, p);
+  } else {
+    Tensor pf = Tensor::empty({B, np, row}, DType::F32, img.device());
+    kernels::cpu::patchify(f32(img), f32m(pf), B, C, H, W, p);
+    *patches = pf.to(compute);
+  }
   return linear_fwd(*patches, w.reshape({w.size(0), row}), &b);
 }
 
@@ -224,7 +407,7 @@ void patch_embed_bwd(const Tensor& patches, const Tensor& w, const Tensor& dy, T
 }
 
 Tensor cls_pos_fwd(const Tensor& tokens, const Tensor& cls, const Tensor& pos) {
-  f32_only("cls_pos", tokens);
+  floating("cls_pos", tokens);
   CAI_CHECK(tokens.dim() == 3, "[cls_pos] tokens must be [batch, patches, dim], got {}",
             tokens.str());
   const int64_t B = tokens.size(0), np = tokens.size(1), d = tokens.size(2);
@@ -233,35 +416,65 @@ Tensor cls_pos_fwd(const Tensor& tokens, const Tensor& cls, const Tensor& pos) {
             "[cls_pos] position embedding {} does not fit {} tokens of dim {}", pos.str(), np + 1,
             d);
   Tensor out = Tensor::empty({B, np + 1, d}, DType::F32, tokens.device());
-  CAI_DISPATCH(tokens, cls_pos_fwd, f32(tokens), f32(cls), f32(pos), f32m(out), B, np, d);
+  if (tokens.dtype() == DType::F32)
+    CAI_DISPATCH(tokens, cls_pos_fwd, f32(tokens), f32(cls), f32(pos), f32m(out), B, np, d);
+  else if (tokens.is_cuda())
+    kernels::cuda::cls_pos_fwd_t(kdt(tokens.dtype()), tokens.raw(), f32(cls), f32(pos), f32m(out),
+                                 B, np, d);
+  else
+    out = cls_pos_fwd(up(tokens), cls, pos);
   return out;
 }
 
-Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos) {
+Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos, DType tokens_dtype) {
+  f32_only("cls_pos", dout);
+  floating_dtype("cls_pos", tokens_dtype);
   const int64_t B = dout.size(0), np = dout.size(1) - 1, d = dout.size(2);
-  Tensor dt = Tensor::empty({B, np, d}, DType::F32, dout.device());
-  CAI_DISPATCH(dout, cls_pos_bwd, f32(dout), f32m(dt), opt(dcls), opt(dpos), B, np, d);
+  Tensor dt = Tensor::empty({B, np, d}, tokens_dtype, dout.device());
+  if (tokens_dtype == DType::F32)
+    CAI_DISPATCH(dout, cls_pos_bwd, f32(dout), f32m(dt), opt(dcls), opt(dpos), B, np, d);
+  else if (dout.is_cuda())
+    kernels::cuda::cls_pos_bwd_t(f32(dout), kdt(tokens_dtype), dt.raw(), opt(dcls), opt(dpos), B,
+                                 np, d);
+  else
+    dt = as(cls_pos_bwd(dout, dcls, dpos, DType::F32), tokens_dtype);
   return dt;
 }
 
 Tensor select_token_fwd(const Tensor& x, int64_t index) {
-  f32_only("select_token", x);
+  floating("select_token", x);
   CAI_CHECK(x.dim() == 3 && index >= 0 && index < x.size(1),
             "[select_token] token {} out of range for {}", index, x.str());
-  Tensor out = Tensor::empty({x.size(0), x.size(2)}, DType::F32, x.device());
-  CAI_DISPATCH(x, select_token_fwd, f32(x), f32m(out), x.size(0), x.size(1), x.size(2), index);
+  Tensor out = Tensor::empty({x.size(0), x.size(2)}, x.dtype(), x.device());
+  if (x.dtype() == DType::F32)
+    CAI_DISPATCH(x, select_token_fwd, f32(x), f32m(out), x.size(0), x.size(1), x.size(2), index);
+  else if (x.is_cuda())
+    kernels::cuda::select_token_fwd_t(kdt(x.dtype()), x.raw(), out.raw(), x.size(0), x.size(1),
+                                      x.size(2), index);
+  else
+    out = as(select_token_fwd(up(x), index), x.dtype());
   return out;
 }
 
 Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index) {
-  Tensor dx = Tensor::empty({dout.size(0), n, dout.size(1)}, DType::F32, dout.device());
-  CAI_DISPATCH(dout, select_token_bwd, f32(dout), f32m(dx), dout.size(0), n, dout.size(1), index);
+  floating("select_token", dout);
+  Tensor dx = Tensor::empty({dout.size(0), n, dout.size(1)}, dout.dtype(), dout.device());
+  if (dout.dtype() == DType::F32)
+    CAI_DISPATCH(dout, select_token_bwd, f32(dout), f32m(dx), dout.size(0), n, dout.size(1), index);
+  else if (dout.is_cuda())
+    kernels::cuda::select_token_bwd_t(kdt(dout.dtype()), dout.raw(), dx.raw(), dout.size(0), n,
+                                      dout.size(1), index);
+  else
+    dx = as(select_token_bwd(up(dout), n, index), dout.dtype());
   return dx;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy in fp32 (half logits are converted first, as autocast does).
+
 namespace {
 void ce_check(const Tensor& logits, const Tensor& labels, float smoothing) {
-  f32_only("cross_entropy", logits);
+  floating("cross_entropy", logits);
   CAI_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [batch, classes], got {}",
             logits.str());
   CAI_CHECK(labels.dtype() == DType::I32 && labels.numel() == logits.size(0),
@@ -273,28 +486,43 @@ void ce_check(const Tensor& logits, const Tensor& labels, float smoothing) {
 }
 }  // namespace
 
-Tensor cross_entropy_fwd(const Tensor& logits, const Tensor& labels, float smoothing) {
-  ce_check(logits, labels, smoothing);
+Tensor cross_entropy_fwd(const Tensor& logits_in, const Tensor& labels, float smoothing) {
+  ce_check(logits_in, labels, smoothing);
+  const Tensor logits = up(logits_in);
   Tensor losses = Tensor::empty({logits.size(0)}, DType::F32, logits.device());
   CAI_DISPATCH(logits, cross_entropy_fwd, f32(logits), labels.data<int32_t>(), f32m(losses),
                logits.size(0), logits.size(1), smoothing);
   return losses;
 }
 
-Tensor cross_entropy_bwd(const Tensor& logits, const Tensor& labels, float smoothing,
+Tensor cross_entropy_bwd(const Tensor& logits_in, const Tensor& labels, float smoothing,
                          float weight) {
-  ce_check(logits, labels, smoothing);
+  ce_check(logits_in, labels, smoothing);
+  const Tensor logits = up(logits_in);
   Tensor d = Tensor::empty(logits.shape(), DType::F32, logits.device());
   CAI_DISPATCH(logits, cross_entropy_bwd, f32(logits), labels.data<int32_t>(), weight, f32m(d),
                logits.size(0), logits.size(1), smoothing);
   return d;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Elementwise.
+
 Tensor add(const Tensor& a, const Tensor& b) {
   CAI_CHECK(a.shape() == b.shape(), "[add] shapes differ: {} and {}", a.str(), b.str());
   same_device("add", a, b);
-  Tensor y = Tensor::empty(a.shape(), DType::F32, a.device());
-  CAI_DISPATCH(a, add, f32(a), f32(b), f32m(y), a.numel());
+  floating("add", a);
+  floating("add", b);
+  // fp32 when either operand is (the residual stream), else the operands' half type.
+  const DType out = a.dtype() == DType::F32 || b.dtype() == DType::F32 ? DType::F32 : a.dtype();
+  Tensor y = Tensor::empty(a.shape(), out, a.device());
+  if (a.dtype() == DType::F32 && b.dtype() == DType::F32)
+    CAI_DISPATCH(a, add, f32(a), f32(b), f32m(y), a.numel());
+  else if (a.is_cuda())
+    kernels::cuda::add_t(kdt(a.dtype()), a.raw(), kdt(b.dtype()), b.raw(), kdt(out), y.raw(),
+                         a.numel());
+  else
+    y = as(add(up(a), up(b)), out);
   return y;
 }
 
@@ -305,19 +533,40 @@ void add_(Tensor& y, const Tensor& x) {
 void axpy_(Tensor& y, float alpha, const Tensor& x) {
   CAI_CHECK(y.numel() == x.numel(), "[axpy] sizes differ: {} and {}", y.str(), x.str());
   same_device("axpy", y, x);
-  CAI_DISPATCH(y, axpy, alpha, f32(x), f32m(y), y.numel());
+  f32_only("axpy", y);
+  floating("axpy", x);
+  if (x.dtype() == DType::F32) {
+    CAI_DISPATCH(y, axpy, alpha, f32(x), f32m(y), y.numel());
+  } else if (y.is_cuda()) {
+    kernels::cuda::axpy_t(alpha, kdt(x.dtype()), x.raw(), f32m(y), y.numel());
+  } else {
+    const Tensor xf = up(x);
+    kernels::cpu::axpy(alpha, f32(xf), f32m(y), y.numel());
+  }
 }
 
 void scale_(Tensor& x, float alpha) {
+  f32_only("scale", x);
   CAI_DISPATCH(x, scale, alpha, f32m(x), x.numel());
 }
 void fill_(Tensor& x, float value) {
+  f32_only("fill", x);
   CAI_DISPATCH(x, fill, value, f32m(x), x.numel());
 }
 
 double sum_squares(const Tensor& x) {
+  f32_only("sum_squares", x);
   return x.is_cuda() ? kernels::cuda::sum_squares(f32(x), x.numel())
                      : kernels::cpu::sum_squares(f32(x), x.numel());
+}
+
+int64_t count_nonfinite(const Tensor& x) {
+  f32_only("count_nonfinite", x);
+  if (x.is_cuda()) return kernels::cuda::count_nonfinite(f32(x), x.numel());
+  const float* p = f32(x);
+  int64_t n = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) n += std::isfinite(p[i]) ? 0 : 1;
+  return n;
 }
 
 }  // namespace cai::ops

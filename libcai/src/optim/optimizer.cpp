@@ -35,9 +35,29 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 
 void Optimizer::step() {
   ++step_;
-  for (auto& g : groups_)
-    for (nn::Parameter* p : g.params) update(g, *p);
+  for (auto& g : groups_) step_group(g);
 }
+
+void Optimizer::step_group(ParamGroup& g) {
+  for (nn::Parameter* p : g.params) update(g, *p);
+}
+
+namespace {
+// The pointer lists of a group for the multi-tensor kernels, when every parameter of the group is
+// on a GPU (false otherwise: the per-tensor path runs).
+struct TensorLists {
+  std::vector<float*> p, m, v;
+  std::vector<const float*> g;
+  std::vector<int64_t> n;
+  std::vector<float> wd;
+};
+bool all_cuda(const ParamGroup& g) {
+  if (g.params.empty()) return false;
+  for (const nn::Parameter* p : g.params)
+    if (!p->value.is_cuda()) return false;
+  return true;
+}
+}  // namespace
 
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
@@ -144,6 +164,24 @@ void Adam::update(ParamGroup& g, nn::Parameter& p) {
     run([](auto... a) { kernels::cpu::adam_step(a...); });
 }
 
+void Adam::step_group(ParamGroup& g) {
+  if (!all_cuda(g)) return Optimizer::step_group(g);
+  TensorLists l;
+  for (nn::Parameter* p : g.params) {
+    if (p->value.numel() == 0) continue;
+    l.p.push_back(p->value.data<float>());
+    l.g.push_back(p->grad.data<float>());
+    l.m.push_back(slot(*p, "exp_avg").data<float>());
+    l.v.push_back(slot(*p, "exp_avg_sq").data<float>());
+    l.n.push_back(p->value.numel());
+    l.wd.push_back(static_cast<float>(g.weight_decay));
+  }
+  if (l.p.empty()) return;
+  kernels::cuda::multi_tensor_adam(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
+                                   l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),
+                                   float(beta2_), float(eps_), step_, decoupled_);
+}
+
 // --- LAMB -------------------------------------------------------------------------------------
 
 Lamb::Lamb(std::vector<ParamGroup> groups, double beta1, double beta2, double eps)
@@ -171,6 +209,24 @@ void Lamb::update(ParamGroup& g, nn::Parameter& p) {
     if (w_norm > 0 && u_norm > 0) trust = w_norm / u_norm;
   }
   ops::axpy_(p.value, static_cast<float>(-g.lr * trust), u);
+}
+
+void Lamb::step_group(ParamGroup& g) {
+  if (!all_cuda(g)) return Optimizer::step_group(g);
+  TensorLists l;
+  for (nn::Parameter* p : g.params) {
+    if (p->value.numel() == 0) continue;
+    l.p.push_back(p->value.data<float>());
+    l.g.push_back(p->grad.data<float>());
+    l.m.push_back(slot(*p, "exp_avg").data<float>());
+    l.v.push_back(slot(*p, "exp_avg_sq").data<float>());
+    l.n.push_back(p->value.numel());
+    l.wd.push_back(static_cast<float>(g.weight_decay));
+  }
+  if (l.p.empty()) return;
+  kernels::cuda::multi_tensor_lamb(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
+                                   l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),
+                                   float(beta2_), float(eps_), step_);
 }
 
 // --- factory and clipping ---------------------------------------------------------------------

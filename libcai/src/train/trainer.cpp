@@ -65,6 +65,9 @@ Trainer::Trainer(nn::ViT& model, optim::Optimizer& opt, Criterion criterion,
             cfg_.clip_grad_norm);
   CAI_CHECK(train_.num_batches() > 0, "[trainer] the training loader yields no batch ({})",
             train_.dataset().describe());
+  model_.set_compute_dtype(cfg_.precision);
+  if (cfg_.precision == DType::F16)
+    scaler_ = std::make_unique<optim::DynamicGradScaler>(cfg_.grad_scaler);
 }
 
 int64_t Trainer::steps_per_epoch() const {
@@ -138,17 +141,36 @@ void Trainer::fit(int64_t start_epoch) {
         step_samples += b.global_batch_size;
         to_device(b, device);
       }
-      const float weight = 1.0f / static_cast<float>(step_samples);
+      // fp16: the loss (so every gradient) is multiplied by the loss scale.
+      const double scale = scaler_ ? scaler_->scale() : 1.0;
+      const float weight = static_cast<float>(scale / static_cast<double>(step_samples));
       const StepMetrics local = plugin_->forward_backward(
           model_, batches, weight, crit_,
           nn::ForwardCtx{true, cfg_.seed, static_cast<uint64_t>(global_step_), 0});
       const double local_loss = local.loss_sum, local_correct = local.correct;
       plugin_->sync_gradients(model_);
       StepInfo info;
-      if (cfg_.clip_grad_norm > 0)
-        info.grad_norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
       info.lr = opt_.groups().empty() ? 0 : opt_.groups().front().lr;
-      plugin_->optimizer_step(opt_);
+      if (scaler_) {
+        // Unscale what this rank's optimizer sees, then agree on overflow over every rank that
+        // holds other gradients (data-parallel shards, pipeline stages).
+        const auto params = optimizer_params(opt_);
+        scaler_->unscale(params);
+        double bad = 0;
+        for (nn::Parameter* p : params) bad += static_cast<double>(ops::count_nonfinite(p->grad));
+        bad = plugin_->all_reduce_sum(bad);
+        std::string message;
+        info.loss_scale = scale;
+        info.skipped = scaler_->update(bad > 0, &message);
+        if (!message.empty()) log::info("[grad_scaler] step {}: {}", global_step_ + 1, message);
+      }
+      if (info.skipped) {
+        ++skipped_steps_;
+      } else {
+        if (cfg_.clip_grad_norm > 0)
+          info.grad_norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
+        plugin_->optimizer_step(opt_);
+      }
       plugin_->zero_grad(model_, opt_);
       ++global_step_;
       const double step_loss = plugin_->all_reduce_sum(local_loss);

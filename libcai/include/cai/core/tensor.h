@@ -78,7 +78,8 @@ class Tensor {
                 int64_t length) const;  // view of rows [start, start+length) of dim 0
   Tensor clone() const;
   Tensor to(Device dev) const;   // copy unless already there
-  Tensor to(DType dtype) const;  // fp32 <-> bf16/fp16 conversion (CPU); copy unless same
+  Tensor to(DType dtype) const;  // fp32/bf16/fp16 conversion (round to nearest even) on
+                                 // the tensor's device; int32 on the CPU; copy unless same
   void zero_();
   void copy_from(const Tensor& src);     // same shape and dtype, any devices
   std::vector<float> to_vector() const;  // fp32 values on the host (converting from bf16/fp16)

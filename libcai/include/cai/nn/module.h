@@ -48,6 +48,11 @@ class Layer {
                           const ForwardCtx& ctx) = 0;
   virtual void collect(std::vector<Parameter*>& out) = 0;
   virtual std::string name() const = 0;
+
+  // Mixed precision (autocast-like): the dtype of the layer's GEMM/attention/activation math.
+  // Parameters and their gradients stay fp32 (master weights); the residual stream between
+  // layers stays fp32, so pipeline stages exchange fp32 activations whatever this is.
+  DType compute_dtype = DType::F32;
 };
 
 // Building blocks owned by layers.

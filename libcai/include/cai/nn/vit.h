@@ -109,6 +109,9 @@ class ViT {
   // host tensors). device() is where the parameters live.
   void to(Device dev);
   Device device();
+  // fp32 (default), bf16 or fp16 compute for every layer (see Layer::compute_dtype).
+  void set_compute_dtype(DType t);
+  DType compute_dtype() const;
   int64_t num_parameters();
   void zero_grad();
 

@@ -1,8 +1,11 @@
 // The math of the ViT as functions with explicit forward and backward (no autograd tape).
 // Each op checks shapes and devices, then dispatches to kernels/cpu or kernels/cuda by the
-// tensors' device. All ops take and return fp32 tensors (half precision arrives with the CUDA
-// backend). Backward functions overwrite the input gradient they return and ACCUMULATE into
-// parameter gradients passed by pointer (null: not needed), so micro-batches add up.
+// tensors' device. Mixed precision: activations may be fp32, bf16 or fp16; parameters, parameter
+// gradients and statistics are fp32. Half ops run the typed CUDA kernels (fp32 accumulation); on
+// the CPU they compute in fp32 on the rounded operands and round the result (the reference the CUDA
+// kernels are tested against). Backward functions overwrite the input gradient they return and
+// ACCUMULATE into parameter gradients passed by pointer (null: not needed), so micro-batches add
+// up.
 #pragma once
 #include <cstdint>
 
@@ -10,15 +13,21 @@
 
 namespace cai::ops {
 
-// y[..., N] = x[..., K] · w[N, K]^T + b[N]. b may be null.
+// y[..., N] = x[..., K] · w[N, K]^T + b[N]. b may be null. The compute dtype is x's: for half x
+// the fp32 weight and bias are rounded to it; `out` is x's dtype (default) or fp32.
 Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b);
-// Returns dx (undefined when need_dx is false); dw, db accumulate.
+Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, DType out);
+// Returns dx in x's dtype (undefined when need_dx is false); dw, db (fp32) accumulate. dy is
+// converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx = true);
 
 // LayerNorm over the last dimension. `mean`/`rstd` ([rows]) are written for the backward.
+// y has dtype `out` (default x's); dx has x's dtype; dy may be any float dtype.
 Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                      Tensor* mean, Tensor* rstd);
+Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                     Tensor* mean, Tensor* rstd, DType out);
 Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor* dgamma, Tensor* dbeta);
 
@@ -27,9 +36,11 @@ Tensor gelu_fwd(const Tensor& x);
 Tensor gelu_bwd(const Tensor& x, const Tensor& dy);
 
 // Multi-head attention from fused qkv[B, N, 3·D] (timm layout) -> out[B, N, D].
-// `probs` receives the softmax [B, H, N, N] kept for the backward.
-Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* probs);
-Tensor attention_bwd(const Tensor& qkv, const Tensor& probs, const Tensor& dout, int64_t heads);
+// `saved` receives what the backward needs besides qkv and out: the softmax [B, H, N, N], or for
+// the fused half-precision GPU kernel the fp32 log-sum-exp of each score row [B, H, N].
+Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* saved);
+Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved, const Tensor& dout,
+                     int64_t heads);
 
 // Where a random mask comes from: element i of the op uses philox(seed, stream, offset + i).
 struct RngKey {
@@ -44,30 +55,36 @@ Tensor drop_path_fwd(const Tensor& x, float p, RngKey key);
 Tensor drop_path_bwd(const Tensor& dy, float p, RngKey key);
 
 // Conv2d(kernel = stride = patch) as patchify + GEMM: img[B, C, H, W], w[D, C, p, p], b[D]
-// -> tokens[B, (H/p)·(W/p), D]. `patches` receives the im2col matrix for the backward.
-Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tensor* patches);
+// -> tokens[B, (H/p)·(W/p), D] in `compute`. `patches` receives the im2col matrix (in `compute`)
+// for the backward.
+Tensor patch_embed_fwd(const Tensor& img, const Tensor& w, const Tensor& b, Tensor* patches,
+                       DType compute = DType::F32);
 void patch_embed_bwd(const Tensor& patches, const Tensor& w, const Tensor& dy, Tensor* dw,
                      Tensor* db);
 
-// tokens[B, P, D] with cls[1, 1, D] and pos[1, P+1, D] -> [B, P+1, D].
+// tokens[B, P, D] (any float dtype) with cls[1, 1, D] and pos[1, P+1, D] -> fp32 [B, P+1, D].
 Tensor cls_pos_fwd(const Tensor& tokens, const Tensor& cls, const Tensor& pos);
-Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos);  // returns dtokens
+// Returns dtokens in `tokens_dtype`.
+Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos, DType tokens_dtype = DType::F32);
 
 // x[B, N, D] -> x[:, index, :] as [B, D].
 Tensor select_token_fwd(const Tensor& x, int64_t index);
 Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index);
 
-// Per-sample cross-entropy with label smoothing: logits[B, K], labels int32 [B] -> losses[B].
+// Per-sample cross-entropy with label smoothing: logits[B, K], labels int32 [B] -> losses[B]
+// (fp32; half logits are converted first).
 Tensor cross_entropy_fwd(const Tensor& logits, const Tensor& labels, float smoothing);
 // d(Σ_i w·loss_i)/dlogits with the same weight w for every sample (w = 1/B for a mean).
 Tensor cross_entropy_bwd(const Tensor& logits, const Tensor& labels, float smoothing, float weight);
 
-// Elementwise helpers.
+// Elementwise helpers. add: fp32 when either operand is fp32. add_/axpy_: y fp32, x any float
+// dtype. scale_, fill_, sum_squares, count_nonfinite: fp32.
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(Tensor& y, const Tensor& x);                // y += x
 void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha·x
 void scale_(Tensor& x, float alpha);
 void fill_(Tensor& x, float value);
 double sum_squares(const Tensor& x);
+int64_t count_nonfinite(const Tensor& x);  // elements that are inf or NaN
 
 }  // namespace cai::ops

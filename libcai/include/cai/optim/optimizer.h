@@ -45,6 +45,9 @@ class Optimizer {
 
  protected:
   virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
+  // One group's update; the default calls update() per parameter. Adam and LAMB override it with
+  // the multi-tensor fused kernels when the group's parameters are on a GPU.
+  virtual void step_group(ParamGroup& g);
   Tensor& slot(const nn::Parameter& p, const char* slot_name);  // zero-initialised on first use
   bool has_slot(const nn::Parameter& p, const char* slot_name) const;
   std::vector<ParamGroup> groups_;
@@ -73,6 +76,7 @@ class Adam : public Optimizer {
 
  private:
   void update(ParamGroup& g, nn::Parameter& p) override;
+  void step_group(ParamGroup& g) override;
   double beta1_, beta2_, eps_;
   bool decoupled_;
 };
@@ -93,6 +97,7 @@ class Lamb : public Optimizer {
 
  private:
   void update(ParamGroup& g, nn::Parameter& p) override;
+  void step_group(ParamGroup& g) override;
   double beta1_, beta2_, eps_;
 };
 

@@ -11,6 +11,7 @@
 
 #include "cai/data/data.h"
 #include "cai/nn/vit.h"
+#include "cai/optim/grad_scaler.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
 
@@ -29,6 +30,8 @@ struct StepInfo {
   double accuracy = 0;        // top-1 on this step's training samples
   double lr = 0;              // lr used by this step
   double grad_norm = 0;       // before clipping (0 when not computed)
+  double loss_scale = 0;      // fp16: the loss scale this step used (0 otherwise)
+  bool skipped = false;       // fp16: the step overflowed and the optimizer step was skipped
   int64_t images = 0;         // images this step, over all ranks
   double images_per_sec = 0;  // over the epoch so far
   double epoch_seconds = 0;   // elapsed in this epoch
@@ -113,6 +116,11 @@ struct TrainerConfig {
   double clip_grad_norm = 0.0;        // 0: off
   uint64_t seed = 42;                 // dropout / drop-path masks
   int64_t max_steps_per_epoch = 0;    // 0: the whole loader (a cap for smoke runs and tests)
+  // Mixed precision: the compute dtype set on the model (fp32, bf16 or fp16; master weights and
+  // gradients stay fp32). fp16 scales the loss with a DynamicGradScaler configured by
+  // `grad_scaler`, skipping (and logging) steps whose gradients overflow.
+  DType precision = DType::F32;
+  optim::GradScalerConfig grad_scaler;
 };
 
 class Trainer {
@@ -132,6 +140,9 @@ class Trainer {
   int64_t steps_per_epoch() const;
   int64_t global_step() const { return global_step_; }
   const std::vector<EpochInfo>& history() const { return history_; }
+  // The fp16 loss scaler (null for fp32 and bf16) and the steps it skipped.
+  optim::DynamicGradScaler* grad_scaler() { return scaler_ ? scaler_.get() : nullptr; }
+  int64_t skipped_steps() const { return skipped_steps_; }
 
  private:
   nn::ViT& model_;
@@ -144,6 +155,8 @@ class Trainer {
   std::vector<std::shared_ptr<Hook>> hooks_;
   int64_t global_step_ = 0;
   std::vector<EpochInfo> history_;
+  std::unique_ptr<optim::DynamicGradScaler> scaler_;
+  int64_t skipped_steps_ = 0;
 };
 
 // Colossal-AI's Booster: holds the plugin and boosts the training objects into a Trainer.
