@@ -321,10 +321,6 @@ void validate(const TrainConfig& c, int world) {
       c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
-  CAI_CHECK(c.device == "cpu" || world == 1,
-            "[config] train.device = \"cuda\" with {} processes: multi-GPU training needs the "
-            "NCCL communicator, which is not built yet; run one process per job on a GPU",
-            world);
   if (c.precision != "fp32")
     not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
                         c.precision));

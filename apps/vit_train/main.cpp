@@ -13,6 +13,7 @@
 #include "cai/dist/communicator.h"
 #include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
+#include "cai/dist/nccl.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "TOML config file (see apps/vit_train/configs)")
       ->required();
   app.add_option("--set", overrides, "Override a key: section.key=value (repeatable)");
+  app.footer(
+      "Several processes (mpirun, colossalai run): data/pipeline parallelism over MPI on the CPU, "
+      "or over NCCL with train.device = \"cuda\" (one GPU per process: local rank mod the "
+      "node's GPUs).");
   app.add_flag("--dry-run", dry_run,
                "Print the resolved config, parameter count and memory estimate, then exit");
   std::string trace_path;
@@ -132,6 +137,18 @@ int main(int argc, char** argv) {
     data::DataLoader eval_loader(eval_set, ec);
 
     model.init(static_cast<uint64_t>(cfg.seed));
+    // One GPU per process: local rank mod the GPUs of the node. With several processes the
+    // data-parallel and pipeline groups are NCCL communicators built from the MPI world (which
+    // still carries the unique ids and the CPU-side metrics).
+    std::unique_ptr<dist::Communicator> gpu_world;
+    if (cfg.device == "cuda") {
+      CAI_CHECK(kernels::cuda::device_count() > 0,
+                "[vit_train] train.device = \"cuda\" but no GPU is visible ({})",
+                kernels::cuda::runtime_info().device_error);
+      const int gpu = dist::select_cuda_device(li.local_rank, li.local_world_size);
+      model.to(Device::cuda(gpu));
+      if (world) gpu_world = dist::make_nccl(*world, gpu);
+    }
     std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
     std::shared_ptr<parallel::PipelinePlugin> pipe;
     parallel::DataParallelConfig dc;
@@ -142,6 +159,7 @@ int main(int argc, char** argv) {
     if (cfg.pipeline > 1 || !trace_path.empty()) {
       // The pipeline executor (also for one stage when a trace is asked for: it records spans).
       if (!world) world = dist::make_single();
+      dist::Communicator& comm = gpu_world ? *gpu_world : *world;
       parallel::PipelineConfig pc;
       pc.style = cfg.pp_style;
       pc.num_microbatches = static_cast<int>(cfg.num_microbatches);
@@ -150,17 +168,11 @@ int main(int argc, char** argv) {
       pc.partition = cfg.partition;
       pc.num_layers_per_stage = cfg.num_layers_per_stage;
       pc.dp = dc;
-      pipe = std::make_shared<parallel::PipelinePlugin>(*world, mesh, pc);
+      pipe = std::make_shared<parallel::PipelinePlugin>(comm, mesh, pc);
       plugin = pipe;
     } else if (world || cfg.zero_stage > 0) {
       if (!world) world = dist::make_single();
-      plugin = std::make_shared<parallel::DataParallelPlugin>(*world, dc);
-    }
-    if (cfg.device == "cuda") {
-      CAI_CHECK(kernels::cuda::device_count() > 0,
-                "[vit_train] train.device = \"cuda\" but no GPU is visible ({})",
-                kernels::cuda::runtime_info().device_error);
-      model.to(Device::cuda(li.local_rank % kernels::cuda::device_count()));
+      plugin = std::make_shared<parallel::DataParallelPlugin>(gpu_world ? *gpu_world : *world, dc);
     }
     plugin->setup(model);
     optim::OptimizerOptions oo;

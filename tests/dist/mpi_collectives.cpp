@@ -1,6 +1,11 @@
-// Run under mpirun. --check: every MPI Communicator operation against its definition (uneven
-// counts, non-blocking overlap, point to point, split). --hang: rank 1 never joins; rank 0's
-// all-reduce must fail within CAI_COLLECTIVE_TIMEOUT, naming the operation and the group.
+// Run under mpirun.
+//   --check [--backend mpi|nccl]: every Communicator operation against its definition (uneven
+//     counts, a zero count, non-blocking overlap, point to point, split, scalar in double); with
+//     nccl on one GPU per rank, plus bf16 and the ordering against the compute stream.
+//   --hang [--backend mpi|nccl]: rank 1 stops joining; rank 0's all-reduce must fail within
+//     CAI_COLLECTIVE_TIMEOUT, naming the operation and the group.
+// With --backend nccl the test exits 77 (skipped) when the build has no CUDA or the node has
+// fewer GPUs than ranks, saying why.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +14,9 @@
 
 #include "cai/core/error.h"
 #include "cai/dist/communicator.h"
+#include "cai/dist/nccl.h"
+#include "cai/ops/ops.h"
+#include "gpu_env.h"
 
 using namespace cai;
 using namespace cai::dist;
@@ -22,38 +30,65 @@ void expect(bool ok, const std::string& what, int rank) {
   }
 }
 
-void check(Communicator& c) {
+// Tensors of the test live on `dev` (the communicator's device); values are checked on the host.
+struct On {
+  Device dev;
+  Tensor vec(const std::vector<float>& v) const {
+    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(dev);
+  }
+  Tensor full(int64_t n, float v) const { return Tensor::full({n}, v).to(dev); }
+  Tensor zeros(int64_t n) const { return Tensor::zeros({n}, DType::F32, dev); }
+};
+
+// Uneven reduce-scatter then all-gather with these per-rank counts.
+void check_uneven(Communicator& c, const On& on, const std::vector<int64_t>& counts,
+                  const std::string& label) {
   const int r = c.rank(), n = c.size();
-  Tensor t = Tensor::from_vector(std::vector<float>{float(r), 1.0f}, {2});
-  c.all_reduce(t);
-  expect(t.to_vector() == std::vector<float>{float(n * (n - 1) / 2), float(n)}, "all_reduce", r);
-  Tensor m = Tensor::full({1}, float(r));
-  c.all_reduce(m, ReduceOp::Max);
-  expect(m.item() == float(n - 1), "all_reduce max", r);
-  // Uneven reduce-scatter / all-gather: rank i gets i+1 elements.
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (int i = 0; i < n; ++i) counts.push_back(i + 1), total += i + 1;
+  int64_t total = 0, off = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i < r) off += counts[i];
+    total += counts[i];
+  }
   std::vector<float> in(total);
-  for (int64_t i = 0; i < total; ++i) in[i] = float(i);
-  Tensor out = Tensor::zeros({counts[r]});
-  c.reduce_scatter(Tensor::from_vector(in, {total}), out, counts);
-  int64_t off = 0;
-  for (int i = 0; i < r; ++i) off += counts[i];
+  for (int64_t i = 0; i < total; ++i) in[i] = float(i) + 0.25f * float(r);
+  Tensor out = on.zeros(counts[r]);
+  c.reduce_scatter(on.vec(in), out, counts);
+  const auto got = out.to_vector();
   bool ok = true;
-  for (int64_t i = 0; i < counts[r]; ++i) ok = ok && out.to_vector()[i] == float(n * (off + i));
-  expect(ok, "reduce_scatter", r);
-  Tensor all = Tensor::zeros({total});
-  c.all_gather(Tensor::full({counts[r]}, float(r)), all, counts);
+  for (int64_t i = 0; i < counts[r]; ++i)
+    ok = ok && got[i] == float(n) * float(off + i) + 0.25f * float(n * (n - 1) / 2);
+  expect(ok, "reduce_scatter " + label, r);
+  Tensor all = on.zeros(total);
+  c.all_gather(on.full(counts[r], float(r) + 0.5f), all, counts);
+  const auto g = all.to_vector();
   ok = true;
   for (int i = 0, k = 0; i < n; ++i)
-    for (int j = 0; j < counts[i]; ++j, ++k) ok = ok && all.to_vector()[k] == float(i);
-  expect(ok, "all_gather", r);
-  Tensor b = Tensor::full({3}, float(r));
+    for (int64_t j = 0; j < counts[i]; ++j, ++k) ok = ok && g[k] == float(i) + 0.5f;
+  expect(ok, "all_gather " + label, r);
+}
+
+void check(Communicator& c, const On& on) {
+  const int r = c.rank(), n = c.size();
+  Tensor t = on.vec({float(r), 1.0f});
+  c.all_reduce(t);
+  expect(t.to_vector() == std::vector<float>{float(n * (n - 1) / 2), float(n)}, "all_reduce", r);
+  Tensor m = on.full(1, float(r));
+  c.all_reduce(m, ReduceOp::Max);
+  expect(m.item() == float(n - 1), "all_reduce max", r);
+  Tensor mn = on.full(1, float(r) + 3.0f);
+  c.all_reduce(mn, ReduceOp::Min);
+  expect(mn.item() == 3.0f, "all_reduce min", r);
+  // Uneven: rank i gets i + 1 elements; then counts with a zero (rank 0 gets none).
+  std::vector<int64_t> counts, with_zero;
+  for (int i = 0; i < n; ++i) counts.push_back(i + 1), with_zero.push_back(i == 0 ? 0 : 2 * i + 1);
+  check_uneven(c, on, counts, "counts i+1");
+  check_uneven(c, on, with_zero, "with a zero count");
+  check_uneven(c, on, std::vector<int64_t>(n, 3), "even counts");
+  Tensor b = on.full(3, float(r));
   c.broadcast(b, n - 1);
   expect(b.to_vector() == std::vector<float>(3, float(n - 1)), "broadcast", r);
   // Two collectives in flight, waited in reverse order.
-  Tensor x = Tensor::full({5}, 1.0f), y = Tensor::full({5}, 2.0f);
+  Tensor x = on.full(5, 1.0f), y = on.full(5, 2.0f);
   auto wx = c.all_reduce_async(x, ReduceOp::Sum);
   auto wy = c.all_reduce_async(y, ReduceOp::Sum);
   wy->wait();
@@ -61,45 +96,130 @@ void check(Communicator& c) {
   expect(x.to_vector() == std::vector<float>(5, float(n)) &&
              y.to_vector() == std::vector<float>(5, float(2 * n)),
          "async all_reduce", r);
-  // Ring of point-to-point messages.
-  Tensor s = Tensor::full({4}, float(r)), recv = Tensor::zeros({4});
+  // test() reaches true without wait().
+  Tensor z = on.full(7, 1.0f);
+  auto wz = c.all_reduce_async(z, ReduceOp::Sum);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!wz->test() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  expect(wz->test() && z.to_vector() == std::vector<float>(7, float(n)), "test() completes", r);
+  // Ring of point-to-point messages, both directions at once.
+  std::vector<std::pair<int, int>> ring;
+  for (int i = 0; i < n; ++i) ring.emplace_back(i, (i + 1) % n), ring.emplace_back((i + 1) % n, i);
+  c.connect_p2p(ring);
+  Tensor s = on.full(4, float(r)), recv = on.zeros(4);
+  Tensor s2 = on.full(6, float(10 * r)), recv2 = on.zeros(6);
   auto ws = c.send_async(s, (r + 1) % n, 3);
+  auto ws2 = c.send_async(s2, (r + n - 1) % n, 4);
   c.recv(recv, (r + n - 1) % n, 3);
+  c.recv(recv2, (r + 1) % n, 4);
   ws->wait();
+  ws2->wait();
   expect(recv.to_vector() == std::vector<float>(4, float((r + n - 1) % n)), "send/recv ring", r);
+  expect(recv2.to_vector() == std::vector<float>(6, float(10 * ((r + 1) % n))),
+         "send/recv reverse ring", r);
   expect(std::abs(c.all_reduce_scalar(0.1) - 0.1 * n) < 1e-15, "scalar in double", r);
+  expect(c.all_reduce_scalar(double(r), ReduceOp::Max) == double(n - 1), "scalar max", r);
+  const double big = 16777217.0 + r;  // above 2^24: fp32 would round it
+  expect(c.all_reduce_scalar(big) == 16777217.0 * n + n * (n - 1) / 2.0, "scalar exact", r);
   auto sub = c.split(r % 2, r, "parity");
-  Tensor p = Tensor::full({1}, 1.0f);
+  Tensor p = on.full(1, 1.0f);
   sub->all_reduce(p);
   expect(p.item() == float((n + (r % 2 == 0 ? 1 : 0)) / 2), "split", r);
+  expect(sub->name() == "parity" && sub->rank() == r / 2, "split rank and name", r);
   c.barrier();
+}
+
+// NCCL only: bf16 reductions, CPU tensors through the host communicator, ordering against the
+// compute stream, and errors for misuse.
+void check_nccl(Communicator& c, const On& on) {
+  const int r = c.rank(), n = c.size();
+  Tensor h = Tensor::from_vector(std::vector<float>{float(r), 2.0f, -1.0f}, {3});
+  Tensor hb = h.to(DType::BF16).to(on.dev);
+  c.all_reduce(hb);
+  expect(hb.to_vector() == std::vector<float>{float(n * (n - 1) / 2), 2.0f * n, -1.0f * n},
+         "bf16 all_reduce", r);
+  Tensor cpu = Tensor::full({2}, 1.0f);
+  c.all_reduce(cpu);  // a CPU tensor goes through the CPU communicator
+  expect(cpu.to_vector() == std::vector<float>(2, float(n)), "CPU tensor via the host", r);
+  // The reduction must see the last kernel written before it on the compute stream: many
+  // passes over a large tensor, then the value, then at once the all-reduce.
+  const int64_t big = 1 << 24;
+  Tensor t = on.full(big, 1.0f);
+  for (int i = 0; i < 30; ++i) ops::scale_(t, 1.0f);
+  ops::fill_(t, float(r + 1));
+  auto w = c.all_reduce_async(t, ReduceOp::Sum);
+  w->wait();
+  const auto v = t.to_vector();
+  const float want = float(n * (n + 1) / 2);
+  bool ok = true;
+  for (int64_t i = 0; i < big; i += 4099) ok = ok && v[i] == want;
+  ok = ok && v[big - 1] == want;
+  expect(ok, "all_reduce ordered after the compute stream", r);
+  // Misuse is an error naming the problem.
+  Tensor lone = on.full(2, 1.0f);
+  bool threw = false;
+  try {
+    auto sub = c.split(0, r, "fresh");
+    sub->send_async(lone, (r + 1) % n, 0);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("connect_p2p") != std::string::npos;
+  }
+  expect(threw, "send on an undeclared pair names connect_p2p", r);
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   MpiEnvironment env(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "--check";
+  std::string backend = "mpi";
+  for (int i = 2; i + 1 < argc; i += 2)
+    if (std::string(argv[i]) == "--backend") backend = argv[i + 1];
   auto world = env.world(30.0);
+  std::unique_ptr<Communicator> nccl;
+  On on{Device::cpu()};
+  if (backend == "nccl") {
+    const std::string why = test::gpu_skip_reason();
+    if (!why.empty()) {
+      if (world->rank() == 0) std::printf("skipped: %s\n", why.c_str());
+      return test::kSkip;
+    }
+    const int gpu = test::select_gpu();
+    nccl = make_nccl(*world, gpu);
+    on.dev = Device::cuda(gpu);
+  } else if (backend != "mpi") {
+    std::fprintf(stderr, "unknown backend %s (mpi | nccl)\n", backend.c_str());
+    return 2;
+  }
+  Communicator& comm = nccl ? *nccl : *world;
   if (mode == "--check") {
     try {
-      check(*world);
+      check(comm, on);
+      if (nccl) check_nccl(comm, on);
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", world->rank(), e.what());
       MpiEnvironment::abort(1);
     }
     const double all = world->all_reduce_scalar(failures, ReduceOp::Max);
     if (world->rank() == 0)
-      std::printf("mpi collectives on %d ranks: %s\n", world->size(), all == 0 ? "ok" : "FAILED");
+      std::printf("%s collectives on %d ranks: %s\n", backend.c_str(), world->size(),
+                  all == 0 ? "ok" : "FAILED");
     return all == 0 ? 0 : 1;
   }
   if (mode == "--hang") {
-    if (world->rank() == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(120));  // never joins
-      return 0;
-    }
     try {
-      Tensor t = Tensor::full({16}, 1.0f);
-      world->all_reduce(t);
+      // Both ranks take part once (NCCL builds its communicator at the first collective),
+      // with room for CUDA and NCCL start-up; then the short limit applies.
+      const double limit = world->timeout();
+      world->set_timeout(120), comm.set_timeout(120);
+      Tensor warm = Tensor::full({16}, 1.0f).to(on.dev);
+      comm.all_reduce(warm);
+      world->set_timeout(limit), comm.set_timeout(limit);
+      if (world->rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::seconds(120));  // never joins again
+        return 0;
+      }
+      Tensor t = Tensor::full({16}, 1.0f).to(on.dev);
+      comm.all_reduce(t);
       std::printf("all_reduce completed unexpectedly\n");
       return 0;
     } catch (const Error& e) {
@@ -107,6 +227,6 @@ int main(int argc, char** argv) {
       MpiEnvironment::abort(3);
     }
   }
-  std::fprintf(stderr, "usage: %s --check|--hang\n", argv[0]);
+  std::fprintf(stderr, "usage: %s --check|--hang [--backend mpi|nccl]\n", argv[0]);
   return 2;
 }

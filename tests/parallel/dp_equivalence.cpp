@@ -4,12 +4,16 @@
 // ≈ 1/dp.
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
+//            [--device cpu|cuda] [--data DIR]
+// --device cuda: one GPU per rank (local rank), the ranks talk over NCCL, and the reference is
+// the single-process run on one GPU; exits 77 (skipped, saying why) without CUDA or enough GPUs.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
 
+#include "../dist/gpu_env.h"
 #include "cai/core/error.h"
 #include "cai/data/data.h"
 #include "cai/dist/communicator.h"
@@ -45,14 +49,12 @@ struct PipeArgs {
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
-           const std::string& optimizer, const PipeArgs& pa) {
+           const std::string& optimizer, const PipeArgs& pa, Device dev, const std::string& data) {
   const int world_size = comm ? comm->size() : 1;
   const dist::ProcessMesh mesh(world_size, 1, comm ? pa.pp : 1);
   const int world = mesh.dp_size(), rank = mesh.coord(comm ? comm->rank() : 0).dp;
   const int64_t global_batch = 24;
-  auto ds =
-      data::subset(data::load_mnist_dir("/usr/share/datasets/fashion-mnist", true, "fashion-mnist"),
-                   global_batch * steps);
+  auto ds = data::subset(data::load_mnist_dir(data, true, "fashion-mnist"), global_batch * steps);
   data::LoaderConfig lc;
   lc.batch_size = global_batch / accum / world;
   lc.world = world, lc.rank = rank, lc.seed = 9, lc.num_workers = 0;
@@ -68,6 +70,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   const int wrank = comm ? comm->rank() : 0;
   model.init(wrank == 0 || pa.pp > 1 ? 7 : 100 + wrank);  // dp ranks start different: the
                                                           // broadcast must fix it
+  if (dev.is_cuda()) model.to(dev);
   std::map<std::string, Shape> shapes;
   for (nn::Parameter* p : model.parameters()) shapes[p->name] = p->value.shape();
 
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   int zero = 0, accum = 1, steps = 4;
   bool overlap = true;
   std::string optimizer = "adamw";
+  std::string device = "cpu", data = "/usr/share/datasets/fashion-mnist";
   PipeArgs pa;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -154,15 +158,37 @@ int main(int argc, char** argv) {
       pa.microbatches = std::atoi(argv[++i]);
     else if (a == "--style" && i + 1 < argc)
       pa.style = argv[++i];
+    else if (a == "--device" && i + 1 < argc)
+      device = argv[++i];
+    else if (a == "--data" && i + 1 < argc)
+      data = argv[++i];
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
   }
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "--device %s is not cpu or cuda\n", device.c_str());
+    return 2;
+  }
   try {
     auto world = env.world(60.0);
-    const Result ref = run(nullptr, 0, accum, steps, overlap, optimizer, pa);
-    const Result dist = run(world.get(), zero, accum, steps, overlap, optimizer, pa);
+    // On GPUs the ranks talk over NCCL (built from the MPI world, which still reduces the
+    // verdict below).
+    std::unique_ptr<dist::Communicator> nccl;
+    Device dev = Device::cpu();
+    if (device == "cuda") {
+      const std::string why = test::gpu_skip_reason();
+      if (!why.empty()) {
+        if (world->rank() == 0) std::printf("skipped: %s\n", why.c_str());
+        return test::kSkip;
+      }
+      dev = Device::cuda(test::select_gpu());
+      nccl = dist::make_nccl(*world, dev.index);
+    }
+    dist::Communicator* comm = nccl ? nccl.get() : world.get();
+    const Result ref = run(nullptr, 0, accum, steps, overlap, optimizer, pa, dev, data);
+    const Result dist = run(comm, zero, accum, steps, overlap, optimizer, pa, dev, data);
     bool ok = ref.losses.size() == dist.losses.size() && ref.params.size() == dist.params.size();
     double loss_err = 0, num = 0, den = 0;
     for (size_t i = 0; ok && i < ref.losses.size(); ++i)
@@ -192,12 +218,12 @@ int main(int argc, char** argv) {
     // Every rank must agree.
     const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
     std::printf(
-        "[rank %d] pp %d (%s, %d chunks) zero %d dp %d accum %d: %zu steps, losses %.6f..%.6f, max "
-        "loss rel err "
+        "[rank %d] %s pp %d (%s, %d chunks) zero %d dp %d accum %d: %zu steps, losses "
+        "%.6f..%.6f, max loss rel err "
         "%.2e, param rel err %.2e, optimizer state %lld B (single %lld B, ratio %.3f), "
         "parameters %lld B (single %lld B, ratio %.3f): %s\n",
-        world->rank(), pa.pp, pa.style.c_str(), pa.chunks, zero, W, accum, dist.losses.size(),
-        dist.losses.front(), dist.losses.back(), loss_err, param_err,
+        world->rank(), dev.str().c_str(), pa.pp, pa.style.c_str(), pa.chunks, zero, W, accum,
+        dist.losses.size(), dist.losses.front(), dist.losses.back(), loss_err, param_err,
         static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
         state_ratio, static_cast<long long>(dist.param_bytes),
         static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");

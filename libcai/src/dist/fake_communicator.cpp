@@ -294,6 +294,7 @@ class SingleCommunicator : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "single"; }
+  bool supports(Device) const override { return true; }  // copies only, on any device
   std::unique_ptr<Work> done() {
     return std::make_unique<FakeWork>([](bool) { return true; });
   }

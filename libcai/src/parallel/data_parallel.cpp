@@ -1,7 +1,6 @@
 #include "cai/parallel/data_parallel.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "cai/core/error.h"
@@ -19,8 +18,16 @@ int64_t chunk_size(int64_t n, int r, int dp) {
   return chunk_begin(n, r + 1, dp) - chunk_begin(n, r, dp);
 }
 
-float* fptr(const Tensor& t) {
-  return t.data<float>();
+// Elements [offset, offset + n) of t as a 1-D view (any device).
+Tensor span(const Tensor& t, int64_t offset, int64_t n) {
+  return t.reshape({t.numel()}).narrow(offset, n);
+}
+
+// dst[doff, doff + n) = src[soff, soff + n): a memcpy on the host, a device copy on the GPU (on
+// the compute stream, so it is ordered with the kernels that produced or consume the values).
+void copy_span(const Tensor& dst, int64_t doff, const Tensor& src, int64_t soff, int64_t n) {
+  if (n == 0) return;
+  span(dst, doff, n).copy_from(span(src, soff, n));
 }
 
 struct Bucket {
@@ -40,8 +47,9 @@ struct DataParallelPlugin::Impl {
   dist::Communicator& dp;
   DataParallelConfig cfg;
   int rank = 0, size = 1;
-  std::vector<nn::Parameter*> params;            // model parameters, model order
-  std::vector<nn::Parameter> shards;             // ZeRO: this rank's chunk of each parameter
+  Device device;                       // where the parameters, gradients, buckets and shards live
+  std::vector<nn::Parameter*> params;  // model parameters, model order
+  std::vector<nn::Parameter> shards;   // ZeRO: this rank's chunk of each parameter
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   std::map<const nn::Parameter*, size_t> bucket_of;
@@ -98,17 +106,17 @@ struct DataParallelPlugin::Impl {
         k.numel += n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
-      k.flat = Tensor::zeros({k.numel});
-      if (sharded_grads()) k.recv = Tensor::zeros({k.counts[rank]});
+      k.flat = Tensor::zeros({k.numel}, DType::F32, device);
+      if (sharded_grads()) k.recv = Tensor::zeros({k.counts[rank]}, DType::F32, device);
     }
   }
 
   // Stage 0/1: the bucket's gradients back to back. Stage 2/3: rank-major chunks.
   void pack(Bucket& b) {
-    float* out = fptr(b.flat);
+    int64_t out = 0;
     if (!sharded_grads()) {
       for (nn::Parameter* p : b.params) {
-        std::memcpy(out, fptr(p->grad), sizeof(float) * p->grad.numel());
+        copy_span(b.flat, out, p->grad, 0, p->grad.numel());
         out += p->grad.numel();
       }
       return;
@@ -116,7 +124,7 @@ struct DataParallelPlugin::Impl {
     for (int r = 0; r < size; ++r)
       for (nn::Parameter* p : b.params) {
         const int64_t n = p->grad.numel(), c0 = chunk_begin(n, r, size), c = chunk_size(n, r, size);
-        std::memcpy(out, fptr(p->grad) + c0, sizeof(float) * c);
+        copy_span(b.flat, out, p->grad, c0, c);
         out += c;
       }
   }
@@ -138,17 +146,17 @@ struct DataParallelPlugin::Impl {
     b.work->wait();
     b.work.reset();
     if (!sharded_grads()) {
-      const float* in = fptr(b.flat);
+      int64_t in = 0;
       for (nn::Parameter* p : b.params) {
-        std::memcpy(fptr(p->grad), in, sizeof(float) * p->grad.numel());
+        copy_span(p->grad, 0, b.flat, in, p->grad.numel());
         in += p->grad.numel();
       }
     } else {
-      const float* in = fptr(b.recv);
+      int64_t in = 0;
       for (nn::Parameter* p : b.params) {
         nn::Parameter& s = shards[index[p]];
         const int64_t c = s.grad.numel();
-        kernels_axpy(in, s.grad, c);
+        if (c > 0) ops::add_(s.grad, span(b.recv, in, c));
         in += c;
         p->grad = Tensor();  // keep only the owned shard
       }
@@ -157,9 +165,10 @@ struct DataParallelPlugin::Impl {
     b.ready = 0;
   }
 
-  static void kernels_axpy(const float* x, Tensor& y, int64_t n) {
-    float* py = fptr(y);
-    for (int64_t i = 0; i < n; ++i) py[i] += x[i];
+  // What a ZeRO-3 parameter holds between its uses: nothing on the host; an empty tensor on a
+  // GPU, so the model still reports where it lives (the trainer moves batches there).
+  Tensor released() const {
+    return device.is_cuda() ? Tensor::empty({0}, DType::F32, device) : Tensor();
   }
 
   void progress() {
@@ -186,7 +195,7 @@ struct DataParallelPlugin::Impl {
     // first (it adds into the shard and frees the full gradients).
     for (nn::Parameter* p : ps) finish(buckets[bucket_of[p]]);
     for (nn::Parameter* p : ps)
-      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]]);
+      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
   }
 
   // All-gathers the shards of `ps` into freshly allocated full values.
@@ -195,30 +204,30 @@ struct DataParallelPlugin::Impl {
     for (nn::Parameter* p : ps)
       for (int r = 0; r < size; ++r)
         counts[r] += chunk_size(shape_numel(shapes[index[p]]), r, size);
-    Tensor mine = Tensor::empty({counts[rank]});
-    float* o = fptr(mine);
+    Tensor mine = Tensor::empty({counts[rank]}, DType::F32, device);
+    int64_t o = 0;
     for (nn::Parameter* p : ps) {
       const Tensor& v = shards[index[p]].value;
-      std::memcpy(o, fptr(v), sizeof(float) * v.numel());
+      copy_span(mine, o, v, 0, v.numel());
       o += v.numel();
     }
     int64_t total = 0;
     for (int64_t c : counts) total += c;
-    Tensor all = Tensor::empty({total});
+    Tensor all = Tensor::empty({total}, DType::F32, device);
     dp.all_gather(mine, all, counts);
-    for (nn::Parameter* p : ps) p->value = Tensor::empty(shapes[index[p]]);
-    const float* in = fptr(all);
+    for (nn::Parameter* p : ps) p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
+    int64_t in = 0;
     for (int r = 0; r < size; ++r)
       for (nn::Parameter* p : ps) {
         const int64_t n = p->value.numel(), c = chunk_size(n, r, size);
-        std::memcpy(fptr(p->value) + chunk_begin(n, r, size), in, sizeof(float) * c);
+        copy_span(p->value, chunk_begin(n, r, size), all, in, c);
         in += c;
       }
   }
 
   void release_values(nn::Layer& layer) {
     if (cfg.zero_stage != 3) return;
-    for (nn::Parameter* p : layer_params[&layer]) p->value = Tensor();
+    for (nn::Parameter* p : layer_params[&layer]) p->value = released();
   }
 };
 
@@ -252,14 +261,25 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   CAI_CHECK(m.params.empty() && m.layers.empty(), "[data_parallel] setup() called twice");
   m.layers = layers;
   for (nn::Layer* l : layers) l->collect(m.params);
+  if (!m.params.empty()) m.device = m.params.front()->value.device();
   for (size_t i = 0; i < m.params.size(); ++i) {
-    CAI_CHECK(!m.params[i]->value.is_cuda(),
-              "[data_parallel] parameter {} is on {}: the MPI data-parallel path moves CPU "
-              "tensors",
-              m.params[i]->name, m.params[i]->value.device().str());
+    const nn::Parameter& p = *m.params[i];
+    CAI_CHECK(p.value.defined() && p.value.device() == m.device && p.value.dtype() == DType::F32,
+              "[data_parallel] parameter {} is {}: every parameter must be an fp32 tensor on {} "
+              "(the first one's device)",
+              p.name, p.value.defined() ? p.value.str() : "undefined", m.device.str());
     m.index[m.params[i]] = i;
-    m.shapes.push_back(m.params[i]->value.shape());
+    m.shapes.push_back(p.value.shape());
   }
+  CAI_CHECK(m.dp.supports(m.device),
+            "[data_parallel] the parameters are on {} but communicator '{}' cannot move tensors "
+            "there (MPI moves CPU tensors: build an NCCL communicator with dist::make_nccl for "
+            "GPU parameters)",
+            m.device.str(), m.dp.name());
+  if (m.cfg.cpu_offload && m.device.is_cuda())
+    throw NotImplemented(
+        "[data_parallel] cpu_offload = true with parameters on a GPU: offloading optimizer state "
+        "to the host is not implemented yet");
   for (nn::Layer* l : layers) {
     std::vector<nn::Parameter*> ps;
     l->collect(ps);
@@ -268,16 +288,16 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   // Every rank starts from rank 0's parameters.
   int64_t total = 0;
   for (nn::Parameter* p : m.params) total += p->value.numel();
-  Tensor flat = Tensor::empty({total});
-  float* o = fptr(flat);
+  Tensor flat = Tensor::empty({total}, DType::F32, m.device);
+  int64_t o = 0;
   for (nn::Parameter* p : m.params) {
-    std::memcpy(o, fptr(p->value), sizeof(float) * p->value.numel());
+    copy_span(flat, o, p->value, 0, p->value.numel());
     o += p->value.numel();
   }
   m.dp.broadcast(flat, 0);
-  const float* in = fptr(flat);
+  int64_t in = 0;
   for (nn::Parameter* p : m.params) {
-    std::memcpy(fptr(p->value), in, sizeof(float) * p->value.numel());
+    copy_span(p->value, 0, flat, in, p->value.numel());
     in += p->value.numel();
   }
   if (m.cfg.zero_stage >= 1) {
@@ -287,9 +307,9 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       nn::Parameter s;
       s.name = p->name;
       s.weight_decay = p->weight_decay;
-      s.value = Tensor::empty({c});
-      std::memcpy(fptr(s.value), fptr(p->value) + c0, sizeof(float) * c);
-      s.grad = Tensor::zeros({c});
+      s.value = Tensor::empty({c}, DType::F32, m.device);
+      copy_span(s.value, 0, p->value, c0, c);
+      s.grad = Tensor::zeros({c}, DType::F32, m.device);
       m.shards.push_back(std::move(s));
     }
   }
@@ -297,7 +317,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   if (m.cfg.zero_stage >= 2)
     for (nn::Parameter* p : m.params) p->grad = Tensor();  // created per layer in backward
   if (m.cfg.zero_stage == 3)
-    for (nn::Parameter* p : m.params) p->value = Tensor();
+    for (nn::Parameter* p : m.params) p->value = m.released();
 
   // Hooks. Final micro-batch (and every micro-batch for stage 2/3): reduce as layers finish.
   auto before_fwd = [&m](nn::Layer& l) {
@@ -346,8 +366,8 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
   if (m.cfg.zero_stage == 1)
     for (size_t i = 0; i < m.params.size(); ++i) {
       const int64_t n = m.params[i]->grad.numel();
-      std::memcpy(fptr(m.shards[i].grad), fptr(m.params[i]->grad) + chunk_begin(n, m.rank, m.size),
-                  sizeof(float) * m.shards[i].grad.numel());
+      copy_span(m.shards[i].grad, 0, m.params[i]->grad, chunk_begin(n, m.rank, m.size),
+                m.shards[i].grad.numel());
     }
 }
 

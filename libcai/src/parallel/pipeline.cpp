@@ -34,7 +34,11 @@ struct PipelinePlugin::Impl {
   dist::ProcessMesh mesh;
   PipelineConfig cfg;
   dist::MeshCoord me;
-  std::unique_ptr<dist::Communicator> pp, dp;
+  // pp carries activations (and evaluation forwards), pp_grad the gradients: NCCL matches
+  // messages per (source, destination) in issue order, and the schedules keep that order per
+  // kind of message only.
+  std::unique_ptr<dist::Communicator> pp, pp_grad, dp;
+  Device device;  // where this stage's parameters and boundary tensors live
   std::unique_ptr<DataParallelPlugin> inner;
   nn::ViT* model = nullptr;
   schedule::Partition part;
@@ -62,6 +66,8 @@ struct PipelinePlugin::Impl {
     me = mesh.coord(world.rank());
     // pp group: same dp (and tp), ordered by pp; dp group: same pp, ordered by dp.
     pp = world.split(me.dp * mesh.tp_size() + me.tp, me.pp, fmt::format("pp[dp={}]", me.dp));
+    pp_grad =
+        world.split(me.dp * mesh.tp_size() + me.tp, me.pp, fmt::format("pp-grad[dp={}]", me.dp));
     dp = world.split(me.pp * mesh.tp_size() + me.tp, me.dp, fmt::format("dp[pp={}]", me.pp));
   }
 
@@ -113,12 +119,22 @@ struct PipelinePlugin::Impl {
     return {b, e - b};
   }
 
-  Tensor boundary(int64_t rows) const { return Tensor::empty({rows, tokens, dim}); }
+  Tensor boundary(int64_t rows) const {
+    return Tensor::empty({rows, tokens, dim}, DType::F32, device);
+  }
+
+  // The (source, destination) ranks of every activation transfer: virtual stage vs -> vs + 1.
+  std::vector<std::pair<int, int>> activation_pairs() const {
+    std::vector<std::pair<int, int>> out;
+    for (int vs = 0; vs + 1 < V(); ++vs)
+      if (vs % p() != (vs + 1) % p()) out.emplace_back(vs % p(), (vs + 1) % p());
+    return out;
+  }
 
   void record(const std::string& name, const char* cat, double t0) {
     const double t1 = trace::Recorder::now_us();
     rec.span(name, cat, t0, t1);
-    rec.memory(t1, memory_in_use());
+    rec.memory(t1, memory_in_use(device.type));
   }
 };
 
@@ -207,6 +223,13 @@ void PipelinePlugin::setup(nn::ViT& model) {
   const nn::ViTConfig& vc = model.config();
   m.tokens = vc.num_patches() + 1;
   m.dim = vc.embed_dim;
+  m.device = model.device();
+  // Declare the point-to-point channels (NCCL builds one per direction; MPI needs none).
+  const auto act = m.activation_pairs();
+  std::vector<std::pair<int, int>> grad;
+  for (const auto& [a, b] : act) grad.emplace_back(b, a);
+  m.pp->connect_p2p(act);
+  m.pp_grad->connect_p2p(grad);
   m.inner = std::make_unique<DataParallelPlugin>(*m.dp, m.cfg.dp);
   m.inner->setup_layers(m.owned);
 }
@@ -293,7 +316,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         break;
       case Op::RecvGrad: {
         Tensor t = m.boundary(m.slice(n, mbs, in.mb).second);
-        m.pp->recv(t, in.peer, tag_of(in.mb, vs + 1, V, kGrad));
+        m.pp_grad->recv(t, in.peer, tag_of(in.mb, vs + 1, V, kGrad));
         grad_in[key] = t;
         break;
       }
@@ -321,7 +344,8 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
       case Op::BackwardWeight:
         break;  // our layers compute weight gradients together with input gradients
       case Op::SendGrad:
-        sends.push_back(m.pp->send_async(grad_out.at(key), in.peer, tag_of(in.mb, vs, V, kGrad)));
+        sends.push_back(
+            m.pp_grad->send_async(grad_out.at(key), in.peer, tag_of(in.mb, vs, V, kGrad)));
         grad_out.erase(key);
         break;
       case Op::ReduceGrads:

@@ -1,12 +1,18 @@
 // The Communicator: collectives and point-to-point over a group of processes, with an MPI backend
-// (CPU tensors) and an in-process fake (threads) for unit tests; NCCL follows behind the same
-// interface. Non-blocking calls return a Work handle; every wait is bounded by the
-// communicator's timeout and raises cai::Error naming the operation and the group instead of
-// hanging. Communicators are explicit objects passed to whoever needs them: no globals.
+// (CPU tensors), an in-process fake (threads) for unit tests and NCCL (CUDA tensors, cai/dist/
+// nccl.h). Non-blocking calls return a Work handle; every wait is bounded by the communicator's
+// timeout and raises cai::Error naming the operation and the group instead of hanging.
+// Communicators are explicit objects passed to whoever needs them: no globals.
+//
+// Point to point: MPI matches a receive by (peer, tag); NCCL has no tags and matches in issue
+// order per (source, destination). Code that must run on both keeps each independent stream of
+// messages on its own communicator (the pipeline: activations and gradients) and declares the
+// (source, destination) pairs it will use with connect_p2p() before the first send.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cai/core/tensor.h"
@@ -30,6 +36,8 @@ class Communicator {
   virtual std::string name() const = 0;  // e.g. "world", "dp[0,2]"
   void set_timeout(double seconds) { timeout_ = seconds; }
   double timeout() const { return timeout_; }
+  // Whether tensors on `d` can be passed to this communicator's operations.
+  virtual bool supports(Device d) const { return !d.is_cuda(); }
 
   // In place: t becomes the reduction over the group.
   virtual std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) = 0;
@@ -47,6 +55,11 @@ class Communicator {
   virtual void barrier() = 0;
   // A sub-group of the ranks with the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // Collective: every rank passes the same (source, destination) pairs it will send along.
+  // NCCL builds one channel per pair (a 2-rank communicator with its own stream, so messages in
+  // opposite directions never queue behind each other) and refuses sends on undeclared pairs;
+  // MPI and the fake need nothing.
+  virtual void connect_p2p(const std::vector<std::pair<int, int>>& /*pairs*/) {}
 
   // Blocking conveniences.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }

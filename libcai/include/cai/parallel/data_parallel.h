@@ -11,7 +11,12 @@
 //    micro-batch; each rank keeps only its shard of the gradients (full gradients are freed).
 //  stage 3: parameters are sharded too (Gemini-style chunks: one chunk per layer): a layer's
 //    parameters are gathered just before its forward and its backward and freed after.
-// cpu_offload is accepted; on CPU tensors it changes nothing (it matters once CUDA lands).
+// Parameters on the CPU with an MPI (or fake) communicator, or on one GPU with an NCCL
+// communicator (dist::make_nccl): buckets and shards live on the parameters' device and every
+// copy is a device copy on the compute stream, so on a GPU the bucket all-reduces started from
+// the backward hooks run on the communicator's stream while backward goes on.
+// cpu_offload is accepted for CPU parameters (where it changes nothing); with GPU parameters it is
+// not implemented yet (an error).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -5,6 +5,9 @@
 // validator proves deadlock-free. Data parallelism across pipeline replicas (pp × dp) and ZeRO-1
 // come from a DataParallelPlugin over the data-parallel group, applied to the stage's layers.
 // Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
+// On GPUs (the model moved to its device before setup, an NCCL world communicator) boundary
+// tensors live on the device and travel over per-direction NCCL channels: activations on one
+// communicator, gradients on another (NCCL matches messages in order, not by tag).
 #pragma once
 #include <memory>
 #include <string>

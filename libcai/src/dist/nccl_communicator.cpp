@@ -1,0 +1,537 @@
+// NCCL backend of the Communicator (see cai/dist/nccl.h). Built only with CUDA; nccl_stub.cpp
+// stands in otherwise.
+//
+// Streams: every NCCL communicator here has its own non-blocking stream. The kernels run on the
+// legacy default stream, which a non-blocking stream does not synchronise with, so each
+// operation first makes the communication stream wait for an event recorded on the default
+// stream (everything issued so far, e.g. the backward kernels that produced a gradient bucket)
+// and the compute stream keeps going while NCCL runs: that is the DDP overlap. Buffers stay
+// referenced by the Work until its completion event has been seen, because the caching
+// allocator knows no streams and would hand a freed block to the next kernel at once.
+//
+// Point to point: one 2-rank NCCL communicator and stream per declared (source, destination)
+// pair. On a single NCCL communicator every operation is serialised, so a send of a large
+// activation could wait for a receive that the peer has queued behind its own send of a
+// gradient in the other direction (deadlock); per-direction channels rule that out.
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "cai/core/error.h"
+#include "cai/dist/nccl.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
+#include "kernels/device.h"
+
+namespace cai::dist {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::I32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+void activate(int device) {
+  CAI_CUDA_CHECK(cudaSetDevice(device));
+}
+
+// Bounded host wait for a predicate (event or stream query); false on timeout.
+template <typename Done>
+bool poll(Done done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int spins = 0;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    if (++spins > 2000)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      std::this_thread::yield();
+  }
+  return true;
+}
+
+// One NCCL communicator and the stream its operations run on. Shared by the communicator and
+// its outstanding Work handles.
+struct Channel {
+  Channel(int dev, double timeout_s) : device((activate(dev), dev)), timeout(timeout_s) {}
+  ~Channel() {
+    if (!comm) return;
+    cudaSetDevice(device);
+    // Destroying with operations in flight would block on them: abort what does not finish.
+    bool idle = false;
+    try {
+      idle = poll([&] { return stream.idle(); }, timeout);
+    } catch (const Error&) {
+    }
+    if (idle)
+      ncclCommDestroy(comm);
+    else
+      ncclCommAbort(comm);
+  }
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  void abort() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+
+  int device;
+  double timeout;
+  cuda::Stream stream;  // created on `device` (made current above)
+  ncclComm_t comm = nullptr;
+  bool aborted = false;
+};
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<Channel> ch, std::string what, double timeout)
+      : ch_(std::move(ch)), what_(std::move(what)), timeout_(timeout) {}
+  ~NcclWork() override {
+    if (done_ || !ch_->comm) return;
+    // Dropped before completion: the buffers must outlive the NCCL kernel.
+    try {
+      if (!poll([&] { return done.query(); }, timeout_)) ch_->abort();
+    } catch (const Error&) {
+    }
+  }
+
+  bool test() override {
+    if (done_) return true;
+    CAI_CHECK(!ch_->aborted, "[nccl] {}: the communicator was aborted after an earlier timeout",
+              what_);
+    done_ = done.query();
+    if (done_) keep.clear();
+    return done_;
+  }
+  void wait() override {
+    if (poll([&] { return test(); }, timeout_)) return;
+    ch_->abort();
+    fail(
+        "[nccl] {} did not complete within {} s: a peer has died or hung (the NCCL communicator "
+        "was aborted; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
+        what_, timeout_);
+  }
+
+  cuda::Event done;          // recorded on the channel's stream after the NCCL call
+  std::vector<Tensor> keep;  // user tensors and staging buffers, alive until completion
+
+ private:
+  std::shared_ptr<Channel> ch_;
+  std::string what_;
+  double timeout_;
+  bool done_ = false;
+};
+
+// Page-locked host memory for the scalar reduction (asynchronous copies without a host block).
+class PinnedDouble {
+ public:
+  PinnedDouble() { CAI_CUDA_CHECK(cudaMallocHost(&p_, sizeof(double))); }
+  ~PinnedDouble() { cudaFreeHost(p_); }
+  PinnedDouble(const PinnedDouble&) = delete;
+  PinnedDouble& operator=(const PinnedDouble&) = delete;
+  double& operator*() const { return *static_cast<double*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+constexpr int64_t kWarmUpElements = 1 << 16;
+constexpr int kIdWords = static_cast<int>(sizeof(ncclUniqueId) / sizeof(int32_t));
+static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(Communicator* host, std::unique_ptr<Communicator> owned, int device)
+      : owned_(std::move(owned)), host_(owned_ ? owned_.get() : host), device_(device) {
+    CAI_CHECK(host_, "[nccl] needs a CPU communicator to build on");
+    const int n = kernels::cuda::device_count();
+    CAI_CHECK(device >= 0 && device < n, "[nccl] CUDA device {} does not exist ({} visible)",
+              device, n);
+    timeout_ = host_->timeout();
+    activate(device_);
+    ready_ = std::make_unique<cuda::Event>();
+  }
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  std::string name() const override { return host_->name(); }
+  bool supports(Device d) const override { return !d.is_cuda() || d.index == device_; }
+
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
+    if (!t.is_cuda()) return host_->all_reduce_async(t, op);
+    on_device(t, "all_reduce");
+    auto ch = collective_channel();
+    return launch(ch, describe("all_reduce", t.numel()), {t}, [&](cudaStream_t s) {
+      CAI_CUDA_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()),
+                                   nccl_type(t.dtype()), nccl_op(op), ch->comm, s));
+    });
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& in, Tensor& out,
+                                             const std::vector<int64_t>& counts,
+                                             ReduceOp op) override {
+    if (!in.is_cuda() && !out.is_cuda()) return host_->reduce_scatter_async(in, out, counts, op);
+    on_device(in, "reduce_scatter");
+    on_device(out, "reduce_scatter");
+    check_counts("reduce_scatter", in, out, counts);
+    auto ch = collective_channel();
+    const int64_t most = *std::max_element(counts.begin(), counts.end());
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+    const size_t es = dtype_size(in.dtype());
+    const ncclDataType_t type = nccl_type(in.dtype());
+    std::vector<Tensor> keep{in, out};
+    if (even) {
+      return launch(ch, describe("reduce_scatter", in.numel()), keep, [&](cudaStream_t s) {
+        CAI_CUDA_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(most), type,
+                                         nccl_op(op), ch->comm, s));
+      });
+    }
+    // Uneven: every rank's block padded to the largest count (the padding's sums are dropped).
+    const int n = size();
+    Tensor staged_in = Tensor::empty({n * most}, in.dtype(), in.device());
+    Tensor staged_out = Tensor::empty({most}, in.dtype(), in.device());
+    keep.push_back(staged_in);
+    keep.push_back(staged_out);
+    return launch(ch, describe("reduce_scatter", in.numel()), keep, [&](cudaStream_t s) {
+      const char* src = static_cast<const char*>(in.raw());
+      char* dst = static_cast<char*>(staged_in.raw());
+      int64_t off = 0;
+      for (int r = 0; r < n; ++r) {
+        if (counts[r] > 0)
+          CAI_CUDA_CHECK(cudaMemcpyAsync(dst + r * most * es, src + off * es, counts[r] * es,
+                                         cudaMemcpyDeviceToDevice, s));
+        off += counts[r];
+      }
+      CAI_CUDA_CHECK(ncclReduceScatter(staged_in.raw(), staged_out.raw(), static_cast<size_t>(most),
+                                       type, nccl_op(op), ch->comm, s));
+      if (counts[rank()] > 0)
+        CAI_CUDA_CHECK(cudaMemcpyAsync(out.raw(), staged_out.raw(), counts[rank()] * es,
+                                       cudaMemcpyDeviceToDevice, s));
+    });
+  }
+
+  std::unique_ptr<Work> all_gather_async(const Tensor& in, Tensor& out,
+                                         const std::vector<int64_t>& counts) override {
+    if (!in.is_cuda() && !out.is_cuda()) return host_->all_gather_async(in, out, counts);
+    on_device(in, "all_gather");
+    on_device(out, "all_gather");
+    check_counts("all_gather", out, in, counts);
+    auto ch = collective_channel();
+    const int64_t most = *std::max_element(counts.begin(), counts.end());
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+    const size_t es = dtype_size(in.dtype());
+    const ncclDataType_t type = nccl_type(in.dtype());
+    std::vector<Tensor> keep{in, out};
+    if (even) {
+      return launch(ch, describe("all_gather", out.numel()), keep, [&](cudaStream_t s) {
+        CAI_CUDA_CHECK(
+            ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(most), type, ch->comm, s));
+      });
+    }
+    const int n = size();
+    Tensor staged_in = Tensor::empty({most}, in.dtype(), in.device());
+    Tensor staged_out = Tensor::empty({n * most}, in.dtype(), in.device());
+    keep.push_back(staged_in);
+    keep.push_back(staged_out);
+    return launch(ch, describe("all_gather", out.numel()), keep, [&](cudaStream_t s) {
+      if (counts[rank()] > 0)
+        CAI_CUDA_CHECK(cudaMemcpyAsync(staged_in.raw(), in.raw(), counts[rank()] * es,
+                                       cudaMemcpyDeviceToDevice, s));
+      CAI_CUDA_CHECK(ncclAllGather(staged_in.raw(), staged_out.raw(), static_cast<size_t>(most),
+                                   type, ch->comm, s));
+      const char* src = static_cast<const char*>(staged_out.raw());
+      char* dst = static_cast<char*>(out.raw());
+      int64_t off = 0;
+      for (int r = 0; r < n; ++r) {
+        if (counts[r] > 0)
+          CAI_CUDA_CHECK(cudaMemcpyAsync(dst + off * es, src + r * most * es, counts[r] * es,
+                                         cudaMemcpyDeviceToDevice, s));
+        off += counts[r];
+      }
+    });
+  }
+
+  std::unique_ptr<Work> broadcast_async(Tensor& t, int root) override {
+    if (!t.is_cuda()) return host_->broadcast_async(t, root);
+    on_device(t, "broadcast");
+    CAI_CHECK(root >= 0 && root < size(), "[nccl] broadcast root {} outside group '{}' of {}", root,
+              name(), size());
+    auto ch = collective_channel();
+    return launch(ch, describe("broadcast", t.numel()), {t}, [&](cudaStream_t s) {
+      CAI_CUDA_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()),
+                                   nccl_type(t.dtype()), root, ch->comm, s));
+    });
+  }
+
+  std::unique_ptr<Work> send_async(const Tensor& t, int peer, int tag) override {
+    if (!t.is_cuda()) return host_->send_async(t, peer, tag);
+    on_device(t, "send");
+    auto ch = p2p_channel("send", rank(), peer);
+    return launch(ch, describe(fmt::format("send to {} (tag {})", peer, tag), t.numel()), {t},
+                  [&](cudaStream_t s) {
+                    CAI_CUDA_CHECK(ncclSend(t.raw(), static_cast<size_t>(t.numel()),
+                                            nccl_type(t.dtype()), 1, ch->comm, s));
+                  });
+  }
+
+  std::unique_ptr<Work> recv_async(Tensor& t, int peer, int tag) override {
+    if (!t.is_cuda()) return host_->recv_async(t, peer, tag);
+    on_device(t, "recv");
+    auto ch = p2p_channel("recv", peer, rank());
+    return launch(ch, describe(fmt::format("recv from {} (tag {})", peer, tag), t.numel()), {t},
+                  [&](cudaStream_t s) {
+                    CAI_CUDA_CHECK(ncclRecv(t.raw(), static_cast<size_t>(t.numel()),
+                                            nccl_type(t.dtype()), 0, ch->comm, s));
+                  });
+  }
+
+  void barrier() override {
+    if (size() == 1) return;
+    auto ch = collective_channel();
+    Tensor one = Tensor::zeros({1}, DType::F32, Device::cuda(device_));
+    launch(ch, describe("barrier", 0), {one}, [&](cudaStream_t s) {
+      CAI_CUDA_CHECK(ncclAllReduce(one.raw(), one.raw(), 1, ncclFloat32, ncclSum, ch->comm, s));
+    })->wait();
+  }
+
+  // Exact: NCCL reduces doubles.
+  double all_reduce_scalar(double v, ReduceOp op) override {
+    if (size() == 1) return v;
+    auto ch = collective_channel();
+    if (!scalar_host_) scalar_host_ = std::make_unique<PinnedDouble>();
+    Tensor dev = Tensor::empty({2}, DType::F32, Device::cuda(device_));  // 8 bytes: one double
+    **scalar_host_ = v;
+    launch(ch, describe("all_reduce(scalar)", 1), {dev}, [&](cudaStream_t s) {
+      CAI_CUDA_CHECK(
+          cudaMemcpyAsync(dev.raw(), &**scalar_host_, sizeof(double), cudaMemcpyHostToDevice, s));
+      CAI_CUDA_CHECK(ncclAllReduce(dev.raw(), dev.raw(), 1, ncclFloat64, nccl_op(op), ch->comm, s));
+      CAI_CUDA_CHECK(
+          cudaMemcpyAsync(&**scalar_host_, dev.raw(), sizeof(double), cudaMemcpyDeviceToHost, s));
+    })->wait();
+    return **scalar_host_;
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    // The CPU group splits first; its members then build their NCCL communicator from a fresh
+    // unique id at their first collective.
+    return std::make_unique<NcclCommunicator>(nullptr, host_->split(color, key, name), device_);
+  }
+
+  void connect_p2p(const std::vector<std::pair<int, int>>& pairs) override {
+    std::vector<std::pair<int, int>> want;
+    for (const auto& p : pairs) {
+      CAI_CHECK(p.first >= 0 && p.first < size() && p.second >= 0 && p.second < size() &&
+                    p.first != p.second,
+                "[nccl] connect_p2p: ({} -> {}) is not a pair of distinct ranks of group '{}' "
+                "({} ranks)",
+                p.first, p.second, name(), size());
+      if (std::find(want.begin(), want.end(), p) == want.end()) want.push_back(p);
+    }
+    std::sort(want.begin(), want.end());
+    // Every rank must declare the same pairs: compare a checksum.
+    double sum = 0;
+    for (const auto& p : want) sum = std::fmod(sum * 131.0 + p.first * 1009.0 + p.second, 1e12);
+    const double lo = host_->all_reduce_scalar(sum, ReduceOp::Min);
+    const double hi = host_->all_reduce_scalar(sum, ReduceOp::Max);
+    CAI_CHECK(lo == hi,
+              "[nccl] connect_p2p on group '{}': the ranks declared different pairs (rank {} "
+              "declared {})",
+              name(), rank(), want.size());
+    std::vector<std::pair<int, int>> fresh;
+    for (const auto& p : want)
+      if (!pairs_.count(p)) fresh.push_back(p);
+    if (fresh.empty()) return;
+    // The source of each new pair makes its unique id (and hosts its bootstrap root), every
+    // rank learns all ids by one sum over the CPU group (the other slots are zeros); then, in
+    // the same global order on every rank, each pair's two members build their 2-rank
+    // communicator (a rank waits only for pairs earlier in that order: no deadlock).
+    Tensor ids = Tensor::zeros({static_cast<int64_t>(fresh.size()) * kIdWords}, DType::I32);
+    for (size_t i = 0; i < fresh.size(); ++i)
+      if (fresh[i].first == rank()) {
+        ncclUniqueId id;
+        CAI_CUDA_CHECK(ncclGetUniqueId(&id));
+        std::memcpy(ids.data<int32_t>() + i * kIdWords, &id, sizeof(id));
+      }
+    host_->all_reduce(ids, ReduceOp::Sum);
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      const auto [src, dst] = fresh[i];
+      if (rank() != src && rank() != dst) {
+        pairs_[fresh[i]] = nullptr;  // declared, not ours
+        continue;
+      }
+      ncclUniqueId id;
+      std::memcpy(&id, ids.data<int32_t>() + i * kIdWords, sizeof(id));
+      auto ch = std::make_shared<Channel>(device_, timeout_);
+      CAI_CUDA_CHECK(ncclCommInitRank(&ch->comm, 2, id, rank() == src ? 0 : 1));
+      // NCCL connects a peer at its first send/recv, blocking the host until the peer's matching
+      // call: do that now, while both members are at this pair, so that later sends return at
+      // once whatever the peer is doing.
+      Tensor warm = Tensor::zeros({kWarmUpElements}, DType::F32, Device::cuda(device_));
+      launch(ch, describe(fmt::format("connect_p2p warm-up {} -> {}", src, dst), kWarmUpElements),
+             {warm},
+             [&](cudaStream_t s) {
+               if (rank() == src)
+                 CAI_CUDA_CHECK(ncclSend(warm.raw(), kWarmUpElements, ncclFloat32, 1, ch->comm, s));
+               else
+                 CAI_CUDA_CHECK(ncclRecv(warm.raw(), kWarmUpElements, ncclFloat32, 0, ch->comm, s));
+             })
+          ->wait();
+      pairs_[fresh[i]] = ch;
+    }
+  }
+
+ private:
+  std::string describe(const std::string& op, int64_t n) const {
+    return fmt::format("{} of {} elements on group '{}' ({} ranks, rank {})", op, n, name(), size(),
+                       rank());
+  }
+
+  void on_device(const Tensor& t, const char* op) const {
+    CAI_CHECK(t.is_cuda() && t.device().index == device_,
+              "[nccl] {} on group '{}' needs tensors on cuda:{} (this communicator's device), "
+              "got {}",
+              op, name(), device_, t.str());
+  }
+
+  void check_counts(const char* op, const Tensor& whole, const Tensor& part,
+                    const std::vector<int64_t>& counts) const {
+    CAI_CHECK(static_cast<int>(counts.size()) == size(),
+              "[nccl] {} needs {} counts for group '{}', got {}", op, size(), name(),
+              counts.size());
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      CAI_CHECK(c >= 0, "[nccl] {} on group '{}': negative count {}", op, name(), c);
+      total += c;
+    }
+    CAI_CHECK(
+        whole.numel() == total && part.numel() == counts[rank()] && whole.dtype() == part.dtype(),
+        "[nccl] {} on group '{}': buffers of {} and {} elements do not match counts summing "
+        "to {} with {} for rank {}",
+        op, name(), whole.numel(), part.numel(), total, counts[rank()], rank());
+  }
+
+  // The group's own NCCL communicator, built at the first collective: every rank issues
+  // collectives in the same order, so this is collective too, and a group used only for point
+  // to point never builds one.
+  std::shared_ptr<Channel> collective_channel() {
+    if (main_) {
+      CAI_CHECK(!main_->aborted,
+                "[nccl] group '{}' (rank {}): the communicator was aborted after an earlier "
+                "timeout",
+                name(), rank());
+      return main_;
+    }
+    Tensor id_words = Tensor::zeros({kIdWords}, DType::I32);
+    if (rank() == 0) {
+      ncclUniqueId id;
+      CAI_CUDA_CHECK(ncclGetUniqueId(&id));
+      std::memcpy(id_words.raw(), &id, sizeof(id));
+    }
+    host_->broadcast(id_words, 0);
+    ncclUniqueId id;
+    std::memcpy(&id, id_words.raw(), sizeof(id));
+    auto ch = std::make_shared<Channel>(device_, timeout_);
+    CAI_CUDA_CHECK(ncclCommInitRank(&ch->comm, size(), id, rank()));
+    main_ = ch;
+    return main_;
+  }
+
+  std::shared_ptr<Channel> p2p_channel(const char* op, int src, int dst) {
+    const int peer = src == rank() ? dst : src;
+    CAI_CHECK(peer >= 0 && peer < size() && peer != rank(),
+              "[nccl] {} peer {} is not another rank of group '{}' ({} ranks, this is rank {})", op,
+              peer, name(), size(), rank());
+    auto it = pairs_.find({src, dst});
+    CAI_CHECK(it != pairs_.end() && it->second,
+              "[nccl] {} on group '{}': the pair ({} -> {}) was not declared with connect_p2p() "
+              "(collective, before the first send; NCCL matches messages per pair, in order)",
+              op, name(), src, dst);
+    CAI_CHECK(!it->second->aborted,
+              "[nccl] {} on group '{}' ({} -> {}): the channel was aborted after an earlier "
+              "timeout",
+              op, name(), src, dst);
+    return it->second;
+  }
+
+  // The comm stream waits for the compute stream, `issue` enqueues the NCCL call (and copies)
+  // on it, and the returned Work holds the completion event and the buffers.
+  template <typename Issue>
+  std::unique_ptr<Work> launch(const std::shared_ptr<Channel>& ch, std::string what,
+                               std::vector<Tensor> keep, Issue issue) {
+    activate(device_);
+    ready_->record(cudaStreamLegacy);
+    ch->stream.wait(ready_->get());
+    issue(ch->stream.get());
+    auto w = std::make_unique<NcclWork>(ch, std::move(what), timeout_);
+    w->done.record(ch->stream.get());
+    w->keep = std::move(keep);
+    return w;
+  }
+
+  std::unique_ptr<Communicator> owned_;
+  Communicator* host_;
+  int device_;
+  std::unique_ptr<cuda::Event> ready_;  // recorded on the compute stream before each operation
+  std::shared_ptr<Channel> main_;
+  std::map<std::pair<int, int>, std::shared_ptr<Channel>> pairs_;  // (src, dst) -> channel
+  std::unique_ptr<PinnedDouble> scalar_host_;
+};
+
+}  // namespace
+
+bool nccl_compiled() {
+  return true;
+}
+
+std::unique_ptr<Communicator> make_nccl(Communicator& host, int device) {
+  return std::make_unique<NcclCommunicator>(&host, nullptr, device);
+}
+
+std::unique_ptr<Communicator> make_nccl(std::unique_ptr<Communicator> host, int device) {
+  CAI_CHECK(host != nullptr, "[nccl] make_nccl needs a CPU communicator");
+  return std::make_unique<NcclCommunicator>(nullptr, std::move(host), device);
+}
+
+int select_cuda_device(int local_rank, int local_world_size) {
+  const int n = kernels::cuda::device_count();
+  CAI_CHECK(n > 0, "[cuda] no GPU is visible ({})", kernels::cuda::runtime_info().device_error);
+  CAI_CHECK(local_world_size <= n,
+            "[cuda] {} processes on this node but {} GPU(s): NCCL needs one GPU per process",
+            local_world_size, n);
+  const int d = local_rank % n;
+  activate(d);
+  return d;
+}
+
+}  // namespace cai::dist
