@@ -321,9 +321,6 @@ void validate(const TrainConfig& c, int world) {
       c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
-  if (c.precision != "fp32")
-    not_yet(fmt::format("precision.mode = \"{}\" (mixed precision needs the CUDA backend)",
-                        c.precision));
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);

@@ -189,6 +189,14 @@ int main(int argc, char** argv) {
     tc.clip_grad_norm = cfg.clip_grad_norm;
     tc.seed = static_cast<uint64_t>(cfg.seed);
     tc.max_steps_per_epoch = cfg.max_steps_per_epoch;
+    tc.precision = dtype_from_name(cfg.precision);
+    tc.grad_scaler.initial_scale = cfg.initial_scale;
+    tc.grad_scaler.min_scale = cfg.min_scale;
+    tc.grad_scaler.growth_factor = cfg.growth_factor;
+    tc.grad_scaler.backoff_factor = cfg.backoff_factor;
+    tc.grad_scaler.growth_interval = cfg.growth_interval;
+    tc.grad_scaler.hysteresis = cfg.hysteresis;
+    tc.grad_scaler.max_scale = cfg.max_scale;
     const bool by_epoch = cfg.schedule_by == "epoch";
     const int64_t steps_per_epoch = [&] {
       int64_t s =
