@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch/timm side of scripts/bench-vit: training-step throughput of a timm ViT with AdamW on
-synthetic data, eager fp32, eager bf16 autocast and torch.compile bf16. One JSON line each."""
-import argparse, json, time
+synthetic data, eager fp32, eager bf16 autocast and torch.compile bf16. One JSON line each.
+Under torchrun with several processes: DistributedDataParallel (NCCL), batch per GPU, total img/s
+printed by rank 0."""
+import argparse, json, os, time
 
 import timm
 import torch
@@ -13,6 +15,11 @@ p.add_argument("--steps", type=int, default=10)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--modes", default="eager-fp32,eager-bf16,compile-bf16")
 a = p.parse_args()
+world = int(os.environ.get("WORLD_SIZE", "1"))
+rank = int(os.environ.get("RANK", "0"))
+if world > 1:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl")
 dev = "cuda"
 x = torch.randn(a.batch, 3, 224, 224, device=dev)
 y = torch.arange(a.batch, device=dev) % 1000
@@ -20,7 +27,8 @@ for mode in a.modes.split(","):
     torch.manual_seed(0)
     model = timm.create_model(a.model, num_classes=1000).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
-    fwd = torch.compile(model) if mode.startswith("compile") else model
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    fwd = torch.compile(net) if mode.startswith("compile") else net
     bf16 = mode.endswith("bf16")
 
     def step():
@@ -39,10 +47,14 @@ for mode in a.modes.split(","):
         step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    ips = a.batch * a.steps / secs
-    print(json.dumps({"impl": f"pytorch {mode}", "model": a.model, "batch": a.batch,
-                      "img_per_s": round(ips, 1), "step_ms": round(1e3 * secs / a.steps, 1),
-                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                      "torch": torch.__version__}), flush=True)
-    del model, opt, fwd
+    ips = a.batch * world * a.steps / secs
+    name = f"pytorch {mode}" + (f" ddpx{world}" if world > 1 else "")
+    if rank == 0:
+        print(json.dumps({"impl": name, "gpus": world, "model": a.model, "batch": a.batch,
+                          "img_per_s": round(ips, 1), "step_ms": round(1e3 * secs / a.steps, 1),
+                          "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                          "torch": torch.__version__}), flush=True)
+    del model, opt, fwd, net
     torch.cuda.empty_cache()
+if world > 1:
+    torch.distributed.destroy_process_group()

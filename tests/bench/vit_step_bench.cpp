@@ -5,6 +5,9 @@
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
+// Under mpirun / colossalai run with several processes: data parallel over NCCL, one GPU per
+// process (local rank), batch per GPU, DDP (--zero 0, bucketed all-reduce overlapped with
+// backward) or ZeRO 1-3; rank 0 prints the total img/s of all GPUs.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,9 +15,13 @@
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/launch.h"
+#include "cai/dist/nccl.h"
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
+#include "cai/parallel/data_parallel.h"
 #include "kernels/device.h"
 
 using namespace cai;
@@ -35,6 +42,7 @@ int main(int argc, char** argv) {
   std::string model = "vit_base_patch16_224", device = "cuda", precision = "bf16";
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
+  int zero = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -47,6 +55,8 @@ int main(int argc, char** argv) {
       warmup = std::atoll(v.c_str());
     else if (a == "--device")
       device = v;
+    else if (a == "--zero")
+      zero = std::atoi(v.c_str());
     else if (a == "--precision")
       precision = v;
     else if (a == "--peak-tflops")
@@ -57,17 +67,33 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    const dist::LaunchInfo li = dist::launch_from_env();
+    std::unique_ptr<dist::MpiEnvironment> mpi;
+    std::unique_ptr<dist::Communicator> world, nccl;
+    std::unique_ptr<parallel::DataParallelPlugin> dp;
     nn::ViTConfig c = nn::ViTConfig::named(model);
     nn::ViT m(c);
     m.init(0);
-    const Device dev = device == "cuda" ? Device::cuda(0) : Device::cpu();
-    if (dev.is_cuda()) {
+    Device dev = Device::cpu();
+    if (device == "cuda") {
       CAI_CHECK(kernels::cuda::device_count() > 0, "[bench] no GPU: {}",
                 kernels::cuda::runtime_info().device_error);
+      dev = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       m.to(dev);
     }
+    if (li.world_size > 1) {
+      mpi = std::make_unique<dist::MpiEnvironment>(&argc, &argv);
+      world = mpi->world();
+      parallel::DataParallelConfig dc;
+      dc.zero_stage = zero;
+      dp = std::make_unique<parallel::DataParallelPlugin>(
+          dev.is_cuda() ? *(nccl = dist::make_nccl(*world, dev.index)) : *world, dc);
+      dp->setup(m);
+    }
+    const int64_t ranks = dp ? dp->world_size() : 1;
     m.set_compute_dtype(dtype_from_name(precision));
-    optim::AdamW opt(optim::weight_decay_groups(m.parameters(), 1e-3, 0.05));
+    optim::AdamW opt(
+        optim::weight_decay_groups(dp ? dp->optimizer_parameters(m) : m.parameters(), 1e-3, 0.05));
     Tensor img = Tensor::empty({batch, c.in_chans, c.img_size, c.img_size});
     rng::normal_(img, 1, 2, 0.0f, 1.0f);
     std::vector<int32_t> lab(batch);
@@ -85,12 +111,20 @@ int main(int argc, char** argv) {
       std::vector<std::unique_ptr<nn::Cache>> caches;
       nn::ForwardCtx ctx{true, 0, static_cast<uint64_t>(s), 0};
       auto t = Clock::now();
-      Tensor logits = m.forward(images, caches, ctx);
+      const nn::LayerHooks* hooks = dp ? dp->train_hooks(true) : nullptr;
+      Tensor logits = m.forward(images, caches, ctx, hooks);
       if (profile) sync(), phase[0] += since(t), t = Clock::now();
-      m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / batch), caches, ctx);
+      m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / (batch * ranks)), caches, ctx,
+                 hooks);
+      if (dp) dp->sync_gradients(m);
       if (profile) sync(), phase[1] += since(t), t = Clock::now();
-      opt.step();
-      opt.zero_grad();
+      if (dp) {
+        dp->optimizer_step(opt);
+        dp->zero_grad(m, opt);
+      } else {
+        opt.step();
+        opt.zero_grad();
+      }
       sync();
       if (profile) phase[2] += since(t);
     };
@@ -99,22 +133,27 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < steps; ++s) step(warmup + s, false);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double ips = static_cast<double>(batch * steps) / secs;
+    const double ips = static_cast<double>(batch * ranks * steps) / secs;
     const int64_t profiled = 2;
     for (int64_t s = 0; s < profiled; ++s) step(warmup + steps + s, true);
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
-    const double peak_gib = dev.is_cuda()
-                                ? kernels::cuda::allocator_stats(0).peak / double(1ull << 30)
-                                : peak_memory(DeviceType::CPU) / double(1ull << 30);
-    std::printf(
-        "{\"impl\": \"colossalai-cpp %s\", \"model\": \"%s\", \"batch\": %lld, \"device\": "
-        "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
-        "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
-        "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f}\n",
-        precision.c_str(), model.c_str(), static_cast<long long>(batch), device.c_str(), ips,
-        1e3 * secs / static_cast<double>(steps), tflops, tflops / peak, peak_gib,
-        3.0 * forward_flops(c) / 1e9, 1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled,
-        1e3 * phase[2] / profiled);
+    const double peak_gib =
+        dev.is_cuda() ? kernels::cuda::allocator_stats(dev.index).peak / double(1ull << 30)
+                      : peak_memory(DeviceType::CPU) / double(1ull << 30);
+    const std::string impl = ranks > 1
+                                 ? fmt::format("colossalai-cpp {} {}x{}", precision,
+                                               zero ? "zero" + std::to_string(zero) : "ddp", ranks)
+                                 : "colossalai-cpp " + precision;
+    if (li.rank == 0)
+      std::printf(
+          "{\"impl\": \"%s\", \"gpus\": %lld, \"model\": \"%s\", \"batch\": %lld, \"device\": "
+          "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
+          "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
+          "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f}\n",
+          impl.c_str(), static_cast<long long>(ranks), model.c_str(), static_cast<long long>(batch),
+          device.c_str(), ips, 1e3 * secs / static_cast<double>(steps), tflops,
+          tflops / (peak * static_cast<double>(ranks)), peak_gib, 3.0 * forward_flops(c) / 1e9,
+          1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled);
   } catch (const Error& e) {
     std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
     return 1;
