@@ -163,7 +163,8 @@ TEST_F(CudaFlash, Supported) {
 // Forward (out, lse) and backward (dqkv, overwritten) against the CPU reference.
 TEST_F(CudaFlash, MatchesCpu) {
   const Dims shapes[] = {{1, 1, 1, 64},  {2, 7, 3, 64},   {2, 197, 12, 64}, {1, 300, 2, 64},
-                         {1, 65, 2, 32}, {1, 70, 1, 128}, {2, 129, 2, 64},  {1, 33, 2, 40}};
+                         {1, 65, 2, 32}, {1, 70, 1, 128}, {2, 129, 2, 64},  {1, 33, 2, 40},
+                         {1, 64, 2, 64}, {1, 520, 1, 64}, {1, 100, 1, 16}};
   for (DT t : {DT::BF16, DT::F16}) {
     for (const Dims s : shapes) {
       const std::string name = std::string("flash ") + kernels::dt_name(t) +
