@@ -13,7 +13,12 @@ set -e
 [ $rc -eq 2 ] || { echo "expected exit 2 for an unknown key, got $rc"; exit 1; }
 grep -q "unknown key 'train.batchsize'" <<<"$err"
 set +e
+err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_hybrid.toml" 2>&1); rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "hybrid config: $err"; exit 1; }
+set +e
 err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" 2>&1); rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "pipeline config: $err"; exit 1; }
+[ $rc -eq 2 ] && grep -q "1 processes are not divisible" <<<"$err" ||
+  { echo "pipeline config on one process: $err"; exit 1; }
 echo "vit_train cli: ok"
