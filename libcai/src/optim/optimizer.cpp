@@ -115,6 +115,13 @@ int64_t Optimizer::state_bytes() const {
   return b;
 }
 
+int64_t Optimizer::state_bytes(bool cuda) const {
+  int64_t b = 0;
+  for (const auto& [k, v] : state_)
+    if (v.is_cuda() == cuda) b += static_cast<int64_t>(v.nbytes());
+  return b;
+}
+
 // --- SGD --------------------------------------------------------------------------------------
 
 SGD::SGD(std::vector<ParamGroup> groups, double momentum, double dampening, bool nesterov)
@@ -237,9 +244,12 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
     return std::make_unique<Adam>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-8 : o.eps);
   if (o.name == "adamw")
     return std::make_unique<AdamW>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-8 : o.eps);
+  if (o.name == "hybrid_adam")
+    return std::make_unique<HybridAdam>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-8 : o.eps);
   if (o.name == "lamb")
     return std::make_unique<Lamb>(std::move(g), o.beta1, o.beta2, o.eps < 0 ? 1e-6 : o.eps);
-  fail("[optimizer] unknown optimizer '{}': expected sgd, adam, adamw or lamb", o.name);
+  fail("[optimizer] unknown optimizer '{}': expected sgd, adam, adamw, hybrid_adam or lamb",
+       o.name);
 }
 
 double grad_norm(const std::vector<nn::Parameter*>& params) {

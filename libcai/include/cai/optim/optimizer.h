@@ -42,6 +42,8 @@ class Optimizer {
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
   int64_t state_bytes() const;  // optimizer-state memory held by this process
+  // The part of state_bytes() on GPUs (cuda = true) or in host memory (cuda = false).
+  int64_t state_bytes(bool cuda) const;
 
  protected:
   virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
@@ -87,6 +89,19 @@ class AdamW : public Adam {
       : Adam(std::move(groups), beta1, beta2, eps, true) {}
 };
 
+// HybridAdam (Colossal-AI's nn.optimizer.HybridAdam with adamw_mode = true): AdamW whose
+// parameters in host memory step with the vectorised multi-threaded CPU kernel (cpu_adam) and
+// whose parameters on a GPU step with the multi-tensor fused CUDA kernel, group by group. The
+// optimizer for ZeRO with cpu_offload, where the shards it steps live on the host. Results equal
+// AdamW's bit for bit on either device.
+class HybridAdam : public Adam {
+ public:
+  HybridAdam(std::vector<ParamGroup> groups, double beta1 = 0.9, double beta2 = 0.999,
+             double eps = 1e-8, bool adamw_mode = true)
+      : Adam(std::move(groups), beta1, beta2, eps, adamw_mode) {}
+  std::string name() const override { return "hybrid_adam"; }
+};
+
 // LAMB as timm's Lamb (NVIDIA FusedLAMB behaviour): Adam direction with bias correction plus
 // weight decay, scaled per parameter by the trust ratio ‖p‖/‖update‖ when the group has weight
 // decay. No internal gradient clipping: use clip_grad_norm.
@@ -102,7 +117,7 @@ class Lamb : public Optimizer {
 };
 
 struct OptimizerOptions {
-  std::string name = "adamw";  // sgd | adam | adamw | lamb
+  std::string name = "adamw";  // sgd | adam | adamw | hybrid_adam | lamb
   double momentum = 0.9;       // sgd
   bool nesterov = false;       // sgd
   double beta1 = 0.9, beta2 = 0.999;
