@@ -4,7 +4,10 @@
 // ≈ 1/dp.
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
-//            [--device cpu|cuda] [--data DIR]
+//            [--device cpu|cuda] [--cpu-offload] [--data DIR]
+// --cpu-offload (ZeRO >= 1): ZeRO-Offload; the distributed run steps its host shards with
+// HybridAdam (for --optimizer adamw, the default) and must keep no optimizer state on the GPU
+// and 1/dp of the single run's state in host memory.
 // --device cuda: one GPU per rank (local rank), the ranks talk over NCCL, and the reference is
 // the single-process run on one GPU; exits 77 (skipped, saying why) without CUDA or enough GPUs.
 #include <cmath>
@@ -32,6 +35,7 @@ struct Result {
   std::vector<double> losses;
   std::vector<float> params;
   int64_t state_bytes = 0, param_bytes = 0;
+  int64_t state_gpu_bytes = 0, state_host_bytes = 0;
 };
 
 class RecordLoss : public train::Hook {
@@ -49,7 +53,8 @@ struct PipeArgs {
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
-           const std::string& optimizer, const PipeArgs& pa, Device dev, const std::string& data) {
+           const std::string& optimizer, const PipeArgs& pa, Device dev, const std::string& data,
+           bool cpu_offload = false) {
   const int world_size = comm ? comm->size() : 1;
   const dist::ProcessMesh mesh(world_size, 1, comm ? pa.pp : 1);
   const int world = mesh.dp_size(), rank = mesh.coord(comm ? comm->rank() : 0).dp;
@@ -92,6 +97,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.overlap = overlap;
     dc.ddp_bucket_cap_mb = 0.01;  // several buckets even for this small model
     dc.zero_bucket_size_in_m = 0.003;
+    dc.cpu_offload = cpu_offload;
     dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
     plugin = dpp;
   } else {
@@ -99,7 +105,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   }
   plugin->setup(model);
   optim::OptimizerOptions oo;
-  oo.name = optimizer;
+  oo.name = cpu_offload && optimizer == "adamw" ? "hybrid_adam" : optimizer;
   auto opt = optim::make_optimizer(
       oo, optim::weight_decay_groups(plugin->optimizer_parameters(model), 1e-2, 0.05));
   train::TrainerConfig tc;
@@ -111,6 +117,8 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   t.add_hook(std::make_shared<RecordLoss>(r.losses));
   t.fit();
   r.state_bytes = opt->state_bytes();
+  r.state_gpu_bytes = opt->state_bytes(true);
+  r.state_host_bytes = opt->state_bytes(false);
   r.param_bytes = dpp ? dpp->parameter_bytes() : 0;
   if (dpp) dpp->materialize_parameters();
   // A pipeline stage holds only its layers: compare those (NaN marks the others).
@@ -132,7 +140,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
 int main(int argc, char** argv) {
   dist::MpiEnvironment env(&argc, &argv);
   int zero = 0, accum = 1, steps = 4;
-  bool overlap = true;
+  bool overlap = true, cpu_offload = false;
   std::string optimizer = "adamw";
   std::string device = "cpu", data = "/usr/share/datasets/fashion-mnist";
   PipeArgs pa;
@@ -146,6 +154,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     else if (a == "--optimizer" && i + 1 < argc)
       optimizer = argv[++i];
+    else if (a == "--cpu-offload")
+      cpu_offload = true;
     else if (a == "--no-overlap")
       overlap = false;
     else if (a == "--pp" && i + 1 < argc)
@@ -188,7 +198,8 @@ int main(int argc, char** argv) {
     }
     dist::Communicator* comm = nccl ? nccl.get() : world.get();
     const Result ref = run(nullptr, 0, accum, steps, overlap, optimizer, pa, dev, data);
-    const Result dist = run(comm, zero, accum, steps, overlap, optimizer, pa, dev, data);
+    const Result dist =
+        run(comm, zero, accum, steps, overlap, optimizer, pa, dev, data, cpu_offload);
     bool ok = ref.losses.size() == dist.losses.size() && ref.params.size() == dist.params.size();
     double loss_err = 0, num = 0, den = 0;
     for (size_t i = 0; ok && i < ref.losses.size(); ++i)
@@ -215,6 +226,12 @@ int main(int argc, char** argv) {
     } else {
       ok = ok && state_ratio < 1.0;  // a stage keeps the state of its layers only
     }
+    // ZeRO-Offload: all of this rank's optimizer state in host memory (1/dp of the single run's
+    // total), none on the GPU.
+    const double host_ratio = double(dist.state_host_bytes) / double(ref.state_bytes);
+    if (cpu_offload)
+      ok = ok && dist.state_gpu_bytes == 0 && dist.state_host_bytes == dist.state_bytes &&
+           std::abs(host_ratio - 1.0 / W) < 0.02;
     // Every rank must agree.
     const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
     std::printf(
@@ -227,6 +244,13 @@ int main(int argc, char** argv) {
         static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
         state_ratio, static_cast<long long>(dist.param_bytes),
         static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");
+    if (cpu_offload)
+      std::printf(
+          "[rank %d] cpu_offload: optimizer state on the GPU %lld B, on the host %lld B "
+          "(single run %lld B, ratio %.3f)\n",
+          world->rank(), static_cast<long long>(dist.state_gpu_bytes),
+          static_cast<long long>(dist.state_host_bytes), static_cast<long long>(ref.state_bytes),
+          host_ratio);
     return all_ok == 1.0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "test_dp_equivalence: %s\n", e.what());

@@ -50,6 +50,13 @@ struct DataParallelPlugin::Impl {
   Device device;                       // where the parameters, gradients, buckets and shards live
   std::vector<nn::Parameter*> params;  // model parameters, model order
   std::vector<nn::Parameter> shards;   // ZeRO: this rank's chunk of each parameter
+  // cpu_offload with GPU parameters (ZeRO-Offload): `shards` are views into dev_value/dev_grad
+  // (the reduction and the all-gather work on them, on the GPU), and the optimizer steps `host`,
+  // the same chunks in host memory (views into host_value/host_grad): one device→host copy of
+  // the gradient shard after the reduction, one host→device copy of the updated values after the
+  // step.
+  std::vector<nn::Parameter> host;
+  Tensor dev_value, dev_grad, host_value, host_grad;
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   std::map<const nn::Parameter*, size_t> bucket_of;
@@ -69,6 +76,7 @@ struct DataParallelPlugin::Impl {
   }
 
   bool sharded_grads() const { return cfg.zero_stage >= 2; }
+  bool offload() const { return cfg.cpu_offload && device.is_cuda(); }
 
   // ---- buckets ------------------------------------------------------------------------------
 
@@ -276,10 +284,10 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
             "there (MPI moves CPU tensors: build an NCCL communicator with dist::make_nccl for "
             "GPU parameters)",
             m.device.str(), m.dp.name());
-  if (m.cfg.cpu_offload && m.device.is_cuda())
-    throw NotImplemented(
-        "[data_parallel] cpu_offload = true with parameters on a GPU: offloading optimizer state "
-        "to the host is not implemented yet");
+  CAI_CHECK(!m.cfg.cpu_offload || m.cfg.zero_stage >= 1,
+            "[data_parallel] cpu_offload = true needs zero_stage >= 1 (got {}): the host holds "
+            "the optimizer's shard",
+            m.cfg.zero_stage);
   for (nn::Layer* l : layers) {
     std::vector<nn::Parameter*> ps;
     l->collect(ps);
@@ -300,7 +308,38 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     copy_span(p->value, 0, flat, in, p->value.numel());
     in += p->value.numel();
   }
-  if (m.cfg.zero_stage >= 1) {
+  if (m.cfg.zero_stage >= 1 && m.offload()) {
+    int64_t mine = 0;
+    for (nn::Parameter* p : m.params) mine += chunk_size(p->value.numel(), m.rank, m.size);
+    m.dev_value = Tensor::empty({mine}, DType::F32, m.device);
+    m.dev_grad = Tensor::zeros({mine}, DType::F32, m.device);
+    m.host_grad = Tensor::zeros({mine}, DType::F32, Device::cpu());
+    int64_t off = 0;
+    for (nn::Parameter* p : m.params) {
+      const int64_t n = p->value.numel();
+      const int64_t c0 = chunk_begin(n, m.rank, m.size), c = chunk_size(n, m.rank, m.size);
+      nn::Parameter s;
+      s.name = p->name;
+      s.weight_decay = p->weight_decay;
+      s.value = span(m.dev_value, off, c);
+      copy_span(s.value, 0, p->value, c0, c);
+      s.grad = span(m.dev_grad, off, c);
+      m.shards.push_back(std::move(s));
+      off += c;
+    }
+    m.host_value = m.dev_value.to(Device::cpu());
+    off = 0;
+    for (const nn::Parameter& d : m.shards) {
+      nn::Parameter h;
+      h.name = d.name;
+      h.weight_decay = d.weight_decay;
+      const int64_t c = d.value.numel();
+      h.value = span(m.host_value, off, c);
+      h.grad = span(m.host_grad, off, c);
+      m.host.push_back(std::move(h));
+      off += c;
+    }
+  } else if (m.cfg.zero_stage >= 1) {
     for (nn::Parameter* p : m.params) {
       const int64_t n = p->value.numel();
       const int64_t c0 = chunk_begin(n, m.rank, m.size), c = chunk_size(n, m.rank, m.size);
@@ -343,7 +382,7 @@ std::vector<nn::Parameter*> DataParallelPlugin::optimizer_parameters(nn::ViT&) {
   CAI_CHECK(!m.shards.empty() || m.params.empty(),
             "[data_parallel] call setup(model) before optimizer_parameters()");
   std::vector<nn::Parameter*> out;
-  for (auto& s : m.shards) out.push_back(&s);
+  for (auto& s : m.offload() ? m.host : m.shards) out.push_back(&s);
   return out;
 }
 
@@ -369,6 +408,9 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
       copy_span(m.shards[i].grad, 0, m.params[i]->grad, chunk_begin(n, m.rank, m.size),
                 m.shards[i].grad.numel());
     }
+  // Offload: the reduced gradient shard goes to the host, where the optimizer (and the clipping
+  // and the fp16 overflow check before it) reads it.
+  if (m.offload()) m.host_grad.copy_from(m.dev_grad);
 }
 
 double DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
@@ -382,6 +424,7 @@ double DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   Impl& m = *impl_;
   opt.step();
+  if (m.offload()) m.dev_value.copy_from(m.host_value);  // the updated shard back to the GPU
   if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) {
     // Every rank needs the updated full parameters for the next forward.
     m.gather(m.params);
@@ -391,6 +434,7 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   Impl& m = *impl_;
   opt.zero_grad();
+  if (m.offload()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
   for (nn::Parameter* p : m.params) p->grad.zero_();
 }
@@ -408,6 +452,7 @@ int64_t DataParallelPlugin::parameter_bytes() const {
   for (nn::Parameter* p : impl_->params)
     if (p->value.defined()) b += static_cast<int64_t>(p->value.nbytes());
   // Stage 1/2 also hold the full parameters: their shard values are the optimizer's copies.
+  // (With cpu_offload the host copies of the shards are not counted: host memory.)
   for (const auto& s : impl_->shards) b += static_cast<int64_t>(s.value.nbytes());
   return b;
 }

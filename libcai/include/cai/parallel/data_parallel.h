@@ -15,8 +15,12 @@
 // communicator (dist::make_nccl): buckets and shards live on the parameters' device and every
 // copy is a device copy on the compute stream, so on a GPU the bucket all-reduces started from
 // the backward hooks run on the communicator's stream while backward goes on.
-// cpu_offload is accepted for CPU parameters (where it changes nothing); with GPU parameters it is
-// not implemented yet (an error).
+// cpu_offload (ZeRO-Offload, stage >= 1; an error with stage 0): with GPU parameters each rank's
+// fp32 master shard and its optimizer state live in host memory: optimizer_parameters() returns
+// CPU shards, the reduced gradient shard is copied device→host in sync_gradients, the optimizer
+// (HybridAdam: the vectorised CPU Adam) steps on the host, and the updated shard is copied
+// host→device before the all-gather (stage 1/2) or the next gather (stage 3). GPU optimizer
+// state is then 0 bytes. With CPU parameters it changes nothing.
 #pragma once
 #include <cstdint>
 #include <memory>
