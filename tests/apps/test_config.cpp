@@ -63,7 +63,7 @@ TEST(Config, BadValuesNameTheKeyAndTheAllowedValues) {
   expect_error("[train]\nbatch_size = \"big\"\n", {"train.batch_size", "not an integer"});
   expect_error("[train]\nbatch_size = 0\n", {"train.batch_size = 0 is outside [1, inf]"});
   expect_error("[train]\noptimizer = \"adagrad\"\n",
-               {"train.optimizer", "adagrad", "sgd, adam, adamw, lamb"});
+               {"train.optimizer", "adagrad", "sgd, adam, adamw, hybrid_adam, lamb"});
   expect_error("[model]\ndropout = 1.5\n", {"model.dropout = 1.5"});
   expect_error("[model]\nhidden_size = 10\nnum_heads = 3\n",
                {"hidden size 10 must be divisible by num_heads 3"});
