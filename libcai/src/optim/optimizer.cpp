@@ -51,6 +51,22 @@ struct TensorLists {
   std::vector<int64_t> n;
   std::vector<float> wd;
 };
+// Parameters, gradients and the Adam moments ("exp_avg", "exp_avg_sq") of a group's non-empty
+// parameters; `slot` creates the moments on first use.
+template <typename SlotFn>
+TensorLists moment_lists(const ParamGroup& g, SlotFn slot) {
+  TensorLists l;
+  for (nn::Parameter* p : g.params) {
+    if (p->value.numel() == 0) continue;
+    l.p.push_back(p->value.data<float>());
+    l.g.push_back(p->grad.data<float>());
+    l.m.push_back(slot(*p, "exp_avg").template data<float>());
+    l.v.push_back(slot(*p, "exp_avg_sq").template data<float>());
+    l.n.push_back(p->value.numel());
+    l.wd.push_back(static_cast<float>(g.weight_decay));
+  }
+  return l;
+}
 bool all_cuda(const ParamGroup& g) {
   if (g.params.empty()) return false;
   for (const nn::Parameter* p : g.params)
@@ -173,16 +189,8 @@ void Adam::update(ParamGroup& g, nn::Parameter& p) {
 
 void Adam::step_group(ParamGroup& g) {
   if (!all_cuda(g)) return Optimizer::step_group(g);
-  TensorLists l;
-  for (nn::Parameter* p : g.params) {
-    if (p->value.numel() == 0) continue;
-    l.p.push_back(p->value.data<float>());
-    l.g.push_back(p->grad.data<float>());
-    l.m.push_back(slot(*p, "exp_avg").data<float>());
-    l.v.push_back(slot(*p, "exp_avg_sq").data<float>());
-    l.n.push_back(p->value.numel());
-    l.wd.push_back(static_cast<float>(g.weight_decay));
-  }
+  const TensorLists l =
+      moment_lists(g, [&](nn::Parameter& p, const char* n) -> Tensor& { return slot(p, n); });
   if (l.p.empty()) return;
   kernels::cuda::multi_tensor_adam(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
                                    l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),
@@ -220,16 +228,8 @@ void Lamb::update(ParamGroup& g, nn::Parameter& p) {
 
 void Lamb::step_group(ParamGroup& g) {
   if (!all_cuda(g)) return Optimizer::step_group(g);
-  TensorLists l;
-  for (nn::Parameter* p : g.params) {
-    if (p->value.numel() == 0) continue;
-    l.p.push_back(p->value.data<float>());
-    l.g.push_back(p->grad.data<float>());
-    l.m.push_back(slot(*p, "exp_avg").data<float>());
-    l.v.push_back(slot(*p, "exp_avg_sq").data<float>());
-    l.n.push_back(p->value.numel());
-    l.wd.push_back(static_cast<float>(g.weight_decay));
-  }
+  const TensorLists l =
+      moment_lists(g, [&](nn::Parameter& p, const char* n) -> Tensor& { return slot(p, n); });
   if (l.p.empty()) return;
   kernels::cuda::multi_tensor_lamb(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
                                    l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),

@@ -1,0 +1,83 @@
+// Host-side helpers of the typed CUDA kernel tests: values rounded to a half type, and a device
+// buffer of fp32/bf16/fp16 elements filled from and read back as fp32.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cai/core/tensor.h"
+#include "kernels/base/dtype.h"
+#include "kernels/device.h"
+
+namespace cai::test {
+
+using kernels::DT;
+namespace kc = kernels::cuda;
+
+inline float round_to(DT t, float v) {
+  switch (t) {
+    case DT::BF16:
+      return bf16_to_float(float_to_bf16(v));
+    case DT::F16:
+      return fp16_to_float(float_to_fp16(v));
+    default:
+      return v;
+  }
+}
+
+// Uniform in [-scale, scale), rounded to t.
+inline std::vector<float> random_values(size_t count, uint64_t seed, float scale, DT t) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(count);
+  for (auto& x : v) x = round_to(t, u(gen));
+  return v;
+}
+
+inline std::vector<float> rounded(DT t, std::vector<float> v) {
+  for (auto& x : v) x = round_to(t, x);
+  return v;
+}
+
+// A device buffer of `count` elements of type t (GPU 0, caching allocator).
+struct Buf {
+  DT t;
+  size_t count;
+  void* p = nullptr;
+  Buf(DT type, size_t n) : t(type), count(n) {
+    p = kc::alloc(std::max<size_t>(n, 1) * kernels::dt_size(t), 0);
+  }
+  Buf(DT type, const std::vector<float>& v) : Buf(type, v.size()) { upload(v); }
+  ~Buf() { kc::free(p, 0); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+
+  void upload(const std::vector<float>& v) {
+    ASSERT_EQ(v.size(), count);
+    if (t == DT::F32) {
+      kc::copy_h2d(p, v.data(), count * 4);
+      return;
+    }
+    std::vector<uint16_t> h(count);
+    for (size_t i = 0; i < count; ++i)
+      h[i] = t == DT::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+    kc::copy_h2d(p, h.data(), count * 2);
+  }
+  std::vector<float> download() const {
+    std::vector<float> v(count);
+    if (t == DT::F32) {
+      kc::copy_d2h(v.data(), p, count * 4);
+      return v;
+    }
+    std::vector<uint16_t> h(count);
+    kc::copy_d2h(h.data(), p, count * 2);
+    for (size_t i = 0; i < count; ++i)
+      v[i] = t == DT::BF16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+    return v;
+  }
+};
+
+}  // namespace cai::test
