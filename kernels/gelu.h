@@ -8,6 +8,10 @@ namespace cai::kernels {
 namespace cpu {
 void gelu_fwd(const float* x, float* y, int64_t n);
 void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n);
+// The tanh approximation, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): nn.GELU(approximate="tanh")
+// and cuBLASLt's GELU epilogue.
+void gelu_tanh_fwd(const float* x, float* y, int64_t n);
+void gelu_tanh_bwd(const float* x, const float* dy, float* dx, int64_t n);
 }  // namespace cpu
 namespace cuda {
 void gelu_fwd(const float* x, float* y, int64_t n, void* stream = nullptr);
@@ -16,5 +20,9 @@ void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n, void* strea
 // Typed: x, y, dy, dx all in t; math in fp32.
 void gelu_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream = nullptr);
 void gelu_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream = nullptr);
+// The tanh approximation (as cpu::gelu_tanh_*), any t including F32.
+void gelu_tanh_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream = nullptr);
+void gelu_tanh_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n,
+                     void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

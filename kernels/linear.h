@@ -28,5 +28,17 @@ void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,
                   float* db, int64_t m, int64_t k, int64_t n, bool tf32 = false,
                   void* stream = nullptr);
+// The MLP's first linear with cuBLASLt's bias + GELU epilogue (GELU's tanh approximation): x, w,
+// b, pre, y in t (BF16, F16 or F32 without TF32); pre[m, n] = x·wᵀ + b is saved for the backward
+// (the epilogue's aux output), y = gelu_tanh(pre). Where cuBLASLt refuses the epilogue it runs
+// the GEMM with the bias epilogue and a separate gelu_tanh kernel (same results within rounding).
+void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* pre, void* y,
+                       int64_t m, int64_t k, int64_t n, void* stream = nullptr);
+// linear_bwd_t of the layer AFTER the GELU (x = gelu_tanh(pre) [m, k], w [n, k], dy [m, n]),
+// whose input gradient goes through the GELU's backward in the GEMM epilogue (DGELU, aux = pre):
+// dpre[m, k] = gelu_tanh'(pre) ∘ (dy·w) (type t, overwritten); dw, db (fp32) accumulate.
+void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, const void* pre,
+                        void* dpre, float* dw, float* db, int64_t m, int64_t k, int64_t n,
+                        void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels
