@@ -67,6 +67,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model.dropout", Kind::Float, &c.dropout, {}, 0, 0.999},
       {"model.drop_path", Kind::Float, &c.drop_path, {}, 0, 0.999},
       {"model.checkpoint", Kind::Bool, &c.checkpoint},
+      {"model.act", Kind::String, &c.act, {"gelu", "gelu_tanh"}},
       {"parallel.pipeline", Kind::Int, &c.pipeline, {}, 1, inf},
       {"parallel.num_microbatches", Kind::Int, &c.num_microbatches, {}, 0, inf},
       {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
@@ -223,6 +224,7 @@ nn::ViTConfig TrainConfig::vit() const {
   v.drop_rate = static_cast<float>(dropout);
   v.drop_path_rate = static_cast<float>(drop_path);
   v.checkpoint = checkpoint;
+  v.act = act;
   return v;
 }
 

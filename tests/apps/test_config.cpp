@@ -70,6 +70,8 @@ TEST(Config, BadValuesNameTheKeyAndTheAllowedValues) {
   expect_error("[data]\ndataset = \"cifar10\"\n[model]\nin_chans = 1\n",
                {"model.in_chans = 1", "3 channels"});
   expect_error("[train]\nbatch_size = 4\n[[broken\n", {"test.toml:3"});
+  expect_error("[model]\nact = \"relu\"\n", {"model.act", "relu", "gelu, gelu_tanh"});
+  EXPECT_EQ(parse_config("[model]\nact = \"gelu_tanh\"\n", "t", {}).vit().act, "gelu_tanh");
 }
 
 TEST(Config, UnsupportedFeaturesSaySoInsteadOfBeingIgnored) {

@@ -105,9 +105,17 @@ TEST(ViT, InitialisationFollowsTimm) {
             m2.parameter("pos_embed").value.to_vector());
 }
 
-TEST(ViT, WholeModelGradientsMatchFiniteDifferences) {
+class WholeModel : public ::testing::TestWithParam<std::pair<const char*, float>> {};
+INSTANTIATE_TEST_SUITE_P(Activations, WholeModel,
+                         ::testing::Values(std::make_pair("gelu", 0.1f),
+                                           std::make_pair("gelu_tanh", 0.1f),
+                                           std::make_pair("gelu_tanh", 0.0f)));
+
+// act × dropout: gelu_tanh without MLP dropout takes the fused linear+GELU backward path.
+TEST_P(WholeModel, GradientsMatchFiniteDifferences) {
   ViTConfig c = small_config();
-  c.drop_rate = 0.1f;
+  c.act = GetParam().first;
+  c.drop_rate = GetParam().second;
   c.drop_path_rate = 0.2f;
   ViT m(c);
   // O(1) parameters keep LayerNorm inputs well-conditioned for finite differences (timm's init

@@ -85,6 +85,40 @@ TEST(GeluGrad, MatchesFiniteDifferencesAndReference) {
   EXPECT_NEAR(v[2], 1.95449974f, 1e-6);
 }
 
+TEST(GeluGrad, TanhApproximationMatchesFiniteDifferencesAndPyTorch) {
+  Tensor x = random_tensor({3, 11}, 1, 2.0f), r = random_tensor({3, 11}, 2);
+  Tensor dx = ops::gelu_bwd(x, r, ops::Gelu::Tanh);
+  EXPECT_LE(gradcheck([&] { return dot(r, ops::gelu_fwd(x, ops::Gelu::Tanh)); }, x, dx, 1e-2f),
+            kOk);
+  const auto v = ops::gelu_fwd(Tensor::from_vector(std::vector<float>{-1.0f, 0.0f, 2.0f}, {3}),
+                               ops::Gelu::Tanh)
+                     .to_vector();
+  // torch.nn.functional.gelu(torch.tensor([-1., 0., 2.]), approximate="tanh")
+  EXPECT_NEAR(v[0], -0.15880801f, 1e-6);
+  EXPECT_EQ(v[1], 0.0f);
+  EXPECT_NEAR(v[2], 1.95459769f, 1e-6);
+  // It differs from the exact GELU (so the option is really honoured).
+  EXPECT_GT(std::abs(v[0] - (-0.15865525f)), 1e-4);
+}
+
+TEST(LinearGelu, FusedOpsEqualTheComposition) {
+  Tensor x = random_tensor({5, 7}, 1), w = random_tensor({6, 7}, 2), b = random_tensor({6}, 3);
+  Tensor pre;
+  Tensor y = ops::linear_gelu_fwd(x, w, b, &pre);
+  Tensor pre2 = ops::linear_fwd(x, w, &b);
+  EXPECT_EQ(pre.to_vector(), pre2.to_vector());
+  EXPECT_EQ(y.to_vector(), ops::gelu_fwd(pre2, ops::Gelu::Tanh).to_vector());
+  // The next linear's backward through the GELU.
+  Tensor w2 = random_tensor({4, 6}, 4), dy = random_tensor({5, 4}, 5);
+  Tensor dw = Tensor::zeros({4, 6}), db = Tensor::zeros({4});
+  Tensor dw2 = Tensor::zeros({4, 6}), db2 = Tensor::zeros({4});
+  Tensor dpre = ops::linear_dgelu_bwd(y, w2, dy, pre, &dw, &db);
+  Tensor dpre2 = ops::gelu_bwd(pre, ops::linear_bwd(y, w2, dy, &dw2, &db2), ops::Gelu::Tanh);
+  EXPECT_EQ(dpre.to_vector(), dpre2.to_vector());
+  EXPECT_EQ(dw.to_vector(), dw2.to_vector());
+  EXPECT_EQ(db.to_vector(), db2.to_vector());
+}
+
 struct AttnShape {
   int b, n, h, hd;
 };

@@ -23,6 +23,7 @@ void ViTConfig::validate() const {
   CAI_CHECK(drop_rate >= 0 && drop_rate < 1, "[vit] dropout {} is outside [0, 1)", drop_rate);
   CAI_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "[vit] drop_path {} is outside [0, 1)",
             drop_path_rate);
+  CAI_CHECK(act == "gelu" || act == "gelu_tanh", "[vit] act '{}' must be gelu or gelu_tanh", act);
 }
 
 std::vector<std::string> ViTConfig::names() {
@@ -142,8 +143,12 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   a.h = ops::add(x, y);
   a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
                            compute_dtype);
-  a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
-  a.m = ops::gelu_fwd(a.f);
+  if (c_.act == "gelu_tanh") {
+    a.m = ops::linear_gelu_fwd(a.b, fc1.weight.value, fc1.bias.value, &a.f);
+  } else {
+    a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
+    a.m = ops::gelu_fwd(a.f);
+  }
   if (drop)
     a.m = ops::dropout_fwd(a.m, c_.drop_rate,
                            ctx.key(prefix_ + ".mlp.drop1", a.m.numel() / a.m.size(0)));
@@ -183,11 +188,17 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor g = dy;
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   if (drop) g = ops::dropout_bwd(g, c_.drop_rate, ctx.key(prefix_ + ".mlp.drop2", per));
-  Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
-  if (drop)
-    gm = ops::dropout_bwd(gm, c_.drop_rate,
-                          ctx.key(prefix_ + ".mlp.drop1", gm.numel() / gm.size(0)));
-  Tensor gf = ops::gelu_bwd(a.f, gm);
+  const bool tanh = c_.act == "gelu_tanh";
+  Tensor gf;
+  if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
+    gf = ops::linear_dgelu_bwd(a.m, fc2.weight.value, g, a.f, &fc2.weight.grad, &fc2.bias.grad);
+  } else {
+    Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
+    if (drop)
+      gm = ops::dropout_bwd(gm, c_.drop_rate,
+                            ctx.key(prefix_ + ".mlp.drop1", gm.numel() / gm.size(0)));
+    gf = ops::gelu_bwd(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact);
+  }
   Tensor gb = ops::linear_bwd(a.b, fc1.weight.value, gf, &fc1.weight.grad, &fc1.bias.grad);
   Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &norm2.weight.grad,
                                  &norm2.bias.grad);

@@ -214,31 +214,102 @@ Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, c
 // ---------------------------------------------------------------------------------------------
 // GELU, attention, dropout, drop-path: same dtype in and out; fp32 math.
 
-Tensor gelu_fwd(const Tensor& x) {
+Tensor gelu_fwd(const Tensor& x, Gelu kind) {
   floating("gelu", x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.dtype() == DType::F32)
+  if (kind == Gelu::Tanh) {
+    if (x.is_cuda())
+#if CAI_GELU_EPILOGUE_WIRED
+      kernels::cuda::gelu_tanh_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel());
+#else
+      fail("[gelu] tanh GELU on the GPU is not wired yet");
+#endif
+    else if (x.dtype() == DType::F32)
+      kernels::cpu::gelu_tanh_fwd(f32(x), f32m(y), x.numel());
+    else
+      y = as(gelu_fwd(up(x), kind), x.dtype());
+  } else if (x.dtype() == DType::F32) {
     CAI_DISPATCH(x, gelu_fwd, f32(x), f32m(y), x.numel());
-  else if (x.is_cuda())
+  } else if (x.is_cuda()) {
     kernels::cuda::gelu_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel());
-  else
+  } else {
     y = as(gelu_fwd(up(x)), x.dtype());
+  }
   return y;
 }
 
-Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in) {
+Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in, Gelu kind) {
   floating("gelu", x);
   CAI_CHECK(dy_in.shape() == x.shape(), "[gelu] grad {} does not match input {}", dy_in.str(),
             x.str());
   const Tensor dy = as(dy_in, x.dtype());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.dtype() == DType::F32)
+  if (kind == Gelu::Tanh) {
+    if (x.is_cuda())
+#if CAI_GELU_EPILOGUE_WIRED
+      kernels::cuda::gelu_tanh_bwd_t(kdt(x.dtype()), x.raw(), dy.raw(), dx.raw(), x.numel());
+#else
+      fail("[gelu] tanh GELU on the GPU is not wired yet");
+#endif
+    else if (x.dtype() == DType::F32)
+      kernels::cpu::gelu_tanh_bwd(f32(x), f32(dy), f32m(dx), x.numel());
+    else
+      dx = as(gelu_bwd(up(x), up(dy), kind), x.dtype());
+  } else if (x.dtype() == DType::F32) {
     CAI_DISPATCH(x, gelu_bwd, f32(x), f32(dy), f32m(dx), x.numel());
-  else if (x.is_cuda())
+  } else if (x.is_cuda()) {
     kernels::cuda::gelu_bwd_t(kdt(x.dtype()), x.raw(), dy.raw(), dx.raw(), x.numel());
-  else
+  } else {
     dx = as(gelu_bwd(up(x), up(dy)), x.dtype());
+  }
   return dx;
+}
+
+Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* pre) {
+#if CAI_GELU_EPILOGUE_WIRED
+  if (x.is_cuda()) {
+    floating("linear_gelu", x);
+    CAI_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1) && b.dim() == 1 &&
+                  b.size(0) == w.size(0),
+              "[linear_gelu] input {}, weight {} and bias {} do not fit [.., in], [out, in], [out]",
+              x.str(), w.str(), b.str());
+    same_device("linear_gelu", x, w);
+    const DType t = x.dtype();
+    const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
+    const Tensor wc = as(w, t), bc = as(b, t);
+    *pre = Tensor::empty(with_last(x.shape(), n), t, x.device());
+    Tensor y = Tensor::empty(with_last(x.shape(), n), t, x.device());
+    kernels::cuda::linear_gelu_fwd_t(kdt(t), x.raw(), wc.raw(), bc.raw(), pre->raw(), y.raw(), m, k,
+                                     n);
+    return y;
+  }
+#endif
+  *pre = linear_fwd(x, w, &b);
+  return gelu_fwd(*pre, Gelu::Tanh);
+}
+
+Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& pre,
+                        Tensor* dw, Tensor* db) {
+#if CAI_GELU_EPILOGUE_WIRED
+  if (x.is_cuda()) {
+    floating("linear_dgelu", x);
+    const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
+    CAI_CHECK(dy.shape() == with_last(x.shape(), n) && pre.shape() == x.shape() &&
+                  pre.dtype() == x.dtype(),
+              "[linear_dgelu] grad {} and pre-activation {} do not fit input {} and weight {}",
+              dy.str(), pre.str(), x.str(), w.str());
+    check_grad("linear_dgelu", "weight", dw, w);
+    if (db)
+      CAI_CHECK(db->numel() == n, "[linear_dgelu] bias grad {} has not {} elements", db->str(), n);
+    const DType t = x.dtype();
+    const Tensor wc = as(w, t), dyc = as(dy, t);
+    Tensor dpre = Tensor::empty(x.shape(), t, x.device());
+    kernels::cuda::linear_bwd_dgelu_t(kdt(t), x.raw(), wc.raw(), dyc.raw(), pre.raw(), dpre.raw(),
+                                      opt(dw), opt(db), m, k, n);
+    return dpre;
+  }
+#endif
+  return gelu_bwd(pre, linear_bwd(x, w, dy, dw, db), Gelu::Tanh);
 }
 
 namespace {

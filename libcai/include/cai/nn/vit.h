@@ -26,6 +26,10 @@ struct ViTConfig {
   float drop_rate = 0.0f;       // dropout after position embedding, attention proj and MLP
   float drop_path_rate = 0.0f;  // stochastic depth, linearly increasing over blocks
   bool checkpoint = false;      // activation checkpointing of every block (recompute in backward)
+  // The MLP's activation: "gelu" (exact erf, timm's default) or "gelu_tanh" (nn.GELU(approximate=
+  // "tanh"), timm's act_layer="gelu_tanh"), which the GPU fuses into the fc1 GEMM's epilogue and,
+  // without MLP dropout, its backward into the fc2 input-gradient GEMM.
+  std::string act = "gelu";
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }

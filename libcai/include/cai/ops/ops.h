@@ -31,9 +31,18 @@ Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, f
 Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor* dgamma, Tensor* dbeta);
 
-// GELU (erf form).
-Tensor gelu_fwd(const Tensor& x);
-Tensor gelu_bwd(const Tensor& x, const Tensor& dy);
+// GELU: the exact erf form (nn.GELU()), or its tanh approximation (nn.GELU(approximate="tanh")).
+enum class Gelu { Exact, Tanh };
+Tensor gelu_fwd(const Tensor& x, Gelu kind = Gelu::Exact);
+Tensor gelu_bwd(const Tensor& x, const Tensor& dy, Gelu kind = Gelu::Exact);
+
+// An MLP's first linear and its tanh GELU in one (on a GPU: cuBLASLt's bias+GELU epilogue):
+// returns gelu_tanh(x·wᵀ + b) in x's dtype; `pre` receives x·wᵀ + b for the backward.
+Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* pre);
+// linear_bwd of the linear AFTER that GELU (x = its output), with the gradient taken on through
+// the GELU (on a GPU: the DGELU epilogue): returns d pre; dw, db accumulate.
+Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& pre,
+                        Tensor* dw, Tensor* db);
 
 // Multi-head attention from fused qkv[B, N, 3·D] (timm layout) -> out[B, N, D].
 // `saved` receives what the backward needs besides qkv and out: the softmax [B, H, N, N], or for
