@@ -1,7 +1,8 @@
 // A benchmark, not a test: training-step throughput of a ViT (forward, backward, AdamW) on one
 // device with synthetic data. Prints img/s, achieved TFLOP/s, MFU against a peak, and peak memory.
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
-//                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--peak-tflops 989]
+//                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
+//                  [--zero 0..3] [--peak-tflops 989]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
   int zero = 0;
+  std::string act = "gelu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -55,6 +57,8 @@ int main(int argc, char** argv) {
       warmup = std::atoll(v.c_str());
     else if (a == "--device")
       device = v;
+    else if (a == "--act")
+      act = v;
     else if (a == "--zero")
       zero = std::atoi(v.c_str());
     else if (a == "--precision")
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::Communicator> world, nccl;
     std::unique_ptr<parallel::DataParallelPlugin> dp;
     nn::ViTConfig c = nn::ViTConfig::named(model);
+    c.act = act;
     nn::ViT m(c);
     m.init(0);
     Device dev = Device::cpu();
@@ -144,14 +149,16 @@ int main(int argc, char** argv) {
                                  ? fmt::format("colossalai-cpp {} {}x{}", precision,
                                                zero ? "zero" + std::to_string(zero) : "ddp", ranks)
                                  : "colossalai-cpp " + precision;
+    const std::string label = act == "gelu" ? impl : impl + " " + act;
     if (li.rank == 0)
       std::printf(
           "{\"impl\": \"%s\", \"gpus\": %lld, \"model\": \"%s\", \"batch\": %lld, \"device\": "
           "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
           "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
           "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f}\n",
-          impl.c_str(), static_cast<long long>(ranks), model.c_str(), static_cast<long long>(batch),
-          device.c_str(), ips, 1e3 * secs / static_cast<double>(steps), tflops,
+          label.c_str(), static_cast<long long>(ranks), model.c_str(),
+          static_cast<long long>(batch), device.c_str(), ips,
+          1e3 * secs / static_cast<double>(steps), tflops,
           tflops / (peak * static_cast<double>(ranks)), peak_gib, 3.0 * forward_flops(c) / 1e9,
           1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled);
   } catch (const Error& e) {
