@@ -86,6 +86,14 @@ void linear_bwd_t(DT, const void*, const void*, const void*, void*, float*, floa
                   int64_t, int64_t, bool, void*) {
   CAI_STUB("linear_bwd");
 }
+void linear_gelu_fwd_t(DT, const void*, const void*, const void*, void*, void*, int64_t, int64_t,
+                       int64_t, void*) {
+  CAI_STUB("linear_gelu_fwd_t");
+}
+void linear_bwd_dgelu_t(DT, const void*, const void*, const void*, const void*, void*, float*,
+                        float*, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("linear_bwd_dgelu_t");
+}
 void attention_fwd_t(DT, const void*, void*, void*, int64_t, int64_t, int64_t, int64_t, void*) {
   CAI_STUB("attention_fwd");
 }
@@ -186,6 +194,12 @@ void gelu_fwd_t(DT, const void*, void*, int64_t, void*) {
 }
 void gelu_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
   CAI_STUB("gelu_bwd_t");
+}
+void gelu_tanh_fwd_t(DT, const void*, void*, int64_t, void*) {
+  CAI_STUB("gelu_tanh_fwd_t");
+}
+void gelu_tanh_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
+  CAI_STUB("gelu_tanh_bwd_t");
 }
 void dropout_fwd_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
   CAI_STUB("dropout_fwd_t");

@@ -1,6 +1,7 @@
 #include "kernels/cuda/blas.h"
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <unordered_map>
 #include <utility>
@@ -34,10 +35,11 @@ struct LtPlan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
-using LtKey = std::array<int64_t, 17>;
+using LtKey = std::array<int64_t, 20>;
 
 struct Lt {
   std::mutex mu;
+  std::atomic<uint64_t> gelu_runs{0};
   std::unordered_map<int, cublasLtHandle_t> handles;
   std::map<std::pair<int, cudaStream_t>, void*> workspaces;
   std::map<LtKey, LtPlan> plans;
@@ -72,16 +74,24 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   CAI_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
-void build_plan(cublasLtHandle_t handle, const LtGemm& g, bool bias, const uint32_t align[4],
-                LtPlan& p) {
+void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, const void* aux,
+                const uint32_t align[4], LtPlan& p) {
   cublasLtMatmulPreference_t pref = nullptr;
   try {
     CAI_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, g.compute, CUDA_R_32F));
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(g.ta));
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.tb));
-    if (bias) {
-      set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-      set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(g.cd));
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (g.epilogue == LtEpilogue::kGeluAuxBias)
+      epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (g.epilogue == LtEpilogue::kDGelu)
+      epi = CUBLASLT_EPILOGUE_DGELU;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(g.cd));
+    if (g.epilogue != LtEpilogue::kDefault) {
+      // The heuristic reads the aux pointer's value for its alignment; the aux has D's type.
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldaux);
     }
     const bool na = g.ta == CUBLAS_OP_N, nb = g.tb == CUBLAS_OP_N;
     CAI_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.ab, na ? g.m : g.k, na ? g.k : g.m, g.lda));
@@ -99,9 +109,10 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, bool bias, const uint3
                                                             pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
-    // No algorithm: NOT_SUPPORTED, or nothing found; with the bias epilogue any refusal (the
-    // caller then adds the bias itself).
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (bias && s != CUBLAS_STATUS_SUCCESS) ||
+    // No algorithm: NOT_SUPPORTED, or nothing found; with an epilogue any refusal (the caller
+    // then adds the bias or runs the GELU itself).
+    const bool epilogue = epi != CUBLASLT_EPILOGUE_DEFAULT;
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (epilogue && s != CUBLAS_STATUS_SUCCESS) ||
         (s == CUBLAS_STATUS_SUCCESS && found == 0)) {
       destroy(p);  // ok stays false
       return;
@@ -139,8 +150,19 @@ cublasHandle_t cublas_handle_locked(cudaStream_t stream) {
   return it->second;
 }
 
+uint64_t lt_gelu_epilogue_runs() {
+  return lt().gelu_runs.load();
+}
+
 bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const void* bias,
-               float alpha, float beta, cudaStream_t stream) {
+               float alpha, float beta, cudaStream_t stream, const void* aux) {
+  const bool gelu = g.epilogue != LtEpilogue::kDefault;
+  if (gelu) {
+    // cuBLASLt's constraints on the aux matrix (its ld a multiple of 8, ≥ the rows); the DGELU
+    // epilogue has no bias.
+    if (!aux || g.ldaux % 8 != 0 || g.ldaux < g.m) return false;
+    if (g.epilogue == LtEpilogue::kDGelu && bias) return false;
+  }
   int device = 0;
   CAI_CUDA_CHECK(cudaGetDevice(&device));
   Lt& l = lt();
@@ -156,19 +178,39 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
     wit = l.workspaces.emplace(std::pair{device, stream}, alloc(kLtWorkspace, device)).first;
 
   const uint32_t align[4] = {alignment(a), alignment(b), alignment(d), bias ? alignment(bias) : 0u};
-  const LtKey key{device, g.ab,  g.cd,  g.compute,       g.ta,     g.tb,     g.m,      g.n,     g.k,
-                  g.lda,  g.ldb, g.ldd, bias != nullptr, align[0], align[1], align[2], align[3]};
+  const LtKey key{device,
+                  g.ab,
+                  g.cd,
+                  g.compute,
+                  g.ta,
+                  g.tb,
+                  g.m,
+                  g.n,
+                  g.k,
+                  g.lda,
+                  g.ldb,
+                  g.ldd,
+                  bias != nullptr,
+                  align[0],
+                  align[1],
+                  align[2],
+                  align[3],
+                  static_cast<int64_t>(g.epilogue),
+                  g.ldaux,
+                  gelu ? alignment(aux) : 0};
   auto pit = l.plans.find(key);
   if (pit == l.plans.end()) {
     LtPlan p;
-    build_plan(hit->second, g, bias != nullptr, align, p);
+    build_plan(hit->second, g, bias, aux, align, p);
     pit = l.plans.emplace(key, p).first;
   }
   const LtPlan& p = pit->second;
   if (!p.ok) return false;
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (gelu) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);  // plans are shared
   CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d,
                                 &p.algo, wit->second, kLtWorkspace, stream));
+  if (gelu) ++l.gelu_runs;
   return true;
 }
 

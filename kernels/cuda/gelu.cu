@@ -28,24 +28,44 @@ __device__ __forceinline__ float gelu_grad_f(float x, float dy) {
   return dy * (cdf + x * pdf);
 }
 
+// The tanh approximation: 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), and its exact
+// derivative 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²). Written with
+// 0.5·(1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)) and 0.5·(1 − tanh² u) = 2·σ(2u)·σ(−2u): no
+// cancellation in 1 + tanh u for negative x (where tanhf's rounding near −1 would be the result).
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));  // e^(−2u) = inf: −0
+}
+__device__ __forceinline__ float gelu_tanh_grad_f(float x, float dy) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u)), sn = 1.0f / (1.0f + expf(2.0f * u));
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+  return dy * (s + 2.0f * x * s * sn * du);
+}
+
 constexpr int kVec = 4;
 
 // vec: n/4 vectors of 4 first (aligned pointers), then the tail one by one.
-template <typename T>
+// Tanh: the tanh approximation instead of erf.
+template <typename T, bool Tanh>
 __global__ void gelu_fwd_t_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool vec) {
   const int64_t nv = vec ? n / kVec : 0;
   CAI_GRID_STRIDE(k, nv) {
     float a[kVec];
     load_vec(x + k * kVec, a);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) a[e] = gelu_f(a[e]);
+    for (int e = 0; e < kVec; ++e) a[e] = Tanh ? gelu_tanh_f(a[e]) : gelu_f(a[e]);
     store_vec(y + k * kVec, a);
   }
-  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
-    y[i] = from_f32<T>(gelu_f(to_f32(x[i])));
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step()) {
+    const float v = to_f32(x[i]);
+    y[i] = from_f32<T>(Tanh ? gelu_tanh_f(v) : gelu_f(v));
+  }
 }
 
-template <typename T>
+template <typename T, bool Tanh>
 __global__ void gelu_bwd_t_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                   T* __restrict__ dx, int64_t n, bool vec) {
   const int64_t nv = vec ? n / kVec : 0;
@@ -54,11 +74,41 @@ __global__ void gelu_bwd_t_kernel(const T* __restrict__ x, const T* __restrict__
     load_vec(x + k * kVec, a);
     load_vec(dy + k * kVec, g);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) a[e] = gelu_grad_f(a[e], g[e]);
+    for (int e = 0; e < kVec; ++e)
+      a[e] = Tanh ? gelu_tanh_grad_f(a[e], g[e]) : gelu_grad_f(a[e], g[e]);
     store_vec(dx + k * kVec, a);
   }
-  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step())
-    dx[i] = from_f32<T>(gelu_grad_f(to_f32(x[i]), to_f32(dy[i])));
+  for (int64_t i = nv * kVec + first_index(); i < n; i += grid_step()) {
+    const float v = to_f32(x[i]), g = to_f32(dy[i]);
+    dx[i] = from_f32<T>(Tanh ? gelu_tanh_grad_f(v, g) : gelu_grad_f(v, g));
+  }
+}
+
+template <bool Tanh>
+void launch_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(t, Tanh ? "gelu_tanh" : "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(y);
+    gelu_fwd_t_kernel<T, Tanh>
+        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<T*>(y), n, vec);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <bool Tanh>
+void launch_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
+  if (n <= 0) return;
+  dispatch_dt(t, Tanh ? "gelu_tanh" : "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec =
+        vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(dy) && vec_aligned<T, kVec>(dx);
+    gelu_bwd_t_kernel<T, Tanh>
+        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, vec);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
 }
 }  // namespace
 
@@ -74,28 +124,19 @@ void gelu_bwd(const float* x, const float* dy, float* dx, int64_t n, void* strea
 }
 
 void gelu_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
-  if (n <= 0) return;
-  dispatch_dt(t, "gelu", [&](auto tag) {
-    using T = decltype(tag);
-    const bool vec = vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(y);
-    gelu_fwd_t_kernel<T>
-        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
-            static_cast<const T*>(x), static_cast<T*>(y), n, vec);
-    CAI_CUDA_CHECK_LAUNCH();
-  });
+  launch_fwd_t<false>(t, x, y, n, stream);
 }
 
 void gelu_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
-  if (n <= 0) return;
-  dispatch_dt(t, "gelu", [&](auto tag) {
-    using T = decltype(tag);
-    const bool vec =
-        vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(dy) && vec_aligned<T, kVec>(dx);
-    gelu_bwd_t_kernel<T>
-        <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, vec);
-    CAI_CUDA_CHECK_LAUNCH();
-  });
+  launch_bwd_t<false>(t, x, dy, dx, n, stream);
+}
+
+void gelu_tanh_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
+  launch_fwd_t<true>(t, x, y, n, stream);
+}
+
+void gelu_tanh_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
+  launch_bwd_t<true>(t, x, dy, dx, n, stream);
 }
 
 }  // namespace cai::kernels::cuda

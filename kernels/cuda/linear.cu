@@ -10,7 +10,9 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
 #include "kernels/device.h"
+#include "kernels/gelu.h"
 #include "kernels/linear.h"
 
 namespace cai::kernels::cuda {
@@ -222,6 +224,61 @@ void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, 
   }
   // db[n] += Σ_rows dy.
   if (db) launch_column_sum(t, dy, db, m, n, s);
+}
+
+void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* pre, void* y,
+                       int64_t m, int64_t k, int64_t n, void* stream) {
+  check_dims("linear_gelu_fwd", m, k, n);
+  if (m == 0 || n == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (k > 0 && (!b || reinterpret_cast<uintptr_t>(b) % 16 == 0)) {
+    // As linear_fwd_t, with GELU_AUX_BIAS: the aux (pre) is column-major [n, m], ld n.
+    LtGemm g;
+    g.ab = g.cd = cuda_dtype(t);
+    g.compute = compute_type(t, false);
+    g.ta = CUBLAS_OP_T;
+    g.tb = CUBLAS_OP_N;
+    g.m = n, g.n = m, g.k = k;
+    g.lda = k, g.ldb = k, g.ldd = n;
+    g.epilogue = LtEpilogue::kGeluAuxBias;
+    g.ldaux = n;
+    if (lt_matmul(g, w, x, y, b, 1.0f, 0.0f, s, pre)) return;
+  }
+  // Refused (n not a multiple of 8, alignment, type): the GEMM into pre, then the GELU.
+  linear_fwd_t(t, x, w, b, t, pre, m, k, n, false, stream);
+  gelu_tanh_fwd_t(t, pre, y, m * n, stream);
+}
+
+void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, const void* pre,
+                        void* dpre, float* dw, float* db, int64_t m, int64_t k, int64_t n,
+                        void* stream) {
+  check_dims("linear_bwd_dgelu", m, k, n);
+  const cudaStream_t s = as_stream(stream);
+  if (dpre && m > 0 && k > 0) {
+    if (n == 0) {
+      CAI_CUDA_CHECK(cudaMemsetAsync(dpre, 0, static_cast<size_t>(m * k) * dt_size(t), s));
+    } else {
+      // As linear_bwd_t's dx (column-major dpre^T[k, m] = w · dy), with DGELU on aux = pre
+      // (column-major [k, m], ld k): dpre = (dy·w) ∘ gelu_tanh'(pre).
+      LtGemm g;
+      g.ab = g.cd = cuda_dtype(t);
+      g.compute = compute_type(t, false);
+      g.ta = CUBLAS_OP_N;
+      g.tb = CUBLAS_OP_N;
+      g.m = k, g.n = m, g.k = n;
+      g.lda = k, g.ldb = n, g.ldd = k;
+      g.epilogue = LtEpilogue::kDGelu;
+      g.ldaux = k;
+      if (!lt_matmul(g, w, dy, dpre, nullptr, 1.0f, 0.0f, s, pre)) {
+        // Refused: dy·w into a temporary, then the GELU's backward.
+        Scratch tmp(static_cast<size_t>(m * k) * dt_size(t));
+        linear_bwd_t(t, x, w, dy, tmp.as<void>(), nullptr, nullptr, m, k, n, false, stream);
+        gelu_tanh_bwd_t(t, pre, tmp.as<void>(), dpre, m * k, stream);
+      }
+    }
+  }
+  // dw += dyᵀ·x, db += Σ_rows dy: linear_bwd_t's own code.
+  linear_bwd_t(t, x, w, dy, nullptr, dw, db, m, k, n, false, stream);
 }
 
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,

@@ -1,5 +1,6 @@
 // The typed CUDA GEMM kernels against the CPU fp32 kernels: linear_fwd_t / linear_bwd_t on
-// cuBLASLt (fp32, fp32 with TF32, bf16, fp16) and attention_fwd_t / attention_bwd_t (bf16, fp16).
+// cuBLASLt (fp32, fp32 with TF32, bf16, fp16), linear_gelu_fwd_t / linear_bwd_dgelu_t (the GELU
+// epilogues or their fallback; each case prints which ran) and attention_fwd_t / attention_bwd_t.
 // Inputs are rounded to the half type on the host and the CPU kernel runs on the rounded values,
 // so the error measured is the GPU's own: fp32 accumulation, half outputs. Norm-wise relative
 // error bounds: fp32 1e-5, TF32 5e-3, bf16 1e-2, fp16 2e-3; every case prints what it measured.
@@ -22,6 +23,13 @@
 
 #ifdef CAI_HAVE_CUDA
 #include <cuda_runtime.h>
+#endif
+#include "kernels/gelu.h"
+
+#ifdef CAI_HAVE_CUDA
+namespace cai::kernels::cuda {
+uint64_t lt_gelu_epilogue_runs();  // test hook of kernels/cuda/blas.h (no cuBLAS headers here)
+}
 #endif
 
 using namespace cai;
@@ -204,6 +212,98 @@ TEST_F(CudaGemm, LinearFp32WrappersTallColumnSum) {
   expect_close(gdb.download(), db_ref, 1e-5, "linear_bwd fp32 wrapper db (chunked column sum)");
 }
 
+// The tanh GELU in double (the formula, not a CPU kernel): value and derivative.
+double gelu_tanh_ref(double v) {
+  const double c = std::sqrt(2.0 / 3.141592653589793);
+  return 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+}
+double gelu_tanh_grad_ref(double v) {
+  const double c = std::sqrt(2.0 / 3.141592653589793);
+  const double th = std::tanh(c * (v + 0.044715 * v * v * v));
+  return 0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+// Whether the last GEMM+GELU call ran cuBLASLt's epilogue (the hook counts epilogue runs).
+const char* path_name(uint64_t before) {
+#ifdef CAI_HAVE_CUDA
+  return kc::lt_gelu_epilogue_runs() > before ? "fused" : "fallback";
+#else
+  (void)before;
+  return "?";
+#endif
+}
+uint64_t epilogue_runs() {
+#ifdef CAI_HAVE_CUDA
+  return kc::lt_gelu_epilogue_runs();
+#else
+  return 0;
+#endif
+}
+
+// Shapes of the GELU linears: tiny (fallback), n = 20 (forward's aux ld not a multiple of 8:
+// fallback; backward's k = 24 may fuse), k = 20 (the backward's fallback), ViT-B/16's MLP.
+const LinearShape kGeluShapes[] = {{5, 7, 3}, {33, 24, 20}, {40, 20, 24}, {2 * 197, 768, 3072}};
+
+// pre = x·wᵀ + b, y = gelu_tanh(pre) against cpu::linear_fwd + the formula in double. w is scaled
+// by 2/√k so that pre spreads over GELU's curved part (|pre| ≲ 2).
+TEST_F(CudaGemm, LinearGeluForward) {
+  for (DT t : {DT::F32, DT::BF16, DT::F16}) {
+    for (const LinearShape s : kGeluShapes) {
+      const Mode md{t, false};
+      const auto x = random_values(s.m * s.k, 21, 1.0f, t);
+      const auto w = random_values(s.n * s.k, 22, 2.0f / std::sqrt(float(s.k)), t);
+      const auto b = random_values(s.n, 23, 0.5f, t);
+      std::vector<float> pre_ref(s.m * s.n), y_ref(s.m * s.n);
+      kernels::cpu::linear_fwd(x.data(), w.data(), b.data(), pre_ref.data(), s.m, s.k, s.n);
+      for (size_t i = 0; i < y_ref.size(); ++i)
+        y_ref[i] = static_cast<float>(gelu_tanh_ref(pre_ref[i]));
+      Buf gx(t, x), gw(t, w), gb(t, b), gpre(t, pre_ref.size()), gy(t, y_ref.size());
+      const uint64_t before = epilogue_runs();
+      kc::linear_gelu_fwd_t(t, gx.p, gw.p, gb.p, gpre.p, gy.p, s.m, s.k, s.n);
+      const std::string name =
+          shape_name("linear_gelu_fwd", md, s) + " (" + path_name(before) + ")";
+      expect_close(gpre.download(), pre_ref, tolerance(t, false), name + " pre");
+      expect_close(gy.download(), y_ref, tolerance(t, false), name + " y");
+    }
+  }
+}
+
+// The backward of the layer after the GELU: x = gelu_tanh(pre) (rounded to t), dpre =
+// (dy·w) ∘ gelu_tanh'(pre), dw and db accumulated onto non-zero fp32 values, against
+// cpu::linear_bwd + the formula in double.
+TEST_F(CudaGemm, LinearBackwardDGelu) {
+  for (DT t : {DT::F32, DT::BF16, DT::F16}) {
+    for (const LinearShape s : kGeluShapes) {
+      const Mode md{t, false};
+      const auto pre = random_values(s.m * s.k, 31, 2.5f, t);
+      std::vector<float> x(pre.size());
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = round_to(t, static_cast<float>(gelu_tanh_ref(pre[i])));
+      const auto w = random_values(s.n * s.k, 32, 1.0f, t);
+      const auto dy = random_values(s.m * s.n, 33, 1.0f, t);
+      const auto dw0 = random_values(s.n * s.k, 34, 1.0f, DT::F32);
+      const auto db0 = random_values(s.n, 35, 1.0f, DT::F32);
+      std::vector<float> dx(s.m * s.k), dw_ref = dw0, db_ref = db0, dpre_ref(s.m * s.k);
+      kernels::cpu::linear_bwd(x.data(), w.data(), dy.data(), dx.data(), dw_ref.data(),
+                               db_ref.data(), s.m, s.k, s.n);
+      for (size_t i = 0; i < dpre_ref.size(); ++i)
+        dpre_ref[i] = static_cast<float>(dx[i] * gelu_tanh_grad_ref(pre[i]));
+      Buf gx(t, x), gw(t, w), gdy(t, dy), gpre(t, pre), gdpre(t, dpre_ref.size()),
+          gdw(DT::F32, dw0), gdb(DT::F32, db0);
+      gdpre.upload(std::vector<float>(dpre_ref.size(), 9.0f));  // overwritten
+      const uint64_t before = epilogue_runs();
+      kc::linear_bwd_dgelu_t(t, gx.p, gw.p, gdy.p, gpre.p, gdpre.p, static_cast<float*>(gdw.p),
+                             static_cast<float*>(gdb.p), s.m, s.k, s.n);
+      const std::string name =
+          shape_name("linear_bwd_dgelu", md, s) + " (" + path_name(before) + ")";
+      const double tol_w = t == DT::F32 ? 1e-5 : 1e-4;
+      expect_close(gdpre.download(), dpre_ref, tolerance(t, false), name + " dpre");
+      expect_close(gdw.download(), dw_ref, tol_w, name + " dw (accumulated)");
+      expect_close(gdb.download(), db_ref, tol_w, name + " db (accumulated)");
+    }
+  }
+}
+
 // Forward (out, probs) and backward (dqkv, from the CPU's probs rounded to t) per type and shape:
 // odd sizes, one token, ViT-B/16 (b 2), and rows longer than the register path (n > 1024).
 TEST_F(CudaGemm, Attention) {
@@ -297,6 +397,38 @@ TEST_F(CudaGemm, DISABLED_Timing) {
         "TIMING linear_bwd_t bf16 (dx, dw fp32, db) m=%lld k=%lld n=%lld: %.3f ms, %.1f TFLOP/s; "
         "dw+db only %.3f ms\n",
         (long long)m, (long long)k, (long long)n, bwd, 2 * flop / bwd * 1e-9, dwdb);
+  }
+  {  // The MLP's fc1 + GELU (n = 3072) and fc2's dx through the GELU (k = 3072): the cuBLASLt
+     // epilogues against the GEMM + a separate tanh-GELU kernel.
+    const int64_t n = 3072;
+    Buf x(t, m * k), w(t, n * k), b(t, n), pre(t, m * n), y(t, m * n), dy(t, m * k), dpre(t, m * n),
+        tmp(t, m * n);
+    fill(x), fill(w), fill(b), fill(dy), fill(pre);
+    const uint64_t r0 = kc::lt_gelu_epilogue_runs();
+    const double fused =
+        time_ms(20, [&] { kc::linear_gelu_fwd_t(t, x.p, w.p, b.p, pre.p, y.p, m, k, n); });
+    const uint64_t r1 = kc::lt_gelu_epilogue_runs();
+    const double split = time_ms(20, [&] {
+      kc::linear_fwd_t(t, x.p, w.p, b.p, t, pre.p, m, k, n);
+      kc::gelu_tanh_fwd_t(t, pre.p, y.p, m * n);
+    });
+    // fc2: x = gelu(pre) [m, 3072], w [768, 3072], dy [m, 768]; dx only (dw, db null).
+    const double dfused = time_ms(10, [&] {
+      kc::linear_bwd_dgelu_t(t, y.p, w.p, dy.p, pre.p, dpre.p, nullptr, nullptr, m, n, k);
+    });
+    const uint64_t r2 = kc::lt_gelu_epilogue_runs();
+    const double dsplit = time_ms(10, [&] {
+      kc::linear_bwd_t(t, y.p, w.p, dy.p, tmp.p, nullptr, nullptr, m, n, k);
+      kc::gelu_tanh_bwd_t(t, pre.p, tmp.p, dpre.p, m * n);
+    });
+    std::printf(
+        "TIMING linear_gelu_fwd_t bf16 m=%lld k=%lld n=%lld: %.3f ms (%s); linear_fwd_t + "
+        "gelu_tanh_fwd_t %.3f ms\n",
+        (long long)m, (long long)k, (long long)n, fused, r1 > r0 ? "fused" : "fallback", split);
+    std::printf(
+        "TIMING linear_bwd_dgelu_t bf16 dx m=%lld k=%lld n=%lld: %.3f ms (%s); linear_bwd_t dx + "
+        "gelu_tanh_bwd_t %.3f ms\n",
+        (long long)m, (long long)n, (long long)k, dfused, r2 > r1 ? "fused" : "fallback", dsplit);
   }
   {
     Buf x(t, m * k), w(t, 1000 * k), b(DT::F32, 1000), y(DT::F32, m * 1000);

@@ -316,6 +316,40 @@ TEST_F(CudaTyped, Gelu) {
   }
 }
 
+// The tanh approximation against its formula in double (not the CPU kernel): fwd
+// 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), bwd dy·gelu'(x) with the exact derivative.
+TEST_F(CudaTyped, GeluTanh) {
+  const double c = std::sqrt(2.0 / 3.141592653589793), a3 = 0.044715;
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{1001}, int64_t{4098}, int64_t{1} << 20}) {
+    for (DT t : kTypes) {
+      for (int shift : {0, 1}) {  // 1: misaligned pointers, the scalar path
+        const auto x = rounded(t, uniform(n + shift, 43, -5.0f, 5.0f));
+        const auto dy = rounded(t, uniform(n + shift, 44));
+        std::vector<float> y(n), dx(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const double v = x[i + shift], th = std::tanh(c * (v + a3 * v * v * v));
+          y[i] = static_cast<float>(0.5 * v * (1.0 + th));
+          const double d =
+              0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * c * (1.0 + 3.0 * a3 * v * v);
+          dx[i] = static_cast<float>(dy[i + shift] * d);
+        }
+        Typed gx(t, x), gdy(t, dy), gy(t, n + shift), gdx(t, n + shift);
+        const size_t sz = kernels::dt_size(t) * shift;
+        auto at = [&](const Typed& b) { return static_cast<char*>(b.get()) + sz; };
+        kc::gelu_tanh_fwd_t(t, at(gx), at(gy), n);
+        kc::gelu_tanh_bwd_t(t, at(gx), at(gdy), at(gdx), n);
+        auto hy = gy.host(), hdx = gdx.host();
+        hy.erase(hy.begin(), hy.begin() + shift);
+        hdx.erase(hdx.begin(), hdx.begin() + shift);
+        const std::string tag =
+            fmt::format("gelu_tanh n {} {}{}", n, name(t), shift ? " misaligned" : "");
+        expect_close(hy, y, tol(t), tag + " fwd");
+        expect_close(hdx, dx, tol(t), tag + " bwd");
+      }
+    }
+  }
+}
+
 // --- dropout
 // ---------------------------------------------------------------------------------------
 
