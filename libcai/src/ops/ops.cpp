@@ -219,11 +219,7 @@ Tensor gelu_fwd(const Tensor& x, Gelu kind) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (kind == Gelu::Tanh) {
     if (x.is_cuda())
-#if CAI_GELU_EPILOGUE_WIRED
       kernels::cuda::gelu_tanh_fwd_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel());
-#else
-      fail("[gelu] tanh GELU on the GPU is not wired yet");
-#endif
     else if (x.dtype() == DType::F32)
       kernels::cpu::gelu_tanh_fwd(f32(x), f32m(y), x.numel());
     else
@@ -246,11 +242,7 @@ Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in, Gelu kind) {
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (kind == Gelu::Tanh) {
     if (x.is_cuda())
-#if CAI_GELU_EPILOGUE_WIRED
       kernels::cuda::gelu_tanh_bwd_t(kdt(x.dtype()), x.raw(), dy.raw(), dx.raw(), x.numel());
-#else
-      fail("[gelu] tanh GELU on the GPU is not wired yet");
-#endif
     else if (x.dtype() == DType::F32)
       kernels::cpu::gelu_tanh_bwd(f32(x), f32(dy), f32m(dx), x.numel());
     else
@@ -266,7 +258,6 @@ Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in, Gelu kind) {
 }
 
 Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* pre) {
-#if CAI_GELU_EPILOGUE_WIRED
   if (x.is_cuda()) {
     floating("linear_gelu", x);
     CAI_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1) && b.dim() == 1 &&
@@ -283,14 +274,12 @@ Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor
                                      n);
     return y;
   }
-#endif
   *pre = linear_fwd(x, w, &b);
   return gelu_fwd(*pre, Gelu::Tanh);
 }
 
 Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& pre,
                         Tensor* dw, Tensor* db) {
-#if CAI_GELU_EPILOGUE_WIRED
   if (x.is_cuda()) {
     floating("linear_dgelu", x);
     const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
@@ -308,7 +297,6 @@ Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, cons
                                       opt(dw), opt(db), m, k, n);
     return dpre;
   }
-#endif
   return gelu_bwd(pre, linear_bwd(x, w, dy, dw, db), Gelu::Tanh);
 }
 
