@@ -215,31 +215,35 @@ TEST_F(Cuda, VitMatchesTimmOnTheGpu) {
 }
 
 // The ViT with tanh GELU (fc1's bias+GELU epilogue and fc2's DGELU epilogue on the GPU) against
-// the same model on the CPU: fp32 within 1e-5, and in bf16 against the CPU's bf16 reference path
-// within 1e-2 (logits and every gradient).
+// the same model in fp32 on the CPU: in fp32 within 1e-5 (logits and every gradient); in bf16
+// within the model-level bf16 bounds of the CPU suite (MixedPrecision.ViTInHalfPrecisionTracksFp32:
+// logits 2e-2, gradients 6e-2; each op is held to 1e-2 by the kernel tests).
 TEST_F(Cuda, VitWithFusedGeluEpiloguesMatchesTheCpu) {
   nn::ViTConfig c;
   c.img_size = 32, c.patch_size = 8, c.in_chans = 3, c.num_classes = 10, c.embed_dim = 64;
   c.depth = 2, c.num_heads = 4, c.mlp_ratio = 4.0, c.act = "gelu_tanh";
+  nn::ViT cpu_m(c);
+  cpu_m.init(11);
+  Tensor img = random_tensor({8, 3, 32, 32}, 3);
+  Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  nn::ForwardCtx ctx{true, 0, 0, 0};
+  std::vector<std::unique_ptr<nn::Cache>> cc;
+  Tensor lc = cpu_m.forward(img, cc, ctx);
+  cpu_m.backward(ops::cross_entropy_bwd(lc, labels, 0.1f, 0.125f), cc, ctx);
   for (DType t : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(t));
-    const double tol = t == DType::F32 ? 1e-5 : 1e-2;
-    nn::ViT cpu_m(c), gpu_m(c);
-    cpu_m.init(11);
+    const double logit_tol = t == DType::F32 ? 1e-5 : 2e-2,
+                 grad_tol = t == DType::F32 ? 1e-5 : 6e-2;
+    nn::ViT gpu_m(c);
     gpu_m.init(11);
-    cpu_m.set_compute_dtype(t);
     gpu_m.set_compute_dtype(t);
     gpu_m.to(kGpu);
-    Tensor img = random_tensor({8, 3, 32, 32}, 3);
-    Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
-    nn::ForwardCtx ctx{true, 0, 0, 0};
-    std::vector<std::unique_ptr<nn::Cache>> cc, gc;
-    Tensor lc = cpu_m.forward(img, cc, ctx), lg = gpu_m.forward(gpu(img), gc, ctx);
-    expect_close(lg, lc, "logits", tol);
-    cpu_m.backward(ops::cross_entropy_bwd(lc, labels, 0.1f, 0.125f), cc, ctx);
+    std::vector<std::unique_ptr<nn::Cache>> gc;
+    Tensor lg = gpu_m.forward(gpu(img), gc, ctx);
+    expect_close(lg, lc, "logits", logit_tol);
     gpu_m.backward(ops::cross_entropy_bwd(lg, gpu(labels), 0.1f, 0.125f), gc, ctx);
     auto pc = cpu_m.parameters(), pg = gpu_m.parameters();
     for (size_t i = 0; i < pc.size(); ++i)
-      expect_close(pg[i]->grad, pc[i]->grad, pc[i]->name.c_str(), tol);
+      expect_close(pg[i]->grad, pc[i]->grad, pc[i]->name.c_str(), grad_tol);
   }
 }
