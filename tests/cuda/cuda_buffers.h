@@ -12,6 +12,10 @@
 #include "kernels/base/dtype.h"
 #include "kernels/device.h"
 
+#ifdef CAI_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace cai::test {
 
 using kernels::DT;
@@ -79,5 +83,47 @@ struct Buf {
     return v;
   }
 };
+
+// For the print-only timing cases: a device buffer filled with a fixed pseudo-random bf16 pattern
+// in [-1, 1), and the mean time of `iters` calls of f (after 3 warm-up calls) between two events.
+inline void fill_bf16_pattern(Buf& b) {
+  std::vector<uint16_t> v(b.count);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = float_to_bf16((static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 2.0f);
+  }
+  kc::copy_h2d(b.p, v.data(), v.size() * 2);
+}
+
+#ifdef CAI_HAVE_CUDA
+class EventTimer {
+ public:
+  EventTimer() {
+    EXPECT_EQ(cudaEventCreate(&e0_), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&e1_), cudaSuccess);
+  }
+  ~EventTimer() {
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  template <typename F>
+  double ms(int iters, const F& f) {
+    for (int i = 0; i < 3; ++i) f();
+    cudaEventRecord(e0_);
+    for (int i = 0; i < iters; ++i) f();
+    cudaEventRecord(e1_);
+    cudaEventSynchronize(e1_);
+    float total = 0;
+    cudaEventElapsedTime(&total, e0_, e1_);
+    return static_cast<double>(total) / iters;
+  }
+
+ private:
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr;
+};
+#endif
 
 }  // namespace cai::test

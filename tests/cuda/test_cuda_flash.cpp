@@ -173,28 +173,9 @@ TEST_F(CudaFlash, MatchesCpu) {
 TEST_F(CudaFlash, DISABLED_Timing) {
   const int64_t bb = 256, n = 197, h = 12, hd = 64, d = h * hd;
   const DT t = DT::BF16;
-  auto fill = [](Buf& b) {
-    std::vector<uint16_t> v(b.count);
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (auto& x : v) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      x = float_to_bf16((static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 2.0f);
-    }
-    kc::copy_h2d(b.p, v.data(), v.size() * 2);
-  };
-  cudaEvent_t e0, e1;
-  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  auto time_ms = [&](int iters, const auto& f) {
-    for (int i = 0; i < 3; ++i) f();
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) f();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    return static_cast<double>(ms) / iters;
-  };
+  const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
+  test::EventTimer timer;
+  const auto time_ms = [&](int iters, const auto& f) { return timer.ms(iters, f); };
   Buf qkv(t, bb * n * 3 * d), out(t, bb * n * d), dout(t, bb * n * d), dqkv(t, bb * n * 3 * d),
       lse(DT::F32, bb * h * n), probs(t, bb * h * n * n);
   fill(qkv), fill(dout);
@@ -216,8 +197,6 @@ TEST_F(CudaFlash, DISABLED_Timing) {
   std::printf("TIMING attention_fwd_t:       %.3f ms, %.1f TFLOP/s\n", ufwd, flop / ufwd * 1e-9);
   std::printf("TIMING attention_bwd_t:       %.3f ms, %.1f TFLOP/s\n", ubwd,
               2.5 * flop / ubwd * 1e-9);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 }
 #endif

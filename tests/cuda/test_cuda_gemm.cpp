@@ -348,28 +348,9 @@ TEST_F(CudaGemm, Attention) {
 #ifdef CAI_HAVE_CUDA
 // Not a check: times the ViT-B/16 shapes (bf16) and prints the TFLOP/s reached.
 TEST_F(CudaGemm, DISABLED_Timing) {
-  auto fill = [](Buf& b) {
-    std::vector<uint16_t> h(b.count);
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (auto& v : h) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      v = float_to_bf16((static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 2.0f);
-    }
-    kc::copy_h2d(b.p, h.data(), h.size() * 2);
-  };
-  cudaEvent_t e0, e1;
-  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  auto time_ms = [&](int iters, const auto& f) {
-    for (int i = 0; i < 3; ++i) f();
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) f();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    return static_cast<double>(ms) / iters;
-  };
+  const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
+  test::EventTimer timer;
+  const auto time_ms = [&](int iters, const auto& f) { return timer.ms(iters, f); };
   const DT t = DT::BF16;
   const int64_t m = 50432, k = 768;
   for (int64_t n : {3072, 2304}) {
@@ -463,8 +444,6 @@ TEST_F(CudaGemm, DISABLED_Timing) {
         5, [&] { kc::attention_bwd(f(qkv32), f(p32), f(dout32), f(dqkv32), bb, n, h, hd); });
     std::printf("TIMING attention fp32 (same shape): fwd %.3f ms, bwd %.3f ms\n", f32, b32);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 }
 #endif
