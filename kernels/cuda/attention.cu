@@ -24,6 +24,7 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
 
@@ -94,20 +95,6 @@ __global__ void softmax_bwd_rows_kernel(const float* p, float* dp, int64_t rows,
   }
 }
 
-// Stream-ordered device scratch, freed (stream-ordered) when it goes out of scope.
-struct Scratch {
-  void* p = nullptr;
-  cudaStream_t s;
-  Scratch(size_t bytes, cudaStream_t stream) : s(stream) {
-    CAI_CUDA_CHECK(cudaMallocAsync(&p, bytes, s));
-  }
-  ~Scratch() {
-    if (p) cudaFreeAsync(p, s);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
-
 // Pointer arrays for one batched product over b·h heads.
 struct Ptrs {
   const float** a;
@@ -164,8 +151,8 @@ void attention_fwd(const float* qkv, float* out, float* probs, int64_t b, int64_
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c = g.count(), D = g.d();
-  Scratch ptrs(sizeof(float*) * 6 * c, s);
-  const float** p = static_cast<const float**>(ptrs.p);
+  Scratch ptrs(sizeof(float*) * 6 * c);
+  const float** p = ptrs.as<const float*>();
   const float **q = p, **k = p + c, **v = p + 2 * c, **pr = p + 3 * c, **o = p + 4 * c;
   fill(q, qkv, g, g.qkv_batch(), hd, s);
   fill(k, qkv + D, g, g.qkv_batch(), hd, s);
@@ -192,10 +179,10 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
   const cudaStream_t s = as_stream(stream);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c = g.count(), D = g.d();
-  Scratch dp_buf(sizeof(float) * c * g.nn(), s);
-  float* dp = static_cast<float*>(dp_buf.p);
-  Scratch ptrs(sizeof(float*) * 10 * c, s);
-  const float** p = static_cast<const float**>(ptrs.p);
+  Scratch dp_buf(sizeof(float) * c * g.nn());
+  float* dp = dp_buf.as<float>();
+  Scratch ptrs(sizeof(float*) * 10 * c);
+  const float** p = ptrs.as<const float*>();
   const float **q = p, **k = p + c, **v = p + 2 * c, **pr = p + 3 * c, **dO = p + 4 * c,
               **dq = p + 5 * c, **dk = p + 6 * c, **dv = p + 7 * c, **dP = p + 8 * c;
   fill(q, qkv, g, g.qkv_batch(), hd, s);
@@ -225,23 +212,6 @@ void attention_bwd(const float* qkv, const float* probs, const float* dout, floa
 // ---- bf16 / fp16 -----------------------------------------------------------------------------
 
 namespace {
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half(v);
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -287,7 +257,7 @@ __global__ void softmax_fwd_kernel(const float* s, T* p, int64_t rows, int n) {
     T* pr = p + r * n;
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i < n) pr[lane + 32 * i] = from_float<T>(v[i] * inv);
+      if (lane + 32 * i < n) pr[lane + 32 * i] = from_f32<T>(v[i] * inv);
   }
 }
 
@@ -304,7 +274,7 @@ __global__ void softmax_fwd_long_kernel(const float* s, T* p, int64_t rows, int 
     for (int j = lane; j < n; j += 32) sum += expf(sr[j] - mx);
     const float inv = 1.0f / warp_sum(sum);
     T* pr = p + r * n;
-    for (int j = lane; j < n; j += 32) pr[j] = from_float<T>(expf(sr[j] - mx) * inv);
+    for (int j = lane; j < n; j += 32) pr[j] = from_f32<T>(expf(sr[j] - mx) * inv);
   }
 }
 
@@ -322,7 +292,7 @@ __global__ void softmax_bwd_kernel(const T* p, float* dp, int64_t rows, int n, f
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int j = lane + 32 * i;
-      pv[i] = j < n ? to_float(pr[j]) : 0.0f;
+      pv[i] = j < n ? to_f32(pr[j]) : 0.0f;
       dv[i] = j < n ? dr[j] : 0.0f;
       dot += pv[i] * dv[i];
     }
@@ -332,7 +302,7 @@ __global__ void softmax_bwd_kernel(const T* p, float* dp, int64_t rows, int n, f
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int j = lane + 32 * i;
-      if (j < n) ds[j] = from_float<T>(pv[i] * (dv[i] - dot) * scale);
+      if (j < n) ds[j] = from_f32<T>(pv[i] * (dv[i] - dot) * scale);
     }
   }
 }
@@ -346,14 +316,14 @@ __global__ void softmax_bwd_long_kernel(const T* p, float* dp, int64_t rows, int
     const T* pr = p + r * n;
     float* dr = dp + r * n;
     float dot = 0.0f;
-    for (int j = lane; j < n; j += 32) dot += to_float(pr[j]) * dr[j];
+    for (int j = lane; j < n; j += 32) dot += to_f32(pr[j]) * dr[j];
     dot = warp_sum(dot);
     T* ds = reinterpret_cast<T*>(dr);
     for (int base = 0; base < n; base += 32) {
       const int j = base + lane;
-      const float g = j < n ? to_float(pr[j]) * (dr[j] - dot) * scale : 0.0f;
+      const float g = j < n ? to_f32(pr[j]) * (dr[j] - dot) * scale : 0.0f;
       __syncwarp();
-      if (j < n) ds[j] = from_float<T>(g);
+      if (j < n) ds[j] = from_f32<T>(g);
       __syncwarp();
     }
   }
@@ -361,7 +331,7 @@ __global__ void softmax_bwd_long_kernel(const T* p, float* dp, int64_t rows, int
 
 template <typename T>
 __global__ void fill_value_kernel(T* p, int64_t count, float v) {
-  CAI_GRID_STRIDE(i, count) p[i] = from_float<T>(v);
+  CAI_GRID_STRIDE(i, count) p[i] = from_f32<T>(v);
 }
 
 // Per-head pointer arrays: array a of `count` holds, for head x = bi·h + hi, the address
@@ -384,20 +354,9 @@ __global__ void fill_ptr_arrays_kernel(const void** out, PtrSpecs specs, int64_t
   }
 }
 
-// Device memory from the caching allocator for the length of one call. The allocator is not
-// stream-ordered: returning a block right after enqueueing its users is safe because every
-// later user of the block runs on the same stream (as everywhere in these kernels).
-struct DeviceBuffer {
-  void* p = nullptr;
-  int device = 0;
-  explicit DeviceBuffer(size_t bytes) {
-    CAI_CUDA_CHECK(cudaGetDevice(&device));
-    p = alloc(bytes, device);
-  }
-  ~DeviceBuffer() { free(p, device); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+// Scratch (typed.cuh) is device memory from the caching allocator for the length of one call.
+// The allocator is not stream-ordered: returning a block right after enqueueing its users is
+// safe because every later user of the block runs on the same stream (as everywhere here).
 
 // The pointer arrays of one call: add() returns the array's index.
 class HeadPtrs {
@@ -409,19 +368,17 @@ class HeadPtrs {
   }
   // Allocates and fills every array added so far (one kernel).
   void upload(cudaStream_t s) {
-    buf_ = std::make_unique<DeviceBuffer>(sizeof(void*) * g_.count() * specs_.count);
+    buf_ = std::make_unique<Scratch>(sizeof(void*) * g_.count() * specs_.count);
     fill_ptr_arrays_kernel<<<grid_for(g_.count() * specs_.count), kBlock, 0, s>>>(
-        static_cast<const void**>(buf_->p), specs_, g_.count(), g_.h);
+        buf_->as<const void*>(), specs_, g_.count(), g_.h);
     CAI_CUDA_CHECK_LAUNCH();
   }
-  void* const* operator[](int a) const {
-    return static_cast<void* const*>(buf_->p) + a * g_.count();
-  }
+  void* const* operator[](int a) const { return buf_->as<void* const>() + a * g_.count(); }
 
  private:
   Geometry g_;
   PtrSpecs specs_;
-  std::unique_ptr<DeviceBuffer> buf_;
+  std::unique_ptr<Scratch> buf_;
 };
 
 const void* byte_offset(const void* p, int64_t bytes) {
@@ -530,13 +487,13 @@ void attention_fwd_t(DT t, const void* qkv, void* out, void* probs, int64_t b, i
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c = g.count(), D = g.d(), es = dt_size(t);
   const cudaDataType_t ct = cuda_dtype(t);
-  DeviceBuffer scores(sizeof(float) * c * g.nn());
+  Scratch scores(sizeof(float) * c * g.nn());
   // Q, K, V of head (bi, hi) in qkv[b, n, 3, h, hd]; K and V start D and 2·D after Q.
   HeadPtrs ptrs(g);
   const int q = ptrs.add(qkv, g.qkv_batch(), hd, es);
   const int k = ptrs.add(byte_offset(qkv, D * es), g.qkv_batch(), hd, es);
   const int v = ptrs.add(byte_offset(qkv, 2 * D * es), g.qkv_batch(), hd, es);
-  const int sc = ptrs.add(scores.p, h * g.nn(), g.nn(), sizeof(float));
+  const int sc = ptrs.add(scores.as<void>(), h * g.nn(), g.nn(), sizeof(float));
   const int pr = ptrs.add(probs, h * g.nn(), g.nn(), es);
   const int o = ptrs.add(out, g.out_batch(), hd, es);
   ptrs.upload(s);
@@ -545,7 +502,7 @@ void attention_fwd_t(DT t, const void* qkv, void* out, void* probs, int64_t b, i
   // Sᵀ (col-major n_k × n_q) = scale·K·Qᵀ into the fp32 scores.
   gemm_ex(hnd, CUBLAS_OP_T, CUBLAS_OP_N, n, n, hd, scale, ptrs[k], 3 * D, ptrs[q], 3 * D, ct,
           ptrs[sc], n, CUDA_R_32F, c);
-  softmax_fwd(t, static_cast<const float*>(scores.p), probs, c * n, n, s);
+  softmax_fwd(t, static_cast<const float*>(scores.as<void>()), probs, c * n, n, s);
   // Oᵀ (hd × n_q) = Vᵀ (hd × n_k) · Pᵀ (n_k × n_q).
   gemm_ex(hnd, CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n, 1.0f, ptrs[v], 3 * D, ptrs[pr], n, ct, ptrs[o],
           D, ct, c);
@@ -568,8 +525,8 @@ void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t c = g.count(), D = g.d(), es = dt_size(t);
   const cudaDataType_t ct = cuda_dtype(t);
-  DeviceBuffer dp_buf(sizeof(float) * c * g.nn());
-  float* dp = static_cast<float*>(dp_buf.p);
+  Scratch dp_buf(sizeof(float) * c * g.nn());
+  float* dp = dp_buf.as<float>();
   HeadPtrs ptrs(g);
   const int q = ptrs.add(qkv, g.qkv_batch(), hd, es);
   const int k = ptrs.add(byte_offset(qkv, D * es), g.qkv_batch(), hd, es);

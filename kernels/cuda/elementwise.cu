@@ -154,22 +154,15 @@ double sum_squares(const float* x, int64_t n, void* stream) {
   if (n <= 0) return 0.0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const unsigned parts = std::min<unsigned>(grid_for(n), kPartBlocks);
-  // part[0, parts) then the total at part[parts]; freed stream-ordered, also when a check throws.
-  struct Temp {
-    double* p = nullptr;
-    cudaStream_t s;
-    ~Temp() {
-      if (p) cudaFreeAsync(p, s);
-    }
-  } buf{nullptr, s};
-  CAI_CUDA_CHECK(
-      cudaMallocAsync(reinterpret_cast<void**>(&buf.p), (parts + 1) * sizeof(double), s));
-  sum_squares_part_kernel<<<parts, kBlock, 0, s>>>(x, n, buf.p);
+  // part[0, parts) then the total at part[parts], from the caching allocator.
+  const Scratch buf((parts + 1) * sizeof(double));
+  double* part = buf.as<double>();
+  sum_squares_part_kernel<<<parts, kBlock, 0, s>>>(x, n, part);
   CAI_CUDA_CHECK_LAUNCH();
-  sum_parts_kernel<<<1, kBlock, 0, s>>>(buf.p, static_cast<int>(parts), buf.p + parts);
+  sum_parts_kernel<<<1, kBlock, 0, s>>>(part, static_cast<int>(parts), part + parts);
   CAI_CUDA_CHECK_LAUNCH();
   double total = 0.0;
-  CAI_CUDA_CHECK(cudaMemcpyAsync(&total, buf.p + parts, sizeof(double), cudaMemcpyDeviceToHost, s));
+  CAI_CUDA_CHECK(cudaMemcpyAsync(&total, part + parts, sizeof(double), cudaMemcpyDeviceToHost, s));
   CAI_CUDA_CHECK(cudaStreamSynchronize(s));  // the value goes to the host
   return total;
 }

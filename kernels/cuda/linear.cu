@@ -24,30 +24,6 @@ void check_dims(const char* op, int64_t m, int64_t k, int64_t n) {
             "[{}] m = {}, k = {}, n = {}: cuBLAS needs each in [0, {}]", op, m, k, n, INT_MAX);
 }
 
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half(v);
-}
-
 // Calls f(T{}) with T the device type of t.
 template <typename F>
 void dispatch(DT t, F&& f) {
@@ -67,7 +43,7 @@ void dispatch(DT t, F&& f) {
 // y[i, j] = b[j] (b == nullptr: 0) for y[m, n].
 template <typename T>
 __global__ void broadcast_rows_kernel(const T* b, T* y, int64_t m, int64_t n) {
-  CAI_GRID_STRIDE(t, m * n) y[t] = b ? b[t % n] : from_float<T>(0.0f);
+  CAI_GRID_STRIDE(t, m * n) y[t] = b ? b[t % n] : from_f32<T>(0.0f);
 }
 
 void broadcast_rows(DT t, const void* b, void* y, int64_t m, int64_t n, cudaStream_t s) {
@@ -96,7 +72,7 @@ __global__ void column_sum_kernel(const T* dy, float* db, double* part, int64_t 
   double s = 0.0;
   if (j < n)
     for (int64_t i = begin + threadIdx.y; i < end; i += kRows)
-      s += static_cast<double>(to_float(dy[i * n + j]));
+      s += static_cast<double>(to_f32(dy[i * n + j]));
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && j < n) {
@@ -158,6 +134,33 @@ void run(const char* op, const char* what, const LtGemm& g, const void* a, const
             op, what, dt_name(t), dt_name(dt), g.m, g.n, g.k);
 }
 
+// Row-major y[m, n] = x[m, k]·w[n, k]ᵀ as column-major yᵀ[n, m] = (w as col-major [k, n])ᵀ ·
+// (x as col-major [k, m]); A = w, B = x.
+LtGemm forward_gemm(DT t, DT yt, bool tf32, int64_t m, int64_t k, int64_t n) {
+  LtGemm g;
+  g.ab = cuda_dtype(t);
+  g.cd = cuda_dtype(yt);
+  g.compute = compute_type(t, tf32);
+  g.ta = CUBLAS_OP_T;
+  g.tb = CUBLAS_OP_N;
+  g.m = n, g.n = m, g.k = k;
+  g.lda = k, g.ldb = k, g.ldd = n;
+  return g;
+}
+
+// Row-major dx[m, k] = dy[m, n]·w[n, k] as column-major dxᵀ[k, m] = (w as col-major [k, n]) ·
+// (dy as col-major [n, m]); A = w, B = dy.
+LtGemm input_grad_gemm(DT t, bool tf32, int64_t m, int64_t k, int64_t n) {
+  LtGemm g;
+  g.ab = g.cd = cuda_dtype(t);
+  g.compute = compute_type(t, tf32);
+  g.ta = CUBLAS_OP_N;
+  g.tb = CUBLAS_OP_N;
+  g.m = k, g.n = m, g.k = n;
+  g.lda = k, g.ldb = n, g.ldd = k;
+  return g;
+}
+
 }  // namespace
 
 void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void* y, int64_t m,
@@ -172,15 +175,7 @@ void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void
     broadcast_rows(yt, b, y, m, n, s);
     return;
   }
-  // Column-major: y^T[n, m] = (w as col-major [k, n])^T · (x as col-major [k, m]) + b.
-  LtGemm g;
-  g.ab = cuda_dtype(t);
-  g.cd = cuda_dtype(yt);
-  g.compute = compute_type(t, tf32);
-  g.ta = CUBLAS_OP_T;
-  g.tb = CUBLAS_OP_N;
-  g.m = n, g.n = m, g.k = k;
-  g.lda = k, g.ldb = k, g.ldd = n;
+  const LtGemm g = forward_gemm(t, yt, tf32, m, k, n);
   // The bias epilogue reads the bias with vector loads: an odd address goes the long way.
   if (b && reinterpret_cast<uintptr_t>(b) % 16 == 0 && lt_matmul(g, w, x, y, b, 1.0f, 0.0f, s))
     return;
@@ -197,14 +192,7 @@ void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, 
     if (n == 0) {
       CAI_CUDA_CHECK(cudaMemsetAsync(dx, 0, static_cast<size_t>(m * k) * dt_size(t), s));
     } else {
-      // Column-major: dx^T[k, m] = (w as col-major [k, n]) · (dy as col-major [n, m]).
-      LtGemm g;
-      g.ab = g.cd = cuda_dtype(t);
-      g.compute = compute_type(t, tf32);
-      g.ta = CUBLAS_OP_N;
-      g.tb = CUBLAS_OP_N;
-      g.m = k, g.n = m, g.k = n;
-      g.lda = k, g.ldb = n, g.ldd = k;
+      const LtGemm g = input_grad_gemm(t, tf32, m, k, n);
       run("linear_bwd", "dy·w", g, w, dy, dx, nullptr, 0.0f, s, t, t);
     }
   }
@@ -233,13 +221,7 @@ void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* 
   const cudaStream_t s = as_stream(stream);
   if (k > 0 && (!b || reinterpret_cast<uintptr_t>(b) % 16 == 0)) {
     // As linear_fwd_t, with GELU_AUX_BIAS: the aux (pre) is column-major [n, m], ld n.
-    LtGemm g;
-    g.ab = g.cd = cuda_dtype(t);
-    g.compute = compute_type(t, false);
-    g.ta = CUBLAS_OP_T;
-    g.tb = CUBLAS_OP_N;
-    g.m = n, g.n = m, g.k = k;
-    g.lda = k, g.ldb = k, g.ldd = n;
+    LtGemm g = forward_gemm(t, t, false, m, k, n);
     g.epilogue = LtEpilogue::kGeluAuxBias;
     g.ldaux = n;
     if (lt_matmul(g, w, x, y, b, 1.0f, 0.0f, s, pre)) return;
@@ -260,13 +242,7 @@ void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, cons
     } else {
       // As linear_bwd_t's dx (column-major dpre^T[k, m] = w · dy), with DGELU on aux = pre
       // (column-major [k, m], ld k): dpre = (dy·w) ∘ gelu_tanh'(pre).
-      LtGemm g;
-      g.ab = g.cd = cuda_dtype(t);
-      g.compute = compute_type(t, false);
-      g.ta = CUBLAS_OP_N;
-      g.tb = CUBLAS_OP_N;
-      g.m = k, g.n = m, g.k = n;
-      g.lda = k, g.ldb = n, g.ldd = k;
+      LtGemm g = input_grad_gemm(t, false, m, k, n);
       g.epilogue = LtEpilogue::kDGelu;
       g.ldaux = k;
       if (!lt_matmul(g, w, dy, dpre, nullptr, 1.0f, 0.0f, s, pre)) {
