@@ -2,8 +2,11 @@
 // buffer of fp32/bf16/fp16 elements filled from and read back as fp32.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -83,6 +86,23 @@ struct Buf {
     return v;
   }
 };
+
+// ‖got − ref‖ / ‖ref‖ ≤ tol, printed. The reference must not be all zeros (a test that cannot
+// fail is a defect) and the result must hold no NaN.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i];
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  ASSERT_GT(den, 0.0) << what << ": the reference is all zeros";
+  const double err = std::sqrt(num / den);
+  std::printf("  %-60s rel err %.3e (tol %.0e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what;
+}
 
 // For the print-only timing cases: a device buffer filled with a fixed pseudo-random bf16 pattern
 // in [-1, 1), and the mean time of `iters` calls of f (after 3 warm-up calls) between two events.

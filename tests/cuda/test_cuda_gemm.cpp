@@ -36,6 +36,7 @@ using namespace cai;
 using kernels::DT;
 namespace kc = kernels::cuda;
 using test::Buf;
+using test::expect_close;
 using test::random_values;
 using test::round_to;
 using test::rounded;
@@ -56,23 +57,6 @@ double tolerance(DT t, bool tf32) {
 
 std::string type_name(DT t, bool tf32) {
   return t == DT::F32 && tf32 ? "tf32" : kernels::dt_name(t);
-}
-
-// ‖got − ref‖ / ‖ref‖ ≤ tol, printed. The reference must not be all zeros (a test that cannot
-// fail is a defect) and the result must hold no NaN.
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i];
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  ASSERT_GT(den, 0.0) << what << ": the reference is all zeros";
-  const double err = std::sqrt(num / den);
-  std::printf("  %-60s rel err %.3e (tol %.0e)\n", what.c_str(), err, tol);
-  EXPECT_LE(err, tol) << what;
 }
 
 struct Mode {
