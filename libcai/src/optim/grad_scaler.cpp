@@ -67,10 +67,14 @@ void DynamicGradScaler::load_state(const std::vector<double>& s) {
   hysteresis_step_ = static_cast<int64_t>(s[2]);
 }
 
+int64_t count_nonfinite_grads(const std::vector<nn::Parameter*>& params) {
+  int64_t n = 0;
+  for (const nn::Parameter* p : params) n += ops::count_nonfinite(p->grad);
+  return n;
+}
+
 bool grads_finite(const std::vector<nn::Parameter*>& params) {
-  for (const nn::Parameter* p : params)
-    if (ops::count_nonfinite(p->grad) > 0) return false;
-  return true;
+  return count_nonfinite_grads(params) == 0;
 }
 
 }  // namespace cai::optim

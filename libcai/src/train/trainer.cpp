@@ -156,9 +156,8 @@ void Trainer::fit(int64_t start_epoch) {
         // holds other gradients (data-parallel shards, pipeline stages).
         const auto params = optimizer_params(opt_);
         scaler_->unscale(params);
-        double bad = 0;
-        for (nn::Parameter* p : params) bad += static_cast<double>(ops::count_nonfinite(p->grad));
-        bad = plugin_->all_reduce_sum(bad);
+        const double bad =
+            plugin_->all_reduce_sum(static_cast<double>(optim::count_nonfinite_grads(params)));
         std::string message;
         info.loss_scale = scale;
         info.skipped = scaler_->update(bad > 0, &message);

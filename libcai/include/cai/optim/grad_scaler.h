@@ -44,7 +44,8 @@ class DynamicGradScaler {
   int64_t growth_step_ = 0, hysteresis_step_ = 0;
 };
 
-// False when any gradient holds an inf or NaN.
+// Gradient elements that are inf or NaN over `params`, and false when there is any.
+int64_t count_nonfinite_grads(const std::vector<nn::Parameter*>& params);
 bool grads_finite(const std::vector<nn::Parameter*>& params);
 
 }  // namespace cai::optim
