@@ -204,6 +204,10 @@ void gelu_tanh_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
 void dropout_fwd_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
   CAI_STUB("dropout_fwd_t");
 }
+void dropout_strided_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t,
+                       int64_t, int64_t, void*) {
+  CAI_STUB("dropout_strided_t");
+}
 void drop_path_fwd_t(DT, const void*, void*, int64_t, int64_t, float, uint64_t, uint64_t, uint64_t,
                      void*) {
   CAI_STUB("drop_path_fwd_t");

@@ -94,6 +94,20 @@ __global__ void sample_scale_t_kernel(const T* __restrict__ x, T* __restrict__ y
     CAI_GRID_STRIDE(j, per) ys[j] = from_f32<T>(to_f32(xs[j]) * f);
   }
 }
+
+// Strided dropout: one thread per element, element i drawing at
+// offset + (i / row) · row_stride + (i % row) (the CPU's integer arithmetic, so the same mask).
+template <typename T>
+__global__ void strided_scale_t_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                       float p, float keep_scale, uint64_t seed, uint64_t stream,
+                                       uint64_t offset, uint64_t row, uint64_t row_stride) {
+  CAI_GRID_STRIDE(i, n) {
+    const uint64_t u = static_cast<uint64_t>(i);
+    const uint64_t pos = offset + (u / row) * row_stride + (u % row);
+    y[i] = philox::uniform(seed, stream, pos) >= p ? from_f32<T>(to_f32(x[i]) * keep_scale)
+                                                   : from_f32<T>(0.0f);
+  }
+}
 }  // namespace
 
 void dropout_fwd(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
@@ -123,6 +137,25 @@ void dropout_fwd_t(DT t, const void* x, void* y, int64_t n, float p, uint64_t se
     using T = decltype(tag);
     masked_scale_t_kernel<T><<<grid_for(blocks), kBlock, 0, as_stream(cuda_stream)>>>(
         static_cast<const T*>(x), static_cast<T*>(y), n, p, keep_scale, seed, stream, offset);
+    CAI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void dropout_strided_t(DT t, const void* x, void* y, int64_t n, float p, uint64_t seed,
+                       uint64_t stream, uint64_t offset, int64_t row, int64_t row_stride,
+                       void* cuda_stream) {
+  // Contiguous (no rows, or rows that follow each other): the Philox-block kernel.
+  if (row <= 0 || row_stride == row || n <= row) {
+    dropout_fwd_t(t, x, y, n, p, seed, stream, offset, cuda_stream);
+    return;
+  }
+  if (n <= 0) return;
+  const float keep_scale = 1.0f / (1.0f - p);
+  dispatch_dt(t, "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    strided_scale_t_kernel<T><<<grid_for(n), kBlock, 0, as_stream(cuda_stream)>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, p, keep_scale, seed, stream, offset,
+        static_cast<uint64_t>(row), static_cast<uint64_t>(row_stride));
     CAI_CUDA_CHECK_LAUNCH();
   });
 }

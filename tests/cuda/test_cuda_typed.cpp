@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cai/core/tensor.h"
+#include "cai/ops/ops.h"
 #include "kernels/base/error.h"
 #include "kernels/device.h"
 #include "kernels/dropout.h"
@@ -406,6 +407,60 @@ TEST_F(CudaTyped, DropPathMasksEqualTheFp32Kernel) {
     EXPECT_GT(dropped, 0);
     EXPECT_LT(dropped, b * per);
     expect_close(h, rounded(t, cpu), tol(t), fmt::format("drop_path {}", name(t)));
+  }
+}
+
+// Strided keys (a tensor-parallel slice): element i draws at offset + (i / row)·row_stride +
+// (i % row). Masks must equal the CPU kernel's exactly; row_stride == row and n <= row take the
+// contiguous kernel and must give the same masks too.
+TEST_F(CudaTyped, StridedDropoutEqualsTheCpuKernel) {
+  const uint64_t seed = 4321, stream = 9;
+  struct Case {
+    int64_t n, row, row_stride;
+    uint64_t offset;
+  };
+  const Case cases[] = {{5 * 6, 6, 12, 1000},
+                        {4 * 1000, 1000, 3000, 7},
+                        {3 * 4 * 40, 4 * 40, 7 * 40, 13},
+                        {10007, 331, 1000, uint64_t{1} << 33},
+                        {600, 100, 100, 3},
+                        {50, 100, 300, 5}};
+  for (const Case& c : cases) {
+    const auto x = uniform(c.n, 53, 0.5f, 2.0f);
+    for (DT t : kTypes) {
+      const std::string what = fmt::format("strided dropout {} n {} row {} stride {} offset {}",
+                                           name(t), c.n, c.row, c.row_stride, c.offset);
+      const auto xt = rounded(t, x);
+      std::vector<float> cpu(c.n);
+      kh::dropout_strided(xt.data(), cpu.data(), c.n, 0.3f, seed, stream, c.offset, c.row,
+                          c.row_stride);
+      Typed gx(t, xt), gy(t, c.n);
+      kc::dropout_strided_t(t, gx.get(), gy.get(), c.n, 0.3f, seed, stream, c.offset, c.row,
+                            c.row_stride);
+      const auto h = gy.host();
+      int64_t mismatched = 0;
+      for (int64_t i = 0; i < c.n; ++i) mismatched += (h[i] == 0.0f) != (cpu[i] == 0.0f);
+      EXPECT_EQ(mismatched, 0) << what;
+      expect_close(h, rounded(t, cpu), tol(t), what);
+    }
+  }
+}
+
+// ops::dropout_fwd/bwd with a strided key on GPU tensors against the same ops on the CPU.
+TEST_F(CudaTyped, StridedDropoutOpEqualsTheCpuOp) {
+  const auto x = uniform(4 * 3 * 10, 54, 0.5f, 2.0f);
+  ops::RngKey k{11, 12, 500};
+  k.row = 3 * 10;
+  k.row_stride = 8 * 10;
+  for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+    const Tensor cpu_x = Tensor::from_vector(x, {4, 3, 10}).to(d);
+    const Tensor gpu_x = cpu_x.to(Device::cuda());
+    for (bool fwd : {true, false}) {
+      const Tensor c = fwd ? ops::dropout_fwd(cpu_x, 0.25f, k) : ops::dropout_bwd(cpu_x, 0.25f, k);
+      const Tensor g = fwd ? ops::dropout_fwd(gpu_x, 0.25f, k) : ops::dropout_bwd(gpu_x, 0.25f, k);
+      EXPECT_EQ(g.dtype(), d);
+      EXPECT_EQ(g.to_vector(), c.to_vector()) << dtype_name(d) << (fwd ? " fwd" : " bwd");
+    }
   }
 }
 

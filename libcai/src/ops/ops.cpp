@@ -1,6 +1,7 @@
 #include "cai/ops/ops.h"
 
 #include <cmath>
+#include <limits>
 
 #include "cai/core/error.h"
 #include "kernels/attention.h"
@@ -382,7 +383,21 @@ Tensor dropout_any(const char* op, const Tensor& x, float p, RngKey k, bool fwd)
   check_p(op, p);
   floating(op, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.dtype() == DType::F32) {
+  if (k.row > 0) {
+    constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    CAI_CHECK(k.row_stride >= k.row && k.row_stride <= kMax,
+              "[{}] RngKey row_stride {} must be in [row, 2^63) with row {}", op, k.row_stride,
+              k.row);
+    const auto row = static_cast<int64_t>(k.row), stride = static_cast<int64_t>(k.row_stride);
+    if (x.is_cuda())
+      kernels::cuda::dropout_strided_t(kdt(x.dtype()), x.raw(), y.raw(), x.numel(), p, k.seed,
+                                       k.stream, k.offset, row, stride);
+    else if (x.dtype() == DType::F32)
+      kernels::cpu::dropout_strided(f32(x), f32m(y), x.numel(), p, k.seed, k.stream, k.offset, row,
+                                    stride);
+    else
+      y = as(dropout_any(op, up(x), p, k, fwd), x.dtype());
+  } else if (x.dtype() == DType::F32) {
     if (fwd)
       CAI_DISPATCH(x, dropout_fwd, f32(x), f32m(y), x.numel(), p, k.seed, k.stream, k.offset);
     else

@@ -52,14 +52,23 @@ Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved, 
                      int64_t heads);
 
 // Where a random mask comes from: element i of the op uses philox(seed, stream, offset + i).
+// With row > 0 the op is a slice of a bigger logical tensor whose global indices come in runs of
+// `row` elements, `row_stride` apart: element i draws at offset + (i / row)·row_stride + (i % row).
+// E.g. columns [c0, c0 + f) of x[rows, F]: offset = base + c0, row = f, row_stride = F; tokens
+// [t0, t0 + n) of x[B, N, D]: offset = base + t0·D, row = n·D, row_stride = N·D. Then the slice's
+// mask is the matching slice of the whole tensor's. row_stride >= row (runs do not overlap).
 struct RngKey {
   uint64_t seed = 0;
   uint64_t stream = 0;
   uint64_t offset = 0;
+  uint64_t row = 0, row_stride = 0;  // elements; row 0: contiguous
 };
+// Zeroes each element with probability p and scales the kept ones by 1/(1-p); the backward
+// applies the same mask to dy. Any float dtype, same dtype out.
 Tensor dropout_fwd(const Tensor& x, float p, RngKey key);
 Tensor dropout_bwd(const Tensor& dy, float p, RngKey key);
-// Drops whole samples (dim 0) with probability p; sample i draws at key.offset + i.
+// Drops whole samples (dim 0) with probability p; sample i draws at key.offset + i (key.row and
+// key.row_stride are ignored: the draw is per sample).
 Tensor drop_path_fwd(const Tensor& x, float p, RngKey key);
 Tensor drop_path_bwd(const Tensor& dy, float p, RngKey key);
 
