@@ -45,6 +45,11 @@ void empty_cache(int device);  // returns cached blocks to the driver
 void copy_h2d(void* dst, const void* src, size_t bytes);
 void copy_d2h(void* dst, const void* src, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);
+// Device to device, `height` rows of `width_bytes` each: row r goes from src + r·src_pitch to
+// dst + r·dst_pitch (pitches in bytes, >= width_bytes). Asynchronous on the legacy default stream,
+// where the compute kernels run; the regions must not overlap.
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes,
+             size_t height);
 void memset_zero(void* p, size_t bytes);
 void synchronize();
 }  // namespace cuda

@@ -167,6 +167,9 @@ void copy_d2h(void*, const void*, size_t) {
 void copy_d2d(void*, const void*, size_t) {
   CAI_STUB("copy_d2d");
 }
+void copy_2d(void*, size_t, const void*, size_t, size_t, size_t) {
+  CAI_STUB("copy_2d");
+}
 void memset_zero(void*, size_t) {
   CAI_STUB("memset_zero");
 }

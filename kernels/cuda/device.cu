@@ -137,6 +137,22 @@ void copy_d2h(void* dst, const void* src, size_t bytes) {
 void copy_d2d(void* dst, const void* src, size_t bytes) {
   CAI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes,
+             size_t height) {
+  if (width_bytes == 0 || height == 0) return;
+  // cudaMemcpy2D refuses pitches above cudaDevAttrMaxPitch (2^31 - 1 bytes): one copy per row
+  // then.
+  constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+  if (height == 1 || dst_pitch > kMaxPitch || src_pitch > kMaxPitch) {
+    for (size_t r = 0; r < height; ++r)
+      CAI_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + r * dst_pitch,
+                                     static_cast<const char*>(src) + r * src_pitch, width_bytes,
+                                     cudaMemcpyDeviceToDevice, 0));
+    return;
+  }
+  CAI_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, height,
+                                   cudaMemcpyDeviceToDevice, 0));
+}
 void memset_zero(void* p, size_t bytes) {
   CAI_CUDA_CHECK(cudaMemset(p, 0, bytes));
 }

@@ -464,6 +464,47 @@ TEST_F(CudaTyped, StridedDropoutOpEqualsTheCpuOp) {
   }
 }
 
+// --- copy_tokens_
+// -------------------------------------------------------------------------------------
+
+TEST_F(CudaTyped, CopyTokensEqualsTheCpu) {
+  for (DType d : {DType::F32, DType::BF16, DType::F16, DType::I32}) {
+    const Shape ds{5, 9, 6}, ss{5, 4, 6};
+    const auto dv = uniform(shape_numel(ds), 55, -100.0f, 100.0f);
+    const auto sv = uniform(shape_numel(ss), 56, -100.0f, 100.0f);
+    auto make = [&](const std::vector<float>& v, const Shape& s) {
+      if (d != DType::I32) return Tensor::from_vector(v, s).to(d);
+      std::vector<int32_t> iv(v.begin(), v.end());
+      return Tensor::from_vector(iv, s);
+    };
+    auto host = [](const Tensor& t) {
+      const Tensor h = t.to(Device::cpu());
+      if (h.dtype() != DType::I32) return h.to_vector();
+      const int32_t* p = h.data<int32_t>();
+      return std::vector<float>(p, p + h.numel());
+    };
+    // Whole tensors and views narrowed along dim 0 (an element offset).
+    for (bool view : {false, true}) {
+      Tensor cd = make(dv, ds), gd_all = cd.to(Device::cuda());
+      const Tensor cs = make(sv, ss), gs_all = cs.to(Device::cuda());
+      Tensor cdv = view ? cd.narrow(1, 3) : cd, gd = view ? gd_all.narrow(1, 3) : gd_all;
+      const Tensor csv = view ? cs.narrow(2, 3) : cs, gs = view ? gs_all.narrow(2, 3) : gs_all;
+      ops::copy_tokens_(cdv, 5, csv, 1, 3);
+      ops::copy_tokens_(gd, 5, gs, 1, 3);
+      kc::synchronize();
+      EXPECT_EQ(host(gd_all), host(cd)) << dtype_name(d) << (view ? " view" : "");
+    }
+  }
+  // Mixed devices are an error.
+  Tensor d = Tensor::zeros({2, 3, 4}, DType::F32, Device::cuda());
+  try {
+    ops::copy_tokens_(d, 0, Tensor::zeros({2, 3, 4}), 0, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[copy_tokens]", 0), 0u) << e.what();
+  }
+}
+
 // --- embedding
 // -------------------------------------------------------------------------------------
 

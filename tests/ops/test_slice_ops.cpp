@@ -1,9 +1,11 @@
 // Ops that tensor parallelism uses on slices of a bigger logical tensor: dropout with a strided
-// RngKey (a slice's mask must be, bit for bit, the matching slice of the whole tensor's mask).
+// RngKey (a slice's mask must be, bit for bit, the matching slice of the whole tensor's mask) and
+// copy_tokens_ (token ranges of [B, N, F] tensors, with the errors naming the wrong values).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -142,4 +144,123 @@ TEST(StridedDropout, DropPathIgnoresRow) {
   k.row = 2;
   k.row_stride = 100;
   expect_bits_equal(values(ops::drop_path_fwd(x, 0.5f, k)), ref, "drop_path");
+}
+
+// --- copy_tokens_
+// --------------------------------------------------------------------------------
+
+namespace {
+
+// A [b, n, f] tensor of dtype d holding small integers (exact in every dtype), distinct per seed.
+Tensor iota(const Shape& s, DType d, int seed) {
+  const int64_t n = shape_numel(s);
+  if (d == DType::I32) {
+    std::vector<int32_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + seed * 31) % 201 - 100);
+    return Tensor::from_vector(v, s);
+  }
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + seed * 31) % 201 - 100);
+  return Tensor::from_vector(v, s).to(d);
+}
+std::vector<float> host(const Tensor& t) {
+  if (t.dtype() != DType::I32) return t.to_vector();
+  const int32_t* p = t.data<int32_t>();
+  return std::vector<float>(p, p + t.numel());
+}
+// The reference: element by element on host vectors.
+std::vector<float> copy_ref(std::vector<float> dst, const Shape& ds, const std::vector<float>& src,
+                            const Shape& ss, int64_t dt, int64_t st, int64_t count) {
+  const int64_t b = ds[0], nd = ds[1], ns = ss[1], f = ds[2];
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t j = 0; j < f; ++j)
+        dst[(i * nd + dt + t) * f + j] = src[(i * ns + st + t) * f + j];
+  return dst;
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(CopyTokens, CopiesTokenRangesOfEverySample) {
+  struct Case {
+    Shape ds, ss;
+    int64_t dt, st, count;
+  };
+  const Case cases[] = {
+      {{2, 5, 3}, {2, 7, 3}, 1, 2, 3},  // middle to middle
+      {{3, 4, 8}, {3, 4, 8}, 0, 0, 4},  // everything
+      {{1, 9, 2}, {1, 3, 2}, 6, 0, 3},  // into the tail
+      {{4, 2, 5}, {4, 6, 5}, 0, 4, 2},  // from the tail
+      {{2, 5, 3}, {2, 7, 3}, 5, 7, 0},  // count 0 at the ends: nothing
+  };
+  for (DType d : {DType::F32, DType::BF16, DType::F16, DType::I32}) {
+    for (const Case& c : cases) {
+      const std::string what = fmt::format("{} dst {} [{}] src {} [{}] count {}", dtype_name(d),
+                                           shape_str(c.ds), c.dt, shape_str(c.ss), c.st, c.count);
+      Tensor dst = iota(c.ds, d, 1);
+      const Tensor src = iota(c.ss, d, 2);
+      const auto want = copy_ref(host(dst), c.ds, host(src), c.ss, c.dt, c.st, c.count);
+      ops::copy_tokens_(dst, c.dt, src, c.st, c.count);
+      EXPECT_EQ(host(dst), want) << what;
+    }
+  }
+}
+
+TEST(CopyTokens, ViewsWithAnOffset) {
+  for (DType d : {DType::F32, DType::BF16, DType::I32}) {
+    const Tensor dst_all = iota({5, 6, 4}, d, 3), src_all = iota({7, 3, 4}, d, 4);
+    const auto before = host(dst_all);
+    Tensor dst = dst_all.narrow(2, 2);  // samples 2, 3
+    const Tensor src = src_all.narrow(4, 2);
+    const auto want = copy_ref(host(dst), dst.shape(), host(src), src.shape(), 3, 1, 2);
+    ops::copy_tokens_(dst, 3, src, 1, 2);
+    EXPECT_EQ(host(dst), want) << dtype_name(d);
+    // The samples outside the view are untouched.
+    const auto after = host(dst_all);
+    const int64_t per = 6 * 4;
+    for (int64_t i = 0; i < 5 * per; ++i) {
+      if (i / per < 2 || i / per >= 4) {
+        EXPECT_EQ(after[i], before[i]) << dtype_name(d) << " " << i;
+      }
+    }
+  }
+}
+
+TEST(CopyTokens, ErrorsNameTheWrongValues) {
+  Tensor dst = Tensor::zeros({2, 5, 3});
+  const Tensor src = Tensor::zeros({2, 7, 3});
+  auto expect_error = [](const std::string& m, std::vector<std::string> parts) {
+    EXPECT_EQ(m.rfind("[copy_tokens]", 0), 0u) << m;
+    for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << p << " in: " << m;
+  };
+  Tensor flat = Tensor::zeros({10, 3});
+  expect_error(error_of([&] { ops::copy_tokens_(flat, 0, src, 0, 1); }), {"dst", "rank 2"});
+  expect_error(error_of([&] {
+                 ops::copy_tokens_(dst, 0, Tensor::zeros({14, 3}), 0, 1);
+               }),
+               {"src", "rank 2"});
+  expect_error(error_of([&] {
+                 ops::copy_tokens_(dst, 0, Tensor::zeros({3, 7, 3}), 0, 1);
+               }),
+               {"[2, 5, 3]", "[3, 7, 3]"});
+  expect_error(error_of([&] {
+                 ops::copy_tokens_(dst, 0, Tensor::zeros({2, 7, 4}), 0, 1);
+               }),
+               {"[2, 5, 3]", "[2, 7, 4]"});
+  expect_error(error_of([&] { ops::copy_tokens_(dst, 0, src.to(DType::BF16), 0, 1); }),
+               {"fp32", "bf16"});
+  expect_error(error_of([&] { ops::copy_tokens_(dst, 3, src, 0, 3); }),
+               {"dst tokens [3, 6)", "[0, 5)"});
+  expect_error(error_of([&] { ops::copy_tokens_(dst, -1, src, 0, 1); }), {"dst tokens [-1, 0)"});
+  expect_error(error_of([&] { ops::copy_tokens_(dst, 0, src, 5, 3); }),
+               {"src tokens [5, 8)", "[0, 7)"});
+  expect_error(error_of([&] { ops::copy_tokens_(dst, 0, src, 0, -2); }), {"count -2"});
 }

@@ -1,11 +1,13 @@
 #include "cai/ops/ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "cai/core/error.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/device.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embed.h"
@@ -541,6 +543,45 @@ Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index) {
   else
     dx = as(select_token_bwd(up(dout), n, index), dout.dtype());
   return dx;
+}
+
+// Token ranges of [B, N, F] tensors: B rows of count·F elements, pitched N·F apart.
+void copy_tokens_(Tensor& dst, int64_t dst_token, const Tensor& src, int64_t src_token,
+                  int64_t count) {
+  CAI_CHECK(dst.defined() && src.defined(), "[copy_tokens] dst and src must be defined");
+  CAI_CHECK(dst.dim() == 3, "[copy_tokens] dst must be [B, N, F], got rank {} ({})", dst.dim(),
+            dst.str());
+  CAI_CHECK(src.dim() == 3, "[copy_tokens] src must be [B, N, F], got rank {} ({})", src.dim(),
+            src.str());
+  CAI_CHECK(dst.size(0) == src.size(0) && dst.size(2) == src.size(2),
+            "[copy_tokens] dst {} and src {} differ in batch or features ([{}, :, {}] vs [{}, :, "
+            "{}])",
+            shape_str(dst.shape()), shape_str(src.shape()), dst.size(0), dst.size(2), src.size(0),
+            src.size(2));
+  CAI_CHECK(dst.dtype() == src.dtype(), "[copy_tokens] dst is {} but src is {}",
+            dtype_name(dst.dtype()), dtype_name(src.dtype()));
+  same_device("copy_tokens", dst, src);
+  CAI_CHECK(count >= 0, "[copy_tokens] count {} is negative", count);
+  const int64_t nd = dst.size(1), ns = src.size(1);
+  CAI_CHECK(dst_token >= 0 && dst_token <= nd && count <= nd - dst_token,
+            "[copy_tokens] dst tokens [{}, {}) are outside [0, {})", dst_token, dst_token + count,
+            nd);
+  CAI_CHECK(src_token >= 0 && src_token <= ns && count <= ns - src_token,
+            "[copy_tokens] src tokens [{}, {}) are outside [0, {})", src_token, src_token + count,
+            ns);
+  const int64_t b = dst.size(0), f = dst.size(2);
+  if (count == 0 || b == 0 || f == 0) return;
+  const size_t es = dtype_size(dst.dtype());
+  const size_t width = static_cast<size_t>(count * f) * es;
+  const size_t dst_pitch = static_cast<size_t>(nd * f) * es;
+  const size_t src_pitch = static_cast<size_t>(ns * f) * es;
+  char* d = static_cast<char*>(dst.raw()) + static_cast<size_t>(dst_token * f) * es;
+  const char* s = static_cast<const char*>(src.raw()) + static_cast<size_t>(src_token * f) * es;
+  if (dst.is_cuda()) {
+    kernels::cuda::copy_2d(d, dst_pitch, s, src_pitch, width, static_cast<size_t>(b));
+  } else {
+    for (int64_t i = 0; i < b; ++i) std::memcpy(d + i * dst_pitch, s + i * src_pitch, width);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

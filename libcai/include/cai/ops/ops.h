@@ -89,6 +89,12 @@ Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos, DType tokens_
 Tensor select_token_fwd(const Tensor& x, int64_t index);
 Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index);
 
+// dst[:, dst_token : dst_token + count, :] = src[:, src_token : src_token + count, :] for
+// dst[B, Nd, F] and src[B, Ns, F] of the same dtype (fp32, bf16, fp16 or int32) and device.
+// count 0 is a no-op; dst and src must not overlap. On a GPU: asynchronous on the default stream.
+void copy_tokens_(Tensor& dst, int64_t dst_token, const Tensor& src, int64_t src_token,
+                  int64_t count);
+
 // Per-sample cross-entropy with label smoothing: logits[B, K], labels int32 [B] -> losses[B]
 // (fp32; half logits are converted first).
 Tensor cross_entropy_fwd(const Tensor& logits, const Tensor& labels, float smoothing);
