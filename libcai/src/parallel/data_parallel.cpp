@@ -258,6 +258,12 @@ int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
 }
 
+std::vector<int64_t> DataParallelPlugin::bucket_numels() const {
+  std::vector<int64_t> out;
+  for (const Bucket& b : impl_->buckets) out.push_back(b.numel);
+  return out;
+}
+
 void DataParallelPlugin::setup(nn::ViT& model) {
   std::vector<nn::Layer*> all;
   for (auto& l : model.layers()) all.push_back(l.get());

@@ -38,6 +38,12 @@ struct DataParallelConfig {
   double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
   bool cpu_offload = false;
   bool overlap = true;  // start reductions during backward (else all at sync_gradients)
+  // Stage 2/3: gradient buckets whose reduce-scatter may be in flight at once; launching one more
+  // first completes the oldest. Bounds the full-size gradient bytes alive during backward.
+  int zero_max_inflight_buckets = 2;
+  // Stage 3: layers whose all-gather is issued ahead of use (forward: the following layers,
+  // backward: the preceding ones), as FSDP's forward/backward prefetch. 0: gather on use.
+  int zero3_prefetch = 1;
 };
 
 class DataParallelPlugin : public train::Plugin {
@@ -67,6 +73,9 @@ class DataParallelPlugin : public train::Plugin {
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   int num_buckets() const;
+  // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,
+  // what bounds the in-flight reduction buffers (tests and the memory model).
+  std::vector<int64_t> bucket_numels() const;
 
  private:
   struct Impl;
