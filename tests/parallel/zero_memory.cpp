@@ -12,7 +12,8 @@
 //  - ZeRO-2/3, end of backward: full-size gradient bytes (beyond the N/d shard) ≤ the in-flight
 //    buckets' buffers, Σ_{i<B} 4·B_i·(1 + 1/d);
 //  - ZeRO-3, forward: parameter bytes beyond the N/d shard ≤ the current layer plus the
-//    prefetched ones' gather buffers; backward: the same plus the current layer's gradients and
+//    prefetched ones' gather buffers, and (prefetch ≥ 1) more than one layer: a gather is in
+//    flight while a layer runs; backward: the same plus the current layer's gradients and
 //    the in-flight buckets;
 //  - ZeRO-1/2: the after-step all-gather allocates no more than the in-flight bucket window;
 //  - the peak of every stage is below stage 0's by the persistent bytes the stage drops
@@ -216,8 +217,12 @@ int main(int argc, char** argv) {
             fmt::format("stage {} ran {} / {} hooks, stage 0 {} / {}", s, f.fwd.size(),
                         f.bwd.size(), f0.fwd.size(), f0.bwd.size()));
       const int64_t saving = f0.peak - f.peak, theory_saving = theory[0] - theory[s];
+      // Transient bytes of the stage at any point of backward: ZeRO-2, the layer being run's
+      // full gradients, a partly filled bucket and the in-flight ones; ZeRO-3, its parameters
+      // and prefetched gathers too.
+      const int64_t bwd_window = 4 * (L0 + largest(f.buckets, 1)) + grad_window(f);
       const int64_t window =
-          s == 3 ? param_window + 4 * L0 + grad_window(f) : (s == 2 ? grad_window(f) : 0);
+          s == 3 ? param_window + 4 * L0 + grad_window(f) : (s == 2 ? bwd_window : 0);
       std::printf(
           "[rank %d] zero %d: persistent %.1f KiB (theory %.1f), peak %.1f KiB, saving vs "
           "stage 0 %.1f KiB (theory %.1f, window %.1f), end-of-backward gradients %.1f KiB "
@@ -231,7 +236,18 @@ int main(int argc, char** argv) {
               fmt::format("zero {}: {} B of full-size gradients alive at the end of backward, "
                           "more than the {} in-flight buckets' {} B",
                           s, f.end_backward, inflight, grad_window(f)));
+      if (s == 2)
+        check(bwd_excess <= bwd_window,
+              fmt::format("zero 2: {} B of full-size gradients at a point of backward, more than "
+                          "the layer in use, a partly filled bucket and the in-flight ones: {} B",
+                          bwd_excess, bwd_window));
       if (s == 3) {
+        // Prefetch: some layer ran while the next one's gather was in flight (its buffers
+        // alive beside the layer's values).
+        check(prefetch == 0 || fwd_excess > 4 * L0,
+              fmt::format("zero 3, prefetch {}: at most {} B of gathered parameters in forward: "
+                          "no all-gather was in flight while a layer ran",
+                          prefetch, fwd_excess));
         check(fwd_excess <= param_window,
               fmt::format("zero 3: {} B of gathered parameters in forward beyond the shard, "
                           "more than the window's {} B (layer in use + {} prefetched)",
