@@ -1,6 +1,7 @@
 #include "cai/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 
 #include "cai/core/error.h"
@@ -34,11 +35,23 @@ struct Bucket {
   std::vector<nn::Parameter*> params;  // full parameters, in backward order
   int ready = 0;                       // parameters whose gradient is final this micro-batch
   bool launched = false;
-  Tensor flat;                  // stage 0/1: all gradients; stage 2/3: rank-major
-  Tensor recv;                  // stage 2/3: this rank's chunk of the reduction
-  std::vector<int64_t> counts;  // stage 2/3: elements per rank
+  // Stage 0/1: all gradients back to back, allocated once (as PyTorch DDP's buckets). Stage 2/3:
+  // rank-major chunks, allocated at launch and dropped when the reduction has completed, so only
+  // the in-flight buckets hold full-size gradient bytes.
+  Tensor flat;
+  Tensor recv;                  // stage 2/3: this rank's chunk of the reduction (while in flight)
+  std::vector<int64_t> counts;  // elements per rank
   std::unique_ptr<dist::Work> work;
   int64_t numel = 0;
+};
+
+// An all-gather of some parameters' shards in flight. The buffers stay referenced until the
+// Work has completed: on a GPU the collective runs on the communicator's stream and the caching
+// allocator knows no streams.
+struct Gather {
+  std::vector<nn::Parameter*> params;
+  Tensor mine, all;  // this rank's packed chunks; every rank's, rank-major
+  std::unique_ptr<dist::Work> work;
 };
 
 }  // namespace
@@ -59,6 +72,7 @@ struct DataParallelPlugin::Impl {
   Tensor dev_value, dev_grad, host_value, host_grad;
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
+  std::deque<size_t> inflight;  // stage 2/3: launched buckets, oldest first
   std::map<const nn::Parameter*, size_t> bucket_of;
   std::map<const nn::Layer*, std::vector<nn::Parameter*>> layer_params;
   std::vector<Shape> shapes;  // full shapes (stage 3 frees the values)
@@ -73,6 +87,22 @@ struct DataParallelPlugin::Impl {
               "[data_parallel] bucket sizes must be positive (ddp_bucket_cap_mb {}, "
               "zero_bucket_size_in_m {})",
               cfg.ddp_bucket_cap_mb, cfg.zero_bucket_size_in_m);
+    CAI_CHECK(cfg.zero_max_inflight_buckets >= 1,
+              "[data_parallel] zero_max_inflight_buckets {} must be at least 1",
+              cfg.zero_max_inflight_buckets);
+    CAI_CHECK(cfg.zero3_prefetch >= 0, "[data_parallel] zero3_prefetch {} must be at least 0",
+              cfg.zero3_prefetch);
+  }
+
+  ~Impl() {
+    // Nothing should be in flight after a step; if an exception left something, let it
+    // complete before its buffers go (a timeout here has nowhere to be reported).
+    try {
+      drain();
+      for (Bucket& b : buckets)
+        if (b.work) b.work->wait();
+    } catch (...) {
+    }
   }
 
   bool sharded_grads() const { return cfg.zero_stage >= 2; }
@@ -114,8 +144,7 @@ struct DataParallelPlugin::Impl {
         k.numel += n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
-      k.flat = Tensor::zeros({k.numel}, DType::F32, device);
-      if (sharded_grads()) k.recv = Tensor::zeros({k.counts[rank]}, DType::F32, device);
+      if (!sharded_grads()) k.flat = Tensor::zeros({k.numel}, DType::F32, device);
     }
   }
 
@@ -137,19 +166,35 @@ struct DataParallelPlugin::Impl {
       }
   }
 
-  void launch(Bucket& b) {
-    if (b.launched) return;
-    pack(b);
-    if (sharded_grads())
-      b.work = dp.reduce_scatter_async(b.flat, b.recv, b.counts, dist::ReduceOp::Sum);
-    else
+  // Starts bucket i's reduction. Stage 2/3: at most zero_max_inflight_buckets in flight (the
+  // oldest completes first); the gradients are packed into a fresh rank-major buffer and freed
+  // at once (on a GPU the pack is ordered before any reuse of their memory by the compute
+  // stream), so a layer's full gradients live from its backward to its bucket's launch.
+  void launch(size_t i) {
+    Bucket& b = buckets[i];
+    if (!sharded_grads()) {
+      if (b.launched) return;
+      pack(b);
       b.work = dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
+    } else {
+      finish(i);  // the previous micro-batch's reduction of this bucket
+      while (static_cast<int>(inflight.size()) >= cfg.zero_max_inflight_buckets)
+        finish(inflight.front());
+      b.flat = Tensor::empty({b.numel}, DType::F32, device);
+      b.recv = Tensor::empty({b.counts[rank]}, DType::F32, device);
+      pack(b);
+      for (nn::Parameter* p : b.params) p->grad = Tensor();
+      b.work = dp.reduce_scatter_async(b.flat, b.recv, b.counts, dist::ReduceOp::Sum);
+      inflight.push_back(i);
+    }
     b.launched = true;
+    b.ready = 0;
   }
 
-  // Completes a launched bucket: stage 0/1 copy the sums back into the gradients; stage 2/3 add
-  // this rank's chunk into the shard gradients and free the full gradients.
-  void finish(Bucket& b) {
+  // Completes bucket i's reduction: stage 0/1 copy the sums back into the gradients; stage 2/3
+  // add this rank's chunk into the shard gradients and drop the bucket's buffers.
+  void finish(size_t i) {
+    Bucket& b = buckets[i];
     if (!b.launched) return;
     b.work->wait();
     b.work.reset();
@@ -166,11 +211,12 @@ struct DataParallelPlugin::Impl {
         const int64_t c = s.grad.numel();
         if (c > 0) ops::add_(s.grad, span(b.recv, in, c));
         in += c;
-        p->grad = Tensor();  // keep only the owned shard
       }
+      b.flat = Tensor();
+      b.recv = Tensor();
+      inflight.erase(std::find(inflight.begin(), inflight.end(), i));
     }
     b.launched = false;
-    b.ready = 0;
   }
 
   // What a ZeRO-3 parameter holds between its uses: nothing on the host; an empty tensor on a
@@ -179,58 +225,141 @@ struct DataParallelPlugin::Impl {
     return device.is_cuda() ? Tensor::empty({0}, DType::F32, device) : Tensor();
   }
 
+  // Drives the reductions (MPI progresses inside test()); stage 2/3 complete the finished ones
+  // now, releasing their buffers, without blocking.
   void progress() {
-    for (Bucket& b : buckets)
-      if (b.launched && b.work) b.work->test();
+    if (!sharded_grads()) {
+      for (Bucket& b : buckets)
+        if (b.launched && b.work) b.work->test();
+      return;
+    }
+    const std::vector<size_t> now(inflight.begin(), inflight.end());
+    for (size_t i : now)
+      if (buckets[i].work->test()) finish(i);
   }
 
   void grads_ready(nn::Layer& layer) {
     for (nn::Parameter* p : layer_params[&layer]) {
-      Bucket& b = buckets[bucket_of[p]];
-      if (++b.ready == static_cast<int>(b.params.size()) && cfg.overlap) launch(b);
+      const size_t i = bucket_of[p];
+      Bucket& b = buckets[i];
+      if (++b.ready == static_cast<int>(b.params.size()) && cfg.overlap) launch(i);
     }
     progress();
   }
 
-  // ---- ZeRO-3 parameter gathering ------------------------------------------------------------
+  // ---- parameter gathering ------------------------------------------------------------------
 
-  void gather_layer(nn::Layer& layer, bool with_grads) {
-    auto& ps = layer_params[&layer];
-    if (ps.empty()) return;
-    if (cfg.zero_stage == 3) gather(ps);
-    if (!with_grads) return;
-    // A reduction of the previous micro-batch still in flight for these parameters completes
-    // first (it adds into the shard and frees the full gradients).
-    for (nn::Parameter* p : ps) finish(buckets[bucket_of[p]]);
-    for (nn::Parameter* p : ps)
-      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
-  }
+  std::map<const nn::Layer*, int> layer_pos;  // index in `layers`
+  // ZeRO-3: all-gathers issued ahead of their layer's use, in issue order (the same on every
+  // rank); at most zero3_prefetch + 1 (the layer being fetched).
+  std::vector<std::pair<const nn::Layer*, Gather>> pending;
 
-  // All-gathers the shards of `ps` into freshly allocated full values.
-  void gather(const std::vector<nn::Parameter*>& ps) {
+  // Starts the all-gather of the shards of `ps`.
+  Gather start_gather(const std::vector<nn::Parameter*>& ps) {
+    Gather g;
+    g.params = ps;
     std::vector<int64_t> counts(size, 0);
     for (nn::Parameter* p : ps)
       for (int r = 0; r < size; ++r)
         counts[r] += chunk_size(shape_numel(shapes[index[p]]), r, size);
-    Tensor mine = Tensor::empty({counts[rank]}, DType::F32, device);
+    g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
     int64_t o = 0;
     for (nn::Parameter* p : ps) {
       const Tensor& v = shards[index[p]].value;
-      copy_span(mine, o, v, 0, v.numel());
+      copy_span(g.mine, o, v, 0, v.numel());
       o += v.numel();
     }
     int64_t total = 0;
     for (int64_t c : counts) total += c;
-    Tensor all = Tensor::empty({total}, DType::F32, device);
-    dp.all_gather(mine, all, counts);
-    for (nn::Parameter* p : ps) p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
+    g.all = Tensor::empty({total}, DType::F32, device);
+    g.work = dp.all_gather_async(g.mine, g.all, counts);
+    return g;
+  }
+
+  // Waits for `g` and writes the full values: into fresh tensors (ZeRO-3) or into the
+  // parameters' existing storage (ZeRO-1/2 after the step).
+  void complete(Gather& g, bool allocate) {
+    g.work->wait();
+    g.work.reset();
+    if (allocate)
+      for (nn::Parameter* p : g.params)
+        p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
     int64_t in = 0;
     for (int r = 0; r < size; ++r)
-      for (nn::Parameter* p : ps) {
+      for (nn::Parameter* p : g.params) {
         const int64_t n = p->value.numel(), c = chunk_size(n, r, size);
-        copy_span(p->value, chunk_begin(n, r, size), all, in, c);
+        copy_span(p->value, chunk_begin(n, r, size), g.all, in, c);
         in += c;
       }
+    g.mine = Tensor();
+    g.all = Tensor();
+  }
+
+  // ZeRO-1/2 after the step: every rank's updated shards into the full parameters' storage,
+  // bucket by bucket with at most zero_max_inflight_buckets gathers in flight (no full-size
+  // staging buffer).
+  void gather_into_params() {
+    std::deque<Gather> q;
+    for (const Bucket& b : buckets) {
+      if (static_cast<int>(q.size()) == cfg.zero_max_inflight_buckets) {
+        complete(q.front(), false);
+        q.pop_front();
+      }
+      q.push_back(start_gather(b.params));
+    }
+    for (Gather& g : q) complete(g, false);
+  }
+
+  bool is_pending(const nn::Layer* l) const {
+    for (const auto& e : pending)
+      if (e.first == l) return true;
+    return false;
+  }
+
+  void issue(const nn::Layer* l) {
+    const auto& ps = layer_params[l];
+    if (ps.empty() || is_pending(l)) return;
+    pending.emplace_back(l, start_gather(ps));
+  }
+
+  // ZeRO-3: makes `layer`'s full values available. Issues its all-gather unless a prefetch did,
+  // then the next zero3_prefetch layers' (forward: the following ones in `layers`; backward: the
+  // preceding ones), then waits on this layer's gather only: the prefetched ones run on the
+  // communicator while this layer computes.
+  void fetch(nn::Layer& layer, bool backward) {
+    if (layer_params[&layer].empty()) return;
+    issue(&layer);
+    const int step = backward ? -1 : 1;
+    int ahead = 0;
+    for (int i = layer_pos[&layer] + step;
+         i >= 0 && i < static_cast<int>(layers.size()) && ahead < cfg.zero3_prefetch; i += step) {
+      if (layer_params[layers[i]].empty()) continue;
+      ++ahead;
+      if (static_cast<int>(pending.size()) > cfg.zero3_prefetch) break;
+      issue(layers[i]);
+    }
+    auto it = std::find_if(pending.begin(), pending.end(),
+                           [&](const auto& e) { return e.first == &layer; });
+    Gather g = std::move(it->second);
+    pending.erase(it);
+    complete(g, true);
+  }
+
+  // Completes and discards the prefetched gathers (their values are stale after a step).
+  void drain() {
+    for (auto& e : pending) e.second.work->wait();
+    pending.clear();
+  }
+
+  void gather_layer(nn::Layer& layer, bool with_grads) {
+    auto& ps = layer_params[&layer];
+    if (ps.empty()) return;
+    if (cfg.zero_stage == 3) fetch(layer, true);
+    if (!with_grads) return;
+    // Stage 2/3: the full gradients were freed when the previous micro-batch's bucket launched
+    // (that reduction may still be in flight: it has its own buffer).
+    for (nn::Parameter* p : ps)
+      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
   }
 
   void release_values(nn::Layer& layer) {
@@ -258,6 +387,12 @@ int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
 }
 
+std::vector<int64_t> DataParallelPlugin::bucket_numels() const {
+  std::vector<int64_t> out;
+  for (const Bucket& b : impl_->buckets) out.push_back(b.numel);
+  return out;
+}
+
 void DataParallelPlugin::setup(nn::ViT& model) {
   std::vector<nn::Layer*> all;
   for (auto& l : model.layers()) all.push_back(l.get());
@@ -268,6 +403,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   Impl& m = *impl_;
   CAI_CHECK(m.params.empty() && m.layers.empty(), "[data_parallel] setup() called twice");
   m.layers = layers;
+  for (size_t i = 0; i < layers.size(); ++i) m.layer_pos[layers[i]] = static_cast<int>(i);
   for (nn::Layer* l : layers) l->collect(m.params);
   if (!m.params.empty()) m.device = m.params.front()->value.device();
   for (size_t i = 0; i < m.params.size(); ++i) {
@@ -360,7 +496,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
 
   // Hooks. Final micro-batch (and every micro-batch for stage 2/3): reduce as layers finish.
   auto before_fwd = [&m](nn::Layer& l) {
-    if (m.cfg.zero_stage == 3) m.gather(m.layer_params[&l]);
+    if (m.cfg.zero_stage == 3) m.fetch(l, false);
   };
   auto after_fwd = [&m](nn::Layer& l) { m.release_values(l); };
   auto before_bwd = [&m](nn::Layer& l) { m.gather_layer(l, m.cfg.zero_stage >= 2); };
@@ -397,10 +533,21 @@ const nn::LayerHooks* DataParallelPlugin::eval_hooks() {
 
 void DataParallelPlugin::sync_gradients(nn::ViT&) {
   Impl& m = *impl_;
-  for (Bucket& b : m.buckets) {
-    if (!b.launched && !m.sharded_grads()) m.launch(b);  // overlap off, or a layer never ran
-    m.finish(b);
+  // Buckets not launched yet: overlap off, or a layer that never ran (stage 2/3: reduce what
+  // has gradients, zeros for the rest).
+  for (size_t i = 0; i < m.buckets.size(); ++i) {
+    Bucket& b = m.buckets[i];
+    if (b.launched) continue;
+    if (m.sharded_grads()) {
+      bool any = false;
+      for (nn::Parameter* p : b.params) any = any || p->grad.defined();
+      if (!any) continue;
+      for (nn::Parameter* p : b.params)
+        if (!p->grad.defined()) p->grad = Tensor::zeros(m.shapes[m.index[p]], DType::F32, m.device);
+    }
+    m.launch(i);
   }
+  for (size_t i = 0; i < m.buckets.size(); ++i) m.finish(i);
   // Stage 1: this rank's chunk of the summed gradients feeds its shard.
   if (m.cfg.zero_stage == 1)
     for (size_t i = 0; i < m.params.size(); ++i) {
@@ -423,12 +570,11 @@ double DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   Impl& m = *impl_;
+  m.drain();  // ZeRO-3 gathers issued ahead of a use that did not come: stale after the step
   opt.step();
   if (m.offload()) m.dev_value.copy_from(m.host_value);  // the updated shard back to the GPU
-  if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) {
-    // Every rank needs the updated full parameters for the next forward.
-    m.gather(m.params);
-  }
+  // Every rank needs the updated full parameters for the next forward.
+  if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.gather_into_params();
 }
 
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
@@ -444,7 +590,14 @@ double DataParallelPlugin::all_reduce_sum(double v) {
 }
 
 void DataParallelPlugin::materialize_parameters() {
-  if (impl_->cfg.zero_stage == 3) impl_->gather(impl_->params);
+  Impl& m = *impl_;
+  if (m.cfg.zero_stage != 3) return;
+  m.drain();
+  for (nn::Layer* l : m.layers)
+    if (!m.layer_params[l].empty()) {
+      Gather g = m.start_gather(m.layer_params[l]);
+      m.complete(g, true);
+    }
 }
 
 int64_t DataParallelPlugin::parameter_bytes() const {

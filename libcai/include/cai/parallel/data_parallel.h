@@ -7,14 +7,32 @@
 //    gradient is the average of the ranks' local-mean gradients (what PyTorch DDP computes).
 //  stage 1: as DDP, but each rank keeps the optimizer state of its shard only (every parameter
 //    is cut into dp contiguous chunks; rank r owns chunk r), updates its shard, then all-gathers.
+//  Stage 0/1 buckets keep one flat buffer each for the whole run, as PyTorch DDP's do (the
+//  gradients are full-size anyway).
 //  stage 2: gradients are reduce-scattered per bucket of zero_bucket_size_in_m elements on every
-//    micro-batch; each rank keeps only its shard of the gradients (full gradients are freed).
-//  stage 3: parameters are sharded too (Gemini-style chunks: one chunk per layer): a layer's
-//    parameters are gathered just before its forward and its backward and freed after.
+//    micro-batch; each rank keeps only its shard of the gradients. A layer's full gradients are
+//    created before its backward and freed when their bucket launches (packed into a rank-major
+//    buffer allocated for that launch); at most zero_max_inflight_buckets reductions are in
+//    flight (launching one more completes the oldest; finished ones complete as later layers
+//    end their backward), and a completed bucket's buffers are dropped. So during backward the
+//    full-size gradient bytes are the layer being run, one partly filled bucket and the
+//    in-flight window; at its end only the window.
+//  Stage 1/2 after the step: the updated shards are all-gathered bucket by bucket (the same
+//    window) straight into the existing parameter storage.
+//  stage 3: parameters are sharded too (Gemini-style chunks: one chunk per layer; one gradient
+//    bucket per layer, reduced as in stage 2): a layer's parameters are gathered just before its
+//    forward and its backward and freed after. The all-gathers of the next zero3_prefetch layers
+//    (forward: the following ones in layer order; backward: the preceding ones) are issued
+//    asynchronously before the current layer computes, and the host waits only on the gather of
+//    the layer about to run. Gathers issued for a use that did not come (eval, pipeline chunks)
+//    are completed and discarded by optimizer_step() and materialize_parameters().
 // Parameters on the CPU with an MPI (or fake) communicator, or on one GPU with an NCCL
 // communicator (dist::make_nccl): buckets and shards live on the parameters' device and every
 // copy is a device copy on the compute stream, so on a GPU the bucket all-reduces started from
-// the backward hooks run on the communicator's stream while backward goes on.
+// the backward hooks run on the communicator's stream while backward goes on. A bucket's or a
+// gather's buffers are dropped only after its Work's wait() or test() has reported completion
+// (the caching allocator knows no streams); gradients packed into a bucket are freed at launch,
+// which the compute stream orders after the pack.
 // cpu_offload (ZeRO-Offload, stage >= 1; an error with stage 0): with GPU parameters each rank's
 // fp32 master shard and its optimizer state live in host memory: optimizer_parameters() returns
 // CPU shards, the reduced gradient shard is copied device→host in sync_gradients, the optimizer
@@ -38,6 +56,12 @@ struct DataParallelConfig {
   double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
   bool cpu_offload = false;
   bool overlap = true;  // start reductions during backward (else all at sync_gradients)
+  // Stage 2/3: gradient buckets whose reduce-scatter may be in flight at once; launching one more
+  // first completes the oldest. Bounds the full-size gradient bytes alive during backward.
+  int zero_max_inflight_buckets = 2;
+  // Stage 3: layers whose all-gather is issued ahead of use (forward: the following layers,
+  // backward: the preceding ones), as FSDP's forward/backward prefetch. 0: gather on use.
+  int zero3_prefetch = 1;
 };
 
 class DataParallelPlugin : public train::Plugin {
@@ -67,6 +91,9 @@ class DataParallelPlugin : public train::Plugin {
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   int num_buckets() const;
+  // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,
+  // what bounds the in-flight reduction buffers (tests and the memory model).
+  std::vector<int64_t> bucket_numels() const;
 
  private:
   struct Impl;
