@@ -141,6 +141,14 @@ class NcclWork : public Work {
         what_, timeout_);
   }
 
+  void wait_on_device() override {
+    CAI_CHECK(!ch_->aborted, "[nccl] {}: the communicator was aborted after an earlier timeout",
+              what_);
+    if (done_) return;
+    activate(ch_->device);
+    CAI_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, done.get(), 0));
+  }
+
   cuda::Event done;          // recorded on the channel's stream after the NCCL call
   std::vector<Tensor> keep;  // user tensors and staging buffers, alive until completion
 

@@ -26,6 +26,11 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;  // throws on timeout naming the operation and group
   virtual bool test() = 0;  // true when complete
+  // Orders what is issued afterwards on the compute stream after this operation without
+  // blocking the host, where the backend can (NCCL: the compute stream waits for the operation's
+  // completion event). The Work still holds its buffers: keep it until test() or wait() reports
+  // completion. Host backends (MPI, fake) simply wait().
+  virtual void wait_on_device() { wait(); }
 };
 
 class Communicator {
