@@ -26,6 +26,21 @@ void ViTConfig::validate() const {
   CAI_CHECK(act == "gelu" || act == "gelu_tanh", "[vit] act '{}' must be gelu or gelu_tanh", act);
 }
 
+void ViTConfig::validate_tensor_parallel(int tp, bool sequence_parallel) const {
+  CAI_CHECK(tp >= 1, "[vit] tensor-parallel size {} must be at least 1", tp);
+  CAI_CHECK(num_heads % tp == 0,
+            "[vit] num_heads {} is not divisible by the tensor-parallel size {}", num_heads, tp);
+  CAI_CHECK(embed_dim % tp == 0,
+            "[vit] hidden size {} is not divisible by the tensor-parallel size {}", embed_dim, tp);
+  CAI_CHECK(mlp_hidden() % tp == 0,
+            "[vit] MLP hidden size {} (hidden {} × mlp_ratio {}) is not divisible by the "
+            "tensor-parallel size {}",
+            mlp_hidden(), embed_dim, mlp_ratio, tp);
+  CAI_CHECK(!sequence_parallel || num_patches() + 1 >= tp,
+            "[vit] sequence parallelism over {} ranks needs at least {} tokens, the model has {}",
+            tp, tp, num_patches() + 1);
+}
+
 std::vector<std::string> ViTConfig::names() {
   return {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
           "vit_large_patch16_224", "vit_huge_patch14_224"};
@@ -65,7 +80,7 @@ T& cache_as(std::unique_ptr<Cache>& c, const std::string& layer) {
 }
 }  // namespace
 
-Embedding::Embedding(const ViTConfig& c) : c_(c) {
+Embedding::Embedding(const ViTConfig& c, TensorParallel* tp) : c_(c), tp_(tp) {
   const int64_t d = c.embed_dim, p = c.patch_size;
   proj.weight = make_parameter("patch_embed.proj.weight", {d, c.in_chans, p, p}, true);
   proj.bias = make_parameter("patch_embed.proj.bias", {d}, false);
@@ -85,16 +100,44 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
   if (ctx.training && c_.drop_rate > 0)
     x = ops::dropout_fwd(x, c_.drop_rate, ctx.key("pos_drop", x.numel() / x.size(0)));
   cache = std::move(cc);
+  // Sequence parallel: every rank embeds the whole image and keeps its tokens.
+  if (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) x = tp_->slice_tokens(x);
   return x;
 }
 
 Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& cc = cache_as<EmbedCache>(cache, "embedding");
-  Tensor g = dy;
+  const bool sp = tp_ && tp_->size() > 1 && tp_->sequence_parallel();
+  // Sequence parallel: this rank's tokens give part of every parameter gradient; the parts are
+  // computed into one buffer and summed over the group.
+  Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
+  Tensor flat;
+  Tensor grads[4];
+  if (sp) {
+    int64_t total = 0;
+    for (Parameter* p : ps) total += p->grad.numel();
+    flat = Tensor::zeros({total}, DType::F32, dy.device());
+    int64_t off = 0;
+    for (int i = 0; i < 4; ++i) {
+      grads[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
+      off += ps[i]->grad.numel();
+    }
+  } else {
+    for (int i = 0; i < 4; ++i) grads[i] = ps[i]->grad;
+  }
+  Tensor g = sp ? tp_->pad_tokens(dy, c_.num_patches() + 1) : dy;
   if (ctx.training && c_.drop_rate > 0)
     g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
-  Tensor dt = ops::cls_pos_bwd(g, &cls_token.grad, &pos_embed.grad, cc.patches.dtype());
-  ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &proj.weight.grad, &proj.bias.grad);
+  Tensor dt = ops::cls_pos_bwd(g, &grads[0], &grads[1], cc.patches.dtype());
+  ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &grads[2], &grads[3]);
+  if (sp) {
+    flat = tp_->all_reduce(flat);
+    int64_t off = 0;
+    for (Parameter* p : ps) {
+      ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
+      off += p->grad.numel();
+    }
+  }
   cache.reset();
   return Tensor();  // images need no gradient
 }
@@ -114,44 +157,80 @@ struct Block::Acts : Cache {
   bool full = false;                         // false: only x kept (checkpointed)
 };
 
-Block::Block(const ViTConfig& c, int64_t index, float drop_path)
-    : c_(c), prefix_("blocks." + std::to_string(index)), drop_path_(drop_path) {
+Block::Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel* tp)
+    : c_(c), prefix_("blocks." + std::to_string(index)), drop_path_(drop_path), tp_(tp) {
   const int64_t d = c.embed_dim, hid = c.mlp_hidden();
+  const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  if (T > 1) c.validate_tensor_parallel(T, tp->sequence_parallel());
   norm1 = LayerNorm(prefix_ + ".norm1", d);
-  qkv = Linear(prefix_ + ".attn.qkv", d, 3 * d);
-  proj = Linear(prefix_ + ".attn.proj", d, d);
+  qkv = Linear::column(prefix_ + ".attn.qkv", d, 3 * d, r, T, 3);  // whole heads of q, k, v
+  proj = Linear::row(prefix_ + ".attn.proj", d, d, r, T);
   norm2 = LayerNorm(prefix_ + ".norm2", d);
-  fc1 = Linear(prefix_ + ".mlp.fc1", d, hid);
-  fc2 = Linear(prefix_ + ".mlp.fc2", hid, d);
+  fc1 = Linear::column(prefix_ + ".mlp.fc1", d, hid, r, T);
+  fc2 = Linear::row(prefix_ + ".mlp.fc2", hid, d, r, T);
+  heads_ = c.num_heads / T;
+  hidden_ = hid / T;
   checkpoint = c.checkpoint;
+}
+
+ops::RngKey Block::resid_key(const ForwardCtx& ctx, const std::string& site) const {
+  const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
+  if (!sp()) return ctx.key(site, n * d);
+  const auto [t0, t1] = tp_->my_tokens(n);
+  return ctx.key_slice(site, n * d, t0 * d, (t1 - t0) * d, n * d);
+}
+
+ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) const {
+  const int64_t n = c_.num_patches() + 1, hid = c_.mlp_hidden();
+  if (hidden_ == hid) return ctx.key(site, n * hid);
+  return ctx.key_slice(site, n * hid, tp_rank() * hidden_, hidden_, hid);
+}
+
+Tensor Block::row_out(const Tensor& o, Linear& l) {
+  // The bias is added once (by tp rank 0) to the partial sums.
+  Tensor y = ops::linear_fwd(o, l.weight.value, tp_rank() == 0 ? &l.bias.value : nullptr);
+  if (!tp_ || tp_->size() == 1) return y;
+  return sp() ? tp_->reduce_scatter_tokens(y) : tp_->all_reduce(y);
+}
+
+Tensor Block::column_bwd(const Tensor& x, Linear& l, const Tensor& dy) {
+  if (!tp_ || tp_->size() == 1)
+    return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad);
+  // The input gradient's reduction runs under the weight-gradient GEMM (Megatron's async
+  // tensor-parallel all-reduce).
+  Tensor dx = ops::linear_bwd(x, l.weight.value, dy, nullptr, nullptr, true);
+  auto pending = sp() ? tp_->reduce_scatter_tokens_start(dx) : tp_->all_reduce_start(dx);
+  ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad, false);
+  return tp_->finish(std::move(pending));
 }
 
 void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
-  const int64_t per = x.numel() / x.size(0);
+  const int64_t n = c_.num_patches() + 1;
   a.x = x;
   // Residual stream x, h in fp32; the normalised inputs and everything up to the residual adds
-  // in compute_dtype.
+  // in compute_dtype. Sequence parallel: x and h hold this rank's tokens; the normalised inputs
+  // are gathered (and kept whole for the weight gradients).
   a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1,
                            compute_dtype);
+  if (sp()) a.a = tp_->gather_tokens(a.a, n);
   a.qkv = ops::linear_fwd(a.a, qkv.weight.value, &qkv.bias.value);
-  a.o = ops::attention_fwd(a.qkv, c_.num_heads, &a.probs);
-  Tensor y = ops::linear_fwd(a.o, proj.weight.value, &proj.bias.value);
-  if (drop) y = ops::dropout_fwd(y, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
+  a.o = ops::attention_fwd(a.qkv, heads_, &a.probs);
+  Tensor y = row_out(a.o, proj);
+  if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   a.h = ops::add(x, y);
   a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
                            compute_dtype);
+  if (sp()) a.b = tp_->gather_tokens(a.b, n);
   if (c_.act == "gelu_tanh") {
     a.m = ops::linear_gelu_fwd(a.b, fc1.weight.value, fc1.bias.value, &a.f);
   } else {
     a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
     a.m = ops::gelu_fwd(a.f);
   }
-  if (drop)
-    a.m = ops::dropout_fwd(a.m, c_.drop_rate,
-                           ctx.key(prefix_ + ".mlp.drop1", a.m.numel() / a.m.size(0)));
+  if (drop) a.m = ops::dropout_fwd(a.m, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
   a.full = true;
 }
 
@@ -160,10 +239,9 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
             "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, c_.embed_dim, x.str());
   auto a = std::make_unique<Acts>();
   run_forward(x, *a, ctx);
-  const int64_t per = x.numel() / x.size(0);
-  Tensor y = ops::linear_fwd(a->m, fc2.weight.value, &fc2.bias.value);
+  Tensor y = row_out(a->m, fc2);
   if (ctx.training && c_.drop_rate > 0)
-    y = ops::dropout_fwd(y, c_.drop_rate, ctx.key(prefix_ + ".mlp.drop2", per));
+    y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (ctx.training && drop_path_ > 0)
     y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   Tensor out = ops::add(a->h, y);
@@ -182,38 +260,52 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (!a.full) run_forward(Tensor(a.x), a, ctx);
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
-  const int64_t per = dy.numel() / dy.size(0);
+  const int64_t n = c_.num_patches() + 1;
+  // Sequence parallel: the LayerNorms see this rank's tokens only; their gradients are computed
+  // apart and summed over the group at the end.
+  Tensor ln_flat, ln[4];  // norm2 weight, bias, norm1 weight, bias
+  Parameter* ln_params[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
+  if (sp()) {
+    const int64_t d = c_.embed_dim;
+    ln_flat = Tensor::zeros({4 * d}, DType::F32, dy.device());
+    for (int i = 0; i < 4; ++i) ln[i] = ln_flat.narrow(i * d, d);
+  } else {
+    for (int i = 0; i < 4; ++i) ln[i] = ln_params[i]->grad;
+  }
 
   // MLP half: out = h + dpath(drop(fc2(m)))
   Tensor g = dy;
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
-  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, ctx.key(prefix_ + ".mlp.drop2", per));
+  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
+  if (sp()) g = tp_->gather_tokens(g, n);
   const bool tanh = c_.act == "gelu_tanh";
   Tensor gf;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
     gf = ops::linear_dgelu_bwd(a.m, fc2.weight.value, g, a.f, &fc2.weight.grad, &fc2.bias.grad);
   } else {
     Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
-    if (drop)
-      gm = ops::dropout_bwd(gm, c_.drop_rate,
-                            ctx.key(prefix_ + ".mlp.drop1", gm.numel() / gm.size(0)));
+    if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     gf = ops::gelu_bwd(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact);
   }
-  Tensor gb = ops::linear_bwd(a.b, fc1.weight.value, gf, &fc1.weight.grad, &fc1.bias.grad);
-  Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &norm2.weight.grad,
-                                 &norm2.bias.grad);
+  Tensor gb = column_bwd(a.b, fc1, gf);
+  Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &ln[0], &ln[1]);
   ops::add_(gh, dy);
 
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
   Tensor gy = gh;
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
-  if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, ctx.key(prefix_ + ".attn.proj_drop", per));
+  if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
+  if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
-  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, c_.num_heads);
-  Tensor ga = ops::linear_bwd(a.a, qkv.weight.value, gq, &qkv.weight.grad, &qkv.bias.grad);
-  Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &norm1.weight.grad,
-                                 &norm1.bias.grad);
+  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
+  Tensor ga = column_bwd(a.a, qkv, gq);
+  Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &ln[2], &ln[3]);
   ops::add_(gx, gh);
+  if (sp()) {
+    ln_flat = tp_->all_reduce(ln_flat);
+    for (int i = 0; i < 4; ++i)
+      ops::add_(ln_params[i]->grad, ln_flat.narrow(i * c_.embed_dim, c_.embed_dim));
+  }
   cache.reset();
   return gx;
 }
@@ -238,31 +330,50 @@ struct HeadCache : Cache {
 };
 }  // namespace
 
-Head::Head(const ViTConfig& c) : c_(c) {
+Head::Head(const ViTConfig& c, TensorParallel* tp) : c_(c), tp_(tp) {
   norm = LayerNorm("norm", c.embed_dim);
-  head = Linear("head", c.embed_dim, c.num_classes);
+  const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  head = Linear::row("head", c.embed_dim, c.num_classes, r, T);
 }
 
 Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
   CAI_CHECK(x.dim() == 3 && x.size(2) == c_.embed_dim,
             "[head] expects tokens [batch, tokens, {}], got {}", c_.embed_dim, x.str());
+  const bool tp = tp_ && tp_->size() > 1;
   auto hc = std::make_unique<HeadCache>();
   hc->tokens = x.size(1);
-  hc->t = ops::select_token_fwd(x, 0);
+  if (tp && tp_->sequence_parallel()) {
+    // The class token is rank 0's: shared with the group by a sum with zeros elsewhere.
+    hc->t = tp_->rank() == 0 ? ops::select_token_fwd(x, 0)
+                             : Tensor::zeros({x.size(0), x.size(2)}, x.dtype(), x.device());
+    hc->t = tp_->all_reduce(hc->t);
+  } else {
+    hc->t = ops::select_token_fwd(x, 0);
+  }
   hc->z = ops::layernorm_fwd(hc->t, norm.weight.value, norm.bias.value, norm.eps, &hc->mean,
                              &hc->rstd, compute_dtype);
-  // Logits in fp32 (the loss is computed in fp32).
-  Tensor logits = ops::linear_fwd(hc->z, head.weight.value, &head.bias.value, DType::F32);
+  // Logits in fp32 (the loss is computed in fp32). Tensor parallel: this rank's input features,
+  // partial logits summed over the group, the bias added once.
+  if (tp) hc->z = tp_->slice_features(hc->z);
+  Tensor logits = ops::linear_fwd(hc->z, head.weight.value,
+                                  !tp || tp_->rank() == 0 ? &head.bias.value : nullptr, DType::F32);
+  if (tp) logits = tp_->all_reduce(logits);
   cache = std::move(hc);
   return logits;
 }
 
 Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
   auto& hc = cache_as<HeadCache>(cache, "head");
+  const bool tp = tp_ && tp_->size() > 1;
   Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dy, &head.weight.grad, &head.bias.grad);
+  if (tp) gz = tp_->gather_features(gz);
   Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &norm.weight.grad,
                                  &norm.bias.grad);
-  Tensor gx = ops::select_token_bwd(gt, hc.tokens, 0);
+  Tensor gx;
+  if (tp && tp_->sequence_parallel() && tp_->rank() != 0)
+    gx = Tensor::zeros({gt.size(0), hc.tokens, gt.size(1)}, gt.dtype(), gt.device());
+  else
+    gx = ops::select_token_bwd(gt, hc.tokens, 0);
   cache.reset();
   return gx;
 }
@@ -275,16 +386,25 @@ void Head::collect(std::vector<Parameter*>& out) {
 // ---------------------------------------------------------------------------------------------
 // ViT
 
-ViT::ViT(const ViTConfig& c) : c_(c) {
+ViT::ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp) : c_(c), tp_(std::move(tp)) {
   c.validate();
-  layers_.push_back(std::make_unique<Embedding>(c));
+  if (tp_) c.validate_tensor_parallel(tp_->size(), tp_->sequence_parallel());
+  TensorParallel* t = tp_.get();
+  layers_.push_back(std::make_unique<Embedding>(c, t));
   for (int64_t i = 0; i < c.depth; ++i) {
     // timm: dpr = linspace(0, drop_path_rate, depth)
     const float dp = c.depth > 1 ? c.drop_path_rate * static_cast<float>(i) / (c.depth - 1)
                                  : c.drop_path_rate * 0.0f;
-    layers_.push_back(std::make_unique<Block>(c, i, dp));
+    layers_.push_back(std::make_unique<Block>(c, i, dp, t));
   }
-  layers_.push_back(std::make_unique<Head>(c));
+  layers_.push_back(std::make_unique<Head>(c, t));
+}
+
+Shape ViT::residual_shape(int64_t batch) const {
+  const int64_t n = c_.num_patches() + 1;
+  if (!tp_ || tp_->size() == 1 || !tp_->sequence_parallel()) return {batch, n, c_.embed_dim};
+  const auto [t0, t1] = tp_->my_tokens(n);
+  return {batch, t1 - t0, c_.embed_dim};
 }
 
 std::vector<Parameter*> ViT::parameters() {
@@ -334,7 +454,8 @@ void ViT::zero_grad() {
 
 void ViT::init(uint64_t seed) {
   for (Parameter* p : parameters()) {
-    Tensor& v = p->value;
+    // A tensor-parallel shard: the whole parameter is drawn, then cut.
+    Tensor v = p->shard.sharded() ? Tensor::zeros(p->shard.full) : p->value;
     const std::string& n = p->name;
     const uint64_t s = p->init_stream();
     auto ends_with = [&](const char* suf) {
@@ -356,6 +477,7 @@ void ViT::init(uint64_t seed) {
     } else {
       v.zero_();
     }
+    if (p->shard.sharded()) p->value.copy_from(shard_of(v, p->shard));
   }
 }
 

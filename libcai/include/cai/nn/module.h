@@ -12,12 +12,26 @@
 
 namespace cai::nn {
 
+// How a tensor-parallel parameter is cut: dimension `dim` of the full (timm) shape is viewed as
+// `groups` equal groups, each split into `count` contiguous parts; this rank holds part `part` of
+// every group (qkv's [3·D] output rows are 3 groups: each rank keeps whole heads of q, k and v).
+// dim < 0: the parameter is whole (replicated over the tensor-parallel group, if any).
+struct ShardSpec {
+  int dim = -1;
+  int groups = 1;
+  int part = 0, count = 1;
+  Shape full;  // the full shape (set when sharded)
+  bool sharded() const { return dim >= 0 && count > 1; }
+};
+
 struct Parameter {
   std::string name;  // timm's state_dict name, e.g. "blocks.0.attn.qkv.weight"
   Tensor value;
   Tensor grad;                   // same shape, accumulated by backward; zero_grad() clears it
   bool weight_decay = true;      // false for norms, biases, tokens and position embedding (timm)
+  ShardSpec shard;               // tensor parallelism: which part of the timm tensor this is
   uint64_t init_stream() const;  // RNG stream of this parameter's initialisation
+  Shape full_shape() const { return shard.sharded() ? shard.full : value.shape(); }
 };
 
 // Everything a forward/backward needs besides tensors: training flag and the RNG position.
@@ -31,6 +45,11 @@ struct ForwardCtx {
   // RNG key for a random op at `site` (e.g. "blocks.3.drop_path1") whose elements per sample
   // are `per_sample`.
   ops::RngKey key(const std::string& site, int64_t per_sample) const;
+  // The key of a slice of that op's elements: rows of `row` elements, row j starting at global
+  // element begin + j·stride within the micro-batch (tensor parallelism: this rank's units of a
+  // hidden layer, or its tokens of every sample).
+  ops::RngKey key_slice(const std::string& site, int64_t per_sample, int64_t begin, int64_t row,
+                        int64_t stride) const;
 };
 
 // Opaque per-layer activations of one micro-batch.
@@ -61,6 +80,11 @@ struct Linear {
   bool has_bias = true;
   Linear() = default;
   Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
+  // Tensor parallel (1D): part `part` of `count`. Column: the output rows split (in `groups` equal
+  // groups, e.g. 3 for a fused qkv), bias split alike. Row: the input columns split, bias whole.
+  static Linear column(const std::string& name, int64_t in, int64_t out, int part, int count,
+                       int groups = 1);
+  static Linear row(const std::string& name, int64_t in, int64_t out, int part, int count);
   void collect(std::vector<Parameter*>& out);
 };
 

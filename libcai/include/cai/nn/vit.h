@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cai/nn/module.h"
+#include "cai/nn/tensor_parallel.h"
 
 namespace cai::nn {
 
@@ -34,15 +35,20 @@ struct ViTConfig {
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
   void validate() const;  // throws naming the bad value
+  // Whether the model splits over `tp` ranks (heads, hidden and MLP sizes divisible; with
+  // sequence parallelism at least tp tokens): throws naming both numbers.
+  void validate_tensor_parallel(int tp, bool sequence_parallel) const;
   // timm names: vit_tiny_patch16_224, vit_small_patch16_224, vit_base_patch16_224,
   // vit_large_patch16_224, vit_huge_patch14_224 (and vit_huge_patch16_224 as an alias).
   static ViTConfig named(const std::string& name);
   static std::vector<std::string> names();
 };
 
+// Every layer takes the tensor-parallel group it is split over (null: none); see
+// cai/nn/tensor_parallel.h for what 1D splits and what it keeps whole.
 class Embedding : public Layer {
  public:
-  explicit Embedding(const ViTConfig& c);
+  explicit Embedding(const ViTConfig& c, TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& img, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   void collect(std::vector<Parameter*>& out) override;
@@ -53,11 +59,12 @@ class Embedding : public Layer {
 
  private:
   ViTConfig c_;
+  TensorParallel* tp_;
 };
 
 class Block : public Layer {
  public:
-  Block(const ViTConfig& c, int64_t index, float drop_path);
+  Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   void collect(std::vector<Parameter*>& out) override;
@@ -70,24 +77,36 @@ class Block : public Layer {
  private:
   struct Acts;
   void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx);
+  // Tensor-parallel pieces (identity without tp): the row-parallel output reduction, the
+  // column-parallel input-gradient reduction overlapped with the weight gradient, the mask keys
+  // of the residual stream (this rank's tokens) and of the MLP hidden layer (this rank's units).
+  Tensor row_out(const Tensor& o, Linear& l);
+  Tensor column_bwd(const Tensor& x, Linear& l, const Tensor& dy);
+  ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site) const;
+  ops::RngKey hidden_key(const ForwardCtx& ctx, const std::string& site) const;
+  bool sp() const { return tp_ && tp_->size() > 1 && tp_->sequence_parallel(); }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   ViTConfig c_;
   std::string prefix_;
   float drop_path_;
+  TensorParallel* tp_;
+  int64_t heads_, hidden_;  // this rank's heads and MLP units
 };
 
 class Head : public Layer {
  public:
-  explicit Head(const ViTConfig& c);
+  explicit Head(const ViTConfig& c, TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
   void collect(std::vector<Parameter*>& out) override;
   std::string name() const override { return "head"; }
 
   LayerNorm norm;
-  Linear head;
+  Linear head;  // tensor parallel: split on its input features (Colossal-AI's Classifier1D)
 
  private:
   ViTConfig c_;
+  TensorParallel* tp_;
 };
 
 // Callbacks around each layer's forward and backward: where data parallelism starts gradient
@@ -98,13 +117,19 @@ struct LayerHooks {
 
 class ViT {
  public:
-  explicit ViT(const ViTConfig& c);
+  // tp: the tensor-parallel group the layers are split over (null: none). Its communicator
+  // must outlive the model.
+  explicit ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
   const ViTConfig& config() const { return c_; }
+  TensorParallel* tensor_parallel() const { return tp_.get(); }
+  // Shape of the residual stream between blocks on this rank for `batch` samples:
+  // [batch, tokens, dim], or with sequence parallelism [batch, this rank's tokens, dim].
+  Shape residual_shape(int64_t batch) const;
 
   // timm's initialisation, drawn per parameter from (seed, parameter name): the same values
-  // whatever the layout. Linear: trunc_normal(std .02), bias 0; pos_embed trunc_normal(.02);
-  // cls_token normal(1e-6); patch projection: PyTorch's Conv2d default U(±1/√fan_in);
-  // LayerNorm: 1, 0.
+  // whatever the layout (a tensor-parallel shard is drawn whole and cut). Linear: trunc_normal(std
+  // .02), bias 0; pos_embed trunc_normal(.02); cls_token normal(1e-6); patch projection: PyTorch's
+  // Conv2d default U(±1/√fan_in); LayerNorm: 1, 0.
   void init(uint64_t seed);
 
   std::vector<Parameter*> parameters();
@@ -116,7 +141,7 @@ class ViT {
   // fp32 (default), bf16 or fp16 compute for every layer (see Layer::compute_dtype).
   void set_compute_dtype(DType t);
   DType compute_dtype() const;
-  int64_t num_parameters();
+  int64_t num_parameters();  // held by this process (tensor parallel: its shards)
   void zero_grad();
 
   // The layers, in order: Embedding, Block × depth, Head.
@@ -130,6 +155,7 @@ class ViT {
 
  private:
   ViTConfig c_;
+  std::shared_ptr<TensorParallel> tp_;
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 

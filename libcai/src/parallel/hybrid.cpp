@@ -1,0 +1,213 @@
+#include "cai/parallel/hybrid.h"
+
+#include <set>
+
+#include "cai/core/error.h"
+#include "cai/optim/optimizer.h"
+
+namespace cai::parallel {
+
+struct HybridParallelPlugin::Impl {
+  dist::Communicator& world;
+  HybridParallelConfig cfg;
+  dist::ProcessMesh mesh;
+  dist::MeshCoord me;
+  std::unique_ptr<dist::Communicator> tp_comm, pp_comm, dp_comm;
+  std::shared_ptr<nn::TensorParallel> tp;
+  std::unique_ptr<PipelinePlugin> pipe;
+  std::unique_ptr<DataParallelPlugin> dp;
+  train::Plugin* inner = nullptr;
+  std::set<std::string> sharded;        // names of tensor-parallel-sharded parameters
+  std::map<std::string, Shape> shapes;  // every parameter's shape on this rank
+  Device device;
+
+  Impl(dist::Communicator& w, HybridParallelConfig c)
+      : world(w), cfg(std::move(c)), mesh(w.size(), cfg.tp_size, cfg.pp_size) {
+    me = mesh.coord(world.rank());
+    CAI_CHECK(cfg.pp_size == 1 || cfg.dp.zero_stage <= 1,
+              "[hybrid] zero_stage {} with pipeline {}: ZeRO 2/3 need whole-model gradient and "
+              "parameter ownership per rank; use zero_stage 0 or 1 with pipeline parallelism",
+              cfg.dp.zero_stage, cfg.pp_size);
+    // Groups: tp (same dp and pp, by tp), pp (same dp and tp, by pp), dp (same pp and tp, by dp).
+    tp_comm = world.split(me.dp * mesh.pp_size() + me.pp, me.tp,
+                          fmt::format("tp[dp={},pp={}]", me.dp, me.pp));
+    pp_comm = world.split(me.dp * mesh.tp_size() + me.tp, me.pp,
+                          fmt::format("pp-state[dp={},tp={}]", me.dp, me.tp));
+    if (cfg.tp_size > 1)
+      tp = std::make_shared<nn::TensorParallel>(*tp_comm, cfg.tp_mode, cfg.sequence_parallel);
+    else
+      CAI_CHECK(!cfg.sequence_parallel,
+                "[hybrid] sequence_parallel = true needs a tensor-parallel size above 1 (got {})",
+                cfg.tp_size);
+    if (cfg.pp_size > 1) {
+      PipelineConfig pc = cfg.pipeline;
+      pc.dp = cfg.dp;
+      pipe = std::make_unique<PipelinePlugin>(world, mesh, pc);
+      inner = pipe.get();
+    } else {
+      dp_comm = world.split(me.pp * mesh.tp_size() + me.tp, me.dp, fmt::format("dp[tp={}]", me.tp));
+      dp = std::make_unique<DataParallelPlugin>(*dp_comm, cfg.dp);
+      inner = dp.get();
+    }
+  }
+
+  // Drains the tensor-parallel operations still pending, bounded by the timeout: a dead peer is
+  // named here rather than hanging a later device read.
+  void drain() {
+    if (tp) tp->drain();
+  }
+};
+
+HybridParallelPlugin::HybridParallelPlugin(dist::Communicator& world, HybridParallelConfig cfg)
+    : impl_(std::make_unique<Impl>(world, std::move(cfg))) {}
+
+HybridParallelPlugin::~HybridParallelPlugin() = default;
+
+const dist::ProcessMesh& HybridParallelPlugin::mesh() const {
+  return impl_->mesh;
+}
+dist::MeshCoord HybridParallelPlugin::coord() const {
+  return impl_->me;
+}
+std::shared_ptr<nn::TensorParallel> HybridParallelPlugin::tensor_parallel() const {
+  return impl_->tp;
+}
+PipelinePlugin* HybridParallelPlugin::pipeline() {
+  return impl_->pipe.get();
+}
+DataParallelPlugin* HybridParallelPlugin::data_parallel() {
+  return impl_->dp.get();
+}
+
+std::string HybridParallelPlugin::name() const {
+  const Impl& m = *impl_;
+  return fmt::format("hybrid {}: {}{}", m.mesh.describe(),
+                     m.tp ? m.tp->describe() + ", " : std::string(), m.inner->name());
+}
+int HybridParallelPlugin::rank() const {
+  return impl_->world.rank();
+}
+int HybridParallelPlugin::world_size() const {
+  return impl_->world.size();
+}
+
+void HybridParallelPlugin::setup(nn::ViT& model) {
+  Impl& m = *impl_;
+  const nn::TensorParallel* mt = model.tensor_parallel();
+  const int model_tp = mt ? mt->size() : 1;
+  CAI_CHECK(model_tp == m.mesh.tp_size() && (!m.tp || mt == m.tp.get()),
+            "[hybrid] the model is split over {} tensor-parallel ranks but the plugin's mesh has "
+            "tp {}: build the ViT with plugin.tensor_parallel()",
+            model_tp, m.mesh.tp_size());
+  m.device = model.device();
+  for (nn::Parameter* p : model.parameters()) {
+    m.shapes[p->name] = p->value.shape();
+    if (p->shard.sharded()) m.sharded.insert(p->name);
+  }
+  m.inner->setup(model);
+}
+
+std::vector<nn::Parameter*> HybridParallelPlugin::optimizer_parameters(nn::ViT& model) {
+  return impl_->inner->optimizer_parameters(model);
+}
+
+train::StepMetrics HybridParallelPlugin::forward_backward(nn::ViT& model,
+                                                          const std::vector<data::Batch>& batches,
+                                                          float weight,
+                                                          const train::Criterion& crit,
+                                                          const nn::ForwardCtx& step_ctx) {
+  train::StepMetrics r = impl_->pipe
+                             ? impl_->pipe->forward_backward(model, batches, weight, crit, step_ctx)
+                             : Plugin::forward_backward(model, batches, weight, crit, step_ctx);
+  impl_->drain();
+  return r;
+}
+
+train::StepMetrics HybridParallelPlugin::eval_batch(nn::ViT& model, const data::Batch& batch) {
+  train::StepMetrics r =
+      impl_->pipe ? impl_->pipe->eval_batch(model, batch) : Plugin::eval_batch(model, batch);
+  impl_->drain();
+  return r;
+}
+
+const nn::LayerHooks* HybridParallelPlugin::train_hooks(bool last_micro_batch) {
+  return impl_->inner->train_hooks(last_micro_batch);
+}
+const nn::LayerHooks* HybridParallelPlugin::eval_hooks() {
+  return impl_->inner->eval_hooks();
+}
+
+void HybridParallelPlugin::sync_gradients(nn::ViT& model) {
+  impl_->drain();
+  // The pipeline reduces its gradients inside its schedule (ReduceGrads).
+  if (!impl_->pipe) impl_->inner->sync_gradients(model);
+}
+
+double HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+  Impl& m = *impl_;
+  // Every parameter once: tensor-parallel shards are disjoint over tp, whole parameters the same
+  // on every tp rank (tp rank 0 counts them); ZeRO shards are disjoint over dp, DDP gradients the
+  // same on every dp rank (dp rank 0 counts them); pipeline stages hold disjoint layers.
+  const bool dp_disjoint = m.cfg.dp.zero_stage >= 1;
+  const bool dp_counts = dp_disjoint || m.me.dp == 0;
+  auto weight = [&m, dp_counts](const nn::Parameter& p) {
+    return dp_counts && (m.me.tp == 0 || m.sharded.count(p.name) > 0) ? 1.0 : 0.0;
+  };
+  return optim::clip_grad_norm(
+      train::optimizer_params(opt), max_norm,
+      [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight);
+}
+
+void HybridParallelPlugin::optimizer_step(optim::Optimizer& opt) {
+  impl_->inner->optimizer_step(opt);
+}
+
+void HybridParallelPlugin::zero_grad(nn::ViT& model, optim::Optimizer& opt) {
+  impl_->inner->zero_grad(model, opt);
+}
+
+double HybridParallelPlugin::all_reduce_sum(double v) {
+  // Metrics: every rank of a tensor-parallel group computed the same numbers.
+  return impl_->world.all_reduce_scalar(impl_->me.tp == 0 ? v : 0.0);
+}
+
+double HybridParallelPlugin::all_reduce_max(double v) {
+  return impl_->world.all_reduce_scalar(v, dist::ReduceOp::Max);
+}
+
+std::map<std::string, Tensor> HybridParallelPlugin::full_state(nn::ViT& model) {
+  Impl& m = *impl_;
+  if (m.dp) m.dp->materialize_parameters();  // ZeRO-3: gather the shards
+  std::map<std::string, Tensor> out;
+  for (nn::Parameter* p : model.parameters()) {
+    const auto it = m.shapes.find(p->name);
+    CAI_CHECK(it != m.shapes.end(), "[hybrid] full_state before setup(): {} unknown", p->name);
+    Tensor v = p->value.defined() && p->value.numel() == shape_numel(it->second)
+                   ? p->value
+                   : Tensor::zeros(it->second, DType::F32, m.device);
+    if (m.mesh.pp_size() > 1) {
+      // The stage that owns the layer sends it to the others of its pipeline.
+      const bool mine = p->value.defined() && p->value.numel() == shape_numel(it->second);
+      const int owner =
+          static_cast<int>(m.pp_comm->all_reduce_scalar(mine ? m.me.pp : -1, dist::ReduceOp::Max));
+      CAI_CHECK(owner >= 0, "[hybrid] no pipeline stage holds {}", p->name);
+      if (!mine) v = Tensor::zeros(it->second, DType::F32, m.device);
+      m.pp_comm->broadcast(v, owner);
+    }
+    if (p->shard.sharded()) {
+      const int T = m.mesh.tp_size();
+      Tensor all = Tensor::empty({v.numel() * T}, DType::F32, m.device);
+      m.tp_comm->all_gather(v.reshape({v.numel()}), all, std::vector<int64_t>(T, v.numel()));
+      const Tensor host = all.to(Device::cpu());
+      std::vector<Tensor> parts;
+      for (int r = 0; r < T; ++r)
+        parts.push_back(host.narrow(r * v.numel(), v.numel()).reshape(v.shape()).clone());
+      out[p->name] = nn::unshard(parts, p->shard);
+    } else {
+      out[p->name] = v.to(Device::cpu()).clone();
+    }
+  }
+  return out;
+}
+
+}  // namespace cai::parallel

@@ -1,0 +1,219 @@
+// Tensor parallelism (1D, with and without sequence parallelism) in one process: T threads over
+// the in-process fake communicator each build their shard of the ViT; the forward, the loss and
+// every gradient (gathered back to timm's full shapes) equal the single-process model's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "cai/core/error.h"
+#include "cai/dist/communicator.h"
+#include "cai/nn/tensor_parallel.h"
+#include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
+
+using namespace cai;
+using namespace cai::nn;
+
+namespace {
+
+ViTConfig tp_config() {
+  ViTConfig c;
+  c.img_size = 12, c.patch_size = 4, c.in_chans = 2, c.num_classes = 5, c.embed_dim = 12;
+  c.depth = 2, c.num_heads = 6, c.mlp_ratio = 2.0;  // 10 tokens: uneven over 3 and 4 ranks
+  c.drop_rate = 0.2f, c.drop_path_rate = 0.3f;
+  return c;
+}
+
+struct StepResult {
+  std::vector<float> logits;
+  double loss = 0;
+  std::map<std::string, Tensor> grads;   // full shapes (gathered)
+  std::map<std::string, Tensor> values;  // full shapes
+};
+
+Tensor images(const ViTConfig& c, int64_t b) {
+  std::vector<float> v(b * c.in_chans * c.img_size * c.img_size);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i));
+  return Tensor::from_vector(v, {b, c.in_chans, c.img_size, c.img_size});
+}
+
+Tensor labels(int64_t b) {
+  std::vector<int32_t> v(b);
+  for (int64_t i = 0; i < b; ++i) v[i] = static_cast<int32_t>((i * 3) % 5);
+  return Tensor::from_vector(v, {b});
+}
+
+// One forward and backward at step 3, sample offset 6 (masks keyed by global positions).
+StepResult step(ViT& m, DType dtype) {
+  const ViTConfig& c = m.config();
+  m.init(11);
+  m.set_compute_dtype(dtype);
+  ForwardCtx ctx{true, 5, 3, 6};
+  std::vector<std::unique_ptr<Cache>> caches;
+  const int64_t b = 3;
+  Tensor logits = m.forward(images(c, b), caches, ctx);
+  StepResult r;
+  r.logits = logits.to_vector();
+  const Tensor y = labels(b);
+  for (float l : ops::cross_entropy_fwd(logits, y, 0.1f).to_vector()) r.loss += l / b;
+  m.backward(ops::cross_entropy_bwd(logits, y, 0.1f, 1.0f / b), caches, ctx);
+  return r;
+}
+
+StepResult single(DType dtype = DType::F32, bool checkpoint = false) {
+  ViTConfig c = tp_config();
+  c.checkpoint = checkpoint;
+  ViT m(c);
+  StepResult r = step(m, dtype);
+  for (Parameter* p : m.parameters()) {
+    r.grads[p->name] = p->grad.clone();
+    r.values[p->name] = p->value.clone();
+  }
+  return r;
+}
+
+// T threads, one shard each; rank 0's logits and loss, gradients and values unsharded.
+StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = false) {
+  auto comms = dist::make_fake_group(T);
+  std::vector<StepResult> rs(T);
+  std::vector<std::vector<std::pair<Parameter, int>>> params(T);  // copies (value, grad, shard)
+  std::vector<std::string> errors(T);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < T; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto tp = std::make_shared<TensorParallel>(*comms[r], "1d", sp);
+        ViTConfig c = tp_config();
+        c.checkpoint = checkpoint;
+        ViT m(c, tp);
+        rs[r] = step(m, dtype);
+        tp->drain();
+        for (Parameter* p : m.parameters()) params[r].push_back({*p, r});
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < T; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  StepResult out = rs[0];
+  for (size_t i = 0; i < params[0].size(); ++i) {
+    const Parameter& p0 = params[0][i].first;
+    if (p0.shard.sharded()) {
+      std::vector<Tensor> g, v;
+      for (int r = 0; r < T; ++r) {
+        g.push_back(params[r][i].first.grad);
+        v.push_back(params[r][i].first.value);
+      }
+      out.grads[p0.name] = unshard(g, p0.shard);
+      out.values[p0.name] = unshard(v, p0.shard);
+    } else {
+      // Whole parameters: every rank must hold the same gradient.
+      for (int r = 1; r < T; ++r) {
+        const auto a = p0.grad.to_vector(), b = params[r][i].first.grad.to_vector();
+        for (size_t k = 0; k < a.size(); ++k)
+          EXPECT_NEAR(a[k], b[k], 1e-6 * (1 + std::abs(a[k]))) << p0.name << " rank " << r;
+      }
+      out.grads[p0.name] = p0.grad;
+      out.values[p0.name] = p0.value;
+    }
+    // Every rank's logits are the same.
+  }
+  for (int r = 1; r < T; ++r) EXPECT_EQ(rs[r].logits, rs[0].logits) << "rank " << r;
+  return out;
+}
+
+double rel_err(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector(), y = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+    den += double(x[i]) * x[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+void expect_same(const StepResult& ref, const StepResult& got, double tol) {
+  ASSERT_EQ(ref.logits.size(), got.logits.size());
+  EXPECT_LE(rel_err(Tensor::from_vector(ref.logits, {int64_t(ref.logits.size())}),
+                    Tensor::from_vector(got.logits, {int64_t(got.logits.size())})),
+            tol);
+  EXPECT_NEAR(ref.loss, got.loss, tol * std::abs(ref.loss));
+  ASSERT_EQ(ref.grads.size(), got.grads.size());
+  for (const auto& [name, g] : ref.grads) {
+    ASSERT_TRUE(got.grads.count(name)) << name;
+    ASSERT_EQ(g.shape(), got.grads.at(name).shape()) << name;
+    EXPECT_LE(rel_err(g, got.grads.at(name)), tol) << name;
+    EXPECT_LE(rel_err(ref.values.at(name), got.values.at(name)), 0.0) << name << " (init)";
+  }
+}
+
+}  // namespace
+
+TEST(TensorParallel, ShardAndUnshardAreInverse) {
+  std::vector<float> v(6 * 4);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor full = Tensor::from_vector(v, {6, 4});
+  // qkv-like: 3 groups of 2 rows, split in 2 parts: part 1 holds rows 1, 3, 5.
+  ShardSpec s{0, 3, 1, 2, {6, 4}};
+  const Tensor p1 = shard_of(full, s);
+  EXPECT_EQ(p1.shape(), (Shape{3, 4}));
+  EXPECT_EQ(p1.to_vector()[0], 4.0f);   // row 1
+  EXPECT_EQ(p1.to_vector()[4], 12.0f);  // row 3
+  s.part = 0;
+  const Tensor p0 = shard_of(full, s);
+  EXPECT_EQ(unshard({p0, p1}, s).to_vector(), v);
+  // Columns: dim 1 in 2 parts.
+  ShardSpec c{1, 1, 1, 2, {6, 4}};
+  const Tensor c1 = shard_of(full, c);
+  EXPECT_EQ(c1.shape(), (Shape{6, 2}));
+  EXPECT_EQ(c1.to_vector()[0], 2.0f);
+  c.part = 0;
+  EXPECT_EQ(unshard({shard_of(full, c), c1}, c).to_vector(), v);
+  EXPECT_THROW(unshard({p0}, s), Error);
+}
+
+TEST(TensorParallel, SplitsThatDoNotDivideAreErrorsNamingBoth) {
+  ViTConfig c = tp_config();
+  try {
+    c.validate_tensor_parallel(4, false);
+    FAIL() << "heads 6 over 4 ranks accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_heads 6"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("size 4"), std::string::npos) << e.what();
+  }
+  c.num_heads = 4, c.embed_dim = 12, c.mlp_ratio = 1.5;  // hidden 18 over 4
+  EXPECT_THROW(c.validate_tensor_parallel(4, false), Error);
+  auto comms = dist::make_fake_group(1);
+  EXPECT_THROW(TensorParallel(*comms[0], "2d"), Error);
+}
+
+TEST(TensorParallel, OneDimensionalMatchesTheSingleProcess) {
+  const StepResult ref = single();
+  for (int T : {2, 3}) {
+    SCOPED_TRACE("tp " + std::to_string(T));
+    expect_same(ref, parallel(T, false), 1e-5);
+  }
+}
+
+TEST(TensorParallel, SequenceParallelMatchesTheSingleProcess) {
+  const StepResult ref = single();
+  for (int T : {2, 3}) {  // 10 tokens: 5/5 and 3/3/4
+    SCOPED_TRACE("tp " + std::to_string(T) + " + sp");
+    expect_same(ref, parallel(T, true), 1e-5);
+  }
+}
+
+TEST(TensorParallel, CheckpointingRecomputesTheSameCollectives) {
+  const StepResult ref = single(DType::F32, true);
+  expect_same(ref, parallel(2, true, DType::F32, true), 1e-5);
+  expect_same(ref, parallel(2, false, DType::F32, true), 1e-5);
+}
+
+TEST(TensorParallel, HalfPrecisionStaysWithinTheHalfBounds) {
+  // bf16: partial sums are rounded before they are added, so tp differs from the single bf16
+  // run by rounding only (the model-level bf16 bound: 2e-2).
+  const StepResult ref = single(DType::BF16);
+  expect_same(ref, parallel(2, true, DType::BF16), 2e-2);
+  expect_same(ref, parallel(2, false, DType::BF16), 2e-2);
+}
