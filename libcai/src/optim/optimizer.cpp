@@ -259,10 +259,14 @@ double grad_norm(const std::vector<nn::Parameter*>& params) {
 }
 
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
-                      const std::function<double(double)>& reduce_sq) {
+                      const std::function<double(double)>& reduce_sq,
+                      const std::function<double(const nn::Parameter&)>& weight) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   double sq = 0;
-  for (const nn::Parameter* p : params) sq += ops::sum_squares(p->grad);
+  for (const nn::Parameter* p : params) {
+    const double w = weight ? weight(*p) : 1.0;
+    if (w != 0.0) sq += w * ops::sum_squares(p->grad);
+  }
   if (reduce_sq) sq = reduce_sq(sq);
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);

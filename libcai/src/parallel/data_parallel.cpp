@@ -589,6 +589,10 @@ double DataParallelPlugin::all_reduce_sum(double v) {
   return impl_->dp.all_reduce_scalar(v);
 }
 
+double DataParallelPlugin::all_reduce_max(double v) {
+  return impl_->dp.all_reduce_scalar(v, dist::ReduceOp::Max);
+}
+
 void DataParallelPlugin::materialize_parameters() {
   Impl& m = *impl_;
   if (m.cfg.zero_stage != 3) return;

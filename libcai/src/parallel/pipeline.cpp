@@ -53,8 +53,6 @@ struct PipelinePlugin::Impl {
     CAI_CHECK(mesh.world() == world.size(),
               "[pipeline] the mesh describes {} processes but the communicator has {}",
               mesh.world(), world.size());
-    CAI_CHECK(mesh.tp_size() == 1, "[pipeline] tensor parallel size {} is not supported yet",
-              mesh.tp_size());
     CAI_CHECK(cfg.dp.zero_stage <= 1,
               "[pipeline] zero_stage {} with pipeline parallelism: ZeRO 2/3 need whole-model "
               "gradient and parameter ownership per rank; use zero_stage 0 or 1",
@@ -91,7 +89,8 @@ struct PipelinePlugin::Impl {
     so.stages = p();
     so.micro_batches = m;
     so.chunks = cfg.chunks;
-    so.activation_bytes = (batch + m - 1) / m * tokens * dim * static_cast<int64_t>(sizeof(float));
+    so.activation_bytes = shape_numel(model->residual_shape((batch + m - 1) / m)) *
+                          static_cast<int64_t>(sizeof(float));
     schedule::Schedule s = schedule::make(cfg.style, so, part);
     schedule::validate_or_throw(s);
     return schedules.emplace(std::make_pair(m, batch), std::move(s)).first->second;
@@ -119,8 +118,10 @@ struct PipelinePlugin::Impl {
     return {b, e - b};
   }
 
+  // The residual stream between stages: [rows, tokens, dim], with sequence parallelism this
+  // rank's tokens.
   Tensor boundary(int64_t rows) const {
-    return Tensor::empty({rows, tokens, dim}, DType::F32, device);
+    return Tensor::empty(model->residual_shape(rows), DType::F32, device);
   }
 
   // The (source, destination) ranks of every activation transfer: virtual stage vs -> vs + 1.
@@ -416,6 +417,10 @@ void PipelinePlugin::zero_grad(nn::ViT& model, optim::Optimizer& opt) {
 
 double PipelinePlugin::all_reduce_sum(double v) {
   return impl_->world.all_reduce_scalar(v);
+}
+
+double PipelinePlugin::all_reduce_max(double v) {
+  return impl_->world.all_reduce_scalar(v, dist::ReduceOp::Max);
 }
 
 double PipelinePlugin::measured_bubble() const {

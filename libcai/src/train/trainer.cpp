@@ -157,7 +157,7 @@ void Trainer::fit(int64_t start_epoch) {
         const auto params = optimizer_params(opt_);
         scaler_->unscale(params);
         const double bad =
-            plugin_->all_reduce_sum(static_cast<double>(optim::count_nonfinite_grads(params)));
+            plugin_->all_reduce_max(static_cast<double>(optim::count_nonfinite_grads(params)));
         std::string message;
         info.loss_scale = scale;
         info.skipped = scaler_->update(bad > 0, &message);

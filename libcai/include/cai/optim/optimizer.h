@@ -129,8 +129,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 // factor max_norm / (norm + 1e-6), only when < 1). Returns the norm before clipping.
 // `reduce_sq` (optional) turns this process's sum of squares into the global one, for gradients
 // sharded over ranks (ZeRO, pipeline stages).
+// `weight` (optional) multiplies each parameter's sum of squares before the reduction: 0 for a
+// copy that another rank already counts (tensor-parallel replicas, DDP replicas).
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
-                      const std::function<double(double)>& reduce_sq = nullptr);
+                      const std::function<double(double)>& reduce_sq = nullptr,
+                      const std::function<double(const nn::Parameter&)>& weight = nullptr);
 double grad_norm(const std::vector<nn::Parameter*>& params);
 
 }  // namespace cai::optim

@@ -84,6 +84,7 @@ class DataParallelPlugin : public train::Plugin {
   void optimizer_step(optim::Optimizer& opt) override;
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;
+  double all_reduce_max(double v) override;
 
   // ZeRO-3: gathers every parameter's full value (for checkpoints and comparisons); the next
   // forward frees them again. A no-op for other stages.

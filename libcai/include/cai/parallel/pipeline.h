@@ -54,6 +54,7 @@ class PipelinePlugin : public train::Plugin {
   void optimizer_step(optim::Optimizer& opt) override;
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;
+  double all_reduce_max(double v) override;
 
   int micro_batches_for(int64_t batch_size) const;
   // The schedule for a batch of `batch` samples (validated when built; its transfers carry the

@@ -108,6 +108,9 @@ class Plugin {
   virtual void zero_grad(nn::ViT&, optim::Optimizer& opt) { opt.zero_grad(); }
   // Sum of a metric over the data-parallel ranks.
   virtual double all_reduce_sum(double v) { return v; }
+  // Maximum over every rank whose gradients differ (data-parallel shards, pipeline stages,
+  // tensor-parallel shards): how ranks agree on an fp16 overflow.
+  virtual double all_reduce_max(double v) { return v; }
 };
 
 struct TrainerConfig {
