@@ -78,6 +78,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.tensor.mode", Kind::String, &c.tensor_mode, {"none", "1d", "2d", "2.5d", "3d"}},
       {"parallel.tensor.size", Kind::Int, &c.tensor_size, {}, 1, inf},
       {"parallel.tensor.depth", Kind::Int, &c.tensor_depth, {}, 1, inf},
+      {"parallel.sequence_parallel", Kind::Bool, &c.sequence_parallel},
       {"parallel.zero_stage", Kind::Int, &c.zero_stage, {}, 0, 3},
       {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
       {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
@@ -316,9 +317,25 @@ void validate(const TrainConfig& c, int world) {
       c.num_microbatches == 0 || c.microbatch_size == 0,
       "[config] set parallel.num_microbatches ({}) or parallel.microbatch_size ({}), not both",
       c.num_microbatches, c.microbatch_size);
-  if (c.tensor_size > 1 || (c.tensor_mode != "none" && c.tensor_mode != "1d"))
-    not_yet(fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (tensor parallelism)",
-                        c.tensor_mode, c.tensor_size));
+  if (c.tensor_mode != "none" && c.tensor_mode != "1d")
+    not_yet(
+        fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (this build has 1d tensor "
+                    "parallelism; 2d, 2.5d and 3d are planned)",
+                    c.tensor_mode, c.tensor_size));
+  CAI_CHECK(c.tensor_size == 1 || c.tensor_mode != "none",
+            "[config] parallel.tensor.size = {} needs parallel.tensor.mode (\"1d\")",
+            c.tensor_size);
+  CAI_CHECK(!c.sequence_parallel || c.tensor_size > 1,
+            "[config] parallel.sequence_parallel = true needs parallel.tensor.size > 1 (got {}): "
+            "the sequence is split over the tensor-parallel group",
+            c.tensor_size);
+  if (c.tensor_size > 1) {
+    try {
+      v.validate_tensor_parallel(static_cast<int>(c.tensor_size), c.sequence_parallel);
+    } catch (const Error& e) {
+      fail("[config] parallel.tensor.size = {}: {}", c.tensor_size, e.what());
+    }
+  }
   CAI_CHECK(
       !(c.zero_stage > 0 && c.optimizer == "lamb"),
       "[config] parallel.zero_stage = {} with train.optimizer = \"lamb\": LAMB's per-parameter "

@@ -1,6 +1,6 @@
 // vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
 // Unknown keys and bad values are errors naming the key and what is allowed; keys this build
-// cannot honour yet (tensor parallelism) are "not supported yet" errors, never
+// cannot honour yet (2d/2.5d/3d tensor parallelism) are "not supported yet" errors, never
 // silently ignored.
 #pragma once
 #include <cstdint>
@@ -49,6 +49,7 @@ struct TrainConfig {
   std::vector<int> num_layers_per_stage;  // explicit partition per virtual stage
   std::string tensor_mode = "none";       // none | 1d | 2d | 2.5d | 3d
   int64_t tensor_size = 1, tensor_depth = 1;
+  bool sequence_parallel = false;  // Megatron's split_gather over the tensor-parallel group
   int64_t zero_stage = 0;
   bool cpu_offload = false;
   double ddp_bucket_cap_mb = 25.0;

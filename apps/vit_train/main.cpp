@@ -18,6 +18,7 @@
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
 #include "cai/parallel/data_parallel.h"
+#include "cai/parallel/hybrid.h"
 #include "cai/parallel/pipeline.h"
 #include "cai/train/trainer.h"
 #include "config.h"
@@ -91,8 +92,7 @@ int main(int argc, char** argv) {
     const dist::ProcessMesh mesh(li.world_size, static_cast<int>(cfg.tensor_size),
                                  static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
-    nn::ViT model(vc);
-    const int64_t nparams = model.num_parameters();
+    const int64_t nparams = nn::ViT(vc).num_parameters();
     if (dry_run) {
       std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
       const auto m = app::estimate_memory(cfg, nparams);
@@ -136,44 +136,63 @@ int main(int argc, char** argv) {
     data::DataLoader train_loader(train_set, lc);
     data::DataLoader eval_loader(eval_set, ec);
 
-    model.init(static_cast<uint64_t>(cfg.seed));
     // One GPU per process: local rank mod the GPUs of the node. With several processes the
     // data-parallel and pipeline groups are NCCL communicators built from the MPI world (which
     // still carries the unique ids and the CPU-side metrics).
     std::unique_ptr<dist::Communicator> gpu_world;
+    Device device = Device::cpu();
     if (cfg.device == "cuda") {
       CAI_CHECK(kernels::cuda::device_count() > 0,
                 "[vit_train] train.device = \"cuda\" but no GPU is visible ({})",
                 kernels::cuda::runtime_info().device_error);
-      const int gpu = dist::select_cuda_device(li.local_rank, li.local_world_size);
-      model.to(Device::cuda(gpu));
-      if (world) gpu_world = dist::make_nccl(*world, gpu);
+      device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
+      if (world) gpu_world = dist::make_nccl(*world, device.index);
     }
     std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
     std::shared_ptr<parallel::PipelinePlugin> pipe;
+    std::shared_ptr<parallel::HybridParallelPlugin> hybrid;
     parallel::DataParallelConfig dc;
     dc.zero_stage = static_cast<int>(cfg.zero_stage);
     dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
     dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
     dc.cpu_offload = cfg.cpu_offload;
-    if (cfg.pipeline > 1 || !trace_path.empty()) {
+    parallel::PipelineConfig pc;
+    pc.style = cfg.pp_style;
+    pc.num_microbatches = static_cast<int>(cfg.num_microbatches);
+    pc.microbatch_size = static_cast<int>(cfg.microbatch_size);
+    pc.chunks = static_cast<int>(cfg.num_model_chunks);
+    pc.partition = cfg.partition;
+    pc.num_layers_per_stage = cfg.num_layers_per_stage;
+    pc.dp = dc;
+    if (cfg.tensor_size > 1) {
+      // Tensor parallelism (with pipeline and data parallelism over the rest of the mesh).
+      parallel::HybridParallelConfig hc;
+      hc.tp_size = static_cast<int>(cfg.tensor_size);
+      hc.pp_size = static_cast<int>(cfg.pipeline);
+      hc.tp_mode = cfg.tensor_mode;
+      hc.sequence_parallel = cfg.sequence_parallel;
+      hc.pipeline = pc;
+      hc.dp = dc;
+      hybrid =
+          std::make_shared<parallel::HybridParallelPlugin>(gpu_world ? *gpu_world : *world, hc);
+      plugin = hybrid;
+      if (hybrid->pipeline() && !trace_path.empty())
+        pipe = std::shared_ptr<parallel::PipelinePlugin>(hybrid, hybrid->pipeline());
+    } else if (cfg.pipeline > 1 || !trace_path.empty()) {
       // The pipeline executor (also for one stage when a trace is asked for: it records spans).
       if (!world) world = dist::make_single();
       dist::Communicator& comm = gpu_world ? *gpu_world : *world;
-      parallel::PipelineConfig pc;
-      pc.style = cfg.pp_style;
-      pc.num_microbatches = static_cast<int>(cfg.num_microbatches);
-      pc.microbatch_size = static_cast<int>(cfg.microbatch_size);
-      pc.chunks = static_cast<int>(cfg.num_model_chunks);
-      pc.partition = cfg.partition;
-      pc.num_layers_per_stage = cfg.num_layers_per_stage;
-      pc.dp = dc;
       pipe = std::make_shared<parallel::PipelinePlugin>(comm, mesh, pc);
       plugin = pipe;
     } else if (world || cfg.zero_stage > 0) {
       if (!world) world = dist::make_single();
       plugin = std::make_shared<parallel::DataParallelPlugin>(gpu_world ? *gpu_world : *world, dc);
     }
+    // The model, split over the tensor-parallel group when there is one; initialised on the
+    // host (the same values whatever the layout), then moved to the process's GPU.
+    nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
+    model.init(static_cast<uint64_t>(cfg.seed));
+    if (device.is_cuda()) model.to(device);
     plugin->setup(model);
     optim::OptimizerOptions oo;
     oo.name = cfg.optimizer;

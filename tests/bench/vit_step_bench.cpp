@@ -2,13 +2,16 @@
 // device with synthetic data. Prints img/s, achieved TFLOP/s, MFU against a peak, and peak memory.
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
-//                  [--zero 0..3] [--peak-tflops 989]
+//                  [--zero 0..3] [--tp T [--sp 1]] [--peak-tflops 989]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
 // Under mpirun / colossalai run with several processes: data parallel over NCCL, one GPU per
 // process (local rank), batch per GPU, DDP (--zero 0, bucketed all-reduce overlapped with
-// backward) or ZeRO 1-3; rank 0 prints the total img/s of all GPUs.
+// backward) or ZeRO 1-3; rank 0 prints the total img/s of all GPUs. --tp T: 1D tensor parallelism
+// over T consecutive ranks (--sp 1: with sequence parallelism) through the HybridParallelPlugin,
+// data parallel over the rest; --batch is per data-parallel rank. tp_comm_share: the time the
+// tensor-parallel collectives take when each is timed alone (profiled steps), over the step time.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,7 @@
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
 #include "cai/parallel/data_parallel.h"
+#include "cai/parallel/hybrid.h"
 #include "kernels/device.h"
 
 using namespace cai;
@@ -43,7 +47,7 @@ int main(int argc, char** argv) {
   std::string model = "vit_base_patch16_224", device = "cuda", precision = "bf16";
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
-  int zero = 0;
+  int zero = 0, tp = 1, sp = 0;
   std::string act = "gelu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -61,6 +65,10 @@ int main(int argc, char** argv) {
       act = v;
     else if (a == "--zero")
       zero = std::atoi(v.c_str());
+    else if (a == "--tp")
+      tp = std::atoi(v.c_str());
+    else if (a == "--sp")
+      sp = std::atoi(v.c_str());
     else if (a == "--precision")
       precision = v;
     else if (a == "--peak-tflops")
@@ -74,28 +82,40 @@ int main(int argc, char** argv) {
     const dist::LaunchInfo li = dist::launch_from_env();
     std::unique_ptr<dist::MpiEnvironment> mpi;
     std::unique_ptr<dist::Communicator> world, nccl;
-    std::unique_ptr<parallel::DataParallelPlugin> dp;
+    std::unique_ptr<train::Plugin> dp;
+    std::shared_ptr<nn::TensorParallel> tpc;
     nn::ViTConfig c = nn::ViTConfig::named(model);
     c.act = act;
-    nn::ViT m(c);
-    m.init(0);
     Device dev = Device::cpu();
     if (device == "cuda") {
       CAI_CHECK(kernels::cuda::device_count() > 0, "[bench] no GPU: {}",
                 kernels::cuda::runtime_info().device_error);
       dev = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
-      m.to(dev);
     }
+    parallel::DataParallelConfig dc;
+    dc.zero_stage = zero;
     if (li.world_size > 1) {
       mpi = std::make_unique<dist::MpiEnvironment>(&argc, &argv);
       world = mpi->world();
-      parallel::DataParallelConfig dc;
-      dc.zero_stage = zero;
-      dp = std::make_unique<parallel::DataParallelPlugin>(
-          dev.is_cuda() ? *(nccl = dist::make_nccl(*world, dev.index)) : *world, dc);
-      dp->setup(m);
+      dist::Communicator& comm =
+          dev.is_cuda() ? *(nccl = dist::make_nccl(*world, dev.index)) : *world;
+      if (tp > 1) {
+        parallel::HybridParallelConfig hc;
+        hc.tp_size = tp;
+        hc.sequence_parallel = sp != 0;
+        hc.dp = dc;
+        auto h = std::make_unique<parallel::HybridParallelPlugin>(comm, hc);
+        tpc = h->tensor_parallel();
+        dp = std::move(h);
+      } else {
+        dp = std::make_unique<parallel::DataParallelPlugin>(comm, dc);
+      }
     }
-    const int64_t ranks = dp ? dp->world_size() : 1;
+    nn::ViT m(c, tpc);
+    m.init(0);
+    if (dev.is_cuda()) m.to(dev);
+    if (dp) dp->setup(m);
+    const int64_t ranks = dp ? dp->world_size() / tp : 1;  // data-parallel ranks
     m.set_compute_dtype(dtype_from_name(precision));
     optim::AdamW opt(
         optim::weight_decay_groups(dp ? dp->optimizer_parameters(m) : m.parameters(), 1e-3, 0.05));
@@ -111,7 +131,8 @@ int main(int argc, char** argv) {
     auto since = [](Clock::time_point t) {
       return std::chrono::duration<double>(Clock::now() - t).count();
     };
-    double phase[3] = {0, 0, 0};  // forward, backward, optimizer (profiled steps only)
+    double phase[3] = {0, 0, 0};      // forward, backward, optimizer (profiled steps only)
+    double tp_comm = 0, tp_step = 0;  // tensor-parallel collectives timed alone, and their steps
     auto step = [&](int64_t s, bool profile) {
       std::vector<std::unique_ptr<nn::Cache>> caches;
       nn::ForwardCtx ctx{true, 0, static_cast<uint64_t>(s), 0};
@@ -121,7 +142,10 @@ int main(int argc, char** argv) {
       if (profile) sync(), phase[0] += since(t), t = Clock::now();
       m.backward(ops::cross_entropy_bwd(logits, labels, 0.0f, 1.0f / (batch * ranks)), caches, ctx,
                  hooks);
-      if (dp) dp->sync_gradients(m);
+      if (dp) {
+        if (tpc) tpc->drain();
+        dp->sync_gradients(m);
+      }
       if (profile) sync(), phase[1] += since(t), t = Clock::now();
       if (dp) {
         dp->optimizer_step(opt);
@@ -141,26 +165,35 @@ int main(int argc, char** argv) {
     const double ips = static_cast<double>(batch * ranks * steps) / secs;
     const int64_t profiled = 2;
     for (int64_t s = 0; s < profiled; ++s) step(warmup + steps + s, true);
+    if (tpc) {
+      tpc->set_profiling(true);
+      const auto tt = Clock::now();
+      for (int64_t s = 0; s < profiled; ++s) step(warmup + steps + profiled + s, false);
+      tp_step = since(tt);
+      tp_comm = tpc->comm_seconds();
+      tpc->set_profiling(false);
+    }
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
     const double peak_gib =
         dev.is_cuda() ? kernels::cuda::allocator_stats(dev.index).peak / double(1ull << 30)
                       : peak_memory(DeviceType::CPU) / double(1ull << 30);
-    const std::string impl = ranks > 1
-                                 ? fmt::format("colossalai-cpp {} {}x{}", precision,
+    std::string impl = ranks > 1 ? fmt::format("colossalai-cpp {} {}x{}", precision,
                                                zero ? "zero" + std::to_string(zero) : "ddp", ranks)
                                  : "colossalai-cpp " + precision;
+    if (tp > 1) impl += fmt::format(" tp{}{}", tp, sp ? "+sp" : "");
     const std::string label = act == "gelu" ? impl : impl + " " + act;
     if (li.rank == 0)
       std::printf(
           "{\"impl\": \"%s\", \"gpus\": %lld, \"model\": \"%s\", \"batch\": %lld, \"device\": "
           "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
           "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
-          "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f}\n",
-          label.c_str(), static_cast<long long>(ranks), model.c_str(),
+          "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f, \"tp\": %d, \"tp_comm_share\": %.3f}\n",
+          label.c_str(), static_cast<long long>(ranks * tp), model.c_str(),
           static_cast<long long>(batch), device.c_str(), ips,
           1e3 * secs / static_cast<double>(steps), tflops,
-          tflops / (peak * static_cast<double>(ranks)), peak_gib, 3.0 * forward_flops(c) / 1e9,
-          1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled);
+          tflops / (peak * static_cast<double>(ranks * tp)), peak_gib, 3.0 * forward_flops(c) / 1e9,
+          1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled, tp,
+          tp_step > 0 ? tp_comm / tp_step : 0.0);
   } catch (const Error& e) {
     std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
     return 1;
