@@ -162,14 +162,53 @@ TEST(Config, ShippedConfigsParse) {
     TrainConfig c;
     ASSERT_NO_THROW(c = load_config(f.path().string(), {})) << f.path();
     const std::string name = f.path().filename().string();
-    if (name == "vit_base_cifar10_hybrid.toml") {  // tensor parallelism is a later issue
-      EXPECT_THROW(validate(c, 4), NotImplemented) << f.path();
+    if (name == "vit_base_cifar10_hybrid.toml") {  // tensor 1D × pipeline 2
+      EXPECT_NO_THROW(validate(c, 4)) << f.path();
+      EXPECT_NO_THROW(validate(c, 8)) << f.path();
+      EXPECT_THROW(validate(c, 2), Error) << f.path();
     } else {
       // fmnist_tiny and the fp16 CIFAR-10 ViT-Base configs: data parallel, and pipeline 2.
       EXPECT_NO_THROW(validate(c, c.pipeline)) << f.path();
     }
   }
   EXPECT_GE(n, 4);
+}
+
+TEST(Config, TensorParallelSettings) {
+  // Overrides reach into the inline table.
+  TrainConfig c = parse_config("[parallel]\ntensor = { mode = \"none\", size = 1 }\n", "t",
+                               {"parallel.tensor.mode=1d", "parallel.tensor.size=2",
+                                "parallel.sequence_parallel=true"});
+  EXPECT_EQ(c.tensor_mode, "1d");
+  EXPECT_EQ(c.tensor_size, 2);
+  EXPECT_TRUE(c.sequence_parallel);
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_NO_THROW(validate(c, 4));  // dp 2
+  auto message = [](const TrainConfig& t, int world) {
+    try {
+      validate(t, world);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig heads = c;  // the default model: hidden 64, 4 heads
+  heads.tensor_size = 8;
+  EXPECT_NE(message(heads, 8).find("num_heads 4 is not divisible by the tensor-parallel size 8"),
+            std::string::npos)
+      << message(heads, 8);
+  TrainConfig mode = c;
+  mode.tensor_mode = "2d";
+  EXPECT_THROW(validate(mode, 2), NotImplemented);
+  TrainConfig none = c;
+  none.tensor_mode = "none";
+  EXPECT_NE(message(none, 2).find("needs parallel.tensor.mode"), std::string::npos);
+  TrainConfig sp = c;
+  sp.tensor_size = 1;
+  sp.tensor_mode = "1d";
+  EXPECT_NE(message(sp, 1).find("sequence_parallel = true needs parallel.tensor.size > 1"),
+            std::string::npos)
+      << message(sp, 1);
 }
 
 TEST(Config, MemoryEstimateCountsStateAndActivations) {

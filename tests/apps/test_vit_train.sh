@@ -15,7 +15,13 @@ grep -q "unknown key 'train.batchsize'" <<<"$err"
 set +e
 err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_hybrid.toml" 2>&1); rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "hybrid config: $err"; exit 1; }
+[ $rc -eq 2 ] && grep -q "1 processes are not divisible by tensor size 2 × pipeline 2" <<<"$err" ||
+  { echo "hybrid config on one process: $err"; exit 1; }
+set +e
+err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_hybrid.toml" --set parallel.tensor.mode=2d 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "2d tensor mode: $err"; exit 1; }
 set +e
 err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" 2>&1); rc=$?
 set -e
