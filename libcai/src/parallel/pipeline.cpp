@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 
@@ -259,7 +260,48 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
   std::map<std::pair<int, int>, Tensor> input, output, grad_in, grad_out;  // key (mb, chunk)
   std::map<std::pair<int, int>, std::vector<std::unique_ptr<nn::Cache>>> caches;
   std::map<int, Tensor> dlogits;
-  std::vector<std::unique_ptr<dist::Work>> sends;
+  // Sends in flight: a send's buffer is released as soon as it has completed (polled between
+  // instructions), not at the end of the step.
+  std::deque<std::unique_ptr<dist::Work>> sends;
+  auto release_sends = [&sends] {
+    for (auto it = sends.begin(); it != sends.end();)
+      it = (*it)->test() ? sends.erase(it) : std::next(it);
+  };
+  // Receives are posted ahead: each kind's next receive (in program order, which is the order
+  // the peer sends in) is posted as soon as the previous one has been taken, so the transfer
+  // runs while this stage computes instead of starting when the program reaches it.
+  struct Posted {
+    Tensor buffer;
+    std::unique_ptr<dist::Work> work;
+  };
+  std::vector<size_t> recv_order[2];  // program positions of RecvActivation / RecvGrad
+  for (size_t i = 0; i < prog.size(); ++i) {
+    if (prog[i].op == schedule::Op::RecvActivation) recv_order[0].push_back(i);
+    if (prog[i].op == schedule::Op::RecvGrad) recv_order[1].push_back(i);
+  }
+  size_t next_recv[2] = {0, 0};
+  std::map<size_t, Posted> posted;  // by program position
+  auto post = [&](int kind) {
+    if (next_recv[kind] >= recv_order[kind].size()) return;
+    const size_t pos = recv_order[kind][next_recv[kind]++];
+    const schedule::Instr& r = prog[pos];
+    const int rvs = m.my_vs(r.chunk);
+    Posted p;
+    p.buffer = m.boundary(m.slice(n, mbs, r.mb).second);
+    p.work = kind == 0 ? m.pp->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs - 1, V, kActivation))
+                       : m.pp_grad->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs + 1, V, kGrad));
+    posted[pos] = std::move(p);
+  };
+  auto take = [&](int kind, size_t pos) {
+    if (!posted.count(pos)) post(kind);
+    Posted p = std::move(posted.at(pos));
+    posted.erase(pos);
+    p.work->wait();
+    post(kind);  // the next one of this kind goes out now
+    return p.buffer;
+  };
+  post(0);
+  post(1);
   train::StepMetrics metrics;
   const double step_t0 = trace::Recorder::now_us();
   double compute_us = 0;
@@ -270,20 +312,19 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     return c;
   };
 
-  for (const schedule::Instr& in : prog) {
+  for (size_t pos = 0; pos < prog.size(); ++pos) {
+    const schedule::Instr& in = prog[pos];
     const double t0 = trace::Recorder::now_us();
+    release_sends();
     const auto key = std::make_pair(in.mb, in.chunk);
     const int vs = m.my_vs(in.chunk);
     using schedule::Op;
     switch (in.op) {
       case Op::LoadMicroBatch:
         break;  // every rank of the pipeline already holds the batch; slices are views
-      case Op::RecvActivation: {
-        Tensor t = m.boundary(m.slice(n, mbs, in.mb).second);
-        m.pp->recv(t, in.peer, tag_of(in.mb, vs - 1, V, kActivation));
-        input[key] = t;
+      case Op::RecvActivation:
+        input[key] = take(0, pos);
         break;
-      }
       case Op::Forward: {
         const auto [off, rows] = m.slice(n, mbs, in.mb);
         Tensor x = vs == 0 ? batch.images.narrow(off, rows) : input.at(key);
@@ -315,12 +356,9 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
             m.pp->send_async(output.at(key), in.peer, tag_of(in.mb, vs, V, kActivation)));
         output.erase(key);
         break;
-      case Op::RecvGrad: {
-        Tensor t = m.boundary(m.slice(n, mbs, in.mb).second);
-        m.pp_grad->recv(t, in.peer, tag_of(in.mb, vs + 1, V, kGrad));
-        grad_in[key] = t;
+      case Op::RecvGrad:
+        grad_in[key] = take(1, pos);
         break;
-      }
       case Op::Backward:
       case Op::BackwardInput: {
         Tensor g = vs == last_vs ? dlogits.at(in.mb) : grad_in.at(key);
