@@ -1,6 +1,8 @@
 // In-process Communicator for unit tests: n ranks are n threads sharing one Group. Collectives
 // match by call order (each rank's k-th collective meets the others' k-th); inputs are copied at
-// the call, results computed when the last rank arrives, delivered at wait().
+// the call, results computed when the last rank arrives, delivered at wait(). CUDA and half
+// tensors are staged through fp32 host copies (reduced in fp32, rounded once on the way back), so
+// tensor-parallel layers can be tested on one GPU with several threads.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -41,15 +43,22 @@ struct Group {
 };
 
 std::vector<float> copy_in(const Tensor& t) {
-  CAI_CHECK(!t.is_cuda() && t.dtype() == DType::F32,
-            "[fake] the in-process communicator moves fp32 CPU tensors, got {}", t.str());
+  CAI_CHECK(t.dtype() != DType::I32,
+            "[fake] the in-process communicator moves float tensors, got {}", t.str());
+  if (t.is_cuda() || t.dtype() != DType::F32) return t.to_vector();
   const float* p = t.data<float>();
   return std::vector<float>(p, p + t.numel());
 }
 
 void copy_out(const std::vector<float>& v, size_t off, Tensor& t) {
   CAI_CHECK(off + static_cast<size_t>(t.numel()) <= v.size(), "[fake] result size mismatch");
-  std::memcpy(t.data<float>(), v.data() + off, sizeof(float) * t.numel());
+  if (!t.is_cuda() && t.dtype() == DType::F32) {
+    std::memcpy(t.data<float>(), v.data() + off, sizeof(float) * t.numel());
+    return;
+  }
+  const std::vector<float> part(v.begin() + static_cast<std::ptrdiff_t>(off),
+                                v.begin() + static_cast<std::ptrdiff_t>(off + t.numel()));
+  t.copy_from(Tensor::from_vector(part, t.shape()).to(t.dtype()).to(t.device()));
 }
 
 float reduce(float a, float b, ReduceOp op) {
@@ -88,6 +97,7 @@ class FakeCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return g_->size; }
   std::string name() const override { return g_->name; }
+  bool supports(Device) const override { return true; }  // staged through the host
 
   // Deposits this rank's input for collective #seq; `finish` runs on the completed collective.
   std::unique_ptr<Work> collective(const std::string& op, std::vector<float> input,

@@ -158,7 +158,10 @@ TensorParallel::Pending TensorParallel::all_reduce_start(const Tensor& t) {
   p.dtype = t.dtype();
   p.result = !t.is_cuda() && is_half(t.dtype()) ? t.to(DType::F32) : t;
   const double tc = profile_start(t);
-  if (size_ > 1) p.work = comm_.all_reduce_async(p.result, dist::ReduceOp::Sum);
+  if (size_ > 1) {
+    comm_bytes_ += static_cast<int64_t>(t.nbytes());
+    p.work = comm_.all_reduce_async(p.result, dist::ReduceOp::Sum);
+  }
   profile_end(p.work.get(), t, tc);
   return p;
 }
@@ -189,6 +192,7 @@ Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
   }
   Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
   const double tc = profile_start(in);
+  comm_bytes_ += total * static_cast<int64_t>(dtype_size(part.dtype()));
   auto w = comm_.all_gather_async(in.reshape({in.numel()}), staged, counts);
   profile_end(w.get(), in, tc);
   complete(std::move(w));
@@ -234,6 +238,7 @@ TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor
   p.result = Tensor::empty({b, t1 - t0, f}, in.dtype(), in.device());
   Tensor flat = p.result.reshape({p.result.numel()});
   const double tc = profile_start(in);
+  comm_bytes_ += static_cast<int64_t>(full.nbytes());
   p.work = comm_.reduce_scatter_async(staged, flat, counts, dist::ReduceOp::Sum);
   profile_end(p.work.get(), in, tc);
   return p;
@@ -280,6 +285,7 @@ Tensor TensorParallel::gather_features(const Tensor& part) {
   const Tensor in = widen ? part.to(DType::F32) : part;
   Tensor staged = Tensor::empty({rows * f}, in.dtype(), in.device());
   const double tc = profile_start(in);
+  comm_bytes_ += rows * f * static_cast<int64_t>(dtype_size(part.dtype()));
   auto w = comm_.all_gather_async(in.reshape({in.numel()}), staged,
                                   std::vector<int64_t>(size_, rows * n));
   profile_end(w.get(), in, tc);
@@ -290,6 +296,64 @@ Tensor TensorParallel::gather_features(const Tensor& part) {
                       n);
   Tensor out = full.reshape({rows, f});
   return widen ? out.to(part.dtype()) : out;
+}
+
+Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
+  const bool split = tp && tp->size() > 1;
+  Tensor y =
+      ops::linear_fwd(x, l.weight.value, !split || tp->rank() == 0 ? &l.bias.value : nullptr);
+  if (!split) return y;
+  return tp->sequence_parallel() ? tp->reduce_scatter_tokens(y) : tp->all_reduce(y);
+}
+
+Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy) {
+  if (!tp || tp->size() == 1)
+    return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad);
+  Tensor dx = ops::linear_bwd(x, l.weight.value, dy, nullptr, nullptr, true);
+  auto pending =
+      tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
+  ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad, false);
+  return tp->finish(std::move(pending));
+}
+
+namespace {
+struct LinearCache : Cache {
+  Tensor x;
+};
+}  // namespace
+
+ParallelLinear::ParallelLinear(const std::string& name, int64_t in, int64_t out, Kind kind,
+                               TensorParallel* tp)
+    : name_(name), kind_(kind), tp_(tp) {
+  const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  CAI_CHECK(kind == Kind::Whole || !tp || !tp->sequence_parallel(),
+            "[{}] ParallelLinear has no sequence-parallel form", name);
+  if (kind == Kind::Column)
+    lin = Linear::column(name, in, out, r, T);
+  else if (kind == Kind::Row)
+    lin = Linear::row(name, in, out, r, T);
+  else
+    lin = Linear(name, in, out);
+}
+
+Tensor ParallelLinear::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
+  auto c = std::make_unique<LinearCache>();
+  c->x = x;
+  Tensor y = kind_ == Kind::Row ? row_linear_fwd(tp_, x, lin)
+                                : ops::linear_fwd(x, lin.weight.value, &lin.bias.value);
+  cache = std::move(c);
+  return y;
+}
+
+Tensor ParallelLinear::backward(const Tensor& dy, std::unique_ptr<Cache>& cache,
+                                const ForwardCtx&) {
+  auto* c = dynamic_cast<LinearCache*>(cache.get());
+  CAI_CHECK(c, "[{}] backward called without a matching forward cache", name_);
+  Tensor dx = kind_ == Kind::Column
+                  ? column_linear_bwd(tp_, c->x, lin, dy)
+                  : ops::linear_bwd(c->x, lin.weight.value, dy, &lin.weight.grad, &lin.bias.grad);
+  cache.reset();
+  return dx;
 }
 
 }  // namespace cai::nn

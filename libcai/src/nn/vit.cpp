@@ -187,21 +187,11 @@ ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) co
 }
 
 Tensor Block::row_out(const Tensor& o, Linear& l) {
-  // The bias is added once (by tp rank 0) to the partial sums.
-  Tensor y = ops::linear_fwd(o, l.weight.value, tp_rank() == 0 ? &l.bias.value : nullptr);
-  if (!tp_ || tp_->size() == 1) return y;
-  return sp() ? tp_->reduce_scatter_tokens(y) : tp_->all_reduce(y);
+  return row_linear_fwd(tp_, o, l);
 }
 
 Tensor Block::column_bwd(const Tensor& x, Linear& l, const Tensor& dy) {
-  if (!tp_ || tp_->size() == 1)
-    return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad);
-  // The input gradient's reduction runs under the weight-gradient GEMM (Megatron's async
-  // tensor-parallel all-reduce).
-  Tensor dx = ops::linear_bwd(x, l.weight.value, dy, nullptr, nullptr, true);
-  auto pending = sp() ? tp_->reduce_scatter_tokens_start(dx) : tp_->all_reduce_start(dx);
-  ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad, false);
-  return tp_->finish(std::move(pending));
+  return column_linear_bwd(tp_, x, l, dy);
 }
 
 void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {

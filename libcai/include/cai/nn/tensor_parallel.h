@@ -105,17 +105,55 @@ class TensorParallel {
   void set_profiling(bool on) { profiling_ = on; }
   double comm_seconds() const { return comm_seconds_; }
   void reset_comm_seconds() { comm_seconds_ = 0; }
+  // Bytes this rank handed to its collectives since the last reset (all-reduce: the tensor;
+  // all-gather: the gathered result; reduce-scatter: the input), as sent in their dtype.
+  int64_t comm_bytes() const { return comm_bytes_; }
+  void reset_comm_bytes() { comm_bytes_ = 0; }
 
  private:
   std::deque<std::unique_ptr<dist::Work>> pending_;
   bool profiling_ = false;
   double comm_seconds_ = 0;
+  int64_t comm_bytes_ = 0;
   double profile_start(const Tensor& t);
   void profile_end(dist::Work* w, const Tensor& t, double t0);
   dist::Communicator& comm_;
   std::string mode_;
   bool sequence_parallel_;
   int size_, rank_;
+};
+
+// The two halves of Megatron's 1D linear pair, shared by the ViT's blocks and ParallelLinear.
+// Row-parallel forward: this rank's input columns times its weight columns, the partial outputs
+// summed over the group (reduce-scattered along the sequence with sequence parallelism), the bias
+// added once (by tp rank 0). tp null or of size 1: the plain linear.
+Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l);
+// Column-parallel backward: the weight and bias gradients of this rank's output rows, and the
+// input gradient summed over the group (reduce-scattered with sequence parallelism), its
+// reduction running under the weight-gradient GEMM.
+Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy);
+
+// One Linear(in, out) as a layer of a parallel mode: Whole (not split), Column (1D: output
+// features split, input replicated) or Row (1D: input features split, output summed over the
+// group). A Column followed by a Row needs no communication between them (Megatron's MLP);
+// Colossal-AI's benchmark MLP alternates them.
+class ParallelLinear : public Layer {
+ public:
+  enum class Kind { Whole, Column, Row };
+  ParallelLinear(const std::string& name, int64_t in, int64_t out, Kind kind,
+                 TensorParallel* tp = nullptr);
+  Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) override;
+  void collect(std::vector<Parameter*>& out) override { lin.collect(out); }
+  std::string name() const override { return name_; }
+  Kind kind() const { return kind_; }
+
+  Linear lin;
+
+ private:
+  std::string name_;
+  Kind kind_;
+  TensorParallel* tp_;
 };
 
 }  // namespace cai::nn
