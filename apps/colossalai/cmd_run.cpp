@@ -414,13 +414,6 @@ int cores_here() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  CAI_CHECK(!ec, "[run] cannot find this program's path (/proc/self/exe): {}", ec.message());
-  return p.string();
-}
-
 // `name` on PATH (or `name` itself when it has a '/'); empty when not found.
 std::string find_program(const std::string& name) {
   if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
@@ -487,6 +480,13 @@ int exit_code_of(int status) {
 }
 
 }  // namespace
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  CAI_CHECK(!ec, "[run] cannot find this program's path (/proc/self/exe): {}", ec.message());
+  return p.string();
+}
 
 int run_launch(const RunOptions& opts) {
   if (opts.rank_wrapper) return run_rank_wrapper(opts);

@@ -112,6 +112,9 @@ std::string wrapper_failure_line(const std::string& rank, const std::string& hos
 std::string failure_summary(const RankFailure& f);  // "rank 3 (host h) failed: exit code 3; ..."
 std::string signal_name(int sig);                   // "SIGKILL"; "signal 42" if unknown
 
+// This program's path (/proc/self/exe).
+std::string self_exe();
+
 void setup_run(CLI::App& app, RunOptions& opts);
 int run_launch(const RunOptions& opts);
 int run_rank_wrapper(const RunOptions& opts);

@@ -5,6 +5,7 @@
 
 #include "cai/core/error.h"
 #include "cai/core/version.h"
+#include "cmd_benchmark.h"
 #include "cmd_check.h"
 #include "cmd_run.h"
 
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   cai::app::setup_check(app, check);
   cai::app::RunOptions run;
   cai::app::setup_run(app, run);
+  cai::app::BenchmarkOptions bench;
+  cai::app::setup_benchmark(app, bench);
   CLI11_PARSE(app, argc, argv);
   const std::string self_dir =
       std::filesystem::weakly_canonical(std::filesystem::path(argv[0])).parent_path().string();
@@ -26,6 +29,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("check")) return cai::app::run_check(check, self_dir);
     if (app.got_subcommand("run")) return cai::app::run_launch(run);
     if (app.got_subcommand("_rank_wrapper")) return cai::app::run_rank_wrapper(run);
+    if (app.got_subcommand("benchmark")) return cai::app::run_benchmark(bench);
+    if (app.got_subcommand("_benchmark_worker")) return cai::app::run_benchmark_worker(bench);
   } catch (const cai::Error& e) {
     std::cerr << "colossalai: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,485 @@
+#include "cmd_benchmark.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "cai/core/error.h"
+#include "cai/core/rng.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/launch.h"
+#include "cai/dist/nccl.h"
+#include "cai/nn/tensor_parallel.h"
+#include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
+#include "cai/optim/optimizer.h"
+#include "cmd_run.h"
+#include "config.h"
+#include "kernels/device.h"
+
+namespace cai::app {
+
+std::string TpLayout::describe() const {
+  if (mode == "none") return "none";
+  if (mode == "2.5d") return fmt::format("2.5d (size {}, depth {})", size, depth);
+  return fmt::format("{} (size {})", mode, size);
+}
+
+int64_t integer_root(int64_t n, int k) {
+  CAI_CHECK(n >= 0 && k >= 1, "[benchmark] integer_root({}, {}): need n >= 0 and k >= 1", n, k);
+  auto pow_le = [&](int64_t r) {  // r^k <= n without overflow
+    int64_t p = 1;
+    for (int i = 0; i < k; ++i) {
+      if (p > n / std::max<int64_t>(r, 1)) return r == 0;
+      p *= r;
+    }
+    return p <= n;
+  };
+  int64_t lo = 0, hi = 1;
+  while (pow_le(hi)) hi *= 2;
+  while (hi - lo > 1) {  // lo^k <= n < hi^k
+    const int64_t mid = lo + (hi - lo) / 2;
+    (pow_le(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::vector<TpLayout> enumerate_layouts(int n) {
+  CAI_CHECK(n >= 1, "[benchmark] --gpus {} must be at least 1", n);
+  auto is_square = [](int64_t v) {
+    const int64_t r = integer_root(v, 2);
+    return r * r == v;
+  };
+  std::vector<TpLayout> out{{"none", 1, 1}, {"1d", n, 1}};
+  if (n > 1 && is_square(n)) out.push_back({"2d", n, 1});
+  for (int d = 1; d < n; ++d)
+    if (n % d == 0 && is_square(n / d)) out.push_back({"2.5d", n, d});
+  const int64_t c = integer_root(n, 3);
+  if (n > 1 && c * c * c == n) out.push_back({"3d", n, 1});
+  return out;
+}
+
+namespace {
+
+void add_flags(CLI::App* sub, BenchmarkOptions& o) {
+  sub->add_option("-g,--gpus", o.gpus, "Number of devices (GPUs, or CPU processes) to use")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-b,--batch_size", o.batch_size, "Batch size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-s,--seq_len", o.seq_len, "Sequence length (tokens)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-d,--dimension", o.dimension, "Hidden dimension")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-w,--warmup_steps", o.warmup_steps, "Steps run before timing")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("-p,--profile_steps", o.profile_steps, "Steps timed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-l,--layers", o.layers, "Layers of the mlp or block model")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-m,--model", o.model,
+                  "mlp: layers × Linear(d, d) (Colossal-AI's); block: ViT blocks of hidden d; "
+                  "vit: the model of --config")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mlp", "block", "vit"}));
+  sub->add_option("--config", o.config, "A vit_train TOML (--model vit)");
+  sub->add_option("--set", o.overrides, "section.key=value overrides of --config (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--device", o.device, "cpu or cuda (default: cuda when a GPU is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--precision", o.precision, "fp32, bf16 or fp16 compute")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--hostfile", o.hostfile, "Hosts to run on (as colossalai run)");
+  sub->add_option("--json", o.json, "Also write the table as JSON to this file");
+  sub->add_flag("--simulate", o.simulate, "Estimate with colossalai-sim instead of measuring");
+  sub->add_option("--cluster", o.cluster, "Virtual cluster file (hostfiles/clusters/*.toml)");
+  sub->add_option("--compare", o.compare, "A simulated JSON to print beside the measurement");
+  sub->add_flag("--search", o.search, "Rank whole layouts by simulated throughput");
+  sub->add_option("--out", o.out, "--search: write the best layout as a vit_train config");
+  sub->add_option("--calibrate", o.calibrate, "Time kernels and collectives, write JSON");
+}
+
+struct Row {
+  TpLayout layout;
+  std::string status = "ok", reason;
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, step_ms = 0, samples_per_s = 0;
+  int64_t peak_mem_bytes = 0, comm_bytes = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Weights drawn whole (trunc normal, std .02) and cut, biases zero, LayerNorm weights one: the
+// same values under every layout.
+void init_parameters(const std::vector<nn::Parameter*>& ps) {
+  for (nn::Parameter* p : ps) {
+    Tensor full = Tensor::zeros(p->full_shape());
+    const bool norm = p->name.find("norm") != std::string::npos;
+    const bool weight = p->name.size() > 7 && p->name.substr(p->name.size() - 7) == ".weight";
+    if (norm && weight)
+      ops::fill_(full, 1.0f);
+    else if (weight)
+      rng::trunc_normal_(full, 17, p->init_stream(), 0.0f, 0.02f, -2.0f, 2.0f);
+    p->value.copy_from(p->shard.sharded() ? nn::shard_of(full, p->shard) : full);
+  }
+}
+
+class Worker {
+ public:
+  Worker(const BenchmarkOptions& o, dist::Communicator& comm, Device dev)
+      : o_(o), comm_(comm), dev_(dev), dtype_(dtype_from_name(o.precision)) {}
+
+  Row run(const TpLayout& l) {
+    Row row;
+    row.layout = l;
+    if (l.mode != "none" && l.mode != "1d") {
+      row.status = "skipped";
+      row.reason = fmt::format(
+          "{} tensor parallelism is not built yet (this build runs none and 1d)", l.mode);
+      return row;
+    }
+    // Build on every rank; a shape that does not divide fails the same way everywhere.
+    std::string error;
+    try {
+      build(l);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (comm_.all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::Max) > 0) {
+      row.status = "failed";
+      row.reason = error.empty() ? "another rank could not build this layout" : error;
+      clear();
+      return row;
+    }
+    for (int64_t s = 0; s < o_.warmup_steps; ++s) step(nullptr);
+    sync();
+    if (tp_) tp_->reset_comm_bytes();
+    reset_peak();
+    double t[3] = {0, 0, 0};
+    for (int64_t s = 0; s < o_.profile_steps; ++s) step(t);
+    const double n = static_cast<double>(o_.profile_steps);
+    // The slowest rank sets the pace.
+    row.forward_ms = comm_.all_reduce_scalar(t[0] / n, dist::ReduceOp::Max);
+    row.backward_ms = comm_.all_reduce_scalar(t[1] / n, dist::ReduceOp::Max);
+    row.optimizer_ms = comm_.all_reduce_scalar(t[2] / n, dist::ReduceOp::Max);
+    row.step_ms = row.forward_ms + row.backward_ms + row.optimizer_ms;
+    row.samples_per_s =
+        row.step_ms > 0 ? 1e3 * static_cast<double>(o_.batch_size) / row.step_ms : 0.0;
+    row.peak_mem_bytes = static_cast<int64_t>(
+        comm_.all_reduce_scalar(static_cast<double>(peak()), dist::ReduceOp::Max));
+    const double bytes = tp_ ? static_cast<double>(tp_->comm_bytes()) / n : 0.0;
+    row.comm_bytes = static_cast<int64_t>(comm_.all_reduce_scalar(bytes, dist::ReduceOp::Max));
+    clear();
+    return row;
+  }
+
+ private:
+  void build(const TpLayout& l) {
+    clear();
+    if (l.mode == "1d") tp_ = std::make_shared<nn::TensorParallel>(comm_, "1d");
+    const int64_t d = o_.dimension;
+    if (o_.model == "vit") {
+      const TrainConfig cfg = load_config(o_.config, o_.overrides);
+      vit_ = std::make_unique<nn::ViT>(cfg.vit(), tp_);
+      vit_->init(17);
+      if (dev_.is_cuda()) vit_->to(dev_);
+      vit_->set_compute_dtype(dtype_);
+      const nn::ViTConfig& c = vit_->config();
+      Tensor img = Tensor::empty({o_.batch_size, c.in_chans, c.img_size, c.img_size});
+      rng::normal_(img, 5, 6, 0.0f, 1.0f);
+      input_ = img.to(dev_);
+      std::vector<int32_t> lab(o_.batch_size);
+      for (int64_t i = 0; i < o_.batch_size; ++i) lab[i] = static_cast<int32_t>(i % c.num_classes);
+      labels_ = Tensor::from_vector(lab, {o_.batch_size}).to(dev_);
+      opt_ = std::make_unique<optim::AdamW>(
+          optim::weight_decay_groups(vit_->parameters(), 1e-3, 0.05));
+      return;
+    }
+    if (o_.model == "mlp") {
+      for (int64_t i = 0; i < o_.layers; ++i) {
+        const auto kind = !tp_         ? nn::ParallelLinear::Kind::Whole
+                          : i % 2 == 0 ? nn::ParallelLinear::Kind::Column
+                                       : nn::ParallelLinear::Kind::Row;
+        layers_.push_back(std::make_unique<nn::ParallelLinear>(fmt::format("layers.{}", i), d, d,
+                                                               kind, tp_.get()));
+      }
+    } else {  // block
+      nn::ViTConfig c;
+      c.embed_dim = d;
+      c.num_heads = std::max<int64_t>(1, d / 64);
+      c.mlp_ratio = 4.0;
+      c.depth = o_.layers;
+      CAI_CHECK(d % c.num_heads == 0, "[benchmark] hidden {} is not divisible by {} heads", d,
+                c.num_heads);
+      for (int64_t i = 0; i < o_.layers; ++i)
+        layers_.push_back(std::make_unique<nn::Block>(c, i, 0.0f, tp_.get()));
+    }
+    std::vector<nn::Parameter*> ps;
+    for (auto& l2 : layers_) {
+      l2->collect(ps);
+      l2->compute_dtype = dtype_;
+    }
+    init_parameters(ps);
+    for (nn::Parameter* p : ps) {
+      p->value = p->value.to(dev_);
+      p->grad = p->grad.to(dev_);
+    }
+    Tensor x = Tensor::empty({o_.batch_size, o_.seq_len, d});
+    rng::normal_(x, 5, 7, 0.0f, 1.0f);
+    input_ = x.to(dtype_).to(dev_);
+  }
+
+  void clear() {
+    layers_.clear();
+    vit_.reset();
+    opt_.reset();
+    input_ = labels_ = Tensor();
+    tp_.reset();
+  }
+
+  void sync() const {
+    if (dev_.is_cuda()) kernels::cuda::synchronize();
+  }
+  void reset_peak() const {
+    if (dev_.is_cuda())
+      kernels::cuda::empty_cache(dev_.index);  // peak from here on (allocator stats)
+    reset_peak_memory(dev_.type);
+  }
+  int64_t peak() const {
+    return dev_.is_cuda() ? static_cast<int64_t>(kernels::cuda::allocator_stats(dev_.index).peak)
+                          : peak_memory(DeviceType::CPU);
+  }
+
+  // One step; t (when timing) accumulates forward, backward and optimizer milliseconds.
+  void step(double* t) {
+    nn::ForwardCtx ctx{true, 1, step_++, 0};
+    sync();
+    auto t0 = Clock::now();
+    if (vit_) {
+      std::vector<std::unique_ptr<nn::Cache>> caches;
+      Tensor logits = vit_->forward(input_, caches, ctx);
+      sync();
+      if (t) t[0] += ms_since(t0), t0 = Clock::now();
+      vit_->backward(ops::cross_entropy_bwd(logits, labels_, 0.0f, 1.0f / o_.batch_size), caches,
+                     ctx);
+      if (tp_) tp_->drain();
+      sync();
+      if (t) t[1] += ms_since(t0), t0 = Clock::now();
+      opt_->step();
+      opt_->zero_grad();
+      sync();
+      if (t) t[2] += ms_since(t0);
+      return;
+    }
+    std::vector<std::unique_ptr<nn::Cache>> caches(layers_.size());
+    Tensor x = input_;
+    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, caches[i], ctx);
+    if (tp_) tp_->drain();
+    sync();
+    if (t) t[0] += ms_since(t0), t0 = Clock::now();
+    // d mean(out) / d out (Colossal-AI times out.mean().backward()).
+    Tensor g = Tensor::full(x.shape(), 1.0f / static_cast<float>(x.numel()), x.device());
+    if (x.dtype() != DType::F32) g = g.to(x.dtype());
+    for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(g, caches[i], ctx);
+    if (tp_) tp_->drain();
+    sync();
+    if (t) t[1] += ms_since(t0);
+  }
+
+  const BenchmarkOptions& o_;
+  dist::Communicator& comm_;
+  Device dev_;
+  DType dtype_;
+  uint64_t step_ = 0;
+  std::shared_ptr<nn::TensorParallel> tp_;
+  std::vector<std::unique_ptr<nn::Layer>> layers_;
+  std::unique_ptr<nn::ViT> vit_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  Tensor input_, labels_;
+};
+
+std::string model_line(const BenchmarkOptions& o) {
+  if (o.model == "mlp")
+    return fmt::format("mlp: {} × Linear({}, {}) on [{}, {}, {}]", o.layers, o.dimension,
+                       o.dimension, o.batch_size, o.seq_len, o.dimension);
+  if (o.model == "block")
+    return fmt::format("block: {} ViT block(s) of hidden {} ({} heads) on [{}, {}, {}]", o.layers,
+                       o.dimension, std::max<int64_t>(1, o.dimension / 64), o.batch_size, o.seq_len,
+                       o.dimension);
+  return fmt::format("vit: {} ({} images per step, AdamW)", o.config, o.batch_size);
+}
+
+void print_table(const BenchmarkOptions& o, int n, const std::string& device,
+                 std::vector<Row> rows) {
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    if ((a.status == "ok") != (b.status == "ok")) return a.status == "ok";
+    return a.status == "ok" && a.step_ms < b.step_ms;
+  });
+  std::cout << fmt::format(
+      "colossalai benchmark: {} rank(s) ({}, {}), {}; {} warmup + {} profile steps (measured)\n", n,
+      device, o.precision, model_line(o), o.warmup_steps, o.profile_steps);
+  const bool vit = o.model == "vit";
+  std::cout << fmt::format("{:<24} {:<8} {:>11} {:>12}{} {:>10} {:>10} {:>14} {:>14}\n", "layout",
+                           "status", "forward ms", "backward ms",
+                           vit ? fmt::format(" {:>9}", "optim ms") : "", "step ms", "samples/s",
+                           "peak MiB/rank", "comm MiB/step");
+  for (const Row& r : rows) {
+    if (r.status != "ok") {
+      std::cout << fmt::format("{:<24} {:<8} {}\n", r.layout.describe(), r.status, r.reason);
+      continue;
+    }
+    std::cout << fmt::format(
+        "{:<24} {:<8} {:>11.3f} {:>12.3f}{} {:>10.3f} {:>10.1f} {:>14.1f} {:>14.2f}\n",
+        r.layout.describe(), r.status, r.forward_ms, r.backward_ms,
+        vit ? fmt::format(" {:>9.3f}", r.optimizer_ms) : "", r.step_ms, r.samples_per_s,
+        static_cast<double>(r.peak_mem_bytes) / (1 << 20),
+        static_cast<double>(r.comm_bytes) / (1 << 20));
+  }
+  if (o.json.empty()) return;
+  nlohmann::json j;
+  j["gpus"] = n;
+  j["device"] = device;
+  j["precision"] = o.precision;
+  j["model"] = o.model;
+  j["batch_size"] = o.batch_size;
+  j["seq_len"] = o.seq_len;
+  j["dimension"] = o.dimension;
+  j["layers"] = o.layers;
+  for (const Row& r : rows) {
+    nlohmann::json e;
+    e["mode"] = r.layout.mode == "none" ? nlohmann::json() : nlohmann::json(r.layout.mode);
+    e["size"] = r.layout.size;
+    e["depth"] = r.layout.depth;
+    e["status"] = r.status;
+    e["reason"] = r.reason;
+    e["simulated"] = false;
+    if (r.status == "ok") {
+      e["forward_ms"] = r.forward_ms;
+      e["backward_ms"] = r.backward_ms;
+      e["optimizer_ms"] = r.optimizer_ms;
+      e["step_ms"] = r.step_ms;
+      e["samples_per_s"] = r.samples_per_s;
+      e["peak_mem_bytes"] = r.peak_mem_bytes;
+      e["comm_bytes"] = r.comm_bytes;
+    }
+    j["layouts"].push_back(e);
+  }
+  std::ofstream f(o.json);
+  CAI_CHECK(f.good(), "[benchmark] cannot write --json {}", o.json);
+  f << j.dump(1) << "\n";
+}
+
+std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::string& device) {
+  std::vector<std::string> a = {"_benchmark_worker",
+                                "--gpus",
+                                std::to_string(o.gpus),
+                                "-b",
+                                std::to_string(o.batch_size),
+                                "-s",
+                                std::to_string(o.seq_len),
+                                "-d",
+                                std::to_string(o.dimension),
+                                "-w",
+                                std::to_string(o.warmup_steps),
+                                "-p",
+                                std::to_string(o.profile_steps),
+                                "-l",
+                                std::to_string(o.layers),
+                                "-m",
+                                o.model,
+                                "--device",
+                                device,
+                                "--precision",
+                                o.precision};
+  if (!o.config.empty()) a.insert(a.end(), {"--config", o.config});
+  for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+  if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
+  return a;
+}
+
+}  // namespace
+
+void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
+  auto* sub = app.add_subcommand(
+      "benchmark",
+      "Colossal-AI's tensor-parallel micro-benchmark: every layout of --gpus N (none, 1d, 2d, "
+      "2.5d, 3d) measured on N ranks started like `colossalai run`");
+  add_flags(sub, opts);
+  sub->footer(
+      "Layouts this build cannot run (2d, 2.5d, 3d today) and shapes that do not divide are "
+      "listed as skipped or failed with the reason. --simulate, --compare, --search and "
+      "--calibrate need the simulator's workload replay, which is not wired yet.");
+  auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
+  worker->group("");  // hidden
+  add_flags(worker, opts);
+  worker->callback([&opts] { opts.worker = true; });
+}
+
+int run_benchmark(const BenchmarkOptions& o) {
+  if (o.simulate || o.search || !o.compare.empty() || !o.calibrate.empty()) {
+    std::cerr << "colossalai benchmark: --simulate, --compare, --search and --calibrate are not "
+                 "available yet: colossalai-sim cannot replay these workloads in this build "
+                 "(measured layouts work: drop the flag)\n";
+    return 2;
+  }
+  CAI_CHECK(o.model != "vit" || !o.config.empty(),
+            "[benchmark] --model vit needs --config (a vit_train TOML)");
+  if (!o.config.empty()) (void)load_config(o.config, o.overrides);  // errors before launching
+  std::string device = o.device;
+  if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
+  RunOptions ro;
+  ro.nproc_per_node = o.gpus;
+  if (!o.hostfile.empty()) {
+    const auto hosts = read_hostfile(o.hostfile);
+    const int h = static_cast<int>(hosts.size());
+    CAI_CHECK(o.gpus % h == 0, "[benchmark] --gpus {} is not divisible by the {} hosts of {}",
+              o.gpus, h, o.hostfile);
+    ro.hostfile = o.hostfile;
+    ro.nproc_per_node = o.gpus / h;
+  }
+  if (device == "cuda") ro.env.push_back("NCCL_NVLS_ENABLE=0");
+  ro.command = worker_args(o, device);
+  ro.command.insert(ro.command.begin(), self_exe());
+  return run_launch(ro);
+}
+
+int run_benchmark_worker(const BenchmarkOptions& o) {
+  const dist::LaunchInfo li = dist::launch_from_env();
+  dist::MpiEnvironment env(nullptr, nullptr);
+  auto world = env.world();
+  CAI_CHECK(world->size() == o.gpus, "[benchmark] --gpus {} but {} ranks were started", o.gpus,
+            world->size());
+  Device dev = Device::cpu();
+  std::unique_ptr<dist::Communicator> nccl;
+  if (o.device == "cuda") {
+    CAI_CHECK(kernels::cuda::device_count() > 0, "[benchmark] --device cuda but no GPU: {}",
+              kernels::cuda::runtime_info().device_error);
+    dev = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
+    nccl = dist::make_nccl(*world, dev.index);
+  }
+  dist::Communicator& comm = nccl ? *nccl : *world;
+  Worker w(o, comm, dev);
+  std::vector<Row> rows;
+  for (const TpLayout& l : enumerate_layouts(o.gpus)) {
+    if (world->rank() == 0) std::cerr << "[benchmark] " << l.describe() << " ..." << std::endl;
+    rows.push_back(w.run(l));
+  }
+  if (world->rank() == 0) print_table(o, o.gpus, o.device, rows);
+  world->barrier();
+  return 0;
+}
+
+}  // namespace cai::app
