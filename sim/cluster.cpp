@@ -1,0 +1,290 @@
+#define TOML_HEADER_ONLY 1
+#include "cluster.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <toml++/toml.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "cai/core/error.h"
+
+namespace cai::sim {
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  if (s == "fp16") return DType::F16;
+  fail("[sim] unknown dtype '{}': expected fp32, bf16 or fp16", s);
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+  }
+  return "?";
+}
+
+double GpuSpec::peak_flops(DType d) const {
+  switch (d) {
+    case DType::F32:
+      return flops_fp32;
+    case DType::BF16:
+      return flops_bf16;
+    case DType::F16:
+      return flops_fp16;
+  }
+  return flops_fp32;
+}
+
+const char* fabric_name(Fabric f) {
+  switch (f) {
+    case Fabric::NvSwitch:
+      return "nvswitch";
+    case Fabric::Pcie:
+      return "pcie";
+    case Fabric::SharedMemory:
+      return "shared_memory";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream f(path);
+  CAI_CHECK(f.good(), "[{}] cannot read {}", what, path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string show(const toml::node& n) {
+  if (auto v = n.value_exact<std::string>()) return fmt::format("\"{}\"", *v);
+  if (auto v = n.value_exact<int64_t>()) return fmt::format("{}", *v);
+  if (auto v = n.value_exact<double>()) return fmt::format("{}", *v);
+  if (auto v = n.value_exact<bool>()) return *v ? "true" : "false";
+  if (n.is_table()) return "a table";
+  if (n.is_array()) return "an array";
+  return "a value";
+}
+
+// Reads one TOML table strictly: every key read is remembered, finish() rejects the others.
+class Section {
+ public:
+  Section(const toml::table& t, std::string origin, std::string prefix)
+      : t_(t), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
+
+  std::string key(const std::string& k) const { return prefix_.empty() ? k : prefix_ + "." + k; }
+  bool has(const std::string& k) const { return t_.contains(k); }
+
+  double number(const std::string& k, const std::string& what, double lo, bool lo_open = true) {
+    const toml::node* n = get(k, "a number (" + what + ")");
+    std::optional<double> v = n->is_integer() ? std::optional<double>(double(*n->value<int64_t>()))
+                                              : n->value_exact<double>();
+    if (!v) bad(k, *n, "a number (" + what + ")");
+    if (lo_open ? !(*v > lo) : !(*v >= lo))
+      fail("[cluster] {}: {} = {} must be {} {}", origin_, key(k), show(*n),
+           lo_open ? ">" : ">=", lo);
+    return *v;
+  }
+  int integer(const std::string& k, const std::string& what, int64_t lo) {
+    const toml::node* n = get(k, "an integer (" + what + ")");
+    auto v = n->value_exact<int64_t>();
+    if (!v) bad(k, *n, "an integer (" + what + ")");
+    if (*v < lo || *v > std::numeric_limits<int>::max())
+      fail("[cluster] {}: {} = {} must be >= {}", origin_, key(k), *v, lo);
+    return static_cast<int>(*v);
+  }
+  std::string string(const std::string& k, const std::vector<std::string>& choices = {}) {
+    const std::string want =
+        choices.empty() ? "a string" : fmt::format("one of \"{}\"", fmt::join(choices, "\", \""));
+    const toml::node* n = get(k, want);
+    auto v = n->value_exact<std::string>();
+    if (!v) bad(k, *n, want);
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), *v) == choices.end())
+      bad(k, *n, want);
+    return *v;
+  }
+  std::string optional_string(const std::string& k) { return has(k) ? string(k) : ""; }
+  Section table(const std::string& k) {
+    const toml::node* n = get(k, "a table");
+    if (!n->is_table()) bad(k, *n, "a table");
+    return Section(*n->as_table(), origin_, key(k));
+  }
+  // Unknown keys are errors: a misspelt key must not silently fall back to nothing.
+  void finish() const {
+    for (auto&& [k, v] : t_) {
+      const std::string name(k.str());
+      if (used_.count(name)) continue;
+      std::vector<std::string> allowed(order_.begin(), order_.end());
+      fail("[cluster] {}: unknown key '{}'{}: expected {}", origin_, key(name),
+           prefix_.empty() ? "" : fmt::format(" in [{}]", prefix_), fmt::join(allowed, ", "));
+    }
+  }
+  // Declares the keys this section accepts (for finish()'s message), in the file's order.
+  Section& accepts(std::vector<std::string> keys) {
+    order_ = std::move(keys);
+    return *this;
+  }
+
+ private:
+  const toml::node* get(const std::string& k, const std::string& want) {
+    used_.insert(k);
+    const toml::node* n = t_.get(k);
+    if (!n) fail("[cluster] {}: missing key '{}': expected {}", origin_, key(k), want);
+    return n;
+  }
+  [[noreturn]] void bad(const std::string& k, const toml::node& n, const std::string& want) const {
+    fail("[cluster] {}: {} = {} is not {}", origin_, key(k), show(n), want);
+  }
+
+  const toml::table& t_;
+  std::string origin_, prefix_;
+  std::set<std::string> used_;
+  std::vector<std::string> order_;
+};
+
+constexpr double kTera = 1e12, kGiga = 1e9, kGiB = 1024.0 * 1024.0 * 1024.0, kMicro = 1e-6;
+
+}  // namespace
+
+Cluster parse_cluster(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    fail("[cluster] {}:{}:{}: {}", origin, e.source().begin.line, e.source().begin.column,
+         e.description());
+  }
+  Cluster c;
+  c.origin = origin;
+  Section top(root, origin, "");
+  top.accepts({"name", "description", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node",
+               "host_link"});
+  c.name = top.string("name");
+  c.description = top.optional_string("description");
+  c.nodes = top.integer("nodes", "node count", 1);
+  c.gpus_per_node = top.integer("gpus_per_node", "GPUs (or processes) per node", 1);
+
+  Section g = top.table("gpu");
+  g.accepts({"model", "tflops", "memory_gib", "memory_bandwidth_tbytes_per_s"});
+  c.gpu.model = g.string("model");
+  Section tf = g.table("tflops");
+  tf.accepts({"fp32", "bf16", "fp16"});
+  c.gpu.flops_fp32 = tf.number("fp32", "dense peak TFLOP/s", 0) * kTera;
+  c.gpu.flops_bf16 = tf.number("bf16", "dense peak TFLOP/s", 0) * kTera;
+  c.gpu.flops_fp16 = tf.number("fp16", "dense peak TFLOP/s", 0) * kTera;
+  tf.finish();
+  c.gpu.memory_bytes = static_cast<int64_t>(g.number("memory_gib", "usable GiB", 0) * kGiB);
+  c.gpu.memory_bandwidth = g.number("memory_bandwidth_tbytes_per_s", "TB/s", 0) * kTera;
+  g.finish();
+
+  Section in = top.table("intra_node");
+  in.accepts({"fabric", "bandwidth_gbytes_per_s", "latency_us"});
+  const std::string fabric = in.string("fabric", {"nvswitch", "pcie", "shared_memory"});
+  c.intra.fabric = fabric == "nvswitch" ? Fabric::NvSwitch
+                   : fabric == "pcie"   ? Fabric::Pcie
+                                        : Fabric::SharedMemory;
+  c.intra.bandwidth = in.number("bandwidth_gbytes_per_s", "GB/s per GPU per direction", 0) * kGiga;
+  c.intra.latency = in.number("latency_us", "microseconds", 0, false) * kMicro;
+  in.finish();
+
+  if (top.has("inter_node") || c.nodes > 1) {
+    Section ie = top.table("inter_node");
+    ie.accepts({"nics_per_node", "nic_gbits_per_s", "latency_us", "topology"});
+    c.inter.nics_per_node = ie.integer("nics_per_node", "NICs per node", 1);
+    c.inter.nic_bandwidth =
+        ie.number("nic_gbits_per_s", "Gb/s per NIC per direction", 0) * kGiga / 8;
+    c.inter.latency = ie.number("latency_us", "microseconds", 0, false) * kMicro;
+    c.inter.topology = ie.string("topology", {"fat-tree", "non-blocking"});
+    ie.finish();
+  }
+
+  Section h = top.table("host_link");
+  h.accepts({"bandwidth_gbytes_per_s", "latency_us"});
+  c.host.bandwidth = h.number("bandwidth_gbytes_per_s", "GB/s per GPU per direction", 0) * kGiga;
+  c.host.latency = h.number("latency_us", "microseconds", 0, false) * kMicro;
+  h.finish();
+  top.finish();
+  return c;
+}
+
+Cluster load_cluster(const std::string& path) {
+  return parse_cluster(read_file(path, "cluster"), path);
+}
+
+const Efficiency& Calibration::of(const std::string& kind) const {
+  auto it = ops.find(kind);
+  return it == ops.end() ? fallback : it->second;
+}
+
+Calibration default_calibration() {
+  Calibration c;
+  c.device = "any";
+  c.origin = "built-in defaults";
+  c.fallback = {0.6, 0.8};
+  c.ops["gemm"] = {0.7, 0.85};
+  c.ops["attention"] = {0.5, 0.8};
+  for (const char* k : {"layernorm", "elementwise", "optimizer"}) c.ops[k] = {0.5, 0.85};
+  return c;
+}
+
+Calibration parse_calibration(const std::string& text, const std::string& origin) {
+  using nlohmann::json;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("[calibration] {}: not JSON: {}", origin, e.what());
+  }
+  CAI_CHECK(j.is_object(), "[calibration] {}: expected a JSON object at the top", origin);
+  Calibration c = default_calibration();
+  c.origin = origin;
+  auto eff = [&](const json& e, const std::string& where) {
+    CAI_CHECK(e.is_object(), "[calibration] {}: {} is not an object {{\"flops\": f, \"bytes\": b}}",
+              origin, where);
+    Efficiency out;
+    for (auto& [k, v] : e.items()) {
+      CAI_CHECK(k == "flops" || k == "bytes",
+                "[calibration] {}: unknown key '{}' in {}: expected flops, bytes", origin, k,
+                where);
+      CAI_CHECK(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1,
+                "[calibration] {}: {}.{} = {} is not a fraction in (0, 1]", origin, where, k,
+                v.dump());
+      (k == "flops" ? out.flops : out.bytes) = v.get<double>();
+    }
+    return out;
+  };
+  for (auto& [k, v] : j.items()) {
+    if (k == "device") {
+      CAI_CHECK(v.is_string(), "[calibration] {}: device is not a string", origin);
+      c.device = v.get<std::string>();
+    } else if (k == "default") {
+      c.fallback = eff(v, "default");
+    } else if (k == "ops") {
+      CAI_CHECK(v.is_object(), "[calibration] {}: ops is not an object", origin);
+      for (auto& [op, e] : v.items()) c.ops[op] = eff(e, "ops." + op);
+    } else {
+      fail("[calibration] {}: unknown key '{}': expected device, default, ops", origin, k);
+    }
+  }
+  return c;
+}
+
+Calibration load_calibration(const std::string& path) {
+  return parse_calibration(read_file(path, "calibration"), path);
+}
+
+}  // namespace cai::sim

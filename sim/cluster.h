@@ -1,0 +1,90 @@
+// Virtual clusters (hostfiles/clusters/*.toml) and calibration profiles (sim/calibrations/*.json):
+// plain descriptions of hardware, loaded without SimGrid so the GUI and `colossalai benchmark` can
+// read them too (library cai_cluster). Units inside the structs are SI: seconds, bytes, bytes/s,
+// FLOP/s. The files carry the unit in each key's name (tflops, gib, gbytes_per_s, gbits_per_s, us).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace cai::sim {
+
+enum class DType { F32, BF16, F16 };
+// "fp32" | "bf16" | "fp16"; throws "[sim] unknown dtype ..." otherwise.
+DType parse_dtype(const std::string& s);
+const char* dtype_name(DType d);
+
+struct GpuSpec {
+  std::string model;
+  double flops_fp32 = 0, flops_bf16 = 0, flops_fp16 = 0;  // dense peak, FLOP/s
+  int64_t memory_bytes = 0;                               // usable device memory
+  double memory_bandwidth = 0;                            // bytes/s
+  double peak_flops(DType d) const;
+};
+
+enum class Fabric { NvSwitch, Pcie, SharedMemory };
+const char* fabric_name(Fabric f);
+
+// One link per GPU (per direction) to the node's switch: NVSwitch ports, PCIe lanes to a PCIe
+// switch, or a process's share of a machine's memory copies. `latency` is GPU to GPU.
+struct IntraNode {
+  Fabric fabric = Fabric::NvSwitch;
+  double bandwidth = 0;  // bytes/s per GPU per direction
+  double latency = 0;    // seconds, one GPU to another of the node
+};
+
+// The node's NICs into a full-bisection network ("fat-tree" or "non-blocking": the same model).
+struct InterNode {
+  int nics_per_node = 0;
+  double nic_bandwidth = 0;  // bytes/s per NIC per direction
+  double latency = 0;        // seconds, NIC to NIC (a GPU to a GPU of another node adds intra)
+  std::string topology = "fat-tree";
+};
+
+// GPU <-> host memory, for CPU offload (per GPU, per direction).
+struct HostLink {
+  double bandwidth = 0;  // bytes/s
+  double latency = 0;    // seconds
+};
+
+struct Cluster {
+  std::string name, description;
+  std::string origin;  // the file it came from
+  int nodes = 1, gpus_per_node = 1;
+  GpuSpec gpu;
+  IntraNode intra;
+  InterNode inter;  // unused (and optional in the file) when nodes == 1
+  HostLink host;
+  int gpus() const { return nodes * gpus_per_node; }
+};
+
+// Parses a cluster description. Errors: "[cluster] <origin>: <key> ..." naming the key and what
+// was expected (missing keys, wrong types, values out of range, unknown keys or sections).
+Cluster parse_cluster(const std::string& text, const std::string& origin);
+Cluster load_cluster(const std::string& path);
+
+// Achieved fraction of the peak per kind of compute op ("gemm", "attention", "layernorm",
+// "elementwise", "optimizer", ...): a compute op of `flops` and `bytes` takes
+// max(flops / (peak · flops_eff), bytes / (memory_bandwidth · bytes_eff)).
+struct Efficiency {
+  double flops = 0.6, bytes = 0.8;
+};
+
+struct Calibration {
+  std::string device;  // what it was measured on (informative)
+  std::string origin;  // file, or "built-in defaults"
+  Efficiency fallback;
+  std::map<std::string, Efficiency> ops;
+  // The efficiency of an op kind: its entry, else the fallback (`default` in the file).
+  const Efficiency& of(const std::string& kind) const;
+};
+
+// Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
+// attention 0.5/0.8, layernorm/elementwise/optimizer 0.5/0.85, anything else 0.6/0.8.
+Calibration default_calibration();
+// JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...}};
+// every efficiency in (0, 1]; unknown keys are errors ("[calibration] <origin>: ...").
+Calibration parse_calibration(const std::string& text, const std::string& origin);
+Calibration load_calibration(const std::string& path);
+
+}  // namespace cai::sim

@@ -1,0 +1,145 @@
+#include "expand.h"
+
+#include <fmt/format.h>
+
+#include "cai/core/error.h"
+
+namespace cai::sim {
+
+namespace {
+
+enum Kind { kActivation = 0, kGrad = 1 };
+
+// pipeline.cpp's tag of a tensor produced by virtual stage `vs` for micro-batch `mb`.
+int64_t tag_of(int mb, int vs, int virtual_stages, Kind kind) {
+  return (static_cast<int64_t>(mb) * virtual_stages + vs) * 3 + kind;
+}
+
+template <typename T>
+T per(const std::vector<T>& v, int i, int n, const char* what, T none) {
+  if (v.empty()) return none;
+  if (v.size() == 1) return v[0];
+  CAI_CHECK(static_cast<int>(v.size()) == n, "[sim] expand: {} has {} entries, expected 1 or {}",
+            what, v.size(), n);
+  return v[i];
+}
+
+}  // namespace
+
+Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) {
+  using schedule::Op;
+  const int P = s.stages, V = s.virtual_stages();
+  CAI_CHECK(opt.dp >= 1, "[sim] expand: dp = {} must be >= 1", opt.dp);
+  CAI_CHECK(static_cast<int>(s.programs.size()) == P,
+            "[sim] expand: schedule '{}' has {} programs for {} stages", s.name, s.programs.size(),
+            P);
+  CAI_CHECK(opt.forward_s.size() == 1 || static_cast<int>(opt.forward_s.size()) == V,
+            "[sim] expand: forward_s has {} entries, expected 1 or {}", opt.forward_s.size(), V);
+  CAI_CHECK(opt.backward_s.size() == 1 || static_cast<int>(opt.backward_s.size()) == V,
+            "[sim] expand: backward_s has {} entries, expected 1 or {}", opt.backward_s.size(), V);
+  CAI_CHECK(opt.static_mem.empty() || static_cast<int>(opt.static_mem.size()) == P,
+            "[sim] expand: static_mem has {} entries, expected {}", opt.static_mem.size(), P);
+  Workload w;
+  w.name = fmt::format("{} p={} m={} v={} dp={}", s.name, P, s.micro_batches, s.chunks, opt.dp);
+  w.dtype = opt.dtype;
+  w.global_batch = opt.global_batch;
+  w.ranks.resize(static_cast<size_t>(P) * opt.dp);
+  const auto gbytes = [&](int st) { return per<int64_t>(opt.grad_bytes, st, P, "grad_bytes", 0); };
+  for (int d = 0; d < opt.dp; ++d)
+    for (int st = 0; st < P; ++st) {
+      const int rank = d * P + st;
+      auto global = [&](int pp_rank) { return d * P + pp_rank; };
+      RankProgram& rp = w.ranks[rank];
+      rp.label = fmt::format("rank {} (pp {}, dp {})", rank, st, d);
+      rp.stage = st;
+      if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
+      std::vector<int> sends;
+      int last0 = -1;  // last op on stream 0
+      auto push = [&](sim::Op o) {
+        rp.ops.push_back(std::move(o));
+        const int i = static_cast<int>(rp.ops.size()) - 1;
+        if (rp.ops[i].stream == 0) last0 = i;
+        return i;
+      };
+      for (const schedule::Instr& in : s.programs[st]) {
+        const int vs = s.virtual_stage(st, in.chunk);
+        const int64_t bytes = opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
+        const int64_t act = per<int64_t>(opt.activation_bytes, vs, V, "activation_bytes", 0);
+        const std::string name = in.str();
+        switch (in.op) {
+          case Op::LoadMicroBatch:
+            push(sim::Op::compute(name, opt.load_s, in.mb, "load"));
+            break;
+          case Op::Forward: {
+            sim::Op o =
+                sim::Op::compute(name, per<double>(opt.forward_s, vs, V, "forward_s", 0), in.mb);
+            if (act) o.mem_end.push_back({MemKind::Activations, act});
+            if (vs > 0) o.mem_end.push_back({MemKind::Buffers, -bytes});     // input consumed
+            if (vs < V - 1) o.mem_end.push_back({MemKind::Buffers, bytes});  // output to send
+            push(std::move(o));
+            break;
+          }
+          case Op::Backward:
+          case Op::BackwardInput:
+          case Op::BackwardWeight: {
+            const double b = per<double>(opt.backward_s, vs, V, "backward_s", 0);
+            const double t = in.op == Op::Backward        ? b
+                             : in.op == Op::BackwardInput ? b * opt.backward_input_share
+                                                          : b * (1 - opt.backward_input_share);
+            sim::Op o = sim::Op::compute(name, t, in.mb);
+            if (in.op != Op::BackwardWeight) {
+              if (vs < V - 1) o.mem_end.push_back({MemKind::Buffers, -bytes});  // grad consumed
+              if (vs > 0) o.mem_end.push_back({MemKind::Buffers, bytes});       // grad to send
+            }
+            if (act && in.op != Op::BackwardInput)
+              o.mem_end.push_back({MemKind::Activations, -act});
+            push(std::move(o));
+            break;
+          }
+          case Op::SendActivation:
+          case Op::SendGrad: {
+            const bool a = in.op == Op::SendActivation;
+            sim::Op o =
+                sim::Op::send(name, global(in.peer), tag_of(in.mb, vs, V, a ? kActivation : kGrad),
+                              bytes, a ? 1 : 2);
+            o.mb = in.mb;
+            if (last0 >= 0) o.deps.push_back(last0);
+            o.mem_end.push_back({MemKind::Buffers, -bytes});
+            sends.push_back(push(std::move(o)));
+            break;
+          }
+          case Op::RecvActivation:
+          case Op::RecvGrad: {
+            const bool a = in.op == Op::RecvActivation;
+            sim::Op o = sim::Op::recv(
+                name, global(in.peer),
+                a ? tag_of(in.mb, vs - 1, V, kActivation) : tag_of(in.mb, vs + 1, V, kGrad), bytes);
+            o.mb = in.mb;
+            o.mem_start.push_back({MemKind::Buffers, bytes});
+            push(std::move(o));
+            break;
+          }
+          case Op::ReduceGrads: {
+            sim::Op o;
+            if (opt.dp > 1 && gbytes(st) > 0) {
+              std::vector<int> group;
+              for (int k = 0; k < opt.dp; ++k) group.push_back(k * P + st);
+              o = sim::Op::collective(OpKind::AllReduce, name, group, gbytes(st), 0);
+            } else {
+              o = sim::Op::compute(name, 0.0);
+            }
+            o.category = "reduce";
+            o.deps = sends;
+            push(std::move(o));
+            break;
+          }
+          case Op::OptimizerStep:
+            push(sim::Op::compute("OptStep", opt.optimizer_s, -1, "optimizer"));
+            break;
+        }
+      }
+    }
+  return w;
+}
+
+}  // namespace cai::sim

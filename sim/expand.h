@@ -1,0 +1,45 @@
+// Schedule IR -> Workload: what the pipeline executor (libcai/src/parallel/pipeline.cpp) does with
+// each instruction, as simulator ops. Durations and sizes come from the caller (uniform numbers
+// today; the plan's per-layer costs later): the expansion owns only the executor's ordering.
+//
+// Per pipeline rank (executor rank = d · stages + s: dp outermost, tensor parallel size 1):
+//  - stream 0 (the host thread and compute stream, in program order): LoadMicroBatch, Forward,
+//    Backward / BackwardInput / BackwardWeight, RecvActivation / RecvGrad (blocking: the op is the
+//    wait for data that was posted ahead), ReduceGrads, OptStep;
+//  - SendActivation on stream 1 and SendGrad on stream 2 (isend on the pp and pp-grad
+//    communicators), each after the compute just before it in the program;
+//  - ReduceGrads waits for every send of the step, then all-reduces the stage's gradients over its
+//    dp group (one all-reduce of grad_bytes: bucket overlap with backward comes with the plan).
+// Tags are the executor's tag_of(mb, producing virtual stage, V, kind).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "cai/schedule/schedule.h"
+#include "workload.h"
+
+namespace cai::sim {
+
+struct ExpandOptions {
+  // Seconds per virtual stage (size V), or one value for all. A virtual stage of an interleaved
+  // schedule is 1/chunks of a rank's model: divide per-rank costs by chunks.
+  std::vector<double> forward_s{1.0}, backward_s{2.0};
+  double backward_input_share = 0.5;  // BackwardInput = share · backward (split_backward)
+  double load_s = 0, optimizer_s = 0;
+  // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
+  int64_t boundary_bytes = -1;
+  int dp = 1;                       // pipeline replicas (data parallel)
+  std::vector<int64_t> grad_bytes;  // per stage, all-reduced over dp at ReduceGrads (empty: none)
+  // Memory: what each stage holds from the start (size stages, or empty), and the activations one
+  // micro-batch keeps per virtual stage from its Forward to its Backward (size V, one, or empty).
+  std::vector<std::array<int64_t, kMemKinds>> static_mem;
+  std::vector<int64_t> activation_bytes;
+  int64_t global_batch = 0;
+  DType dtype = DType::BF16;
+};
+
+// Throws "[sim] ..." when the option vectors have the wrong sizes.
+Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt);
+
+}  // namespace cai::sim

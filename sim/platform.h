@@ -1,0 +1,36 @@
+// The SimGrid platform of a cluster (SimGrid 3.32's platform API lives only in platform.cpp; newer
+// SimGrid renamed these calls). Needs a live s4u::Engine.
+//
+// Model: a host per rank (GPU r of the cluster, node r / gpus_per_node), its speed the GPU's peak
+// FLOP/s of the workload's dtype. A node is a star zone with one split-duplex up-link per GPU
+// (NVSwitch port, PCIe lane set or a process's shared-memory copy bandwidth), latency half the
+// GPU-to-GPU latency each way; no backbone, so the node is non-blocking. Nodes hang off a root star
+// zone through one split-duplex NIC link each, carrying the node's NICs together
+// (nics × bandwidth: NCCL spreads a collective's channels over every rail) with half the NIC-to-NIC
+// latency each way; a full-bisection network (fat-tree / non-blocking). Point-to-point transfers
+// between nodes are capped at one NIC's bandwidth by the replay (a p2p pair uses one rail).
+#pragma once
+#include <vector>
+
+#include "cluster.h"
+
+namespace simgrid::s4u {
+class Host;
+}
+
+namespace cai::sim {
+
+struct Platform {
+  std::vector<simgrid::s4u::Host*> hosts;  // per rank
+  std::vector<int> node_of;                // per rank
+};
+
+// Builds the zones for the first `nproc` GPUs of `c`; throws "[sim] ..." when nproc exceeds the
+// cluster's GPUs. Speeds in FLOP/s of `dtype`.
+Platform build_platform(const Cluster& c, int nproc, DType dtype);
+
+// The SimGrid configuration every replay uses (SIMGRID.md): CM02 network model without its LV08
+// factors, no cross-traffic, no TCP window cap, raw contexts, quiet logs.
+std::vector<std::string> simgrid_args();
+
+}  // namespace cai::sim

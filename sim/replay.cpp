@@ -1,0 +1,472 @@
+#include "replay.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "cai/core/error.h"
+#include "platform.h"
+
+namespace sg4 = simgrid::s4u;
+
+namespace cai::sim {
+
+CollectiveModel parse_collective_model(const std::string& s) {
+  if (s == "bulk") return CollectiveModel::Bulk;
+  if (s == "step") return CollectiveModel::Step;
+  fail("[sim] unknown collective model '{}': expected bulk or step", s);
+}
+
+const char* collective_model_name(CollectiveModel m) {
+  return m == CollectiveModel::Bulk ? "bulk" : "step";
+}
+
+std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
+                                                   const Calibration& cal) {
+  const double peak = c.gpu.peak_flops(w.dtype);
+  std::vector<std::vector<double>> out(w.ranks.size());
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    out[r].assign(w.ranks[r].ops.size(), 0.0);
+    for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
+      const Op& o = w.ranks[r].ops[i];
+      if (o.kind != OpKind::Compute) continue;
+      if (o.seconds >= 0) {
+        out[r][i] = o.seconds;
+      } else {
+        const Efficiency& e = cal.of(o.op_kind);
+        out[r][i] =
+            std::max(o.flops / (peak * e.flops), o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes));
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Ring steps and bytes per step of a collective over n ranks of a `bytes` buffer. Broadcast is a
+// chain pipelined in n chunks: n + (n - 2) steps of bytes / n.
+void ring_shape(OpKind k, int n, int64_t bytes, int* steps, double* chunk) {
+  *chunk = static_cast<double>(bytes) / n;
+  switch (k) {
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+      *steps = 2 * (n - 1);
+      break;
+    default:  // reduce-scatter, all-gather
+      *steps = n - 1;
+      break;
+  }
+}
+
+uint64_t as_bytes(double b) {
+  return static_cast<uint64_t>(std::llround(std::max(0.0, b)));
+}
+
+// Everything the actors share; lives in the SimGrid process only.
+struct Replayer {
+  const Workload& w;
+  const detail::Matching& m;
+  const Cluster& c;
+  const std::vector<std::vector<double>>& dur;
+  CollectiveModel model;
+  Platform p;
+  std::vector<std::vector<double>> start, end;
+  std::vector<std::vector<char>> done;
+  std::vector<sg4::MutexPtr> mutex;
+  std::vector<sg4::ConditionVariablePtr> cv;
+  std::unordered_map<int64_t, sg4::BarrierPtr> barriers;
+  std::unordered_map<int, double> group_latency;
+  char payload = 0;  // SimGrid needs a non-null payload pointer
+
+  Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
+           const std::vector<std::vector<double>>& d, CollectiveModel mo)
+      : w(w_), m(m_), c(c_), dur(d), model(mo) {
+    const size_t R = w.ranks.size();
+    start.resize(R);
+    end.resize(R);
+    done.resize(R);
+    mutex.resize(R);
+    cv.resize(R);
+    for (size_t r = 0; r < R; ++r) {
+      start[r].assign(w.ranks[r].ops.size(), -1.0);
+      end[r].assign(w.ranks[r].ops.size(), -1.0);
+      done[r].assign(w.ranks[r].ops.size(), 0);
+    }
+  }
+
+  void wait_deps(int r, const Op& o) {
+    for (int d : o.deps) {
+      if (done[r][d]) continue;
+      if (!mutex[r]) {  // actors are cooperative: creation cannot race
+        mutex[r] = sg4::Mutex::create();
+        cv[r] = sg4::ConditionVariable::create();
+      }
+      std::unique_lock<sg4::Mutex> lock(*mutex[r]);
+      cv[r]->wait(lock, [&] { return done[r][d] != 0; });
+    }
+  }
+
+  void finish(int r, int i) {
+    end[r][i] = sg4::Engine::get_clock();
+    done[r][i] = 1;
+    if (cv[r]) {
+      std::unique_lock<sg4::Mutex> lock(*mutex[r]);
+      cv[r]->notify_all();
+    }
+  }
+
+  sg4::BarrierPtr barrier(int64_t key, int n) {
+    auto it = barriers.find(key);
+    if (it == barriers.end()) it = barriers.emplace(key, sg4::Barrier::create(n)).first;
+    return it->second;
+  }
+
+  // Largest route latency over the ring's edges: the per-step latency of the slowest edge.
+  double latency_of(int g) {
+    auto it = group_latency.find(g);
+    if (it != group_latency.end()) return it->second;
+    const auto& G = m.groups[g];
+    double worst = 0;
+    for (size_t i = 0; i < G.size(); ++i) {
+      std::vector<sg4::Link*> links;
+      double lat = 0;
+      p.hosts[G[i]]->route_to(p.hosts[G[(i + 1) % G.size()]], links, &lat);
+      worst = std::max(worst, lat);
+    }
+    return group_latency[g] = worst;
+  }
+
+  void collective(int r, int i) {
+    const int id = m.instance_of[r][i], pos = m.position_of[r][i];
+    const detail::Instance& in = m.instances[id];
+    const auto& G = m.groups[in.group_id];
+    const int n = static_cast<int>(G.size());
+    if (n == 1) return;
+    int steps = 0;
+    double chunk = 0;
+    ring_shape(in.kind, n, in.bytes, &steps, &chunk);
+    const bool chain = in.kind == OpKind::Broadcast;
+    // Position in the ring / chain (the chain starts at the root and follows the group order).
+    const int q = chain ? (pos - in.root_pos + n) % n : pos;
+    auto member = [&](int k) { return G[chain ? (k + in.root_pos) % n : k % n]; };
+    if (model == CollectiveModel::Bulk) {
+      barrier(2 * int64_t(id), n)->wait();
+      if (!chain || q < n - 1)
+        sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes(steps * chunk))
+            ->wait();
+      barrier(2 * int64_t(id) + 1, n)->wait();
+      if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * latency_of(in.group_id));
+      return;
+    }
+    auto box = [&](int k) { return sg4::Mailbox::by_name(fmt::format("c{}:{}", id, k % n)); };
+    const uint64_t b = as_bytes(chunk);
+    if (!chain) {
+      sg4::Mailbox* out = box(q + 1);
+      sg4::Mailbox* mine = box(q);
+      for (int s = 0; s < steps; ++s) {
+        sg4::CommPtr send = out->put_async(&payload, b);
+        mine->get<char>();
+        send->wait();
+      }
+      return;
+    }
+    const int chunks = n;  // steps = chunks + n - 2
+    if (q == 0) {
+      for (int k = 0; k < chunks; ++k) box(1)->put(&payload, b);
+      return;
+    }
+    sg4::CommPtr prev;
+    for (int k = 0; k < chunks; ++k) {
+      box(q)->get<char>();
+      if (q < n - 1) {
+        if (prev) prev->wait();
+        prev = box(q + 1)->put_async(&payload, b);
+      }
+    }
+    if (prev) prev->wait();
+  }
+
+  static std::string p2p_box(int src, int dst, int64_t tag) {
+    return fmt::format("p{}>{}#{}", src, dst, tag);
+  }
+
+  // The actor running one stream of one rank.
+  void stream(int r, std::vector<int> ops) {
+    const auto& prog = w.ranks[r].ops;
+    // Receives are posted up front: a transfer runs as soon as its send starts.
+    std::map<int, sg4::CommPtr> posted;
+    std::vector<char*> data(ops.size(), nullptr);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const Op& o = prog[ops[k]];
+      if (o.kind == OpKind::Recv)
+        posted[ops[k]] =
+            sg4::Mailbox::by_name(p2p_box(o.peer, r, o.tag))->get_async<char>(&data[k]);
+    }
+    sg4::Host* me = p.hosts[r];
+    for (int i : ops) {
+      const Op& o = prog[i];
+      wait_deps(r, o);
+      start[r][i] = sg4::Engine::get_clock();
+      switch (o.kind) {
+        case OpKind::Compute:
+          if (dur[r][i] > 0) sg4::this_actor::execute(dur[r][i] * me->get_speed());
+          break;
+        case OpKind::Send: {
+          sg4::CommPtr comm = sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))
+                                  ->put_init(&payload, static_cast<uint64_t>(o.bytes));
+          if (p.node_of[r] != p.node_of[o.peer]) comm->set_rate(c.inter.nic_bandwidth);
+          comm->start();
+          comm->wait();
+          break;
+        }
+        case OpKind::Recv:
+          posted.at(i)->wait();
+          break;
+        case OpKind::HostCopy:
+          sg4::this_actor::sleep_for(c.host.latency +
+                                     static_cast<double>(o.bytes) / c.host.bandwidth);
+          break;
+        default:
+          collective(r, i);
+          break;
+      }
+      finish(r, i);
+    }
+  }
+
+  void launch() {
+    for (size_t r = 0; r < w.ranks.size(); ++r) {
+      std::map<int, std::vector<int>> streams;
+      const auto& prog = w.ranks[r].ops;
+      for (int i = 0; i < static_cast<int>(prog.size()); ++i) streams[prog[i].stream].push_back(i);
+      for (auto& [s, ops] : streams)
+        sg4::Actor::create(fmt::format("r{}s{}", r, s), p.hosts[r],
+                           [this, r, ops = std::move(ops)]() mutable {
+                             stream(static_cast<int>(r), std::move(ops));
+                           });
+    }
+  }
+
+  // Every rank's first unfinished op, or "" when all finished.
+  std::string unfinished() const {
+    std::string msg;
+    int shown = 0;
+    for (size_t r = 0; r < w.ranks.size() && shown < 8; ++r)
+      for (size_t i = 0; i < done[r].size(); ++i)
+        if (!done[r][i]) {
+          msg += fmt::format("{}rank {} op {} ({} '{}')", msg.empty() ? "" : "; ", r, i,
+                             op_kind_name(w.ranks[r].ops[i].kind), w.ranks[r].ops[i].name);
+          ++shown;
+          break;
+        }
+    return msg;
+  }
+};
+
+bool write_all(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// The SimGrid process: builds the platform, runs, writes 'O' + seconds + [start, end] per op, or
+// 'E' + a message.
+[[noreturn]] void child(int fd, const Workload& w, const detail::Matching& m, const Cluster& c,
+                        const std::vector<std::vector<double>>& dur, CollectiveModel model) {
+  std::string out;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> args = simgrid_args();
+    args.insert(args.begin(), "colossalai-sim");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int argc = static_cast<int>(args.size());
+    sg4::Engine e(&argc, argv.data());
+    Replayer rp(w, m, c, dur, model);
+    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype);
+    rp.launch();
+    e.run();
+    const std::string stuck = rp.unfinished();
+    CAI_CHECK(stuck.empty(), "[sim] workload '{}' deadlocks: {}", w.name, stuck);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> buf{secs};
+    for (size_t r = 0; r < w.ranks.size(); ++r)
+      for (size_t i = 0; i < rp.start[r].size(); ++i) {
+        buf.push_back(rp.start[r][i]);
+        buf.push_back(rp.end[r][i]);
+      }
+    const char tag = 'O';
+    bool ok = write_all(fd, &tag, 1) && write_all(fd, buf.data(), buf.size() * sizeof(double));
+    ::close(fd);
+    ::_exit(ok ? 0 : 3);
+  } catch (const std::exception& ex) {
+    out = std::string("E") + ex.what();
+  }
+  write_all(fd, out.data(), out.size());
+  ::close(fd);
+  ::_exit(0);
+}
+
+double union_length(std::vector<Span> v) {
+  std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  double total = 0, s = 0, e = -1;
+  bool open = false;
+  for (const Span& x : v) {
+    if (!open || x.start > e) {
+      if (open) total += e - s;
+      s = x.start, e = x.end, open = true;
+    } else {
+      e = std::max(e, x.end);
+    }
+  }
+  if (open) total += e - s;
+  return total;
+}
+
+void measure(const Workload& w, ReplayResult& res) {
+  double step = 0;
+  for (const auto& rr : res.ranks) step = std::max(step, rr.end_s);
+  res.step_s = step;
+  res.img_per_s = w.global_batch > 0 && step > 0 ? w.global_batch / step : 0;
+  const int S = w.stages();
+  std::vector<double> bubble_sum(S, 0.0);
+  std::vector<int> count(S, 0);
+  double pc_total = 0;
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    const auto& prog = w.ranks[r];
+    RankResult& rr = res.ranks[r];
+    std::vector<Span> comp, comm, both, pipe;
+    for (size_t i = 0; i < prog.ops.size(); ++i) {
+      const Span& s = rr.spans[i];
+      if (prog.ops[i].kind == OpKind::Compute) {
+        comp.push_back(s);
+        if (prog.ops[i].category == "compute") pipe.push_back(s);
+      } else {
+        comm.push_back(s);
+      }
+      both.push_back(s);
+    }
+    rr.compute_s = union_length(comp);
+    rr.pipeline_compute_s = union_length(pipe);
+    rr.comm_total_s = union_length(comm);
+    rr.comm_s = union_length(both) - rr.compute_s;
+    rr.idle_s = std::max(0.0, step - rr.compute_s - rr.comm_s);
+    pc_total += rr.pipeline_compute_s;
+    bubble_sum[prog.stage] += step > 0 ? 1.0 - rr.pipeline_compute_s / step : 0.0;
+    ++count[prog.stage];
+
+    // Memory: events sorted by time, frees before allocations at the same instant.
+    struct Ev {
+      double t;
+      MemKind k;
+      int64_t b;
+    };
+    std::vector<Ev> ev;
+    for (size_t i = 0; i < prog.ops.size(); ++i) {
+      for (const MemDelta& d : prog.ops[i].mem_start)
+        ev.push_back({rr.spans[i].start, d.kind, d.bytes});
+      for (const MemDelta& d : prog.ops[i].mem_end)
+        ev.push_back({rr.spans[i].end, d.kind, d.bytes});
+    }
+    std::stable_sort(ev.begin(), ev.end(), [](const Ev& a, const Ev& b) {
+      return a.t < b.t || (a.t == b.t && a.b < 0 && b.b >= 0);
+    });
+    std::array<int64_t, kMemKinds> cur = prog.initial_mem;
+    int64_t total = 0;
+    for (int64_t v : cur) total += v;
+    rr.peak_mem = total;
+    rr.mem_at_peak = cur;
+    rr.memory.push_back({0.0, total});
+    for (const Ev& e : ev) {
+      cur[static_cast<int>(e.k)] += e.b;
+      total += e.b;
+      if (!rr.memory.empty() && rr.memory.back().t == e.t)
+        rr.memory.back().bytes = total;
+      else
+        rr.memory.push_back({e.t, total});
+      if (total > rr.peak_mem) rr.peak_mem = total, rr.mem_at_peak = cur;
+    }
+  }
+  res.bubble.assign(S, 0.0);
+  for (int s = 0; s < S; ++s) res.bubble[s] = count[s] ? bubble_sum[s] / count[s] : 0.0;
+  res.bubble_mean = step > 0 ? 1.0 - pc_total / (static_cast<double>(w.ranks.size()) * step) : 0;
+}
+
+}  // namespace
+
+ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const detail::Matching m = detail::check_and_match(w);
+  CAI_CHECK(static_cast<int>(w.ranks.size()) <= c.gpus(),
+            "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs", w.name,
+            w.ranks.size(), c.name, c.origin, c.gpus());
+  const auto dur = compute_durations(w, c, opt.calibration);
+  int fds[2];
+  CAI_CHECK(::pipe(fds) == 0, "[sim] pipe() failed: {}", std::strerror(errno));
+  const pid_t pid = ::fork();
+  CAI_CHECK(pid >= 0, "[sim] fork() failed: {}", std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    child(fds[1], w, m, c, dur, opt.collectives);
+  }
+  ::close(fds[1]);
+  std::string data;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t k = ::read(fds[0], buf, sizeof buf);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    data.append(buf, static_cast<size_t>(k));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!data.empty() && data[0] == 'E') throw Error(data.substr(1));
+  size_t total_ops = 0;
+  for (const auto& r : w.ranks) total_ops += r.ops.size();
+  const size_t want = 1 + (1 + 2 * total_ops) * sizeof(double);
+  CAI_CHECK(data.size() == want && data[0] == 'O',
+            "[sim] the SimGrid process {} (returned {} of {} bytes)",
+            WIFSIGNALED(status) ? fmt::format("died of signal {}", WTERMSIG(status))
+                                : fmt::format("exited with {}", WEXITSTATUS(status)),
+            data.size(), want);
+  std::vector<double> v(1 + 2 * total_ops);
+  std::memcpy(v.data(), data.data() + 1, v.size() * sizeof(double));
+  ReplayResult res;
+  res.cluster = c.name;
+  res.collectives = opt.collectives;
+  res.simgrid_s = v[0];
+  res.ranks.resize(w.ranks.size());
+  size_t k = 1;
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    RankResult& rr = res.ranks[r];
+    rr.spans.resize(w.ranks[r].ops.size());
+    for (auto& s : rr.spans) {
+      s.start = v[k++];
+      s.end = v[k++];
+      rr.end_s = std::max(rr.end_s, s.end);
+    }
+  }
+  measure(w, res);
+  res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace cai::sim

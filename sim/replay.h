@@ -1,0 +1,75 @@
+// Replays a Workload on a cluster with SimGrid and measures it.
+//
+// Each replay runs SimGrid in a forked child process: SimGrid allows one Engine per process and
+// cannot be initialised twice, and the fork keeps every replay independent (tests, the GUI and
+// layout searches call replay() many times). The child returns the start and end of every op; the
+// metrics are computed here.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cluster.h"
+#include "workload.h"
+
+namespace cai::sim {
+
+// Bulk: one flow per ring edge carrying every step's bytes, plus (steps - 1) route latencies;
+// Step: every ring (or broadcast chain) step a message over the links. Bulk scales (1,024 ranks in
+// milliseconds); Step is the exact reference the tests hold Bulk against.
+enum class CollectiveModel { Bulk, Step };
+CollectiveModel parse_collective_model(const std::string& s);  // "bulk" | "step"
+const char* collective_model_name(CollectiveModel m);
+
+struct ReplayOptions {
+  CollectiveModel collectives = CollectiveModel::Bulk;
+  Calibration calibration = default_calibration();
+};
+
+struct Span {
+  double start = 0, end = 0;  // simulated seconds from the step's start
+};
+
+struct MemPoint {
+  double t = 0;
+  int64_t bytes = 0;  // all kinds together, after the events at t
+};
+
+struct RankResult {
+  std::vector<Span> spans;        // per op, same index as RankProgram::ops
+  double end_s = 0;               // the rank's last op end
+  double compute_s = 0;           // time with a compute op running (any category)
+  double pipeline_compute_s = 0;  // time in ops of category "compute" (Forward/Backward)
+  double comm_s = 0;              // communication time not overlapped by compute
+  double comm_total_s = 0;        // time with any communication running (recv waits included)
+  double idle_s = 0;              // step - compute - comm
+  int64_t peak_mem = 0;
+  std::array<int64_t, kMemKinds> mem_at_peak{};
+  std::vector<MemPoint> memory;  // the curve, starting at t = 0 with initial_mem
+};
+
+struct ReplayResult {
+  std::string cluster;
+  CollectiveModel collectives = CollectiveModel::Bulk;
+  double step_s = 0;     // latest end over all ranks
+  double img_per_s = 0;  // global_batch / step_s (0 when the workload has no global_batch)
+  // Per pipeline stage: mean over its ranks of 1 - pipeline_compute / step. (PipelinePlugin's
+  // measured_bubble divides by the rank's own forward_backward wall time; here every rank's step
+  // ends with the slowest, as the next step's collectives make it in a real run.)
+  std::vector<double> bubble;
+  double bubble_mean = 0;  // 1 - sum(pipeline_compute) / (ranks · step): the validator's fraction
+  double wall_s = 0;       // host time of the whole replay (check, fork, platform, run, metrics)
+  double simgrid_s = 0;    // host time inside the SimGrid process (platform + run)
+  std::vector<RankResult> ranks;
+};
+
+// Compute durations in seconds per [rank][op] (0 for non-compute ops): `seconds` or the roofline.
+std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
+                                                   const Calibration& cal);
+
+// Throws "[sim] ..." for an invalid workload (check()), too many ranks for the cluster, a deadlock
+// (naming every rank's first unfinished op) or a failed SimGrid process.
+ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& opt = {});
+
+}  // namespace cai::sim

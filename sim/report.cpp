@@ -1,0 +1,104 @@
+#include "report.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "cai/core/trace.h"
+
+namespace cai::sim {
+
+namespace {
+
+std::string label_of(const Workload& w, size_t r) {
+  return w.ranks[r].label.empty() ? fmt::format("rank {}", r) : w.ranks[r].label;
+}
+
+}  // namespace
+
+std::string result_json(const Workload& w, const ReplayResult& r) {
+  using nlohmann::json;
+  json peak = json::array(), comp = json::array(), comm = json::array(), commt = json::array(),
+       idle = json::array(), at_peak = json::array();
+  for (const RankResult& rr : r.ranks) {
+    peak.push_back(rr.peak_mem);
+    comp.push_back(rr.compute_s * 1e3);
+    comm.push_back(rr.comm_s * 1e3);
+    commt.push_back(rr.comm_total_s * 1e3);
+    idle.push_back(rr.idle_s * 1e3);
+    json k = json::object();
+    for (int i = 0; i < kMemKinds; ++i) k[mem_kind_name(MemKind(i))] = rr.mem_at_peak[i];
+    at_peak.push_back(k);
+  }
+  json j = {{"workload", w.name},
+            {"cluster", r.cluster},
+            {"nproc", w.ranks.size()},
+            {"dtype", dtype_name(w.dtype)},
+            {"collectives", collective_model_name(r.collectives)},
+            {"step_ms", r.step_s * 1e3},
+            {"img_per_s", r.img_per_s},
+            {"global_batch", w.global_batch},
+            {"bubble", r.bubble},
+            {"bubble_mean", r.bubble_mean},
+            {"peak_mem_bytes", peak},
+            {"mem_at_peak", at_peak},
+            {"compute_ms", comp},
+            {"comm_ms", comm},
+            {"comm_total_ms", commt},
+            {"idle_ms", idle},
+            {"wall_s", r.wall_s},
+            {"simgrid_s", r.simgrid_s}};
+  return j.dump(1);
+}
+
+std::string result_trace(const Workload& w, const ReplayResult& r) {
+  const size_t R = w.ranks.size();
+  std::vector<std::string> arrays;
+  for (size_t k = 0; k < R; ++k) {
+    const RankProgram& rp = w.ranks[k];
+    const RankResult& rr = r.ranks[k];
+    std::map<int, trace::Recorder> streams;
+    streams[0];
+    for (size_t i = 0; i < rp.ops.size(); ++i)
+      streams[rp.ops[i].stream].span(rp.ops[i].name, rp.ops[i].category, rr.spans[i].start * 1e6,
+                                     rr.spans[i].end * 1e6);
+    for (const MemPoint& m : rr.memory) streams[0].memory(m.t * 1e6, m.bytes);
+    streams[0].span("step", "step", 0.0, rr.end_s * 1e6);
+    for (auto& [s, rec] : streams)
+      arrays.push_back(rec.events_json(
+          static_cast<int>(s * R + k),
+          s == 0 ? label_of(w, k) : fmt::format("{} stream {}", label_of(w, k), s), 0.0));
+  }
+  return trace::chrome_trace(arrays);
+}
+
+std::string result_summary(const Workload& w, const ReplayResult& r) {
+  auto minmax = [&](auto get) {
+    double lo = 1e300, hi = -1e300;
+    for (const RankResult& rr : r.ranks) lo = std::min(lo, get(rr)), hi = std::max(hi, get(rr));
+    return fmt::format("{:.3f}..{:.3f} ms", lo * 1e3, hi * 1e3);
+  };
+  int64_t peak = 0;
+  for (const RankResult& rr : r.ranks) peak = std::max(peak, rr.peak_mem);
+  std::vector<std::string> b;
+  for (double x : r.bubble) b.push_back(fmt::format("{:.4f}", x));
+  std::string s = fmt::format("{} on {} ({} ranks, {} collectives)\n", w.name, r.cluster,
+                              w.ranks.size(), collective_model_name(r.collectives));
+  s += fmt::format("  step {:.3f} ms", r.step_s * 1e3);
+  if (r.img_per_s > 0)
+    s += fmt::format(", {:.1f} img/s (global batch {})", r.img_per_s, w.global_batch);
+  s += fmt::format("\n  bubble per stage [{}], mean {:.4f}\n", fmt::join(b, ", "), r.bubble_mean);
+  s += fmt::format("  compute {}, exposed comm {}, idle {} (per rank)\n",
+                   minmax([](const RankResult& x) { return x.compute_s; }),
+                   minmax([](const RankResult& x) { return x.comm_s; }),
+                   minmax([](const RankResult& x) { return x.idle_s; }));
+  s += fmt::format("  peak memory {:.3f} GiB (largest rank)\n", peak / (1024.0 * 1024 * 1024));
+  s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
+  return s;
+}
+
+}  // namespace cai::sim

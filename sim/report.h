@@ -1,0 +1,21 @@
+// Outputs of a replay: the JSON summary, a Chrome trace in the format `vit_train --trace` writes
+// (cai/core/trace.h: one track per rank with the executor's instruction names, memory as counter
+// events; communication streams on tracks of their own), and a human summary.
+#pragma once
+#include <string>
+
+#include "replay.h"
+
+namespace cai::sim {
+
+// {"workload", "cluster", "nproc", "dtype", "collectives", "step_ms", "img_per_s", "bubble" (per
+// stage), "bubble_mean", "peak_mem_bytes", "compute_ms", "comm_ms", "comm_total_ms", "idle_ms"
+// (per rank), "mem_at_peak" (per rank, per kind), "wall_s", "simgrid_s"}.
+std::string result_json(const Workload& w, const ReplayResult& r);
+// Chrome-trace JSON: rank r's stream 0 on tid r (named by RankProgram::label) with its memory
+// counter and a "step" span; stream k > 0 on tid k · ranks + r ("<label> stream k").
+std::string result_trace(const Workload& w, const ReplayResult& r);
+// A few lines: step, images/s, bubbles, peak memory, compute/comm/idle extremes, wall time.
+std::string result_summary(const Workload& w, const ReplayResult& r);
+
+}  // namespace cai::sim

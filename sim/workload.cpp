@@ -1,0 +1,208 @@
+#include "workload.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "cai/core/error.h"
+
+namespace cai::sim {
+
+const char* mem_kind_name(MemKind k) {
+  switch (k) {
+    case MemKind::Parameters:
+      return "parameters";
+    case MemKind::Gradients:
+      return "gradients";
+    case MemKind::Optimizer:
+      return "optimizer";
+    case MemKind::Activations:
+      return "activations";
+    case MemKind::Buffers:
+      return "buffers";
+  }
+  return "?";
+}
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Compute:
+      return "compute";
+    case OpKind::AllReduce:
+      return "all_reduce";
+    case OpKind::ReduceScatter:
+      return "reduce_scatter";
+    case OpKind::AllGather:
+      return "all_gather";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::Send:
+      return "send";
+    case OpKind::Recv:
+      return "recv";
+    case OpKind::HostCopy:
+      return "host_copy";
+  }
+  return "?";
+}
+
+bool is_collective(OpKind k) {
+  return k == OpKind::AllReduce || k == OpKind::ReduceScatter || k == OpKind::AllGather ||
+         k == OpKind::Broadcast;
+}
+
+Op Op::compute(std::string name, double seconds, int mb, std::string category) {
+  Op o;
+  o.kind = OpKind::Compute;
+  o.name = std::move(name);
+  o.category = std::move(category);
+  o.seconds = seconds;
+  o.mb = mb;
+  return o;
+}
+
+Op Op::collective(OpKind kind, std::string name, std::vector<int> group, int64_t bytes,
+                  int stream) {
+  Op o;
+  o.kind = kind;
+  o.name = std::move(name);
+  o.category = "comm";
+  o.group = std::move(group);
+  o.bytes = bytes;
+  o.stream = stream;
+  return o;
+}
+
+Op Op::send(std::string name, int peer, int64_t tag, int64_t bytes, int stream) {
+  Op o;
+  o.kind = OpKind::Send;
+  o.name = std::move(name);
+  o.category = "comm";
+  o.peer = peer;
+  o.tag = tag;
+  o.bytes = bytes;
+  o.stream = stream;
+  return o;
+}
+
+Op Op::recv(std::string name, int peer, int64_t tag, int64_t bytes, int stream) {
+  Op o = send(std::move(name), peer, tag, bytes, stream);
+  o.kind = OpKind::Recv;
+  return o;
+}
+
+int Workload::stages() const {
+  int s = 0;
+  for (const auto& r : ranks) s = std::max(s, r.stage + 1);
+  return std::max(s, 1);
+}
+
+namespace detail {
+
+Matching check_and_match(const Workload& w) {
+  const int R = static_cast<int>(w.ranks.size());
+  CAI_CHECK(R >= 1, "[sim] workload '{}' has no ranks", w.name);
+  Matching m;
+  m.instance_of.resize(R);
+  m.position_of.resize(R);
+  std::map<std::vector<int>, int> group_ids;
+  // per (group, member) the instances it issued, in order
+  std::map<std::pair<int, int>, int> seq;
+  std::vector<std::vector<int>> members_count;  // [group][k] -> members that reached call k
+  // p2p: (src, dst, tag) -> sends - receives
+  std::map<std::tuple<int, int, int64_t>, std::pair<int, int>> p2p;
+  for (int r = 0; r < R; ++r) {
+    const auto& ops = w.ranks[r].ops;
+    m.instance_of[r].assign(ops.size(), -1);
+    m.position_of[r].assign(ops.size(), -1);
+    CAI_CHECK(w.ranks[r].stage >= 0, "[sim] rank {}: stage {} < 0", r, w.ranks[r].stage);
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      const Op& o = ops[i];
+      auto where = [&] { return fmt::format("[sim] rank {} op {} ({})", r, i, o.name); };
+      CAI_CHECK(o.stream >= 0, "{}: stream {} < 0", where(), o.stream);
+      for (int d : o.deps)
+        CAI_CHECK(d >= 0 && d < i, "{}: dependency {} is not an earlier op of the rank", where(),
+                  d);
+      CAI_CHECK(o.bytes >= 0, "{}: bytes {} < 0", where(), o.bytes);
+      if (o.kind == OpKind::Compute) {
+        CAI_CHECK(o.seconds >= 0 || (o.flops >= 0 && o.mem_bytes >= 0),
+                  "{}: negative flops {} or bytes {}", where(), o.flops, o.mem_bytes);
+      } else if (is_collective(o.kind)) {
+        CAI_CHECK(!o.group.empty(), "{}: empty group", where());
+        std::vector<int> sorted = o.group;
+        std::sort(sorted.begin(), sorted.end());
+        CAI_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                  "{}: group lists a rank twice", where());
+        CAI_CHECK(sorted.front() >= 0 && sorted.back() < R, "{}: group has rank {} outside [0, {})",
+                  where(), sorted.front() < 0 ? sorted.front() : sorted.back(), R);
+        auto pos = std::find(o.group.begin(), o.group.end(), r);
+        CAI_CHECK(pos != o.group.end(), "{}: group does not contain rank {}", where(), r);
+        auto [git, fresh] = group_ids.emplace(o.group, static_cast<int>(m.groups.size()));
+        if (fresh) {
+          m.groups.push_back(o.group);
+          members_count.emplace_back();
+        }
+        const int g = git->second;
+        const int k = seq[{g, r}]++;
+        auto& counts = members_count[g];
+        if (k == static_cast<int>(counts.size())) {
+          Instance in;
+          in.kind = o.kind;
+          in.bytes = o.bytes;
+          in.group_id = g;
+          if (o.kind == OpKind::Broadcast) {
+            const int root = o.root < 0 ? o.group[0] : o.root;
+            auto rp = std::find(o.group.begin(), o.group.end(), root);
+            CAI_CHECK(rp != o.group.end(), "{}: broadcast root {} is not in the group", where(),
+                      root);
+            in.root_pos = static_cast<int>(rp - o.group.begin());
+          }
+          counts.push_back(static_cast<int>(m.instances.size()));
+          m.instances.push_back(in);
+        }
+        const int id = counts[k];
+        const Instance& in = m.instances[id];
+        CAI_CHECK(in.kind == o.kind && in.bytes == o.bytes,
+                  "{}: collective #{} on its group is {} of {} bytes here but {} of {} bytes on "
+                  "another member",
+                  where(), k, op_kind_name(o.kind), o.bytes, op_kind_name(in.kind), in.bytes);
+        m.instance_of[r][i] = id;
+        m.position_of[r][i] = static_cast<int>(pos - o.group.begin());
+      } else if (o.kind == OpKind::Send || o.kind == OpKind::Recv) {
+        CAI_CHECK(o.peer >= 0 && o.peer < R && o.peer != r, "{}: peer {} is not another rank",
+                  where(), o.peer);
+        if (o.kind == OpKind::Send)
+          ++p2p[{r, o.peer, o.tag}].first;
+        else
+          ++p2p[{o.peer, r, o.tag}].second;
+      }
+    }
+  }
+  for (const auto& [key, n] : p2p) {
+    const auto& [src, dst, tag] = key;
+    CAI_CHECK(n.first == 1 && n.second == 1,
+              "[sim] {} send(s) from rank {} to rank {} with tag {} against {} receive(s): each "
+              "send needs exactly one receive",
+              n.first, src, dst, tag, n.second);
+  }
+  for (size_t g = 0; g < m.groups.size(); ++g)
+    for (int r : m.groups[g]) {
+      auto it = seq.find({static_cast<int>(g), r});
+      const int issued = it == seq.end() ? 0 : it->second;
+      CAI_CHECK(issued == static_cast<int>(members_count[g].size()),
+                "[sim] rank {} issues {} collective(s) on group [{}] but another member issues {}",
+                r, issued, fmt::join(m.groups[g], ","), members_count[g].size());
+    }
+  return m;
+}
+
+}  // namespace detail
+
+void check(const Workload& w) {
+  detail::check_and_match(w);
+}
+
+}  // namespace cai::sim

@@ -1,0 +1,125 @@
+// What the simulator replays: per rank an ordered list of operations on streams, with explicit
+// dependencies and memory events. The workload is the simulator's only input besides the cluster:
+// schedule expansions (expand.h) and, later, the analytic plan fill it; the replay (replay.h) never
+// looks at a model or a schedule itself.
+//
+// Semantics:
+//  - A rank has streams 0 (compute), 1, 2, ... (communication). Ops of one stream run in their
+//    order in `ops`; an op starts when the previous op of its stream and every op in `deps`
+//    (indices of earlier ops of the same rank, on any stream) have completed.
+//  - Compute: `seconds` when >= 0, else a roofline on the rank's GPU:
+//    max(flops / (peak[dtype] · eff.flops), mem_bytes / (memory_bandwidth · eff.bytes)) with the
+//    efficiency of `op_kind` from the calibration.
+//  - Collectives (AllReduce, ReduceScatter, AllGather, Broadcast): `group` lists global ranks in
+//    ring order; the k-th collective a rank issues on a group matches the k-th of every other
+//    member (NCCL's communicator order); kind and bytes must agree. `bytes` is the full buffer:
+//    all-reduce's buffer, reduce-scatter's input, all-gather's output, broadcast's buffer. A
+//    collective starts when every member has reached it.
+//  - Send/Recv: point to point with `peer` (global rank) and `tag`; each Send pairs with exactly
+//    one Recv of the same (source, destination, tag). Receives are posted when the rank starts (as
+//    the executor posts them ahead), so a transfer runs as soon as its send starts; a Recv op
+//    completes when the data is there (its span is the wait).
+//  - HostCopy: `bytes` over the GPU's host link (CPU offload), latency + bytes / bandwidth.
+//  - Memory: `mem_start` deltas apply when the op starts, `mem_end` when it ends (+ allocates,
+//    - frees); `initial_mem` is what the rank holds before its first op.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cluster.h"
+
+namespace cai::sim {
+
+enum class MemKind { Parameters, Gradients, Optimizer, Activations, Buffers };
+constexpr int kMemKinds = 5;
+const char* mem_kind_name(MemKind k);  // "parameters", "gradients", ...
+
+struct MemDelta {
+  MemKind kind = MemKind::Activations;
+  int64_t bytes = 0;  // > 0 allocates, < 0 frees
+};
+
+enum class OpKind {
+  Compute,
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Send,
+  Recv,
+  HostCopy,
+};
+const char* op_kind_name(OpKind k);  // "compute", "all_reduce", ...
+bool is_collective(OpKind k);
+
+struct Op {
+  OpKind kind = OpKind::Compute;
+  std::string name;      // trace name: the executor's instruction names ("F(mb=0,c=0)", ...)
+  std::string category;  // trace category: compute | comm | load | reduce | optimizer
+  int mb = -1;           // micro-batch, -1 when none
+  int stream = 0;        // 0 = compute stream
+  std::vector<int> deps;
+
+  // Compute
+  double seconds = -1;              // >= 0: given duration
+  double flops = 0, mem_bytes = 0;  // roofline when seconds < 0
+  std::string op_kind = "default";  // calibration entry
+  // Communication
+  int64_t bytes = 0;
+  std::vector<int> group;  // collectives: global ranks in ring order (must contain this rank)
+  int root = -1;           // broadcast: global rank of the root (-1: group[0])
+  int peer = -1;           // send/recv: the other global rank
+  int64_t tag = 0;         // send/recv matching tag
+
+  std::vector<MemDelta> mem_start, mem_end;
+
+  // Builders for the common cases.
+  static Op compute(std::string name, double seconds, int mb = -1,
+                    std::string category = "compute");
+  static Op collective(OpKind kind, std::string name, std::vector<int> group, int64_t bytes,
+                       int stream = 1);
+  static Op send(std::string name, int peer, int64_t tag, int64_t bytes, int stream = 1);
+  static Op recv(std::string name, int peer, int64_t tag, int64_t bytes, int stream = 0);
+};
+
+struct RankProgram {
+  std::string label;  // trace track name ("rank 3 (pp 1, dp 0)"); empty: "rank <r>"
+  int stage = 0;      // pipeline stage, for the per-stage bubble
+  std::array<int64_t, kMemKinds> initial_mem{};
+  std::vector<Op> ops;
+};
+
+struct Workload {
+  std::string name;
+  DType dtype = DType::BF16;  // compute dtype: hosts run at the GPU's peak of it
+  int64_t global_batch = 0;   // samples per step, for img_per_s (0: not reported)
+  std::vector<RankProgram> ranks;
+  int stages() const;  // 1 + the largest RankProgram::stage
+};
+
+// Structural checks before a replay; throws "[sim] rank R op I (name): ..." naming what is wrong:
+// stream < 0, deps not earlier ops, collective group without this rank or with duplicates or
+// ranks out of range, members disagreeing on a collective's kind/bytes or count per group,
+// sends without their receive (and the reverse), negative sizes or times.
+void check(const Workload& w);
+
+namespace detail {
+// The collectives of a workload matched across ranks (check() builds it; the replay uses it).
+struct Instance {
+  OpKind kind = OpKind::AllReduce;
+  int64_t bytes = 0;
+  int group_id = 0;  // index into Matching::groups
+  int root_pos = 0;  // broadcast: the root's position in the group
+};
+struct Matching {
+  std::vector<std::vector<int>> groups;       // distinct groups, ring order
+  std::vector<Instance> instances;            // one per collective call (all members)
+  std::vector<std::vector<int>> instance_of;  // [rank][op]: instance, -1 for other ops
+  std::vector<std::vector<int>> position_of;  // [rank][op]: this rank's position in the group
+};
+Matching check_and_match(const Workload& w);
+}  // namespace detail
+
+}  // namespace cai::sim
