@@ -124,7 +124,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             if (opt.dp > 1 && gbytes(st) > 0) {
               std::vector<int> group;
               for (int k = 0; k < opt.dp; ++k) group.push_back(k * P + st);
-              o = sim::Op::collective(OpKind::AllReduce, name, group, gbytes(st), 0);
+              o = sim::Op::collective(OpKind::AllReduce, name, w.add_group(group), gbytes(st), 0);
             } else {
               o = sim::Op::compute(name, 0.0);
             }

@@ -85,12 +85,13 @@ int run(const Options& o) {
     w.global_batch = o.global_batch > 0 ? o.global_batch : nproc;
     std::vector<int> all(nproc);
     for (int r = 0; r < nproc; ++r) all[r] = r;
+    const int world = w.add_group(all);
     w.ranks.resize(nproc);
     for (int r = 0; r < nproc; ++r) {
       auto& ops = w.ranks[r].ops;
       ops.push_back(Op::compute("F(mb=0,c=0)", o.fwd_ms * 1e-3, 0));
       ops.push_back(Op::compute("B(mb=0,c=0)", o.bwd_ms * 1e-3, 0));
-      Op ar = Op::collective(OpKind::AllReduce, "ReduceGrads", all,
+      Op ar = Op::collective(OpKind::AllReduce, "ReduceGrads", world,
                              static_cast<int64_t>(o.grad_bytes), 0);
       ar.category = "reduce";
       ops.push_back(ar);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -86,6 +87,7 @@ struct Replayer {
   std::vector<sg4::ConditionVariablePtr> cv;
   std::unordered_map<int64_t, sg4::BarrierPtr> barriers;
   std::unordered_map<int, double> group_latency;
+  std::unordered_map<int, std::pair<double, double>> chain_cache;
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
@@ -131,25 +133,46 @@ struct Replayer {
     return it->second;
   }
 
+  // Latency and bottleneck bandwidth of the route a -> b, without contention.
+  std::pair<double, double> edge(int a, int b) const {
+    std::vector<sg4::Link*> links;
+    double lat = 0, bw = 1e300;
+    p.hosts[a]->route_to(p.hosts[b], links, &lat);
+    for (const sg4::Link* l : links) bw = std::min(bw, l->get_bandwidth());
+    return {lat, bw};
+  }
+
   // Largest route latency over the ring's edges: the per-step latency of the slowest edge.
   double latency_of(int g) {
     auto it = group_latency.find(g);
     if (it != group_latency.end()) return it->second;
-    const auto& G = m.groups[g];
+    const auto& G = w.groups[g];
     double worst = 0;
-    for (size_t i = 0; i < G.size(); ++i) {
-      std::vector<sg4::Link*> links;
-      double lat = 0;
-      p.hosts[G[i]]->route_to(p.hosts[G[(i + 1) % G.size()]], links, &lat);
-      worst = std::max(worst, lat);
-    }
+    for (size_t i = 0; i < G.size(); ++i)
+      worst = std::max(worst, edge(G[i], G[(i + 1) % G.size()]).first);
     return group_latency[g] = worst;
+  }
+
+  // A pipelined chain (broadcast) of C chunks of c bytes takes sum_e t_e + (C - 1) max_e t_e with
+  // t_e = latency_e + c / bandwidth_e: the first chunk crosses every edge, the others follow at
+  // the pace of the slowest edge. Returns {sum_e t_e, largest latency} over the chain's edges.
+  std::pair<double, double> chain_fill(int id, const std::vector<int>& G, int root_pos, double c) {
+    auto it = chain_cache.find(id);
+    if (it != chain_cache.end()) return it->second;
+    const int n = static_cast<int>(G.size());
+    double fill = 0, lat_max = 0;
+    for (int q = 0; q + 1 < n; ++q) {
+      const auto [lat, bw] = edge(G[(q + root_pos) % n], G[(q + 1 + root_pos) % n]);
+      fill += lat + c / bw;
+      lat_max = std::max(lat_max, lat);
+    }
+    return chain_cache[id] = {fill, lat_max};
   }
 
   void collective(int r, int i) {
     const int id = m.instance_of[r][i], pos = m.position_of[r][i];
     const detail::Instance& in = m.instances[id];
-    const auto& G = m.groups[in.group_id];
+    const auto& G = w.groups[in.group_id];
     const int n = static_cast<int>(G.size());
     if (n == 1) return;
     int steps = 0;
@@ -159,11 +182,23 @@ struct Replayer {
     // Position in the ring / chain (the chain starts at the root and follows the group order).
     const int q = chain ? (pos - in.root_pos + n) % n : pos;
     auto member = [&](int k) { return G[chain ? (k + in.root_pos) % n : k % n]; };
+    if (model == CollectiveModel::Bulk && chain) {
+      // Concurrent flows carry the C - 1 chunks that follow the first at the slowest edge's pace
+      // (with its contention); the first chunk's trip through the chain and the remaining
+      // per-chunk latencies are added after.
+      const int chunks = n;
+      barrier(2 * int64_t(id), n)->wait();
+      if (q < n - 1)
+        sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes((chunks - 1) * chunk))
+            ->wait();
+      barrier(2 * int64_t(id) + 1, n)->wait();
+      const auto [fill, lat_max] = chain_fill(id, G, in.root_pos, chunk);
+      sg4::this_actor::sleep_for(fill + (chunks - 2) * lat_max);
+      return;
+    }
     if (model == CollectiveModel::Bulk) {
       barrier(2 * int64_t(id), n)->wait();
-      if (!chain || q < n - 1)
-        sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes(steps * chunk))
-            ->wait();
+      sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes(steps * chunk))->wait();
       barrier(2 * int64_t(id) + 1, n)->wait();
       if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * latency_of(in.group_id));
       return;
@@ -418,6 +453,9 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
             "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs", w.name,
             w.ranks.size(), c.name, c.origin, c.gpus());
   const auto dur = compute_durations(w, c, opt.calibration);
+  // Buffered output would be written twice (by the child too) if it were not flushed now.
+  std::fflush(stdout);
+  std::fflush(stderr);
   int fds[2];
   CAI_CHECK(::pipe(fds) == 0, "[sim] pipe() failed: {}", std::strerror(errno));
   const pid_t pid = ::fork();

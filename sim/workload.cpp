@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include "cai/core/error.h"
 
@@ -64,13 +65,12 @@ Op Op::compute(std::string name, double seconds, int mb, std::string category) {
   return o;
 }
 
-Op Op::collective(OpKind kind, std::string name, std::vector<int> group, int64_t bytes,
-                  int stream) {
+Op Op::collective(OpKind kind, std::string name, int group, int64_t bytes, int stream) {
   Op o;
   o.kind = kind;
   o.name = std::move(name);
   o.category = "comm";
-  o.group = std::move(group);
+  o.group = group;
   o.bytes = bytes;
   o.stream = stream;
   return o;
@@ -94,6 +94,13 @@ Op Op::recv(std::string name, int peer, int64_t tag, int64_t bytes, int stream) 
   return o;
 }
 
+int Workload::add_group(const std::vector<int>& ranks_in_ring_order) {
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (groups[g] == ranks_in_ring_order) return static_cast<int>(g);
+  groups.push_back(ranks_in_ring_order);
+  return static_cast<int>(groups.size()) - 1;
+}
+
 int Workload::stages() const {
   int s = 0;
   for (const auto& r : ranks) s = std::max(s, r.stage + 1);
@@ -108,10 +115,21 @@ Matching check_and_match(const Workload& w) {
   Matching m;
   m.instance_of.resize(R);
   m.position_of.resize(R);
-  std::map<std::vector<int>, int> group_ids;
-  // per (group, member) the instances it issued, in order
-  std::map<std::pair<int, int>, int> seq;
-  std::vector<std::vector<int>> members_count;  // [group][k] -> members that reached call k
+  const int G = static_cast<int>(w.groups.size());
+  // Per group: rank -> position, calls issued per member, and the instance of each call.
+  std::vector<std::unordered_map<int, int>> position(G);
+  std::vector<std::vector<int>> issued(G), calls_of(G);
+  for (int g = 0; g < G; ++g) {
+    const auto& grp = w.groups[g];
+    CAI_CHECK(!grp.empty(), "[sim] group {} is empty", g);
+    for (size_t k = 0; k < grp.size(); ++k) {
+      CAI_CHECK(grp[k] >= 0 && grp[k] < R, "[sim] group {} has rank {} outside [0, {})", g, grp[k],
+                R);
+      CAI_CHECK(position[g].emplace(grp[k], static_cast<int>(k)).second,
+                "[sim] group {} lists rank {} twice", g, grp[k]);
+    }
+    issued[g].assign(grp.size(), 0);
+  }
   // p2p: (src, dst, tag) -> sends - receives
   std::map<std::tuple<int, int, int64_t>, std::pair<int, int>> p2p;
   for (int r = 0; r < R; ++r) {
@@ -131,46 +149,37 @@ Matching check_and_match(const Workload& w) {
         CAI_CHECK(o.seconds >= 0 || (o.flops >= 0 && o.mem_bytes >= 0),
                   "{}: negative flops {} or bytes {}", where(), o.flops, o.mem_bytes);
       } else if (is_collective(o.kind)) {
-        CAI_CHECK(!o.group.empty(), "{}: empty group", where());
-        std::vector<int> sorted = o.group;
-        std::sort(sorted.begin(), sorted.end());
-        CAI_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
-                  "{}: group lists a rank twice", where());
-        CAI_CHECK(sorted.front() >= 0 && sorted.back() < R, "{}: group has rank {} outside [0, {})",
-                  where(), sorted.front() < 0 ? sorted.front() : sorted.back(), R);
-        auto pos = std::find(o.group.begin(), o.group.end(), r);
-        CAI_CHECK(pos != o.group.end(), "{}: group does not contain rank {}", where(), r);
-        auto [git, fresh] = group_ids.emplace(o.group, static_cast<int>(m.groups.size()));
-        if (fresh) {
-          m.groups.push_back(o.group);
-          members_count.emplace_back();
-        }
-        const int g = git->second;
-        const int k = seq[{g, r}]++;
-        auto& counts = members_count[g];
-        if (k == static_cast<int>(counts.size())) {
+        CAI_CHECK(o.group >= 0 && o.group < G, "{}: group {} is not one of the workload's {}",
+                  where(), o.group, G);
+        const int g = o.group;
+        auto pos = position[g].find(r);
+        CAI_CHECK(pos != position[g].end(), "{}: group {} [{}] does not contain rank {}", where(),
+                  g, fmt::join(w.groups[g], ","), r);
+        const int k = issued[g][pos->second]++;
+        auto& calls = calls_of[g];
+        if (k == static_cast<int>(calls.size())) {
           Instance in;
           in.kind = o.kind;
           in.bytes = o.bytes;
           in.group_id = g;
           if (o.kind == OpKind::Broadcast) {
-            const int root = o.root < 0 ? o.group[0] : o.root;
-            auto rp = std::find(o.group.begin(), o.group.end(), root);
-            CAI_CHECK(rp != o.group.end(), "{}: broadcast root {} is not in the group", where(),
+            const int root = o.root < 0 ? w.groups[g][0] : o.root;
+            auto rp = position[g].find(root);
+            CAI_CHECK(rp != position[g].end(), "{}: broadcast root {} is not in the group", where(),
                       root);
-            in.root_pos = static_cast<int>(rp - o.group.begin());
+            in.root_pos = rp->second;
           }
-          counts.push_back(static_cast<int>(m.instances.size()));
+          calls.push_back(static_cast<int>(m.instances.size()));
           m.instances.push_back(in);
         }
-        const int id = counts[k];
+        const int id = calls[k];
         const Instance& in = m.instances[id];
         CAI_CHECK(in.kind == o.kind && in.bytes == o.bytes,
                   "{}: collective #{} on its group is {} of {} bytes here but {} of {} bytes on "
                   "another member",
                   where(), k, op_kind_name(o.kind), o.bytes, op_kind_name(in.kind), in.bytes);
         m.instance_of[r][i] = id;
-        m.position_of[r][i] = static_cast<int>(pos - o.group.begin());
+        m.position_of[r][i] = pos->second;
       } else if (o.kind == OpKind::Send || o.kind == OpKind::Recv) {
         CAI_CHECK(o.peer >= 0 && o.peer < R && o.peer != r, "{}: peer {} is not another rank",
                   where(), o.peer);
@@ -188,14 +197,11 @@ Matching check_and_match(const Workload& w) {
               "send needs exactly one receive",
               n.first, src, dst, tag, n.second);
   }
-  for (size_t g = 0; g < m.groups.size(); ++g)
-    for (int r : m.groups[g]) {
-      auto it = seq.find({static_cast<int>(g), r});
-      const int issued = it == seq.end() ? 0 : it->second;
-      CAI_CHECK(issued == static_cast<int>(members_count[g].size()),
-                "[sim] rank {} issues {} collective(s) on group [{}] but another member issues {}",
-                r, issued, fmt::join(m.groups[g], ","), members_count[g].size());
-    }
+  for (int g = 0; g < G; ++g)
+    for (size_t k = 0; k < w.groups[g].size(); ++k)
+      CAI_CHECK(issued[g][k] == static_cast<int>(calls_of[g].size()),
+                "[sim] rank {} issues {} collective(s) on group {} but another member issues {}",
+                w.groups[g][k], issued[g][k], g, calls_of[g].size());
   return m;
 }
 

@@ -10,11 +10,12 @@
 //  - Compute: `seconds` when >= 0, else a roofline on the rank's GPU:
 //    max(flops / (peak[dtype] · eff.flops), mem_bytes / (memory_bandwidth · eff.bytes)) with the
 //    efficiency of `op_kind` from the calibration.
-//  - Collectives (AllReduce, ReduceScatter, AllGather, Broadcast): `group` lists global ranks in
-//    ring order; the k-th collective a rank issues on a group matches the k-th of every other
-//    member (NCCL's communicator order); kind and bytes must agree. `bytes` is the full buffer:
-//    all-reduce's buffer, reduce-scatter's input, all-gather's output, broadcast's buffer. A
-//    collective starts when every member has reached it.
+//  - Collectives (AllReduce, ReduceScatter, AllGather, Broadcast): `group` indexes
+//    Workload::groups (global ranks in ring order, stored once: a 16,384-rank data-parallel group
+//    is not copied into every op); the k-th collective a rank issues on a group matches the k-th
+//    of every other member (NCCL's communicator order); kind and bytes must agree. `bytes` is the
+//    full buffer: all-reduce's buffer, reduce-scatter's input, all-gather's output, broadcast's
+//    buffer. A collective starts when every member has reached it.
 //  - Send/Recv: point to point with `peer` (global rank) and `tag`; each Send pairs with exactly
 //    one Recv of the same (source, destination, tag). Receives are posted when the rank starts (as
 //    the executor posts them ahead), so a transfer runs as soon as its send starts; a Recv op
@@ -68,18 +69,17 @@ struct Op {
   std::string op_kind = "default";  // calibration entry
   // Communication
   int64_t bytes = 0;
-  std::vector<int> group;  // collectives: global ranks in ring order (must contain this rank)
-  int root = -1;           // broadcast: global rank of the root (-1: group[0])
-  int peer = -1;           // send/recv: the other global rank
-  int64_t tag = 0;         // send/recv matching tag
+  int group = -1;   // collectives: index into Workload::groups (must contain this rank)
+  int root = -1;    // broadcast: global rank of the root (-1: the group's first rank)
+  int peer = -1;    // send/recv: the other global rank
+  int64_t tag = 0;  // send/recv matching tag
 
   std::vector<MemDelta> mem_start, mem_end;
 
   // Builders for the common cases.
   static Op compute(std::string name, double seconds, int mb = -1,
                     std::string category = "compute");
-  static Op collective(OpKind kind, std::string name, std::vector<int> group, int64_t bytes,
-                       int stream = 1);
+  static Op collective(OpKind kind, std::string name, int group, int64_t bytes, int stream = 1);
   static Op send(std::string name, int peer, int64_t tag, int64_t bytes, int stream = 1);
   static Op recv(std::string name, int peer, int64_t tag, int64_t bytes, int stream = 0);
 };
@@ -96,7 +96,10 @@ struct Workload {
   DType dtype = DType::BF16;  // compute dtype: hosts run at the GPU's peak of it
   int64_t global_batch = 0;   // samples per step, for img_per_s (0: not reported)
   std::vector<RankProgram> ranks;
-  int stages() const;  // 1 + the largest RankProgram::stage
+  std::vector<std::vector<int>> groups;  // communicator groups, global ranks in ring order
+  int stages() const;                    // 1 + the largest RankProgram::stage
+  // The index of `ranks_in_ring_order` in groups, appended when new.
+  int add_group(const std::vector<int>& ranks_in_ring_order);
 };
 
 // Structural checks before a replay; throws "[sim] rank R op I (name): ..." naming what is wrong:
@@ -110,11 +113,10 @@ namespace detail {
 struct Instance {
   OpKind kind = OpKind::AllReduce;
   int64_t bytes = 0;
-  int group_id = 0;  // index into Matching::groups
+  int group_id = 0;  // index into Workload::groups
   int root_pos = 0;  // broadcast: the root's position in the group
 };
 struct Matching {
-  std::vector<std::vector<int>> groups;       // distinct groups, ring order
   std::vector<Instance> instances;            // one per collective call (all members)
   std::vector<std::vector<int>> instance_of;  // [rank][op]: instance, -1 for other ops
   std::vector<std::vector<int>> position_of;  // [rank][op]: this rank's position in the group

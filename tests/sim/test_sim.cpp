@@ -1,0 +1,382 @@
+// The simulator: cluster files, collectives against their analytic times, bulk against
+// step-by-step, the replay engine's stream/dependency semantics, schedule replays against the
+// validator, memory curves, errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+#include "cai/core/error.h"
+#include "cai/schedule/schedule.h"
+#include "cluster.h"
+#include "expand.h"
+#include "replay.h"
+#include "report.h"
+
+using namespace cai::sim;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A cluster with round numbers: 100 GB/s and 10 µs inside a node, one 200 Gb/s NIC (25 GB/s) and
+// 20 µs between nodes.
+std::string test_cluster_text(int nodes, int gpus_per_node) {
+  return fmt::format(R"(
+name = "test"
+nodes = {}
+gpus_per_node = {}
+[gpu]
+model = "test gpu"
+tflops = {{ fp32 = 10.0, bf16 = 100.0, fp16 = 100.0 }}
+memory_gib = 16
+memory_bandwidth_tbytes_per_s = 1.0
+[intra_node]
+fabric = "nvswitch"
+bandwidth_gbytes_per_s = 100.0
+latency_us = 10.0
+[inter_node]
+nics_per_node = 1
+nic_gbits_per_s = 200.0
+latency_us = 20.0
+topology = "fat-tree"
+[host_link]
+bandwidth_gbytes_per_s = 20.0
+latency_us = 5.0
+)",
+                     nodes, gpus_per_node);
+}
+
+Cluster test_cluster(int nodes, int gpus_per_node) {
+  return parse_cluster(test_cluster_text(nodes, gpus_per_node), "test.toml");
+}
+
+// One collective over ranks [0, n), nothing else.
+Workload one_collective(OpKind kind, int n, int64_t bytes) {
+  Workload w;
+  w.name = std::string(op_kind_name(kind));
+  std::vector<int> g(n);
+  for (int r = 0; r < n; ++r) g[r] = r;
+  const int gid = w.add_group(g);
+  w.ranks.resize(n);
+  for (int r = 0; r < n; ++r) w.ranks[r].ops.push_back(Op::collective(kind, "coll", gid, bytes, 1));
+  return w;
+}
+
+double simulate(const Workload& w, const Cluster& c, CollectiveModel m) {
+  ReplayOptions o;
+  o.collectives = m;
+  return replay(w, c, o).step_s;
+}
+
+std::string error_of(const std::string& text, const std::string& origin = "bad.toml") {
+  try {
+    parse_cluster(text, origin);
+  } catch (const cai::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(ClusterFiles, EveryShippedFileLoads) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(CAI_CLUSTER_DIR)) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().string());
+    const Cluster c = load_cluster(e.path().string());
+    EXPECT_EQ(c.name, e.path().stem().string());
+    EXPECT_GT(c.gpu.peak_flops(DType::BF16), 0);
+    EXPECT_GT(c.gpu.memory_bytes, 0);
+    ++n;
+  }
+  EXPECT_GE(n, 7);
+  const std::string d = CAI_CLUSTER_DIR;
+  EXPECT_EQ(load_cluster(d + "/h100-1.toml").gpus(), 1);
+  EXPECT_EQ(load_cluster(d + "/h200-2.toml").gpus(), 2);
+  EXPECT_EQ(load_cluster(d + "/h200-4.toml").gpus(), 4);
+  EXPECT_EQ(load_cluster(d + "/cpu-2.toml").intra.fabric, Fabric::SharedMemory);
+  EXPECT_EQ(load_cluster(d + "/h100-1024.toml").gpus(), 1024);
+  EXPECT_EQ(load_cluster(d + "/h100-16384.toml").gpus(), 16384);
+  const Cluster dgx = load_cluster(d + "/dgx-h100-64.toml");
+  EXPECT_EQ(dgx.gpus(), 64);
+  EXPECT_EQ(dgx.inter.nics_per_node, 8);
+  EXPECT_DOUBLE_EQ(dgx.inter.nic_bandwidth, 50e9);  // 400 Gb/s
+  EXPECT_DOUBLE_EQ(dgx.gpu.flops_bf16, 989e12);
+  EXPECT_DOUBLE_EQ(dgx.intra.bandwidth, 450e9);
+}
+
+TEST(ClusterFiles, BadFilesNameTheFileAndTheKey) {
+  const std::string good = test_cluster_text(2, 4);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t p = s.find(from);
+    EXPECT_NE(p, std::string::npos) << from;
+    return s.replace(p, from.size(), to);
+  };
+  std::string e = error_of(replace("memory_gib = 16\n", ""));
+  EXPECT_NE(e.find("[cluster] bad.toml: missing key 'gpu.memory_gib'"), std::string::npos) << e;
+  e = error_of(replace("memory_gib = 16", "memory_gib = \"lots\""));
+  EXPECT_NE(e.find("gpu.memory_gib = \"lots\" is not a number"), std::string::npos) << e;
+  e = error_of(replace("latency_us = 10.0", "latency_us = 10.0\nlatency_ms = 1"));
+  EXPECT_NE(e.find("unknown key 'intra_node.latency_ms' in [intra_node]: expected fabric"),
+            std::string::npos)
+      << e;
+  e = error_of(replace("fabric = \"nvswitch\"", "fabric = \"nvlink\""));
+  EXPECT_NE(e.find("intra_node.fabric = \"nvlink\" is not one of \"nvswitch\", \"pcie\""),
+            std::string::npos)
+      << e;
+  e = error_of(replace("nodes = 2", "nodes = 0"));
+  EXPECT_NE(e.find("nodes = 0 must be >= 1"), std::string::npos) << e;
+  e = error_of(replace("bf16 = 100.0", "bf16 = -1.0"));
+  EXPECT_NE(e.find("gpu.tflops.bf16 = -1 must be > 0"), std::string::npos) << e;
+  e = error_of(good + "\n[storage]\nx = 1\n");
+  EXPECT_NE(e.find("unknown key 'storage': expected name, description, nodes"), std::string::npos)
+      << e;
+  e = error_of(replace("[inter_node]", "[inter]"));
+  EXPECT_NE(e.find("missing key 'inter_node'"), std::string::npos) << e;  // 2 nodes need it
+  e = error_of("nodes = [");
+  EXPECT_NE(e.find("[cluster] bad.toml:1:"), std::string::npos) << e;
+  try {
+    load_cluster("/nonexistent/x.toml");
+    FAIL();
+  } catch (const cai::Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("cannot read /nonexistent/x.toml"), std::string::npos);
+  }
+}
+
+TEST(Calibration, DefaultsFileAndErrors) {
+  const Calibration d = default_calibration();
+  EXPECT_DOUBLE_EQ(d.of("gemm").flops, 0.7);
+  EXPECT_DOUBLE_EQ(d.of("no such op").flops, d.fallback.flops);
+  const Calibration c = parse_calibration(
+      R"({"device": "x", "default": {"flops": 0.5, "bytes": 0.5}, "ops": {"gemm": {"flops": 1.0}}})",
+      "cal.json");
+  EXPECT_DOUBLE_EQ(c.of("gemm").flops, 1.0);
+  EXPECT_DOUBLE_EQ(c.of("other").bytes, 0.5);
+  EXPECT_THROW(parse_calibration(R"({"ops": {"gemm": {"flops": 1.5}}})", "c"), cai::Error);
+  EXPECT_THROW(parse_calibration(R"({"fudge": 1})", "c"), cai::Error);
+  // The roofline: max(flops / (peak eff), bytes / (bw eff)).
+  Workload w;
+  w.ranks.resize(1);
+  Op a = Op::compute("gemm", -1);
+  a.op_kind = "gemm";
+  a.flops = 100e12;  // 1 s at 100 TFLOP/s and efficiency 1
+  a.mem_bytes = 1e9;
+  Op b = a;
+  b.op_kind = "other";
+  b.flops = 1;
+  b.mem_bytes = 1e12;  // 2 s at 1 TB/s · 0.5
+  w.ranks[0].ops = {a, b};
+  const auto t = compute_durations(w, test_cluster(1, 1), c);
+  EXPECT_NEAR(t[0][0], 1.0, 1e-12);
+  EXPECT_NEAR(t[0][1], 2.0, 1e-12);
+}
+
+// 2(N-1)/N · S/B + 2(N-1) · α, with B and α of the slowest ring edge.
+TEST(Collectives, RingAllReduceMatchesAnalytic) {
+  struct Case {
+    int nodes, gpn;
+    double B, alpha;
+  };
+  const Case cases[] = {{1, 2, 100e9, 10e-6},
+                        {1, 4, 100e9, 10e-6},
+                        {1, 8, 100e9, 10e-6},
+                        {2, 4, 25e9, 30e-6},
+                        {4, 2, 25e9, 30e-6}};
+  for (const Case& k : cases) {
+    const Cluster c = test_cluster(k.nodes, k.gpn);
+    const int n = k.nodes * k.gpn;
+    for (double S : {1e6, 64e6, 1e9}) {
+      const double analytic = 2.0 * (n - 1) / n * S / k.B + 2.0 * (n - 1) * k.alpha;
+      const Workload w = one_collective(OpKind::AllReduce, n, static_cast<int64_t>(S));
+      const double step = simulate(w, c, CollectiveModel::Step);
+      const double bulk = simulate(w, c, CollectiveModel::Bulk);
+      EXPECT_NEAR(step / analytic, 1.0, 1e-3) << n << " ranks, " << S << " bytes";
+      EXPECT_NEAR(bulk / analytic, 1.0, 1e-3) << n << " ranks, " << S << " bytes";
+    }
+  }
+  // The shipped DGX cluster: 16 GPUs on 2 nodes, 1 GB; the NIC edge (8 × 50 GB/s against
+  // 450 GB/s NVLink, 2 + 5 µs) is the slowest.
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const double analytic = 2.0 * 15 / 16 * 1e9 / 400e9 + 2.0 * 15 * 7e-6;
+  EXPECT_NEAR(
+      simulate(one_collective(OpKind::AllReduce, 16, 1000000000), dgx, CollectiveModel::Step) /
+          analytic,
+      1.0, 1e-3);
+}
+
+TEST(Collectives, BulkAgreesWithStepByStep) {
+  const OpKind kinds[] = {OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather,
+                          OpKind::Broadcast};
+  const std::pair<int, int> shapes[] = {{1, 2}, {1, 3}, {1, 8}, {2, 4}, {4, 4}};
+  for (auto [nodes, gpn] : shapes) {
+    const Cluster c = test_cluster(nodes, gpn);
+    for (OpKind k : kinds)
+      for (int64_t S : {int64_t(4096), int64_t(1) << 20, int64_t(256) << 20}) {
+        const Workload w = one_collective(k, nodes * gpn, S);
+        const double step = simulate(w, c, CollectiveModel::Step);
+        const double bulk = simulate(w, c, CollectiveModel::Bulk);
+        EXPECT_NEAR(bulk / step, 1.0, 0.01)
+            << op_kind_name(k) << " over " << nodes * gpn << " ranks, " << S << " bytes";
+      }
+  }
+}
+
+TEST(Collectives, PointToPoint) {
+  const Cluster c = test_cluster(2, 2);
+  Workload w;
+  w.ranks.resize(4);
+  w.ranks[0].ops.push_back(Op::send("s", 1, 7, 1000000000));  // same node: 100 GB/s, 10 µs
+  w.ranks[1].ops.push_back(Op::recv("r", 0, 7, 1000000000));
+  w.ranks[2].ops.push_back(Op::send("s", 0, 7, 1000000000));  // across: one NIC, 25 GB/s
+  w.ranks[0].ops.push_back(Op::recv("r", 2, 7, 1000000000));
+  const ReplayResult r = replay(w, c);
+  EXPECT_NEAR(r.ranks[1].spans[0].end, 1e9 / 100e9 + 10e-6, 1e-9);
+  EXPECT_NEAR(r.ranks[0].spans[1].end, 1e9 / 25e9 + 30e-6, 1e-9);
+}
+
+// Streams and dependencies: a gradient all-reduce launched after backward overlaps the next
+// compute; the optimizer waits for it.
+TEST(Replay, StreamsOverlapAndDependenciesWait) {
+  const Cluster c = test_cluster(1, 2);
+  Workload w;
+  const int g = w.add_group({0, 1});
+  w.ranks.resize(2);
+  for (auto& rp : w.ranks) {
+    rp.ops.push_back(Op::compute("B(layer 1)", 1.0));                         // 0
+    Op ar = Op::collective(OpKind::AllReduce, "bucket", g, 100000000000, 1);  // 1: 1 s + 20 µs
+    ar.deps = {0};
+    rp.ops.push_back(ar);
+    rp.ops.push_back(Op::compute("B(layer 0)", 0.5));  // 2: overlaps the all-reduce
+    Op opt = Op::compute("OptStep", 0.25, -1, "optimizer");
+    opt.deps = {1};
+    rp.ops.push_back(opt);  // 3: waits for the bucket
+  }
+  const ReplayResult r = replay(w, c);
+  const auto& s = r.ranks[0].spans;
+  EXPECT_NEAR(s[1].start, 1.0, 1e-9);
+  EXPECT_NEAR(s[2].start, 1.0, 1e-9);
+  EXPECT_NEAR(s[2].end, 1.5, 1e-9);
+  EXPECT_NEAR(s[1].end, 2.0 + 20e-6, 1e-9);
+  EXPECT_NEAR(s[3].start, s[1].end, 1e-12);
+  EXPECT_NEAR(r.step_s, 2.25 + 20e-6, 1e-9);
+  EXPECT_NEAR(r.ranks[0].compute_s, 1.75, 1e-9);
+  EXPECT_NEAR(r.ranks[0].comm_s, 0.5 + 20e-6, 1e-9);  // the all-reduce not hidden by compute
+  EXPECT_NEAR(r.ranks[0].idle_s, 0.0, 1e-9);
+}
+
+TEST(Replay, PipelineSchedulesMatchTheValidator) {
+  const Cluster c = test_cluster(1, 4);
+  double bubble_1f1b = 0, bubble_interleaved = 0;
+  for (const char* style : {"gpipe", "1f1b", "interleaved"}) {
+    SCOPED_TRACE(style);
+    cai::schedule::ScheduleOptions so;
+    so.stages = 4;
+    so.micro_batches = 8;
+    so.chunks = std::string(style) == "interleaved" ? 2 : 1;
+    const int V = so.stages * so.chunks;
+    const auto s = cai::schedule::make(style, so, cai::schedule::partition_uniform(V, V));
+    // Uniform op times, a chunk 1/v of a stage; negligible communication.
+    cai::schedule::CostModel cm;
+    cm.forward = 1.0 / so.chunks;
+    cm.backward = 2.0 / so.chunks;
+    const auto v = cai::schedule::validate_or_throw(s, cm);
+    ExpandOptions eo;
+    eo.forward_s = {cm.forward};
+    eo.backward_s = {cm.backward};
+    eo.global_batch = 64;
+    const Workload w = expand_schedule(s, eo);
+    const ReplayResult r = replay(w, c);
+    EXPECT_NEAR(r.step_s, v.makespan, 1e-3);  // 10 µs latencies over seconds
+    EXPECT_NEAR(r.bubble_mean, v.bubble_fraction, 1e-4);
+    ASSERT_EQ(r.bubble.size(), 4u);
+    if (std::string(style) == "1f1b") {
+      bubble_1f1b = r.bubble_mean;
+      EXPECT_NEAR(r.step_s, (8 + 4 - 1) * 3.0, 1e-3);
+      EXPECT_NEAR(r.bubble_mean, 3.0 / 11.0, 1e-4);  // (p - 1) / (m + p - 1)
+      EXPECT_NEAR(r.img_per_s, 64 / r.step_s, 1e-9);
+    }
+    if (std::string(style) == "interleaved") bubble_interleaved = r.bubble_mean;
+  }
+  EXPECT_LT(bubble_interleaved, bubble_1f1b - 0.05);
+}
+
+TEST(Replay, PipelineMemoryCurve) {
+  // 1F1B keeps min(p - s, m) micro-batches' activations on stage s.
+  const Cluster c = test_cluster(1, 4);
+  cai::schedule::ScheduleOptions so;
+  so.stages = 4;
+  so.micro_batches = 8;
+  const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(4, 4));
+  ExpandOptions eo;
+  eo.activation_bytes = {1000};
+  eo.static_mem.assign(4, {});
+  for (auto& m : eo.static_mem) m[static_cast<int>(MemKind::Parameters)] = 50;
+  const ReplayResult r = replay(expand_schedule(s, eo), c);
+  for (int st = 0; st < 4; ++st) {
+    EXPECT_EQ(r.ranks[st].peak_mem, 50 + 1000 * (4 - st)) << "stage " << st;
+    EXPECT_EQ(r.ranks[st].mem_at_peak[static_cast<int>(MemKind::Activations)], 1000 * (4 - st));
+    EXPECT_EQ(r.ranks[st].memory.back().bytes, 50);  // everything freed by the end
+  }
+}
+
+TEST(Replay, OutputsJsonAndTrace) {
+  const Cluster c = test_cluster(1, 2);
+  cai::schedule::ScheduleOptions so;
+  so.stages = 2;
+  so.micro_batches = 2;
+  so.activation_bytes = 1 << 20;
+  const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(2, 2));
+  ExpandOptions eo;
+  eo.forward_s = {0.01};
+  eo.backward_s = {0.02};
+  eo.global_batch = 8;
+  const Workload w = expand_schedule(s, eo);
+  const ReplayResult r = replay(w, c);
+  const auto j = nlohmann::json::parse(result_json(w, r));
+  for (const char* k : {"step_ms", "img_per_s", "bubble", "peak_mem_bytes", "compute_ms", "comm_ms",
+                        "idle_ms", "wall_s"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["peak_mem_bytes"].size(), 2u);
+  const auto t = nlohmann::json::parse(result_trace(w, r));
+  int forwards = 0, counters = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X" && e["name"] == "F(mb=0,c=0)") ++forwards;
+    if (e["ph"] == "C") ++counters;
+  }
+  EXPECT_EQ(forwards, 2);  // one per stage, the executor's instruction name
+  EXPECT_GT(counters, 0);
+}
+
+TEST(Replay, Errors) {
+  const Cluster c = test_cluster(1, 2);
+  auto message = [&](const Workload& w) -> std::string {
+    try {
+      replay(w, c);
+    } catch (const cai::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::send("s", 1, 3, 10));
+  EXPECT_NE(message(w).find("1 send(s) from rank 0 to rank 1 with tag 3 against 0 receive(s)"),
+            std::string::npos);
+  // Receives in crossed order with blocking waits on one stream: a deadlock, named per rank.
+  Workload d;
+  d.ranks.resize(2);
+  d.ranks[0].ops = {Op::recv("r", 1, 1, 10, 0), Op::send("s", 1, 2, 10, 0)};
+  d.ranks[1].ops = {Op::recv("r", 0, 2, 10, 0), Op::send("s", 0, 1, 10, 0)};
+  EXPECT_NE(message(d).find("deadlocks: rank 0 op 0 (recv 'r'); rank 1 op 0 (recv 'r')"),
+            std::string::npos)
+      << message(d);
+  Workload m = one_collective(OpKind::AllReduce, 2, 100);
+  m.ranks[1].ops[0].bytes = 200;
+  EXPECT_NE(message(m).find("all_reduce of 200 bytes here but all_reduce of 100 bytes"),
+            std::string::npos);
+  EXPECT_NE(message(one_collective(OpKind::AllReduce, 3, 1)).find("has 2 GPUs"), std::string::npos);
+}
