@@ -171,12 +171,14 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   Cluster c;
   c.origin = origin;
   Section top(root, origin, "");
-  top.accepts({"name", "description", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node",
-               "host_link"});
+  top.accepts({"name", "description", "nodes", "gpus_per_node", "max_ranks_per_gpu", "gpu",
+               "intra_node", "inter_node", "host_link"});
   c.name = top.string("name");
   c.description = top.optional_string("description");
   c.nodes = top.integer("nodes", "node count", 1);
   c.gpus_per_node = top.integer("gpus_per_node", "GPUs (or processes) per node", 1);
+  if (top.has("max_ranks_per_gpu"))
+    c.max_ranks_per_gpu = top.integer("max_ranks_per_gpu", "ranks sharing one GPU or core", 1);
 
   Section g = top.table("gpu");
   g.accepts({"model", "tflops", "memory_gib", "memory_bandwidth_tbytes_per_s"});

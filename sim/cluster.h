@@ -51,11 +51,16 @@ struct Cluster {
   std::string name, description;
   std::string origin;  // the file it came from
   int nodes = 1, gpus_per_node = 1;
+  // More ranks than GPUs (CPU clusters: processes time-sharing a core): up to this many ranks per
+  // GPU, rank r on GPU r mod gpus(); ranks of one GPU exchange through a loopback link with the
+  // intra-node bandwidth and latency.
+  int max_ranks_per_gpu = 1;
   GpuSpec gpu;
   IntraNode intra;
   InterNode inter;  // unused (and optional in the file) when nodes == 1
   HostLink host;
   int gpus() const { return nodes * gpus_per_node; }
+  int max_ranks() const { return gpus() * max_ranks_per_gpu; }
 };
 
 // Parses a cluster description. Errors: "[cluster] <origin>: <key> ..." naming the key and what

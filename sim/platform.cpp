@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <simgrid/s4u.hpp>
 
 #include "cai/core/error.h"
@@ -17,19 +19,21 @@ std::vector<std::string> simgrid_args() {
 }
 
 Platform build_platform(const Cluster& c, int nproc, DType dtype) {
-  CAI_CHECK(nproc >= 1 && nproc <= c.gpus(),
-            "[sim] {} ranks on cluster '{}' ({}): it has {} GPUs ({} nodes × {})", nproc, c.name,
-            c.origin, c.gpus(), c.nodes, c.gpus_per_node);
+  CAI_CHECK(nproc >= 1 && nproc <= c.max_ranks(),
+            "[sim] {} ranks on cluster '{}' ({}): it has {} GPUs ({} nodes × {}){}", nproc, c.name,
+            c.origin, c.gpus(), c.nodes, c.gpus_per_node,
+            c.max_ranks_per_gpu > 1 ? fmt::format(", {} ranks per GPU", c.max_ranks_per_gpu) : "");
   const double speed = c.gpu.peak_flops(dtype);
-  const int nodes = (nproc + c.gpus_per_node - 1) / c.gpus_per_node;
+  const int used = std::min(nproc, c.gpus());  // GPUs in use; rank r runs on GPU r mod used
+  const int nodes = (used + c.gpus_per_node - 1) / c.gpus_per_node;
   Platform p;
   p.hosts.reserve(nproc);
   auto* root = sg4::create_star_zone(c.name);
   // Every link is created in the root zone before any node zone exists: SimGrid 3.32 checks a new
   // link's name against every zone (and a new host's against every zone too), so creating links
   // inside 2,048 node zones made platform building quadratic (30 s at 16,384 GPUs).
-  std::vector<sg4::Link*> gpu_links(nproc), nic_links(nodes > 1 ? nodes : 0);
-  for (int r = 0; r < nproc; ++r)
+  std::vector<sg4::Link*> gpu_links(used), nic_links(nodes > 1 ? nodes : 0);
+  for (int r = 0; r < used; ++r)
     gpu_links[r] = root->create_split_duplex_link(
                            fmt::format("node{}-gpu{}-{}", r / c.gpus_per_node, r % c.gpus_per_node,
                                        fabric_name(c.intra.fabric)),
@@ -45,11 +49,18 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype) {
     auto* nz = sg4::create_star_zone(fmt::format("node{}", n));
     nz->set_parent(root);
     auto* gw = nz->create_router(fmt::format("node{}-gw", n));
-    for (int g = 0; g < c.gpus_per_node && n * c.gpus_per_node + g < nproc; ++g) {
+    for (int g = 0; g < c.gpus_per_node && n * c.gpus_per_node + g < used; ++g) {
       const int r = n * c.gpus_per_node + g;
       auto* h = nz->create_host(fmt::format("node{}-gpu{}", n, g), speed)->seal();
       nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
                     {{gpu_links[r], sg4::LinkInRoute::Direction::UP}}, true);
+      if (nproc > used) {  // ranks sharing this GPU talk through a loopback
+        auto* lb = nz->create_link(fmt::format("node{}-gpu{}-loopback", n, g), c.intra.bandwidth)
+                       ->set_latency(c.intra.latency)
+                       ->seal();
+        nz->add_route(h->get_netpoint(), h->get_netpoint(), nullptr, nullptr,
+                      {sg4::LinkInRoute(lb)}, false);
+      }
       p.hosts.push_back(h);
       p.node_of.push_back(n);
     }
@@ -59,6 +70,10 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype) {
                       {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
   }
   root->seal();
+  for (int r = used; r < nproc; ++r) {
+    p.hosts.push_back(p.hosts[r % used]);
+    p.node_of.push_back(p.node_of[r % used]);
+  }
   return p;
 }
 

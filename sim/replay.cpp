@@ -449,9 +449,10 @@ void measure(const Workload& w, ReplayResult& res) {
 ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const detail::Matching m = detail::check_and_match(w);
-  CAI_CHECK(static_cast<int>(w.ranks.size()) <= c.gpus(),
-            "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs", w.name,
-            w.ranks.size(), c.name, c.origin, c.gpus());
+  CAI_CHECK(static_cast<int>(w.ranks.size()) <= c.max_ranks(),
+            "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs{}", w.name,
+            w.ranks.size(), c.name, c.origin, c.gpus(),
+            c.max_ranks_per_gpu > 1 ? fmt::format(" for {} ranks", c.max_ranks()) : "");
   const auto dur = compute_durations(w, c, opt.calibration);
   // Buffered output would be written twice (by the child too) if it were not flushed now.
   std::fflush(stdout);

@@ -380,3 +380,22 @@ TEST(Replay, Errors) {
             std::string::npos);
   EXPECT_NE(message(one_collective(OpKind::AllReduce, 3, 1)).find("has 2 GPUs"), std::string::npos);
 }
+
+// cpu-2 runs up to 4 processes on 2 cores: ranks r and r + 2 time-share core r and exchange
+// through a loopback at the shared-memory bandwidth.
+TEST(Replay, OversubscribedCpuCluster) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  ASSERT_EQ(c.max_ranks(), 4);
+  Workload w;
+  w.ranks.resize(4);
+  for (auto& rp : w.ranks) rp.ops.push_back(Op::compute("F", 1.0));
+  w.ranks[0].ops.push_back(Op::send("s", 2, 1, 5000000000));  // same core: 5 GB/s, 1 µs
+  w.ranks[0].ops.back().deps = {0};                           // after the compute
+  w.ranks[2].ops.push_back(Op::recv("r", 0, 1, 5000000000));
+  const ReplayResult r = replay(w, c);
+  EXPECT_NEAR(r.ranks[0].spans[0].end, 2.0, 1e-9);  // two processes on one core
+  EXPECT_NEAR(r.ranks[2].spans[1].end, 3.0 + 1e-6, 1e-9);
+  Workload five;
+  five.ranks.resize(5);
+  EXPECT_THROW(replay(five, c), cai::Error);
+}
