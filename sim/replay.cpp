@@ -381,7 +381,7 @@ void measure(const Workload& w, ReplayResult& res) {
   res.step_s = step;
   res.img_per_s = w.global_batch > 0 && step > 0 ? w.global_batch / step : 0;
   const int S = w.stages();
-  std::vector<double> bubble_sum(S, 0.0);
+  std::vector<double> bubble_sum(S, 0.0), measured_sum(S, 0.0);
   std::vector<int> count(S, 0);
   double pc_total = 0;
   for (size_t r = 0; r < w.ranks.size(); ++r) {
@@ -405,6 +405,9 @@ void measure(const Workload& w, ReplayResult& res) {
     rr.idle_s = std::max(0.0, step - rr.compute_s - rr.comm_s);
     pc_total += rr.pipeline_compute_s;
     bubble_sum[prog.stage] += step > 0 ? 1.0 - rr.pipeline_compute_s / step : 0.0;
+    for (size_t i = 0; i < prog.ops.size(); ++i)
+      if (prog.ops[i].category != "optimizer") rr.wall_s = std::max(rr.wall_s, rr.spans[i].end);
+    measured_sum[prog.stage] += rr.wall_s > 0 ? 1.0 - rr.pipeline_compute_s / rr.wall_s : 0.0;
     ++count[prog.stage];
 
     // Memory: events sorted by time, frees before allocations at the same instant.
@@ -440,7 +443,11 @@ void measure(const Workload& w, ReplayResult& res) {
     }
   }
   res.bubble.assign(S, 0.0);
-  for (int s = 0; s < S; ++s) res.bubble[s] = count[s] ? bubble_sum[s] / count[s] : 0.0;
+  res.bubble_measured.assign(S, 0.0);
+  for (int s = 0; s < S; ++s) {
+    res.bubble[s] = count[s] ? bubble_sum[s] / count[s] : 0.0;
+    res.bubble_measured[s] = count[s] ? measured_sum[s] / count[s] : 0.0;
+  }
   res.bubble_mean = step > 0 ? 1.0 - pc_total / (static_cast<double>(w.ranks.size()) * step) : 0;
 }
 
@@ -492,6 +499,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   res.cluster = c.name;
   res.collectives = opt.collectives;
   res.simgrid_s = v[0];
+  res.memory_limit = c.gpu.memory_bytes;
   res.ranks.resize(w.ranks.size());
   size_t k = 1;
   for (size_t r = 0; r < w.ranks.size(); ++r) {

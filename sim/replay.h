@@ -37,9 +37,10 @@ struct MemPoint {
 };
 
 struct RankResult {
-  std::vector<Span> spans;        // per op, same index as RankProgram::ops
-  double end_s = 0;               // the rank's last op end
-  double compute_s = 0;           // time with a compute op running (any category)
+  std::vector<Span> spans;  // per op, same index as RankProgram::ops
+  double end_s = 0;         // the rank's last op end
+  double wall_s = 0;        // end of its last op before the optimizer (forward_backward's wall)
+  double compute_s = 0;     // time with a compute op running (any category)
   double pipeline_compute_s = 0;  // time in ops of category "compute" (Forward/Backward)
   double comm_s = 0;              // communication time not overlapped by compute
   double comm_total_s = 0;        // time with any communication running (recv waits included)
@@ -59,8 +60,13 @@ struct ReplayResult {
   // ends with the slowest, as the next step's collectives make it in a real run.)
   std::vector<double> bubble;
   double bubble_mean = 0;  // 1 - sum(pipeline_compute) / (ranks · step): the validator's fraction
-  double wall_s = 0;       // host time of the whole replay (check, fork, platform, run, metrics)
-  double simgrid_s = 0;    // host time inside the SimGrid process (platform + run)
+  // Per stage, PipelinePlugin::measured_bubble's definition: 1 - pipeline_compute / the rank's
+  // own forward_backward wall time (RankResult::wall_s), averaged over the stage's ranks. For
+  // laying a recorded run's bubbles beside the simulated ones.
+  std::vector<double> bubble_measured;
+  int64_t memory_limit = 0;  // the GPU's usable memory; peak_mem above it does not fit
+  double wall_s = 0;         // host time of the whole replay (check, fork, platform, run, metrics)
+  double simgrid_s = 0;      // host time inside the SimGrid process (platform + run)
   std::vector<RankResult> ranks;
 };
 

@@ -22,6 +22,8 @@ std::string label_of(const Workload& w, size_t r) {
 
 std::string result_json(const Workload& w, const ReplayResult& r) {
   using nlohmann::json;
+  bool fits = true;
+  for (const RankResult& rr : r.ranks) fits = fits && rr.peak_mem <= r.memory_limit;
   json peak = json::array(), comp = json::array(), comm = json::array(), commt = json::array(),
        idle = json::array(), at_peak = json::array();
   for (const RankResult& rr : r.ranks) {
@@ -44,6 +46,9 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
             {"global_batch", w.global_batch},
             {"bubble", r.bubble},
             {"bubble_mean", r.bubble_mean},
+            {"bubble_measured", r.bubble_measured},
+            {"memory_limit_bytes", r.memory_limit},
+            {"fits_memory", fits},
             {"peak_mem_bytes", peak},
             {"mem_at_peak", at_peak},
             {"compute_ms", comp},
@@ -96,7 +101,9 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
                    minmax([](const RankResult& x) { return x.compute_s; }),
                    minmax([](const RankResult& x) { return x.comm_s; }),
                    minmax([](const RankResult& x) { return x.idle_s; }));
-  s += fmt::format("  peak memory {:.3f} GiB (largest rank)\n", peak / (1024.0 * 1024 * 1024));
+  s += fmt::format("  peak memory {:.3f} GiB (largest rank) of {:.1f} GiB{}\n",
+                   peak / (1024.0 * 1024 * 1024), r.memory_limit / (1024.0 * 1024 * 1024),
+                   peak > r.memory_limit ? ": DOES NOT FIT" : "");
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;
 }

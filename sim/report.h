@@ -9,7 +9,8 @@
 namespace cai::sim {
 
 // {"workload", "cluster", "nproc", "dtype", "collectives", "step_ms", "img_per_s", "bubble" (per
-// stage), "bubble_mean", "peak_mem_bytes", "compute_ms", "comm_ms", "comm_total_ms", "idle_ms"
+// stage), "bubble_mean", "bubble_measured" (per stage), "memory_limit_bytes", "fits_memory",
+// "peak_mem_bytes", "compute_ms", "comm_ms", "comm_total_ms", "idle_ms"
 // (per rank), "mem_at_peak" (per rank, per kind), "wall_s", "simgrid_s"}.
 std::string result_json(const Workload& w, const ReplayResult& r);
 // Chrome-trace JSON: rank r's stream 0 on tid r (named by RankProgram::label) with its memory

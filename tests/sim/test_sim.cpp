@@ -298,6 +298,9 @@ TEST(Replay, PipelineSchedulesMatchTheValidator) {
       EXPECT_NEAR(r.step_s, (8 + 4 - 1) * 3.0, 1e-3);
       EXPECT_NEAR(r.bubble_mean, 3.0 / 11.0, 1e-4);  // (p - 1) / (m + p - 1)
       EXPECT_NEAR(r.img_per_s, 64 / r.step_s, 1e-9);
+      // measured_bubble's definition: the last stage's own wall ends (p - 1) backwards early.
+      EXPECT_NEAR(r.bubble_measured[0], 3.0 / 11.0, 1e-4);
+      EXPECT_NEAR(r.bubble_measured[3], 1.0 - 24.0 / (33.0 - 3 * 2.0), 1e-4);
     }
     if (std::string(style) == "interleaved") bubble_interleaved = r.bubble_mean;
   }
