@@ -383,6 +383,10 @@ int DataParallelPlugin::rank() const {
 int DataParallelPlugin::world_size() const {
   return impl_->size;
 }
+std::pair<int64_t, int64_t> DataParallelPlugin::shard_range(int64_t n, int r, int size) {
+  return {chunk_begin(n, r, size), chunk_begin(n, r + 1, size)};
+}
+
 int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
 }
@@ -612,6 +616,20 @@ int64_t DataParallelPlugin::parameter_bytes() const {
   // (With cpu_offload the host copies of the shards are not counted: host memory.)
   for (const auto& s : impl_->shards) b += static_cast<int64_t>(s.value.nbytes());
   return b;
+}
+
+std::map<std::string, Tensor> DataParallelPlugin::full_model_state(nn::ViT&) {
+  throw NotImplemented(
+      "[checkpoint] DataParallelPlugin alone does not gather checkpoints: wrap it in "
+      "HybridParallelPlugin (what vit_train does)");
+}
+std::map<std::string, Tensor> DataParallelPlugin::full_optimizer_state(nn::ViT& model,
+                                                                       optim::Optimizer&) {
+  return full_model_state(model);
+}
+void DataParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer&,
+                                              const std::map<std::string, Tensor>&) {
+  full_model_state(model);
 }
 
 }  // namespace cai::parallel

@@ -510,4 +510,18 @@ std::vector<double> PipelinePlugin::write_trace(const std::string& path) {
   return bubbles;
 }
 
+std::map<std::string, Tensor> PipelinePlugin::full_model_state(nn::ViT&) {
+  throw NotImplemented(
+      "[checkpoint] PipelinePlugin alone does not gather checkpoints: wrap it in "
+      "HybridParallelPlugin (what vit_train does)");
+}
+std::map<std::string, Tensor> PipelinePlugin::full_optimizer_state(nn::ViT& model,
+                                                                   optim::Optimizer&) {
+  return full_model_state(model);
+}
+void PipelinePlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer&,
+                                          const std::map<std::string, Tensor>&) {
+  full_model_state(model);
+}
+
 }  // namespace cai::parallel
