@@ -101,6 +101,12 @@ std::vector<Field> fields(TrainConfig& c) {
       {"data.random_crop_padding", Kind::Int, &c.random_crop_padding, {}, 0, inf},
       {"data.horizontal_flip", Kind::Bool, &c.horizontal_flip},
       {"data.image_size", Kind::Int, &c.image_size, {}, 0, inf},
+      {"checkpoint.dir", Kind::String, &c.checkpoint_dir},
+      {"checkpoint.every_steps", Kind::Int, &c.checkpoint_every_steps, {}, 0, inf},
+      {"checkpoint.every_epochs", Kind::Int, &c.checkpoint_every_epochs, {}, 0, inf},
+      {"checkpoint.keep_last", Kind::Int, &c.checkpoint_keep_last, {}, 0, inf},
+      {"checkpoint.max_shard_mb", Kind::Float, &c.checkpoint_max_shard_mb, {}, 1e-3, inf},
+      {"checkpoint.export_dtype", Kind::String, &c.checkpoint_export_dtype, {"fp32", "bf16", "fp16"}},
   };
 }
 
@@ -346,6 +352,10 @@ void validate(const TrainConfig& c, int world) {
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);
+  CAI_CHECK(!c.checkpoint_dir.empty() ||
+                (c.checkpoint_every_steps == 0 && c.checkpoint_every_epochs == 0),
+            "[config] checkpoint.every_steps = {} / every_epochs = {} need checkpoint.dir",
+            c.checkpoint_every_steps, c.checkpoint_every_epochs);
   CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
             "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
             c.min_scale, c.initial_scale, c.max_scale);

@@ -66,6 +66,11 @@ struct TrainConfig {
   int64_t random_crop_padding = 0;
   bool horizontal_flip = false;
   int64_t image_size = 0;  // image_folder decode size (0: model.img_size)
+  // [checkpoint]
+  std::string checkpoint_dir;  // "" = no checkpoints
+  int64_t checkpoint_every_steps = 0, checkpoint_every_epochs = 0, checkpoint_keep_last = 0;
+  double checkpoint_max_shard_mb = 5120.0;
+  std::string checkpoint_export_dtype = "fp32";
 
   std::set<std::string> explicitly_set;  // "section.key" given in the file or by --set
 

@@ -14,6 +14,7 @@
 #include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
 #include "cai/dist/nccl.h"
+#include "cai/checkpoint/checkpoint.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
@@ -56,6 +57,17 @@ int main(int argc, char** argv) {
       "node's GPUs).");
   app.add_flag("--dry-run", dry_run,
                "Print the resolved config, parameter count and memory estimate, then exit");
+  std::string resume, init_from;
+  auto* resume_opt =
+      app.add_option("--resume", resume,
+                     "Continue from a checkpoint: a checkpoint directory, or a checkpoint.dir "
+                     "(its newest); without a value, checkpoint.dir. Any layout resumes what any "
+                     "layout saved")
+          ->expected(0, 1);
+  app.add_option("--init-from", init_from,
+                 "Start from these weights (a safetensors file or a folder with "
+                 "model.safetensors or an index, timm's names); a head of another class count is "
+                 "re-initialised");
   std::string trace_path;
   app.add_option("--trace", trace_path,
                  "Record every rank's timed instructions and memory; write one Chrome-trace "
@@ -148,6 +160,8 @@ int main(int argc, char** argv) {
       device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       if (world) gpu_world = dist::make_nccl(*world, device.index);
     }
+    // Several processes, or any parallel feature: the hybrid plugin (tp × pp × dp, ZeRO), the
+    // one path that also gathers and cuts checkpoints for every layout.
     std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
     std::shared_ptr<parallel::PipelinePlugin> pipe;
     std::shared_ptr<parallel::HybridParallelPlugin> hybrid;
@@ -164,9 +178,11 @@ int main(int argc, char** argv) {
     pc.partition = cfg.partition;
     pc.num_layers_per_stage = cfg.num_layers_per_stage;
     pc.dp = dc;
-    if (cfg.tensor_size > 1) {
-      // Tensor parallelism (with pipeline and data parallelism over the rest of the mesh).
+    if (world || cfg.tensor_size > 1 || cfg.pipeline > 1 || cfg.zero_stage > 0 ||
+        !trace_path.empty()) {
+      if (!world) world = dist::make_single();
       parallel::HybridParallelConfig hc;
+      hc.pipeline_executor = !trace_path.empty();  // it records the spans of a trace
       hc.tp_size = static_cast<int>(cfg.tensor_size);
       hc.pp_size = static_cast<int>(cfg.pipeline);
       hc.tp_mode = cfg.tensor_mode;
@@ -176,22 +192,40 @@ int main(int argc, char** argv) {
       hybrid =
           std::make_shared<parallel::HybridParallelPlugin>(gpu_world ? *gpu_world : *world, hc);
       plugin = hybrid;
-      if (hybrid->pipeline() && !trace_path.empty())
+      if (hybrid->pipeline())
         pipe = std::shared_ptr<parallel::PipelinePlugin>(hybrid, hybrid->pipeline());
-    } else if (cfg.pipeline > 1 || !trace_path.empty()) {
-      // The pipeline executor (also for one stage when a trace is asked for: it records spans).
-      if (!world) world = dist::make_single();
-      dist::Communicator& comm = gpu_world ? *gpu_world : *world;
-      pipe = std::make_shared<parallel::PipelinePlugin>(comm, mesh, pc);
-      plugin = pipe;
-    } else if (world || cfg.zero_stage > 0) {
-      if (!world) world = dist::make_single();
-      plugin = std::make_shared<parallel::DataParallelPlugin>(gpu_world ? *gpu_world : *world, dc);
     }
     // The model, split over the tensor-parallel group when there is one; initialised on the
     // host (the same values whatever the layout), then moved to the process's GPU.
     nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
     model.init(static_cast<uint64_t>(cfg.seed));
+    // Weights before the plugin's setup: each rank cuts its part of the full tensors.
+    if (resume_opt->count() > 0 && resume.empty()) {
+      CAI_CHECK(!cfg.checkpoint_dir.empty(),
+                "[vit_train] --resume without a directory needs checkpoint.dir in the config");
+      resume = cfg.checkpoint_dir;
+    }
+    checkpoint::Checkpoint ck;
+    if (!resume.empty()) {
+      ck = checkpoint::load_checkpoint(resume);
+      checkpoint::load_model_state(model, ck.model);
+      log::info("[checkpoint] resuming {} (epoch {}, step {} of it, global step {}; saved by {})",
+                ck.path, ck.state.epoch + 1, ck.state.step_in_epoch, ck.state.global_step,
+                ck.state.layout.empty() ? "an unknown layout" : ck.state.layout);
+    } else if (!init_from.empty()) {
+      auto w = checkpoint::load_model_weights(init_from).tensors;
+      std::set<std::string> skip;
+      for (const char* h : {"head.weight", "head.bias"}) {
+        auto it = w.find(h);
+        if (it != w.end() && it->second.shape() != model.parameter(h).full_shape()) skip.insert(h);
+      }
+      if (!skip.empty())
+        log::info("[checkpoint] {}: its head is {} but the model has {} classes: the head is "
+                  "re-initialised",
+                  init_from, shape_str(w.at("head.weight").shape()), vc.num_classes);
+      checkpoint::load_model_state(model, w, skip);
+      log::info("[checkpoint] initialised from {} ({} tensors)", init_from, w.size());
+    }
     if (device.is_cuda()) model.to(device);
     plugin->setup(model);
     optim::OptimizerOptions oo;
@@ -231,6 +265,25 @@ int main(int argc, char** argv) {
     train::Criterion crit{static_cast<float>(cfg.label_smoothing)};
     auto trainer =
         booster.boost(model, *opt, crit, train_loader, &eval_loader, sched.get(), by_epoch, tc);
+    if (!resume.empty()) {
+      plugin->load_optimizer_state(model, *opt, ck.optimizer);
+      sched->set_last(ck.state.scheduler_last);
+      if (auto* s = trainer->grad_scaler(); s && !ck.state.scaler.empty())
+        s->load_state(ck.state.scaler);
+      trainer->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
+    }
+    if (!cfg.checkpoint_dir.empty()) {
+      checkpoint::CheckpointConfig cc;
+      cc.dir = cfg.checkpoint_dir;
+      cc.every_steps = cfg.checkpoint_every_steps;
+      cc.every_epochs = cfg.checkpoint_every_epochs;
+      if (cc.every_steps == 0 && cc.every_epochs == 0) cc.every_epochs = 1;
+      cc.keep_last = cfg.checkpoint_keep_last;
+      cc.max_shard_bytes = static_cast<int64_t>(cfg.checkpoint_max_shard_mb * (1 << 20));
+      cc.export_dtype = dtype_from_name(cfg.checkpoint_export_dtype);
+      cc.layout = mesh.describe();
+      trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
+    }
     trainer->add_hook(
         std::make_shared<train::ProgressHook>(isatty(STDOUT_FILENO) != 0, cfg.log_interval));
     trainer->add_hook(std::make_shared<train::LogMetricByEpochHook>());
