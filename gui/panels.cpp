@@ -360,12 +360,11 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     ImGui::SameLine();
     if (ImGui::Button("open trace")) model.open_trace(ui.trace_path_input);
     if (model.trace) {
-      int step = model.knobs.trace_step < 0 ? static_cast<int>(model.trace->steps.size()) - 1
-                                            : model.knobs.trace_step;
+      const int n = static_cast<int>(model.trace->steps.size());
+      int step = (model.knobs.trace_step < 0 ? n - 1 : model.knobs.trace_step) + 1;  // 1-based
       ImGui::SetNextItemWidth(150);
-      if (ImGui::SliderInt("trace step", &step, 0,
-                           static_cast<int>(model.trace->steps.size()) - 1)) {
-        model.knobs.trace_step = step;
+      if (ImGui::SliderInt("trace step", &step, 1, n)) {
+        model.knobs.trace_step = step - 1;
         changed = true;
       }
       ImGui::Checkbox("show beside the replay", &ui.trace_beside);
@@ -424,7 +423,6 @@ void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
     ImGui::RadioButton("replay", &ui.memory_source, 0);
     ImGui::SameLine();
     ImGui::RadioButton("recorded", &ui.memory_source, 1);
-    ImGui::SameLine();
   }
   const Timeline& t = ui.memory_source == 1 && model.trace ? model.recorded : model.current;
   ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -466,7 +464,8 @@ void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
   std::vector<const MemoryCurve*> curves;
   for (const auto& mc : t.memory) curves.push_back(&mc);
   std::stable_sort(curves.begin(), curves.end(), [](const MemoryCurve* a, const MemoryCurve* b) {
-    return a->peak() < b->peak();
+    // Equal curves (one stage's ranks): its first rank last, in the legend's colour.
+    return a->peak() < b->peak() || (a->peak() == b->peak() && a->rank > b->rank);
   });
   for (const MemoryCurve* mc : curves) {
     std::vector<ImVec2> pts;
@@ -488,13 +487,22 @@ void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
   if (t.capacity_bytes > y_max)
     dl->AddText(ImVec2(p.x1 - 200, p.y0 + 2), IM_COL32(160, 160, 160, 255),
                 fmt::format("capacity {} (off scale)", bytes_str(t.capacity_bytes)).c_str());
-  // Legend (first ranks).
+  // Legend: every rank, or with many ranks the first rank of each stage (a stage's ranks share
+  // their curve in the replay).
+  std::vector<const MemoryCurve*> legend;
+  for (const auto& mc : t.memory)
+    if (t.memory.size() <= 8 ||
+        std::none_of(legend.begin(), legend.end(),
+                     [&](const MemoryCurve* l) { return l->stage == mc.stage; }))
+      legend.push_back(&mc);
+  legend.resize(std::min<size_t>(legend.size(), 8));
+  dm.legend = Rect{p.x0, p.y0, p.x0 + 170, p.y0 + 4 + 14 * static_cast<float>(legend.size())};
   float ly = p.y0 + 4;
-  dm.legend = Rect{p.x0, p.y0, p.x0 + 160, p.y0 + 4 + 14 * std::min<float>(8, t.memory.size())};
-  for (size_t i = 0; i < t.memory.size() && i < 8; ++i) {
-    const auto& mc = t.memory[i];
-    dl->AddText(ImVec2(p.x0 + 6, ly), col(rank_colour(mc.rank)),
-                fmt::format("r{} s{} {}", mc.rank, mc.stage, bytes_str(mc.peak())).c_str());
+  for (const MemoryCurve* mc : legend) {
+    dl->AddText(ImVec2(p.x0 + 6, ly), col(rank_colour(mc->rank)),
+                fmt::format("r{} s{} {}{}", mc->rank, mc->stage, bytes_str(mc->peak()),
+                            t.memory.size() > 8 ? " (stage)" : "")
+                    .c_str());
     ly += 14;
   }
   // Breakdown at the cursor: the curve nearest the mouse.
