@@ -1,6 +1,8 @@
 #define TOML_HEADER_ONLY 1
 #include "config.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <toml++/toml.h>
@@ -375,7 +377,29 @@ void validate(const TrainConfig& c, int world) {
 
 std::string to_toml(const TrainConfig& c0) {
   TrainConfig c = c0;
+  // The model as resolved (named model, explicit keys, channels from the dataset), so the text
+  // loads back to the same model.
+  const nn::ViTConfig v = c.vit();
+  c.img_size = v.img_size;
+  c.patch_size = v.patch_size;
+  c.hidden_size = v.embed_dim;
+  c.depth = v.depth;
+  c.num_heads = v.num_heads;
+  c.mlp_ratio = v.mlp_ratio;
+  c.in_chans = v.in_chans;
   auto fs = fields(c);
+  // Keys grouped by section in order of first appearance: a section's header appears once, so
+  // the text loads back (TOML refuses a [parallel] reopened after [parallel.tensor]).
+  std::vector<std::string> order;
+  for (const auto& f : fs) {
+    const std::string sec = f.key.substr(0, f.key.rfind('.'));
+    if (std::find(order.begin(), order.end(), sec) == order.end()) order.push_back(sec);
+  }
+  auto rank = [&](const auto& f) {
+    return std::find(order.begin(), order.end(), f.key.substr(0, f.key.rfind('.'))) - order.begin();
+  };
+  std::stable_sort(fs.begin(), fs.end(),
+                   [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   std::string out, section;
   for (const auto& f : fs) {
     const auto dot = f.key.rfind('.');

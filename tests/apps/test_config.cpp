@@ -220,3 +220,24 @@ TEST(Config, MemoryEstimateCountsStateAndActivations) {
   c.checkpoint = true;
   EXPECT_LT(estimate_memory(c, 1000).activations, m.activations);
 }
+
+TEST(Config, ResolvedTomlLoadsBack) {
+  // to_toml opens each section once ([parallel] before [parallel.tensor]) and writes the model
+  // as resolved, so the explorer can save its knobs as a config that vit_train loads.
+  for (const std::string model : {"", "name = \"vit_base_patch16_224\"\nnum_classes = 10\n"}) {
+    TrainConfig c =
+        parse_config("[model]\n" + model +
+                         "depth = 6\n[parallel]\npipeline = 2\ntensor = { mode = \"1d\", "
+                         "size = 2 }\n",
+                     "a.toml", {"parallel.zero_stage=1"});
+    const TrainConfig d = parse_config(to_toml(c), "b.toml", {});
+    EXPECT_EQ(d.pipeline, 2);
+    EXPECT_EQ(d.tensor_mode, "1d");
+    EXPECT_EQ(d.tensor_size, 2);
+    EXPECT_EQ(d.zero_stage, 1);
+    EXPECT_EQ(d.vit().depth, 6);
+    EXPECT_EQ(d.vit().embed_dim, c.vit().embed_dim);
+    EXPECT_EQ(d.vit().in_chans, c.vit().in_chans);
+    EXPECT_EQ(to_toml(d), to_toml(c));
+  }
+}
