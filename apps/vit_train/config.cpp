@@ -430,21 +430,32 @@ std::string to_toml(const TrainConfig& c0) {
   return out;
 }
 
-MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters) {
-  const nn::ViTConfig v = c.vit();
-  MemoryEstimate m;
-  m.parameters = num_parameters * 4;
-  m.gradients = num_parameters * 4;
-  const int64_t slots = c.optimizer == "sgd" ? (c.momentum > 0 ? 1 : 0) : 2;
-  m.optimizer_state = num_parameters * 4 * slots;
-  // Saved activations per sample and block: x, norm1 out, qkv (3D), attention out, h, norm2 out
-  // (D each but qkv), fc1 out and GELU out (hidden each), probabilities (heads · N²).
-  const int64_t n = v.num_patches() + 1, d = v.embed_dim, hid = v.mlp_hidden();
-  const int64_t per_block = n * (8 * d + 2 * hid) + v.num_heads * n * n;
-  const int64_t blocks = c.checkpoint ? (n * d * v.depth + per_block) : per_block * v.depth;
-  const int64_t embed = v.num_patches() * v.in_chans * v.patch_size * v.patch_size + n * d;
-  m.activations = (blocks + embed) * 4 * c.batch_size;
-  return m;
+plan::Layout plan_layout(const TrainConfig& c, int world) {
+  plan::Layout l;
+  l.world = world;
+  l.tp = static_cast<int>(c.tensor_size);
+  l.pp = static_cast<int>(c.pipeline);
+  l.sequence_parallel = c.sequence_parallel;
+  l.zero_stage = static_cast<int>(c.zero_stage);
+  l.cpu_offload = c.cpu_offload;
+  l.pp_style = c.pp_style;
+  l.num_microbatches = static_cast<int>(c.num_microbatches);
+  l.microbatch_size = static_cast<int>(c.microbatch_size);
+  l.chunks = static_cast<int>(c.num_model_chunks);
+  l.partition = c.partition;
+  l.num_layers_per_stage = c.num_layers_per_stage;
+  l.batch = c.batch_size;
+  l.gradient_accumulation = c.gradient_accumulation;
+  l.precision = dtype_from_name(c.precision);
+  l.optimizer = c.optimizer;
+  l.momentum = c.momentum;
+  l.ddp_bucket_cap_mb = c.ddp_bucket_cap_mb;
+  l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
+  l.gpu = c.device == "cuda";
+  // main.cpp: a DataParallelPlugin (or the pipeline / hybrid plugin over one) whenever there
+  // are several processes, ZeRO, a pipeline or tensor parallelism.
+  l.data_parallel_plugin = world > 1 || c.zero_stage > 0 || c.pipeline > 1 || c.tensor_size > 1;
+  return l;
 }
 
 }  // namespace cai::app

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cai/nn/vit.h"
+#include "cai/plan/plan.h"
 
 namespace cai::app {
 
@@ -88,11 +89,8 @@ std::string to_toml(const TrainConfig& c);  // the resolved configuration
 // ${NAME} expanded from the environment; an unset variable is an error naming it.
 std::string expand_env(const std::string& s, const std::string& key);
 
-// Per-process memory estimate in bytes: parameters, gradients, optimizer state, activations.
-struct MemoryEstimate {
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
-  int64_t total() const { return parameters + gradients + optimizer_state + activations; }
-};
-MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters);
+// The step model's layout for this config on `world` processes (cai/plan): what --dry-run
+// prints and what colossalai-sim reads.
+plan::Layout plan_layout(const TrainConfig& c, int world);
 
 }  // namespace cai::app

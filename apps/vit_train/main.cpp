@@ -1,5 +1,5 @@
 // vit_train: the config-driven ViT trainer (Colossal-AI's train.py).
-//   vit_train --config FILE [--set section.key=value ...] [--dry-run]
+//   vit_train --config FILE [--set section.key=value ...] [--dry-run [--nproc N]]
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,10 +37,6 @@ std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c,
   return load_image_folder(path + (train ? "/train" : "/val"), size);
 }
 
-std::string gib(int64_t bytes) {
-  return fmt::format("{:.3f} GiB", bytes / double(1ull << 30));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,7 +52,13 @@ int main(int argc, char** argv) {
       "or over NCCL with train.device = \"cuda\" (one GPU per process: local rank mod the "
       "node's GPUs).");
   app.add_flag("--dry-run", dry_run,
-               "Print the resolved config, parameter count and memory estimate, then exit");
+               "Print the resolved config, parameter count and the step model's per-process "
+               "memory (per pipeline stage), then exit");
+  int nproc = 0;
+  app.add_option("--nproc", nproc,
+                 "With --dry-run: the number of processes to plan for (default: the launcher's "
+                 "world size, 1 when not launched)")
+      ->check(CLI::PositiveNumber);
   std::string resume, init_from;
   auto* resume_opt =
       app.add_option("--resume", resume,
@@ -82,7 +84,8 @@ int main(int argc, char** argv) {
     cfg = app::load_config(config_path, overrides);
     cfg.path = app::expand_env(cfg.path, "data.path");
     cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");
-    app::validate(cfg, li.world_size);
+    CAI_CHECK(nproc == 0 || dry_run, "[vit_train] --nproc {} needs --dry-run", nproc);
+    app::validate(cfg, dry_run && nproc > 0 ? nproc : li.world_size);
   } catch (const Error& e) {
     if (li.rank == 0) std::cerr << "vit_train: " << e.what() << "\n";
     return 2;
@@ -101,23 +104,19 @@ int main(int argc, char** argv) {
                 "[vit_train] MPI sees {} processes but the launcher announced {} ({})",
                 world->size(), li.world_size, li.source);
     }
-    const dist::ProcessMesh mesh(li.world_size, static_cast<int>(cfg.tensor_size),
-                                 static_cast<int>(cfg.pipeline));
+    const dist::ProcessMesh mesh(dry_run && nproc > 0 ? nproc : li.world_size,
+                                 static_cast<int>(cfg.tensor_size), static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
     const int64_t nparams = nn::ViT(vc).num_parameters();
     if (dry_run) {
+      const int world = nproc > 0 ? nproc : li.world_size;
       std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
-      const auto m = app::estimate_memory(cfg, nparams);
       std::cout << fmt::format(
           "# model: ViT img {} patch {} dim {} depth {} heads {} mlp {} classes {}: {} "
           "parameters\n",
           vc.img_size, vc.patch_size, vc.embed_dim, vc.depth, vc.num_heads, vc.mlp_hidden(),
           vc.num_classes, nparams);
-      std::cout << fmt::format(
-          "# memory per process (estimate): parameters {}, gradients {}, optimizer state {}, "
-          "activations {} (batch {}), total {}\n",
-          gib(m.parameters), gib(m.gradients), gib(m.optimizer_state), gib(m.activations),
-          cfg.batch_size, gib(m.total()));
+      std::cout << plan::summary(plan::make_plan(vc, app::plan_layout(cfg, world)));
       return 0;
     }
 
