@@ -1,6 +1,8 @@
 #define TOML_HEADER_ONLY 1
 #include "config.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <toml++/toml.h>
@@ -101,6 +103,12 @@ std::vector<Field> fields(TrainConfig& c) {
       {"data.random_crop_padding", Kind::Int, &c.random_crop_padding, {}, 0, inf},
       {"data.horizontal_flip", Kind::Bool, &c.horizontal_flip},
       {"data.image_size", Kind::Int, &c.image_size, {}, 0, inf},
+      {"checkpoint.dir", Kind::String, &c.checkpoint_dir},
+      {"checkpoint.every_steps", Kind::Int, &c.checkpoint_every_steps, {}, 0, inf},
+      {"checkpoint.every_epochs", Kind::Int, &c.checkpoint_every_epochs, {}, 0, inf},
+      {"checkpoint.keep_last", Kind::Int, &c.checkpoint_keep_last, {}, 0, inf},
+      {"checkpoint.max_shard_mb", Kind::Float, &c.checkpoint_max_shard_mb, {}, 1e-3, inf},
+      {"checkpoint.export_dtype", Kind::String, &c.checkpoint_export_dtype, {"fp32", "bf16", "fp16"}},
   };
 }
 
@@ -346,6 +354,10 @@ void validate(const TrainConfig& c, int world) {
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);
+  CAI_CHECK(!c.checkpoint_dir.empty() ||
+                (c.checkpoint_every_steps == 0 && c.checkpoint_every_epochs == 0),
+            "[config] checkpoint.every_steps = {} / every_epochs = {} need checkpoint.dir",
+            c.checkpoint_every_steps, c.checkpoint_every_epochs);
   CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
             "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
             c.min_scale, c.initial_scale, c.max_scale);
@@ -365,7 +377,29 @@ void validate(const TrainConfig& c, int world) {
 
 std::string to_toml(const TrainConfig& c0) {
   TrainConfig c = c0;
+  // The model as resolved (named model, explicit keys, channels from the dataset), so the text
+  // loads back to the same model.
+  const nn::ViTConfig v = c.vit();
+  c.img_size = v.img_size;
+  c.patch_size = v.patch_size;
+  c.hidden_size = v.embed_dim;
+  c.depth = v.depth;
+  c.num_heads = v.num_heads;
+  c.mlp_ratio = v.mlp_ratio;
+  c.in_chans = v.in_chans;
   auto fs = fields(c);
+  // Keys grouped by section in order of first appearance: a section's header appears once, so
+  // the text loads back (TOML refuses a [parallel] reopened after [parallel.tensor]).
+  std::vector<std::string> order;
+  for (const auto& f : fs) {
+    const std::string sec = f.key.substr(0, f.key.rfind('.'));
+    if (std::find(order.begin(), order.end(), sec) == order.end()) order.push_back(sec);
+  }
+  auto rank = [&](const auto& f) {
+    return std::find(order.begin(), order.end(), f.key.substr(0, f.key.rfind('.'))) - order.begin();
+  };
+  std::stable_sort(fs.begin(), fs.end(),
+                   [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   std::string out, section;
   for (const auto& f : fs) {
     const auto dot = f.key.rfind('.');
@@ -396,21 +430,32 @@ std::string to_toml(const TrainConfig& c0) {
   return out;
 }
 
-MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters) {
-  const nn::ViTConfig v = c.vit();
-  MemoryEstimate m;
-  m.parameters = num_parameters * 4;
-  m.gradients = num_parameters * 4;
-  const int64_t slots = c.optimizer == "sgd" ? (c.momentum > 0 ? 1 : 0) : 2;
-  m.optimizer_state = num_parameters * 4 * slots;
-  // Saved activations per sample and block: x, norm1 out, qkv (3D), attention out, h, norm2 out
-  // (D each but qkv), fc1 out and GELU out (hidden each), probabilities (heads · N²).
-  const int64_t n = v.num_patches() + 1, d = v.embed_dim, hid = v.mlp_hidden();
-  const int64_t per_block = n * (8 * d + 2 * hid) + v.num_heads * n * n;
-  const int64_t blocks = c.checkpoint ? (n * d * v.depth + per_block) : per_block * v.depth;
-  const int64_t embed = v.num_patches() * v.in_chans * v.patch_size * v.patch_size + n * d;
-  m.activations = (blocks + embed) * 4 * c.batch_size;
-  return m;
+plan::Layout plan_layout(const TrainConfig& c, int world) {
+  plan::Layout l;
+  l.world = world;
+  l.tp = static_cast<int>(c.tensor_size);
+  l.pp = static_cast<int>(c.pipeline);
+  l.sequence_parallel = c.sequence_parallel;
+  l.zero_stage = static_cast<int>(c.zero_stage);
+  l.cpu_offload = c.cpu_offload;
+  l.pp_style = c.pp_style;
+  l.num_microbatches = static_cast<int>(c.num_microbatches);
+  l.microbatch_size = static_cast<int>(c.microbatch_size);
+  l.chunks = static_cast<int>(c.num_model_chunks);
+  l.partition = c.partition;
+  l.num_layers_per_stage = c.num_layers_per_stage;
+  l.batch = c.batch_size;
+  l.gradient_accumulation = c.gradient_accumulation;
+  l.precision = dtype_from_name(c.precision);
+  l.optimizer = c.optimizer;
+  l.momentum = c.momentum;
+  l.ddp_bucket_cap_mb = c.ddp_bucket_cap_mb;
+  l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
+  l.gpu = c.device == "cuda";
+  // main.cpp: a DataParallelPlugin (or the pipeline / hybrid plugin over one) whenever there
+  // are several processes, ZeRO, a pipeline or tensor parallelism.
+  l.data_parallel_plugin = world > 1 || c.zero_stage > 0 || c.pipeline > 1 || c.tensor_size > 1;
+  return l;
 }
 
 }  // namespace cai::app

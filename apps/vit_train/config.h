@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cai/nn/vit.h"
+#include "cai/plan/plan.h"
 
 namespace cai::app {
 
@@ -66,6 +67,11 @@ struct TrainConfig {
   int64_t random_crop_padding = 0;
   bool horizontal_flip = false;
   int64_t image_size = 0;  // image_folder decode size (0: model.img_size)
+  // [checkpoint]
+  std::string checkpoint_dir;  // "" = no checkpoints
+  int64_t checkpoint_every_steps = 0, checkpoint_every_epochs = 0, checkpoint_keep_last = 0;
+  double checkpoint_max_shard_mb = 5120.0;
+  std::string checkpoint_export_dtype = "fp32";
 
   std::set<std::string> explicitly_set;  // "section.key" given in the file or by --set
 
@@ -83,11 +89,8 @@ std::string to_toml(const TrainConfig& c);  // the resolved configuration
 // ${NAME} expanded from the environment; an unset variable is an error naming it.
 std::string expand_env(const std::string& s, const std::string& key);
 
-// Per-process memory estimate in bytes: parameters, gradients, optimizer state, activations.
-struct MemoryEstimate {
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
-  int64_t total() const { return parameters + gradients + optimizer_state + activations; }
-};
-MemoryEstimate estimate_memory(const TrainConfig& c, int64_t num_parameters);
+// The step model's layout for this config on `world` processes (cai/plan): what --dry-run
+// prints and what colossalai-sim reads.
+plan::Layout plan_layout(const TrainConfig& c, int world);
 
 }  // namespace cai::app

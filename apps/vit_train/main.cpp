@@ -1,5 +1,5 @@
 // vit_train: the config-driven ViT trainer (Colossal-AI's train.py).
-//   vit_train --config FILE [--set section.key=value ...] [--dry-run]
+//   vit_train --config FILE [--set section.key=value ...] [--dry-run [--nproc N]]
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +14,7 @@
 #include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
 #include "cai/dist/nccl.h"
+#include "cai/checkpoint/checkpoint.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
@@ -36,10 +37,6 @@ std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c,
   return load_image_folder(path + (train ? "/train" : "/val"), size);
 }
 
-std::string gib(int64_t bytes) {
-  return fmt::format("{:.3f} GiB", bytes / double(1ull << 30));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,7 +52,24 @@ int main(int argc, char** argv) {
       "or over NCCL with train.device = \"cuda\" (one GPU per process: local rank mod the "
       "node's GPUs).");
   app.add_flag("--dry-run", dry_run,
-               "Print the resolved config, parameter count and memory estimate, then exit");
+               "Print the resolved config, parameter count and the step model's per-process "
+               "memory (per pipeline stage), then exit");
+  int nproc = 0;
+  app.add_option("--nproc", nproc,
+                 "With --dry-run: the number of processes to plan for (default: the launcher's "
+                 "world size, 1 when not launched)")
+      ->check(CLI::PositiveNumber);
+  std::string resume, init_from;
+  auto* resume_opt =
+      app.add_option("--resume", resume,
+                     "Continue from a checkpoint: a checkpoint directory, or a checkpoint.dir "
+                     "(its newest); without a value, checkpoint.dir. Any layout resumes what any "
+                     "layout saved")
+          ->expected(0, 1);
+  app.add_option("--init-from", init_from,
+                 "Start from these weights (a safetensors file or a folder with "
+                 "model.safetensors or an index, timm's names); a head of another class count is "
+                 "re-initialised");
   std::string trace_path;
   app.add_option("--trace", trace_path,
                  "Record every rank's timed instructions and memory; write one Chrome-trace "
@@ -70,7 +84,8 @@ int main(int argc, char** argv) {
     cfg = app::load_config(config_path, overrides);
     cfg.path = app::expand_env(cfg.path, "data.path");
     cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");
-    app::validate(cfg, li.world_size);
+    CAI_CHECK(nproc == 0 || dry_run, "[vit_train] --nproc {} needs --dry-run", nproc);
+    app::validate(cfg, dry_run && nproc > 0 ? nproc : li.world_size);
   } catch (const Error& e) {
     if (li.rank == 0) std::cerr << "vit_train: " << e.what() << "\n";
     return 2;
@@ -89,23 +104,19 @@ int main(int argc, char** argv) {
                 "[vit_train] MPI sees {} processes but the launcher announced {} ({})",
                 world->size(), li.world_size, li.source);
     }
-    const dist::ProcessMesh mesh(li.world_size, static_cast<int>(cfg.tensor_size),
-                                 static_cast<int>(cfg.pipeline));
+    const dist::ProcessMesh mesh(dry_run && nproc > 0 ? nproc : li.world_size,
+                                 static_cast<int>(cfg.tensor_size), static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
     const int64_t nparams = nn::ViT(vc).num_parameters();
     if (dry_run) {
+      const int world = nproc > 0 ? nproc : li.world_size;
       std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
-      const auto m = app::estimate_memory(cfg, nparams);
       std::cout << fmt::format(
           "# model: ViT img {} patch {} dim {} depth {} heads {} mlp {} classes {}: {} "
           "parameters\n",
           vc.img_size, vc.patch_size, vc.embed_dim, vc.depth, vc.num_heads, vc.mlp_hidden(),
           vc.num_classes, nparams);
-      std::cout << fmt::format(
-          "# memory per process (estimate): parameters {}, gradients {}, optimizer state {}, "
-          "activations {} (batch {}), total {}\n",
-          gib(m.parameters), gib(m.gradients), gib(m.optimizer_state), gib(m.activations),
-          cfg.batch_size, gib(m.total()));
+      std::cout << plan::summary(plan::make_plan(vc, app::plan_layout(cfg, world)));
       return 0;
     }
 
@@ -148,6 +159,8 @@ int main(int argc, char** argv) {
       device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       if (world) gpu_world = dist::make_nccl(*world, device.index);
     }
+    // Several processes, or any parallel feature: the hybrid plugin (tp × pp × dp, ZeRO), the
+    // one path that also gathers and cuts checkpoints for every layout.
     std::shared_ptr<train::Plugin> plugin = std::make_shared<train::Plugin>();
     std::shared_ptr<parallel::PipelinePlugin> pipe;
     std::shared_ptr<parallel::HybridParallelPlugin> hybrid;
@@ -164,9 +177,11 @@ int main(int argc, char** argv) {
     pc.partition = cfg.partition;
     pc.num_layers_per_stage = cfg.num_layers_per_stage;
     pc.dp = dc;
-    if (cfg.tensor_size > 1) {
-      // Tensor parallelism (with pipeline and data parallelism over the rest of the mesh).
+    if (world || cfg.tensor_size > 1 || cfg.pipeline > 1 || cfg.zero_stage > 0 ||
+        !trace_path.empty()) {
+      if (!world) world = dist::make_single();
       parallel::HybridParallelConfig hc;
+      hc.pipeline_executor = !trace_path.empty();  // it records the spans of a trace
       hc.tp_size = static_cast<int>(cfg.tensor_size);
       hc.pp_size = static_cast<int>(cfg.pipeline);
       hc.tp_mode = cfg.tensor_mode;
@@ -176,22 +191,40 @@ int main(int argc, char** argv) {
       hybrid =
           std::make_shared<parallel::HybridParallelPlugin>(gpu_world ? *gpu_world : *world, hc);
       plugin = hybrid;
-      if (hybrid->pipeline() && !trace_path.empty())
+      if (hybrid->pipeline())
         pipe = std::shared_ptr<parallel::PipelinePlugin>(hybrid, hybrid->pipeline());
-    } else if (cfg.pipeline > 1 || !trace_path.empty()) {
-      // The pipeline executor (also for one stage when a trace is asked for: it records spans).
-      if (!world) world = dist::make_single();
-      dist::Communicator& comm = gpu_world ? *gpu_world : *world;
-      pipe = std::make_shared<parallel::PipelinePlugin>(comm, mesh, pc);
-      plugin = pipe;
-    } else if (world || cfg.zero_stage > 0) {
-      if (!world) world = dist::make_single();
-      plugin = std::make_shared<parallel::DataParallelPlugin>(gpu_world ? *gpu_world : *world, dc);
     }
     // The model, split over the tensor-parallel group when there is one; initialised on the
     // host (the same values whatever the layout), then moved to the process's GPU.
     nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
     model.init(static_cast<uint64_t>(cfg.seed));
+    // Weights before the plugin's setup: each rank cuts its part of the full tensors.
+    if (resume_opt->count() > 0 && resume.empty()) {
+      CAI_CHECK(!cfg.checkpoint_dir.empty(),
+                "[vit_train] --resume without a directory needs checkpoint.dir in the config");
+      resume = cfg.checkpoint_dir;
+    }
+    checkpoint::Checkpoint ck;
+    if (!resume.empty()) {
+      ck = checkpoint::load_checkpoint(resume);
+      checkpoint::load_model_state(model, ck.model);
+      log::info("[checkpoint] resuming {} (epoch {}, step {} of it, global step {}; saved by {})",
+                ck.path, ck.state.epoch + 1, ck.state.step_in_epoch, ck.state.global_step,
+                ck.state.layout.empty() ? "an unknown layout" : ck.state.layout);
+    } else if (!init_from.empty()) {
+      auto w = checkpoint::load_model_weights(init_from).tensors;
+      std::set<std::string> skip;
+      for (const char* h : {"head.weight", "head.bias"}) {
+        auto it = w.find(h);
+        if (it != w.end() && it->second.shape() != model.parameter(h).full_shape()) skip.insert(h);
+      }
+      if (!skip.empty())
+        log::info("[checkpoint] {}: its head is {} but the model has {} classes: the head is "
+                  "re-initialised",
+                  init_from, shape_str(w.at("head.weight").shape()), vc.num_classes);
+      checkpoint::load_model_state(model, w, skip);
+      log::info("[checkpoint] initialised from {} ({} tensors)", init_from, w.size());
+    }
     if (device.is_cuda()) model.to(device);
     plugin->setup(model);
     optim::OptimizerOptions oo;
@@ -231,6 +264,25 @@ int main(int argc, char** argv) {
     train::Criterion crit{static_cast<float>(cfg.label_smoothing)};
     auto trainer =
         booster.boost(model, *opt, crit, train_loader, &eval_loader, sched.get(), by_epoch, tc);
+    if (!resume.empty()) {
+      plugin->load_optimizer_state(model, *opt, ck.optimizer);
+      sched->set_last(ck.state.scheduler_last);
+      if (auto* s = trainer->grad_scaler(); s && !ck.state.scaler.empty())
+        s->load_state(ck.state.scaler);
+      trainer->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
+    }
+    if (!cfg.checkpoint_dir.empty()) {
+      checkpoint::CheckpointConfig cc;
+      cc.dir = cfg.checkpoint_dir;
+      cc.every_steps = cfg.checkpoint_every_steps;
+      cc.every_epochs = cfg.checkpoint_every_epochs;
+      if (cc.every_steps == 0 && cc.every_epochs == 0) cc.every_epochs = 1;
+      cc.keep_last = cfg.checkpoint_keep_last;
+      cc.max_shard_bytes = static_cast<int64_t>(cfg.checkpoint_max_shard_mb * (1 << 20));
+      cc.export_dtype = dtype_from_name(cfg.checkpoint_export_dtype);
+      cc.layout = mesh.describe();
+      trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
+    }
     trainer->add_hook(
         std::make_shared<train::ProgressHook>(isatty(STDOUT_FILENO) != 0, cfg.log_interval));
     trainer->add_hook(std::make_shared<train::LogMetricByEpochHook>());

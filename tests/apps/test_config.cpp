@@ -176,9 +176,9 @@ TEST(Config, ShippedConfigsParse) {
 
 TEST(Config, TensorParallelSettings) {
   // Overrides reach into the inline table.
-  TrainConfig c = parse_config("[parallel]\ntensor = { mode = \"none\", size = 1 }\n", "t",
-                               {"parallel.tensor.mode=1d", "parallel.tensor.size=2",
-                                "parallel.sequence_parallel=true"});
+  TrainConfig c = parse_config(
+      "[parallel]\ntensor = { mode = \"none\", size = 1 }\n", "t",
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.sequence_parallel=true"});
   EXPECT_EQ(c.tensor_mode, "1d");
   EXPECT_EQ(c.tensor_size, 2);
   EXPECT_TRUE(c.sequence_parallel);
@@ -211,12 +211,44 @@ TEST(Config, TensorParallelSettings) {
       << message(sp, 1);
 }
 
-TEST(Config, MemoryEstimateCountsStateAndActivations) {
+TEST(Config, PlanLayoutFollowsTheConfig) {
   TrainConfig c = parse_config("", "t", {});
-  const auto m = estimate_memory(c, 1000);
-  EXPECT_EQ(m.parameters, 4000);
-  EXPECT_EQ(m.optimizer_state, 8000);  // AdamW: two fp32 slots
-  EXPECT_GT(m.activations, 0);
-  c.checkpoint = true;
-  EXPECT_LT(estimate_memory(c, 1000).activations, m.activations);
+  c.pipeline = 2;
+  c.num_microbatches = 4;
+  c.zero_stage = 1;
+  c.precision = "bf16";
+  const plan::Layout l = plan_layout(c, 4);
+  EXPECT_EQ(l.dp(), 2);
+  EXPECT_EQ(l.pp, 2);
+  EXPECT_EQ(l.num_microbatches, 4);
+  EXPECT_EQ(l.precision, DType::BF16);
+  EXPECT_TRUE(l.data_parallel_plugin);
+  const auto p = plan::make_plan(c.vit(), l);
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_GT(p.stages[0].memory.peak, 0);
+  // One process without ZeRO runs without a data-parallel plugin: no bucket buffers.
+  TrainConfig one = parse_config("", "t", {});
+  EXPECT_FALSE(plan_layout(one, 1).data_parallel_plugin);
+  EXPECT_EQ(plan::make_plan(one.vit(), plan_layout(one, 1)).stages[0].memory.buffers, 0);
+}
+
+TEST(Config, ResolvedTomlLoadsBack) {
+  // to_toml opens each section once ([parallel] before [parallel.tensor]) and writes the model
+  // as resolved, so the explorer can save its knobs as a config that vit_train loads.
+  for (const std::string model : {"", "name = \"vit_base_patch16_224\"\nnum_classes = 10\n"}) {
+    TrainConfig c =
+        parse_config("[model]\n" + model +
+                         "depth = 6\n[parallel]\npipeline = 2\ntensor = { mode = \"1d\", "
+                         "size = 2 }\n",
+                     "a.toml", {"parallel.zero_stage=1"});
+    const TrainConfig d = parse_config(to_toml(c), "b.toml", {});
+    EXPECT_EQ(d.pipeline, 2);
+    EXPECT_EQ(d.tensor_mode, "1d");
+    EXPECT_EQ(d.tensor_size, 2);
+    EXPECT_EQ(d.zero_stage, 1);
+    EXPECT_EQ(d.vit().depth, 6);
+    EXPECT_EQ(d.vit().embed_dim, c.vit().embed_dim);
+    EXPECT_EQ(d.vit().in_chans, c.vit().in_chans);
+    EXPECT_EQ(to_toml(d), to_toml(c));
+  }
 }

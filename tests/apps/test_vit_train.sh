@@ -27,4 +27,14 @@ err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" 2>&1); rc=$?
 set -e
 [ $rc -eq 2 ] && grep -q "1 processes are not divisible" <<<"$err" ||
   { echo "pipeline config on one process: $err"; exit 1; }
+# Dry runs for N processes: the pipeline config per stage, the hybrid one on 4 processes.
+out=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" --dry-run --nproc 2)
+grep -q "stage 0" <<<"$out" && grep -q "stage 1" <<<"$out" || { echo "pp dry run: $out"; exit 1; }
+out=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_hybrid.toml" --dry-run --nproc 4)
+grep -q "dp 1 × pp 2 × tp 2" <<<"$out" || { echo "hybrid dry run: $out"; exit 1; }
+set +e
+err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" --dry-run --nproc 3 2>&1); rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "3 processes are not divisible" <<<"$err" ||
+  { echo "pp dry run on 3: $err"; exit 1; }
 echo "vit_train cli: ok"

@@ -236,6 +236,33 @@ TEST(Idx, BadMagicNamesFileAndOffset) {
   EXPECT_NE(msg.find(d / "nope"), std::string::npos) << msg;
 }
 
+TEST(Idx, HugeDimensionsDoNotWrapAround) {
+  // 2^20 × 2^19 × 2^25 images would be 2^64 bytes: the product wraps to 0 in 64 bits, so a
+  // 16-byte file would have matched it. Each multiplication is checked instead.
+  TempDir d;
+  Synthetic s;
+  std::vector<uint8_t> img = {0, 0, 8, 3, 0, 0x10, 0, 0, 0, 0x08, 0, 0, 0x02, 0, 0, 0};
+  write_raw(d / "img", img);
+  write_raw(d / "lab", idx_labels(s.labels));
+  const std::string msg = error_of([&] { load_idx(d / "img", d / "lab"); });
+  EXPECT_NE(msg.find("implausibly large"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "img"), std::string::npos) << msg;
+}
+
+TEST(Idx, GzipIsNotInflatedBeyondTheDeclaredSize) {
+  // A small gzip file declaring 3 labels followed by 64 MiB of zeros: reading stops one byte
+  // past the declared size (the error reports 1 trailing byte, not 64 MiB).
+  TempDir d;
+  Synthetic s;
+  write_raw(d / "img", idx_images(s.imgs, 2, 3));
+  auto lab = idx_labels(s.labels);
+  lab.resize(lab.size() + (64u << 20), 0);
+  write_gz(d / "bomb.gz", lab);
+  EXPECT_LT(fs::file_size(d / "bomb.gz"), 1u << 20);
+  const std::string msg = error_of([&] { load_idx(d / "img", d / "bomb.gz"); });
+  EXPECT_NE(msg.find("1 unexpected trailing bytes"), std::string::npos) << msg;
+}
+
 TEST(Idx, CountMismatch) {
   TempDir d;
   Synthetic s;

@@ -28,7 +28,11 @@ struct FileBytes {
   std::string gzip_error;  // set when zlib reported a problem (e.g. the stream ends early)
 };
 
-FileBytes read_file(const std::string& path, const char* op) {
+// `declared` (optional) tells, from the bytes read so far, how many the whole file should have
+// (0: not known yet): a gzip stream is not inflated further than one byte past that, so a small
+// compressed file cannot expand without bound.
+FileBytes read_file(const std::string& path, const char* op,
+                    size_t (*declared)(const std::vector<uint8_t>&) = nullptr) {
   FileBytes r;
   std::error_code ec;
   CAI_CHECK(fs::is_regular_file(path, ec), "[{}] {}: no such file", op, path);
@@ -60,8 +64,18 @@ FileBytes read_file(const std::string& path, const char* op) {
   constexpr unsigned kChunk = 1u << 20;
   for (;;) {
     const size_t at = r.bytes.size();
-    r.bytes.resize(at + kChunk);
-    const int n = gzread(g, r.bytes.data() + at, kChunk);
+    unsigned want = kChunk;
+    if (declared) {
+      const size_t total = declared(r.bytes);
+      if (total > 0) {
+        if (at > total) break;  // one byte past the declared size is enough to report it
+        want = static_cast<unsigned>(std::min<size_t>(kChunk, total + 1 - at));
+      } else if (at < 64) {
+        want = 8;  // the header first, 8 bytes at a time
+      }
+    }
+    r.bytes.resize(at + want);
+    const int n = gzread(g, r.bytes.data() + at, want);
     if (n < 0) {
       int errnum = 0;
       const char* msg = gzerror(g, &errnum);
@@ -87,6 +101,20 @@ std::string where(const FileBytes& fb) {
 
 uint32_t be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// The size an IDX file's header declares (0 while the header is incomplete or implausible).
+template <int kDims>
+size_t idx_declared(const std::vector<uint8_t>& b) {
+  const size_t header = 4 + 4 * kDims;
+  if (b.size() < header) return 0;
+  uint64_t numel = 1;
+  for (int d = 0; d < kDims; ++d) {
+    const uint64_t v = be32(b.data() + 4 + 4 * d);
+    if (v != 0 && numel >= (uint64_t{1} << 40) / v) return header;  // parse_idx refuses it
+    numel *= v;
+  }
+  return header + numel;
 }
 
 // Parses an IDX header with `ndims` dimensions of uint8 data; returns the dims and checks the
@@ -115,9 +143,11 @@ std::vector<int64_t> parse_idx(const FileBytes& fb, const std::string& path, int
     dims[d] = be32(fb.bytes.data() + 4 + 4 * d);
     CAI_CHECK(dims[d] > 0 || d == 0, "[idx] {}: dimension {} at byte offset {}{} is 0", path, d,
               4 + 4 * d, where(fb));
+    // Checked before multiplying: 2^20 × 2^19 × 2^25 must not wrap around to 0.
+    CAI_CHECK(dims[d] == 0 || numel < (uint64_t{1} << 40) / static_cast<uint64_t>(dims[d]),
+              "[idx] {}: dimensions {} are implausibly large (2^40 elements at most)", path,
+              fmt::join(std::vector<int64_t>(dims.begin(), dims.begin() + d + 1), "x"));
     numel *= static_cast<uint64_t>(dims[d]);
-    CAI_CHECK(numel < (uint64_t{1} << 40), "[idx] {}: dimensions {} are implausibly large", path,
-              fmt::join(dims, "x"));
   }
   CAI_CHECK(size >= header + numel,
             "[idx] {}: truncated: data ends at byte offset {}{}, expected {} bytes of {} ({}) "
@@ -224,9 +254,9 @@ class SubsetDataset final : public Dataset {
 
 std::shared_ptr<Dataset> load_idx(const std::string& images_path, const std::string& labels_path,
                                   const std::string& name) {
-  FileBytes img = read_file(images_path, "idx");
+  FileBytes img = read_file(images_path, "idx", idx_declared<3>);
   const std::vector<int64_t> idims = parse_idx(img, images_path, 3, "images");
-  FileBytes lab = read_file(labels_path, "idx");
+  FileBytes lab = read_file(labels_path, "idx", idx_declared<1>);
   const std::vector<int64_t> ldims = parse_idx(lab, labels_path, 1, "labels");
   CAI_CHECK(idims[0] == ldims[0], "[idx] {} holds {} images but {} holds {} labels", images_path,
             idims[0], labels_path, ldims[0]);

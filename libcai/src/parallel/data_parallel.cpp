@@ -6,17 +6,18 @@
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
+#include "cai/schedule/buckets.h"
 
 namespace cai::parallel {
 
 namespace {
 
-// Rank r's chunk of an n-element parameter: [n·r/dp, n·(r+1)/dp).
+// Rank r's chunk of an n-element parameter: [n·r/dp, n·(r+1)/dp) (shared with cai/plan).
 int64_t chunk_begin(int64_t n, int r, int dp) {
-  return n * r / dp;
+  return schedule::zero_chunk_begin(n, r, dp);
 }
 int64_t chunk_size(int64_t n, int r, int dp) {
-  return chunk_begin(n, r + 1, dp) - chunk_begin(n, r, dp);
+  return schedule::zero_chunk_size(n, r, dp);
 }
 
 // Elements [offset, offset + n) of t as a 1-D view (any device).
@@ -113,26 +114,22 @@ struct DataParallelPlugin::Impl {
   std::vector<nn::Layer*> layers;  // the layers this plugin manages (a pipeline stage's subset)
 
   void build_buckets() {
-    if (cfg.zero_stage == 3) {  // one chunk per layer
-      for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
-        Bucket b;
-        b.params = layer_params[*it];
-        if (!b.params.empty()) buckets.push_back(std::move(b));
+    // The layout rule is shared with the step model (cai/plan): schedule::gradient_buckets.
+    std::vector<int64_t> numels;
+    std::vector<int> layer_of;
+    for (size_t l = 0; l < layers.size(); ++l)
+      for (size_t k = 0; k < layer_params[layers[l]].size(); ++k) {
+        numels.push_back(layer_params[layers[l]][k]->value.numel());
+        layer_of.push_back(static_cast<int>(l));
       }
-    } else {
-      const int64_t cap = cfg.zero_stage == 2
-                              ? static_cast<int64_t>(cfg.zero_bucket_size_in_m * 1e6)
-                              : static_cast<int64_t>(cfg.ddp_bucket_cap_mb * 1024 * 1024 / 4);
-      Bucket cur;
-      for (auto it = params.rbegin(); it != params.rend(); ++it) {
-        cur.params.push_back(*it);
-        cur.numel += (*it)->value.numel();
-        if (cur.numel >= cap) {
-          buckets.push_back(std::move(cur));
-          cur = Bucket{};
-        }
-      }
-      if (!cur.params.empty()) buckets.push_back(std::move(cur));
+    CAI_CHECK(numels.size() == params.size(),
+              "[data_parallel] {} parameters collected by layer but {} in the model", numels.size(),
+              params.size());
+    for (const auto& ids : schedule::gradient_buckets(
+             numels, layer_of, cfg.zero_stage, cfg.ddp_bucket_cap_mb, cfg.zero_bucket_size_in_m)) {
+      Bucket b;
+      for (int i : ids) b.params.push_back(params[i]);
+      buckets.push_back(std::move(b));
     }
     for (size_t b = 0; b < buckets.size(); ++b) {
       Bucket& k = buckets[b];
@@ -383,6 +380,10 @@ int DataParallelPlugin::rank() const {
 int DataParallelPlugin::world_size() const {
   return impl_->size;
 }
+std::pair<int64_t, int64_t> DataParallelPlugin::shard_range(int64_t n, int r, int size) {
+  return {chunk_begin(n, r, size), chunk_begin(n, r + 1, size)};
+}
+
 int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
 }
@@ -612,6 +613,20 @@ int64_t DataParallelPlugin::parameter_bytes() const {
   // (With cpu_offload the host copies of the shards are not counted: host memory.)
   for (const auto& s : impl_->shards) b += static_cast<int64_t>(s.value.nbytes());
   return b;
+}
+
+std::map<std::string, Tensor> DataParallelPlugin::full_model_state(nn::ViT&) {
+  throw NotImplemented(
+      "[checkpoint] DataParallelPlugin alone does not gather checkpoints: wrap it in "
+      "HybridParallelPlugin (what vit_train does)");
+}
+std::map<std::string, Tensor> DataParallelPlugin::full_optimizer_state(nn::ViT& model,
+                                                                       optim::Optimizer&) {
+  return full_model_state(model);
+}
+void DataParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer&,
+                                              const std::map<std::string, Tensor>&) {
+  full_model_state(model);
 }
 
 }  // namespace cai::parallel

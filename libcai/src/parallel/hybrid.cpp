@@ -39,13 +39,14 @@ struct HybridParallelPlugin::Impl {
       CAI_CHECK(!cfg.sequence_parallel,
                 "[hybrid] sequence_parallel = true needs a tensor-parallel size above 1 (got {})",
                 cfg.tp_size);
-    if (cfg.pp_size > 1) {
+    dp_comm = world.split(me.pp * mesh.tp_size() + me.tp, me.dp,
+                          fmt::format("dp[pp={},tp={}]", me.pp, me.tp));
+    if (cfg.pp_size > 1 || cfg.pipeline_executor) {
       PipelineConfig pc = cfg.pipeline;
       pc.dp = cfg.dp;
       pipe = std::make_unique<PipelinePlugin>(world, mesh, pc);
       inner = pipe.get();
     } else {
-      dp_comm = world.split(me.pp * mesh.tp_size() + me.tp, me.dp, fmt::format("dp[tp={}]", me.tp));
       dp = std::make_unique<DataParallelPlugin>(*dp_comm, cfg.dp);
       inner = dp.get();
     }
@@ -173,6 +174,117 @@ double HybridParallelPlugin::all_reduce_sum(double v) {
 
 double HybridParallelPlugin::all_reduce_max(double v) {
   return impl_->world.all_reduce_scalar(v, dist::ReduceOp::Max);
+}
+
+void HybridParallelPlugin::barrier() {
+  impl_->world.barrier();
+}
+
+namespace {
+// Part `r` of `size` (ZeRO's cut) of n elements.
+int64_t zero_count(int64_t n, int r, int size) {
+  const auto [b, e] = DataParallelPlugin::shard_range(n, r, size);
+  return e - b;
+}
+}  // namespace
+
+std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT& model,
+                                                                         optim::Optimizer& opt) {
+  Impl& m = *impl_;
+  const bool zero = m.cfg.dp.zero_stage >= 1;
+  const int D = m.mesh.dp_size(), T = m.mesh.tp_size();
+  std::map<std::string, Tensor> local;
+  for (auto& [k, v] : opt.state_dict()) local[k] = v.to(Device::cpu());
+  // The slots ("exp_avg", ...) this optimizer keeps: the same on every rank once it has stepped.
+  std::set<std::string> slots;
+  for (nn::Parameter* p : model.parameters())
+    for (const auto& [k, v] : local)
+      if (k.size() > p->name.size() + 1 && k.compare(0, p->name.size(), p->name) == 0 &&
+          k[p->name.size()] == '.' && k.find('.', p->name.size() + 1) == std::string::npos)
+        slots.insert(k.substr(p->name.size() + 1));
+  const double n_slots = static_cast<double>(slots.size());
+  CAI_CHECK(m.world.all_reduce_scalar(n_slots, dist::ReduceOp::Max) == n_slots &&
+                m.world.all_reduce_scalar(n_slots, dist::ReduceOp::Min) == n_slots,
+            "[checkpoint] ranks keep different optimizer slots ({} here)", slots.size());
+  std::map<std::string, Tensor> out;
+  for (nn::Parameter* p : model.parameters()) {
+    const Shape& shape = m.shapes.at(p->name);  // this rank's tensor-parallel part
+    const int64_t n = shape_numel(shape);
+    for (const std::string& s : slots) {
+      const std::string key = p->name + "." + s;
+      const auto it = local.find(key);
+      const bool mine = it != local.end();
+      Tensor part;  // this rank's tp-local [shape] tensor, whole over dp
+      if (zero) {
+        std::vector<int64_t> counts(D);
+        for (int r = 0; r < D; ++r) counts[r] = zero_count(n, r, D);
+        Tensor chunk = mine ? it->second.reshape({it->second.numel()})
+                            : Tensor::zeros({counts[m.me.dp]}, DType::F32);
+        CAI_CHECK(chunk.numel() == counts[m.me.dp],
+                  "[checkpoint] optimizer state {} has {} elements, ZeRO's part is {}", key,
+                  chunk.numel(), counts[m.me.dp]);
+        part = Tensor::empty({n}, DType::F32);
+        m.dp_comm->all_gather(chunk, part, counts);
+        part = part.reshape(shape);
+      } else {
+        part = mine ? it->second.reshape(shape) : Tensor::zeros(shape, DType::F32);
+      }
+      if (m.mesh.pp_size() > 1) {
+        const int owner = static_cast<int>(
+            m.pp_comm->all_reduce_scalar(mine ? m.me.pp : -1, dist::ReduceOp::Max));
+        if (owner < 0) continue;  // a parameter without this slot (it never stepped)
+        if (!mine) part = Tensor::zeros(shape, DType::F32);
+        part = part.clone();
+        m.pp_comm->broadcast(part, owner);
+      } else if (!mine) {
+        continue;
+      }
+      if (p->shard.sharded()) {
+        Tensor all = Tensor::empty({n * T}, DType::F32);
+        m.tp_comm->all_gather(part.reshape({n}), all, std::vector<int64_t>(T, n));
+        std::vector<Tensor> parts;
+        for (int r = 0; r < T; ++r) parts.push_back(all.narrow(r * n, n).reshape(shape).clone());
+        out[key] = nn::unshard(parts, p->shard);
+      } else {
+        out[key] = part.clone();
+      }
+    }
+  }
+  out["step"] = local.at("step").clone();
+  return out;
+}
+
+void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
+                                                const std::map<std::string, Tensor>& full) {
+  Impl& m = *impl_;
+  const bool zero = m.cfg.dp.zero_stage >= 1;
+  const int D = m.mesh.dp_size();
+  std::map<std::string, const nn::Parameter*> by_name;
+  for (nn::Parameter* p : model.parameters()) by_name[p->name] = p;
+  std::set<std::string> mine;
+  for (nn::Parameter* q : train::optimizer_params(opt)) mine.insert(q->name);
+  std::map<std::string, Tensor> local;
+  for (const auto& [key, v] : full) {
+    if (key == "step") {
+      local[key] = v;
+      continue;
+    }
+    const auto dot = key.rfind('.');
+    CAI_CHECK(dot != std::string::npos && by_name.count(key.substr(0, dot)),
+              "[checkpoint] optimizer state '{}' belongs to no parameter of the model", key);
+    const nn::Parameter& p = *by_name.at(key.substr(0, dot));
+    if (!mine.count(p.name)) continue;  // another pipeline stage's
+    const Shape want = p.full_shape();
+    CAI_CHECK(v.shape() == want, "[checkpoint] optimizer state '{}' is {}, the parameter is {}",
+              key, shape_str(v.shape()), shape_str(want));
+    Tensor part = p.shard.sharded() ? nn::shard_of(v, p.shard) : v;
+    if (zero) {
+      const auto [b, e] = DataParallelPlugin::shard_range(part.numel(), m.me.dp, D);
+      part = part.reshape({part.numel()}).narrow(b, e - b).clone();
+    }
+    local[key] = part;
+  }
+  opt.load_state_dict(local);
 }
 
 std::map<std::string, Tensor> HybridParallelPlugin::full_state(nn::ViT& model) {

@@ -98,25 +98,13 @@ struct PipelinePlugin::Impl {
   }
 
   int micro_batches(int64_t batch) const {
-    int m = cfg.num_microbatches;
-    if (m == 0 && cfg.microbatch_size > 0)
-      m = static_cast<int>((batch + cfg.microbatch_size - 1) / cfg.microbatch_size);
-    if (m == 0) m = p();
-    if (cfg.style == "interleaved") {
-      CAI_CHECK(m % p() == 0,
-                "[pipeline] interleaved schedules need the micro-batch count ({}) to be a "
-                "multiple of the stage count ({})",
-                m, p());
-    }
-    CAI_CHECK(batch >= m, "[pipeline] a batch of {} samples cannot make {} micro-batches", batch,
-              m);
-    return m;
+    return schedule::micro_batch_count(batch, cfg.num_microbatches, cfg.microbatch_size, p(),
+                                       cfg.style);
   }
 
   // Micro-batch i of a batch of n samples split in m nearly equal parts.
   static std::pair<int64_t, int64_t> slice(int64_t n, int m, int i) {
-    const int64_t b = n * i / m, e = n * (i + 1) / m;
-    return {b, e - b};
+    return schedule::micro_batch_slice(n, m, i);
   }
 
   // The residual stream between stages: [rows, tokens, dim], with sequence parallelism this
@@ -178,33 +166,16 @@ void PipelinePlugin::setup(nn::ViT& model) {
   Impl& m = *impl_;
   m.model = &model;
   const int L = static_cast<int>(model.layers().size());
-  if (!m.cfg.num_layers_per_stage.empty()) {
-    m.part = schedule::partition_explicit(m.cfg.num_layers_per_stage, L, m.V());
-  } else if (m.cfg.partition == "balanced") {
-    std::vector<int64_t> costs;
-    for (auto& l : model.layers()) {
-      std::vector<nn::Parameter*> ps;
-      l->collect(ps);
-      int64_t n = 0;
-      for (auto* p : ps) n += p->value.numel();
-      costs.push_back(n);
-    }
-    m.part = schedule::partition_balanced(costs, m.V());
-  } else {
-    CAI_CHECK(m.cfg.partition == "uniform", "[pipeline] partition '{}' is not uniform or balanced",
-              m.cfg.partition);
-    // Blocks spread evenly; the embedding joins the first stage and norm + head the last.
-    // With fewer blocks than virtual stages, all layers are spread evenly instead.
-    const int blocks = L - 2;
-    if (blocks >= m.V()) {
-      std::vector<int> n = schedule::partition_uniform(blocks, m.V()).layers_per_virtual_stage;
-      n.front() += 1;
-      n.back() += 1;
-      m.part = schedule::partition_explicit(n, L, m.V());
-    } else {
-      m.part = schedule::partition_uniform(L, m.V());
-    }
+  // The rule is shared with the step model (cai/plan): schedule::partition_layers.
+  std::vector<int64_t> costs;
+  for (auto& l : model.layers()) {
+    std::vector<nn::Parameter*> ps;
+    l->collect(ps);
+    int64_t n = 0;
+    for (auto* p : ps) n += p->value.numel();
+    costs.push_back(n);
   }
+  m.part = schedule::partition_layers(L, m.V(), m.cfg.partition, costs, m.cfg.num_layers_per_stage);
   for (int c = 0; c < m.cfg.chunks; ++c)
     for (nn::Layer* l : m.chunk_layers(c)) m.owned.push_back(l);
   std::sort(m.owned.begin(), m.owned.end(), [&](nn::Layer* a, nn::Layer* b) {
@@ -508,6 +479,20 @@ std::vector<double> PipelinePlugin::write_trace(const std::string& path) {
   }
   m.world.barrier();
   return bubbles;
+}
+
+std::map<std::string, Tensor> PipelinePlugin::full_model_state(nn::ViT&) {
+  throw NotImplemented(
+      "[checkpoint] PipelinePlugin alone does not gather checkpoints: wrap it in "
+      "HybridParallelPlugin (what vit_train does)");
+}
+std::map<std::string, Tensor> PipelinePlugin::full_optimizer_state(nn::ViT& model,
+                                                                   optim::Optimizer&) {
+  return full_model_state(model);
+}
+void PipelinePlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer&,
+                                          const std::map<std::string, Tensor>&) {
+  full_model_state(model);
 }
 
 }  // namespace cai::parallel

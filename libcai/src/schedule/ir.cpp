@@ -196,3 +196,39 @@ Partition partition_explicit(const std::vector<int>& num_layers_per_stage, int n
 }
 
 }  // namespace cai::schedule
+
+namespace cai::schedule {
+
+Partition partition_layers(int num_layers, int virtual_stages, const std::string& how,
+                           const std::vector<int64_t>& layer_costs,
+                           const std::vector<int>& explicit_layers) {
+  if (!explicit_layers.empty())
+    return partition_explicit(explicit_layers, num_layers, virtual_stages);
+  if (how == "balanced") return partition_balanced(layer_costs, virtual_stages);
+  CAI_CHECK(how == "uniform", "[partition] partition '{}' is not uniform or balanced", how);
+  const int middle = num_layers - 2;
+  if (middle >= virtual_stages) {
+    std::vector<int> n = partition_uniform(middle, virtual_stages).layers_per_virtual_stage;
+    n.front() += 1;
+    n.back() += 1;
+    return partition_explicit(n, num_layers, virtual_stages);
+  }
+  return partition_uniform(num_layers, virtual_stages);
+}
+
+int micro_batch_count(int64_t batch, int num_microbatches, int microbatch_size, int stages,
+                      const std::string& style) {
+  int m = num_microbatches;
+  if (m == 0 && microbatch_size > 0)
+    m = static_cast<int>((batch + microbatch_size - 1) / microbatch_size);
+  if (m == 0) m = stages;
+  if (style == "interleaved")
+    CAI_CHECK(m % stages == 0,
+              "[pipeline] interleaved schedules need the micro-batch count ({}) to be a multiple "
+              "of the stage count ({})",
+              m, stages);
+  CAI_CHECK(batch >= m, "[pipeline] a batch of {} samples cannot make {} micro-batches", batch, m);
+  return m;
+}
+
+}  // namespace cai::schedule

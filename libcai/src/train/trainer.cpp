@@ -115,11 +115,46 @@ std::vector<nn::Parameter*> optimizer_params(const optim::Optimizer& opt) {
   return ps;
 }
 
+std::map<std::string, Tensor> Plugin::full_model_state(nn::ViT& model) {
+  std::map<std::string, Tensor> out;
+  for (nn::Parameter* p : model.parameters()) {
+    CAI_CHECK(p->value.defined() && !p->shard.sharded(),
+              "[checkpoint] {}: the {} plugin cannot gather sharded parameter {}", name(), name(),
+              p->name);
+    out[p->name] = p->value.to(Device::cpu()).clone();
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> Plugin::full_optimizer_state(nn::ViT&, optim::Optimizer& opt) {
+  std::map<std::string, Tensor> out;
+  for (auto& [k, v] : opt.state_dict()) out[k] = v.to(Device::cpu());
+  return out;
+}
+
+void Plugin::load_optimizer_state(nn::ViT&, optim::Optimizer& opt,
+                                  const std::map<std::string, Tensor>& full) {
+  opt.load_state_dict(full);
+}
+
 double Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   return optim::clip_grad_norm(optimizer_params(opt), max_norm);
 }
 
+void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step) {
+  CAI_CHECK(epoch >= 0 && step_in_epoch >= 0 && global_step >= 0,
+            "[trainer] cannot resume at epoch {} step {} (global step {})", epoch, step_in_epoch,
+            global_step);
+  CAI_CHECK(step_in_epoch <= steps_per_epoch(),
+            "[trainer] resume at step {} of epoch {}, which has {} steps", step_in_epoch, epoch,
+            steps_per_epoch());
+  resume_epoch_ = epoch;
+  resume_step_ = step_in_epoch;
+  global_step_ = global_step;
+}
+
 void Trainer::fit(int64_t start_epoch) {
+  if (resume_epoch_ >= 0) start_epoch = resume_epoch_;
   for (auto& h : hooks_) h->before_train(*this);
   plugin_->zero_grad(model_, opt_);
   const int64_t steps = steps_per_epoch();
@@ -130,7 +165,19 @@ void Trainer::fit(int64_t start_epoch) {
     const auto t0 = Clock::now();
     double loss_sum = 0, correct_sum = 0, seen = 0;
     int64_t batches_left = train_.num_batches();
-    for (int64_t s = 0; s < steps; ++s) {
+    int64_t first = 0;
+    if (epoch == resume_epoch_) {
+      // Resuming: draw and drop the batches of the steps already done in this epoch.
+      for (; first < resume_step_; ++first) {
+        const int64_t micro = std::min(cfg_.gradient_accumulation, batches_left);
+        batches_left -= micro;
+        data::Batch skipped;
+        for (int64_t i = 0; i < micro; ++i)
+          CAI_CHECK(train_.next(skipped), "[trainer] the loader ended early in epoch {}", epoch);
+      }
+      resume_epoch_ = -1;
+    }
+    for (int64_t s = first; s < steps; ++s) {
       const int64_t micro = std::min(cfg_.gradient_accumulation, batches_left);
       batches_left -= micro;
       // Load the step's batches first: the loss weight is 1 / (samples in the global step).

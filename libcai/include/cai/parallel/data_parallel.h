@@ -85,6 +85,12 @@ class DataParallelPlugin : public train::Plugin {
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;
   double all_reduce_max(double v) override;
+  // Checkpoints of sharded state go through HybridParallelPlugin: these throw saying so.
+  std::map<std::string, Tensor> full_model_state(nn::ViT& model) override;
+  std::map<std::string, Tensor> full_optimizer_state(nn::ViT& model,
+                                                     optim::Optimizer& opt) override;
+  void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
+                            const std::map<std::string, Tensor>& full) override;
 
   // ZeRO-3: gathers every parameter's full value (for checkpoints and comparisons); the next
   // forward frees them again. A no-op for other stages.
@@ -92,6 +98,8 @@ class DataParallelPlugin : public train::Plugin {
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   int num_buckets() const;
+  // ZeRO's cut: elements [begin, end) of an n-element parameter that rank r of `size` owns.
+  static std::pair<int64_t, int64_t> shard_range(int64_t n, int r, int size);
   // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,
   // what bounds the in-flight reduction buffers (tests and the memory model).
   std::vector<int64_t> bucket_numels() const;

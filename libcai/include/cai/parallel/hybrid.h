@@ -25,7 +25,8 @@ struct HybridParallelConfig {
   int tp_size = 1, pp_size = 1;
   std::string tp_mode = "1d";
   bool sequence_parallel = false;
-  PipelineConfig pipeline;  // pp_size > 1 (its `dp` member is replaced by `dp` below)
+  bool pipeline_executor = false;  // the pipeline executor even with pp 1 (it records traces)
+  PipelineConfig pipeline;         // pp_size > 1 (its `dp` member is replaced by `dp` below)
   DataParallelConfig dp;
 };
 
@@ -65,6 +66,16 @@ class HybridParallelPlugin : public train::Plugin {
   // full shapes), gathered from tensor-parallel shards, pipeline stages and ZeRO-3 shards. Every
   // rank receives it.
   std::map<std::string, Tensor> full_state(nn::ViT& model);
+  std::map<std::string, Tensor> full_model_state(nn::ViT& model) override {
+    return full_state(model);
+  }
+  // The optimizer's state gathered the same way (ZeRO shards over dp, then tp shards, then the
+  // owning stage), and its inverse: this rank's part of a full state, whatever layout saved it.
+  std::map<std::string, Tensor> full_optimizer_state(nn::ViT& model,
+                                                     optim::Optimizer& opt) override;
+  void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
+                            const std::map<std::string, Tensor>& full) override;
+  void barrier() override;
 
  private:
   struct Impl;

@@ -55,6 +55,12 @@ class PipelinePlugin : public train::Plugin {
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;
   double all_reduce_max(double v) override;
+  // Checkpoints of sharded state go through HybridParallelPlugin: these throw saying so.
+  std::map<std::string, Tensor> full_model_state(nn::ViT& model) override;
+  std::map<std::string, Tensor> full_optimizer_state(nn::ViT& model,
+                                                     optim::Optimizer& opt) override;
+  void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
+                            const std::map<std::string, Tensor>& full) override;
 
   int micro_batches_for(int64_t batch_size) const;
   // The schedule for a batch of `batch` samples (validated when built; its transfers carry the

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cai::schedule {
@@ -103,6 +104,26 @@ Partition partition_balanced(const std::vector<int64_t>& layer_costs, int virtua
 // exactly virtual_stages entries.
 Partition partition_explicit(const std::vector<int>& num_layers_per_stage, int num_layers,
                              int virtual_stages = 0);
+
+// The pipeline executor's partition of a model's layers over V virtual stages, also what the
+// step model (cai/plan) assumes. explicit_layers non-empty: that list (partition_explicit).
+// how = "uniform": the middle layers (a ViT's blocks) spread evenly, the first layer (embedding)
+// joining the first virtual stage and the last (norm + head) the last one; all layers spread
+// evenly when there are fewer middle layers than virtual stages. how = "balanced":
+// partition_balanced over layer_costs (e.g. parameters per layer). Throws naming a bad `how`.
+Partition partition_layers(int num_layers, int virtual_stages, const std::string& how,
+                           const std::vector<int64_t>& layer_costs,
+                           const std::vector<int>& explicit_layers);
+// Micro-batches per step for a batch of `batch` samples on `stages` stages: num_microbatches if
+// set, else ceil(batch / microbatch_size) if set, else the stage count. Throws when interleaved
+// and not a multiple of the stages, or when the batch has fewer samples than micro-batches.
+int micro_batch_count(int64_t batch, int num_microbatches, int microbatch_size, int stages,
+                      const std::string& style);
+// Micro-batch i of a batch of n samples split in m nearly equal parts: (first sample, rows).
+inline std::pair<int64_t, int64_t> micro_batch_slice(int64_t n, int m, int i) {
+  const int64_t b = n * i / m, e = n * (i + 1) / m;
+  return {b, e - b};
+}
 
 struct ScheduleOptions {
   int stages = 1;                // p, pipeline ranks

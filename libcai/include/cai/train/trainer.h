@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -111,6 +112,17 @@ class Plugin {
   // Maximum over every rank whose gradients differ (data-parallel shards, pipeline stages,
   // tensor-parallel shards): how ranks agree on an fp16 overflow.
   virtual double all_reduce_max(double v) { return v; }
+
+  // Checkpoints (collective; every rank receives the result): the full model under timm's names
+  // and the full optimizer state ("<param>.<slot>" in the parameter's full shape, and "step"),
+  // CPU fp32, gathered from whatever this plugin shards; load_optimizer_state() cuts this rank's
+  // part of a full state (any layout can load what any layout saved). The defaults are the
+  // single process's; sharding plugins override them.
+  virtual std::map<std::string, Tensor> full_model_state(nn::ViT& model);
+  virtual std::map<std::string, Tensor> full_optimizer_state(nn::ViT& model, optim::Optimizer& opt);
+  virtual void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
+                                    const std::map<std::string, Tensor>& full);
+  virtual void barrier() {}
 };
 
 struct TrainerConfig {
@@ -132,8 +144,12 @@ class Trainer {
           data::DataLoader* eval, std::shared_ptr<Plugin> plugin, TrainerConfig cfg);
 
   void add_hook(std::shared_ptr<Hook> hook) { hooks_.push_back(std::move(hook)); }
-  // Runs epochs [start_epoch, num_epochs).
+  // Runs epochs [start_epoch, num_epochs), or from where resume_at() put it.
   void fit(int64_t start_epoch = 0);
+  // Resuming a checkpoint: the next fit() starts in `epoch` after its first `step_in_epoch`
+  // optimizer steps (their batches are drawn and skipped, so the data order is the
+  // uninterrupted run's) with the global step counter at `global_step` (masks are keyed by it).
+  void resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step);
   EvalResult evaluate(data::DataLoader& loader);
 
   nn::ViT& model() { return model_; }
@@ -157,6 +173,7 @@ class Trainer {
   TrainerConfig cfg_;
   std::vector<std::shared_ptr<Hook>> hooks_;
   int64_t global_step_ = 0;
+  int64_t resume_epoch_ = -1, resume_step_ = 0;
   std::vector<EpochInfo> history_;
   std::unique_ptr<optim::DynamicGradScaler> scaler_;
   int64_t skipped_steps_ = 0;

@@ -1,0 +1,698 @@
+#include "explorer_model.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "cai/core/error.h"
+#include "cai/dist/mesh.h"
+#include "cai/schedule/schedule.h"
+
+namespace cai::gui {
+
+namespace {
+
+using nlohmann::json;
+
+bool is_compute(Category c) {
+  return c == Category::Forward || c == Category::Backward;
+}
+
+// Length of the union of [start, end) ∩ [t0, t1) over the spans accepted by `keep`.
+template <typename Keep>
+double covered(const RankTrack& track, double t0, double t1, Keep keep) {
+  std::vector<std::pair<double, double>> iv;
+  for (const Span& s : track.spans) {
+    if (!keep(s)) continue;
+    const double a = std::max(s.start, t0), b = std::min(s.end, t1);
+    if (b > a) iv.emplace_back(a, b);
+  }
+  std::sort(iv.begin(), iv.end());
+  double total = 0, cur_a = 0, cur_b = -1e300;
+  for (auto [a, b] : iv) {
+    if (a > cur_b) {
+      if (cur_b > cur_a) total += cur_b - cur_a;
+      cur_a = a;
+      cur_b = b;
+    } else {
+      cur_b = std::max(cur_b, b);
+    }
+  }
+  if (cur_b > cur_a) total += cur_b - cur_a;
+  return total;
+}
+
+// The executor's layer list: 0 = embedding, 1..depth = blocks, depth+1 = final norm + head.
+struct LayerSizes {
+  std::vector<double> params;      // per layer, elements
+  std::vector<double> activation;  // per layer, bytes per sample saved for backward
+  double boundary = 0;             // bytes per sample of the residual stream between stages
+};
+
+LayerSizes layer_sizes(const app::TrainConfig& c) {
+  const nn::ViTConfig v = c.vit();
+  const double n = static_cast<double>(v.num_patches() + 1), d = static_cast<double>(v.embed_dim),
+               h = static_cast<double>(v.mlp_hidden()), p = static_cast<double>(v.patch_size),
+               ch = static_cast<double>(v.in_chans), k = static_cast<double>(v.num_classes);
+  LayerSizes s;
+  s.params.push_back(ch * p * p * d + d + d + n * d);  // patch proj, cls token, position
+  s.activation.push_back((static_cast<double>(v.num_patches()) * ch * p * p + n * d) * 4);
+  const double block_params = 3 * d * d + 3 * d + d * d + d + d * h + h + h * d + d + 4 * d;
+  // As app::estimate_memory: x, norm1, qkv (3D), attention out, h, norm2, fc1 and GELU out,
+  // attention probabilities.
+  const double per_block = n * (8 * d + 2 * h) + static_cast<double>(v.num_heads) * n * n;
+  for (int64_t i = 0; i < v.depth; ++i) {
+    s.params.push_back(block_params);
+    s.activation.push_back((c.checkpoint ? n * d : per_block) * 4);
+  }
+  s.params.push_back(2 * d + d * k + k);
+  s.activation.push_back(n * d * 4);
+  s.boundary = n * d * 4;
+  return s;
+}
+
+schedule::Partition partition_for(const app::TrainConfig& c, int layers, int V,
+                                  const LayerSizes& sizes) {
+  if (!c.num_layers_per_stage.empty())
+    return schedule::partition_explicit(c.num_layers_per_stage, layers, V);
+  if (c.partition == "balanced") {
+    std::vector<int64_t> costs;
+    for (double p : sizes.params) costs.push_back(static_cast<int64_t>(p));
+    return schedule::partition_balanced(costs, V);
+  }
+  // As the executor: blocks spread evenly, the embedding joins the first virtual stage and the
+  // head the last.
+  const int blocks = layers - 2;
+  if (blocks >= V) {
+    std::vector<int> n = schedule::partition_uniform(blocks, V).layers_per_virtual_stage;
+    n.front() += 1;
+    n.back() += 1;
+    return schedule::partition_explicit(n, layers, V);
+  }
+  return schedule::partition_uniform(layers, V);
+}
+
+Category category_of(schedule::Op op) {
+  using schedule::Op;
+  switch (op) {
+    case Op::Forward:
+      return Category::Forward;
+    case Op::Backward:
+    case Op::BackwardInput:
+    case Op::BackwardWeight:
+      return Category::Backward;
+    case Op::LoadMicroBatch:
+      return Category::Load;
+    case Op::ReduceGrads:
+      return Category::Reduce;
+    case Op::OptimizerStep:
+      return Category::Optimizer;
+    default:
+      return Category::Comm;
+  }
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  CAI_CHECK(f.good(), "[gui] {} {}: cannot open the file", what, path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int parse_int_after(const std::string& s, const std::string& key, int fallback) {
+  const auto pos = s.find(key);
+  if (pos == std::string::npos) return fallback;
+  try {
+    return std::stoi(s.substr(pos + key.size()));
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
+
+}  // namespace
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::Forward:
+      return "forward";
+    case Category::Backward:
+      return "backward";
+    case Category::Comm:
+      return "comm";
+    case Category::Optimizer:
+      return "optimizer";
+    case Category::Load:
+      return "load";
+    case Category::Reduce:
+      return "reduce";
+  }
+  return "?";
+}
+
+double MemoryCurve::peak() const {
+  double p = 0;
+  for (const auto& m : points) p = std::max(p, m.total());
+  return p;
+}
+
+const MemoryPoint* MemoryCurve::at(double t) const {
+  const MemoryPoint* found = nullptr;
+  for (const auto& m : points) {
+    if (m.t > t) break;
+    found = &m;
+  }
+  return found;
+}
+
+double idle_fraction(const RankTrack& track, double t0, double t1) {
+  if (t1 <= t0) return 0;
+  return 1.0 - covered(track, t0, t1, [](const Span&) { return true; }) / (t1 - t0);
+}
+
+double non_compute_fraction(const RankTrack& track, double t0, double t1) {
+  if (t1 <= t0) return 0;
+  return 1.0 -
+         covered(track, t0, t1, [](const Span& s) { return is_compute(s.category); }) / (t1 - t0);
+}
+
+int Knobs::world_size() const {
+  return world > 0 ? world : static_cast<int>(config.pipeline * config.tensor_size);
+}
+
+int Knobs::micro_batches() const {
+  int64_t m = config.num_microbatches;
+  if (m == 0 && config.microbatch_size > 0)
+    m = (config.batch_size + config.microbatch_size - 1) / config.microbatch_size;
+  if (m == 0) m = config.pipeline;
+  return static_cast<int>(m);
+}
+
+void validate_knobs(const Knobs& k) {
+  const app::TrainConfig& c = k.config;
+  CAI_CHECK(k.world_size() >= 1, "[gui] GPUs = {}: need at least 1", k.world_size());
+  CAI_CHECK(c.pipeline >= 1, "[gui] parallel.pipeline = {}: need at least 1", c.pipeline);
+  app::validate(c, k.world_size());
+  const int m = k.micro_batches(), p = static_cast<int>(c.pipeline);
+  // The executor's checks (cai/parallel/pipeline.cpp), with its text.
+  if (c.pp_style == "interleaved")
+    CAI_CHECK(m % p == 0,
+              "[pipeline] interleaved schedules need the micro-batch count ({}) to be a "
+              "multiple of the stage count ({})",
+              m, p);
+  CAI_CHECK(c.batch_size >= m, "[pipeline] a batch of {} samples cannot make {} micro-batches",
+            c.batch_size, m);
+  CAI_CHECK(k.forward_per_layer > 0 && k.backward_ratio > 0,
+            "[gui] costs: forward per layer {} and backward ratio {} must be > 0",
+            k.forward_per_layer, k.backward_ratio);
+}
+
+Timeline replay_schedule(const Knobs& k) {
+  validate_knobs(k);
+  const app::TrainConfig& c = k.config;
+  const int p = static_cast<int>(c.pipeline), m = k.micro_batches();
+  const int v = c.pp_style == "interleaved" ? static_cast<int>(c.num_model_chunks) : 1;
+  const LayerSizes sizes = layer_sizes(c);
+  const int layers = static_cast<int>(sizes.params.size());
+  const schedule::Partition part = partition_for(c, layers, p * v, sizes);
+  const int64_t mb_size = std::max<int64_t>(1, c.batch_size / m);
+
+  schedule::ScheduleOptions opt;
+  opt.stages = p;
+  opt.micro_batches = m;
+  opt.chunks = v;
+  opt.activation_bytes = static_cast<int64_t>(sizes.boundary) * mb_size;
+  const schedule::Schedule sched = schedule::make(p == 1 ? "gpipe" : c.pp_style, opt, part);
+  // Ideal: every virtual stage costs the same (the model's blocks spread evenly), so the bubble
+  // is the schedule's own; depth only scales time.
+  schedule::CostModel cost;
+  const double stage_fwd = k.forward_per_layer * static_cast<double>(c.depth) / (p * v);
+  cost.forward = stage_fwd;
+  cost.backward = stage_fwd * k.backward_ratio;
+  cost.comm = k.comm;
+  const schedule::ValidationResult res = schedule::validate_or_throw(sched, cost);
+
+  Timeline t;
+  t.source = "schedule replay (ideal)";
+  t.time_unit = "u";
+  t.schedule = sched.name;
+  t.stages = p;
+  t.micro_batches = m;
+  t.chunks = v;
+  t.t_begin = 0;
+  t.t_end = res.makespan;
+  t.capacity_bytes = k.capacity_gib * 1024.0 * 1024.0 * 1024.0;
+
+  // Per stage: spans and the memory curve (shared by the stage's tensor/data-parallel ranks).
+  const double tp = static_cast<double>(c.tensor_size);
+  const int world = k.world_size();
+  const dist::ProcessMesh mesh(world, static_cast<int>(c.tensor_size), p);
+  const double dp = mesh.dp_size();
+  const int slots = c.optimizer == "sgd" ? (c.momentum > 0 ? 1 : 0) : 2;
+  std::vector<std::vector<Span>> stage_spans(p);
+  std::vector<MemoryCurve> stage_memory(p);
+  for (int s = 0; s < p; ++s) {
+    const auto& prog = sched.programs[s];
+    const auto& times = res.times[s];
+    std::vector<double> chunk_act(v, 0.0);
+    double params = 0;
+    for (int ch = 0; ch < v; ++ch) {
+      const int vs = sched.virtual_stage(s, ch);
+      for (int l = part.first_layer(vs); l < part.first_layer(vs) + part.num_layers(vs); ++l) {
+        params += sizes.params[l] / tp;
+        chunk_act[ch] += sizes.activation[l] * static_cast<double>(mb_size) / tp;
+      }
+    }
+    MemoryPoint base;
+    base.parameters = params * 4;
+    base.gradients = params * 4;
+    base.optimizer_state = params * 4 * slots / (c.zero_stage >= 1 ? dp : 1.0);
+    base.buffers = 2 * static_cast<double>(opt.activation_bytes) / tp;
+    MemoryCurve& mc = stage_memory[s];
+    mc.points.push_back(base);
+    double live = 0;
+    for (size_t i = 0; i < prog.size(); ++i) {
+      const schedule::Instr& in = prog[i];
+      const Category cat = category_of(in.op);
+      double start = times[i].start;
+      const double end = times[i].end;
+      if (cat == Category::Comm) {
+        // A receive's interval is its wait: only the message latency is communication.
+        if (!schedule::is_recv(in.op) || k.comm <= 0) continue;
+        start = std::max(start, end - k.comm);
+      }
+      if (end > start) stage_spans[s].push_back(Span{in.str(), cat, in.mb, in.chunk, start, end});
+      const bool frees = in.op == schedule::Op::Backward || in.op == schedule::Op::BackwardWeight;
+      if (in.op == schedule::Op::Forward || frees) {
+        live += (frees ? -1 : 1) * chunk_act[in.chunk];
+        MemoryPoint pt = base;
+        pt.t = end;
+        pt.activations = std::max(0.0, live);
+        mc.points.push_back(pt);
+      }
+    }
+    MemoryPoint last = mc.points.back();
+    last.t = res.makespan;
+    mc.points.push_back(last);
+    StageBubble b;
+    b.stage = s;
+    b.ideal = res.makespan > 0 ? 1.0 - res.busy[s] / res.makespan : 0.0;
+    t.bubbles.push_back(b);
+  }
+  for (int r = 0; r < world; ++r) {
+    const dist::MeshCoord co = mesh.coord(r);
+    RankTrack rt;
+    rt.rank = r;
+    rt.stage = co.pp;
+    rt.label = fmt::format("rank {} (pp {}, dp {}, tp {})", r, co.pp, co.dp, co.tp);
+    rt.spans = stage_spans[co.pp];
+    t.ranks.push_back(std::move(rt));
+    MemoryCurve mc = stage_memory[co.pp];
+    mc.rank = r;
+    mc.stage = co.pp;
+    t.memory.push_back(std::move(mc));
+  }
+  for (auto& b : t.bubbles) {
+    for (const auto& rt : t.ranks)
+      if (rt.stage == b.stage) {
+        b.achieved = non_compute_fraction(rt, t.t_begin, t.t_end);
+        break;
+      }
+  }
+  return t;
+}
+
+Span span_from_name(const std::string& name, const std::string& cat) {
+  Span s;
+  s.name = name;
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("SendAct") || starts("RecvAct") || starts("SendGrad") || starts("RecvGrad")) {
+    s.category = Category::Comm;
+  } else if (starts("BI(") || starts("BW(") || starts("B(")) {
+    s.category = Category::Backward;
+  } else if (starts("F(")) {
+    s.category = Category::Forward;
+  } else if (starts("Load")) {
+    s.category = Category::Load;
+  } else if (starts("ReduceGrads")) {
+    s.category = Category::Reduce;
+  } else if (starts("OptStep")) {
+    s.category = Category::Optimizer;
+  } else if ((starts("F") || starts("B")) && name.size() > 1 && std::isdigit(name[1])) {
+    // Short form "F3.1": micro-batch 3, chunk 1.
+    s.category = name[0] == 'F' ? Category::Forward : Category::Backward;
+    s.mb = std::atoi(name.c_str() + 1);
+    const auto dot = name.find('.');
+    s.chunk = dot == std::string::npos ? 0 : std::atoi(name.c_str() + dot + 1);
+    return s;
+  } else if (cat == "comm") {
+    s.category = Category::Comm;
+  } else if (cat == "load") {
+    s.category = Category::Load;
+  } else if (cat == "optimizer") {
+    s.category = Category::Optimizer;
+  } else if (cat == "reduce") {
+    s.category = Category::Reduce;
+  } else {
+    s.category = Category::Forward;
+  }
+  s.mb = parse_int_after(name, "mb=", -1);
+  s.chunk = parse_int_after(name, "c=", 0);
+  return s;
+}
+
+RecordedTrace parse_trace(const std::string& text, const std::string& path) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("[gui] trace {}: not JSON ({})", path, e.what());
+  }
+  const json* events = nullptr;
+  if (doc.is_object() && doc.contains("traceEvents")) {
+    events = &doc["traceEvents"];
+  } else if (doc.is_array()) {
+    events = &doc;
+  }
+  CAI_CHECK(events && events->is_array(),
+            "[gui] trace {}: no \"traceEvents\" array (not a Chrome trace)", path);
+  RecordedTrace t;
+  t.path = path;
+  std::map<int, RankTrack> tracks;
+  std::map<int, std::vector<std::pair<double, double>>> memory;
+  std::map<int, std::vector<std::pair<double, double>>> steps;  // per rank
+  for (size_t i = 0; i < events->size(); ++i) {
+    const json& e = (*events)[i];
+    CAI_CHECK(e.is_object(), "[gui] trace {}: event {} is not an object", path, i);
+    auto str = [&](const char* key) -> std::string {
+      CAI_CHECK(e.contains(key) && e[key].is_string(),
+                "[gui] trace {}: event {} has no string \"{}\"", path, i, key);
+      return e[key].get<std::string>();
+    };
+    auto num = [&](const char* key) -> double {
+      CAI_CHECK(e.contains(key) && e[key].is_number(),
+                "[gui] trace {}: event {} has no numeric \"{}\"", path, i, key);
+      return e[key].get<double>();
+    };
+    const std::string ph = str("ph");
+    const int tid = e.contains("tid") && e["tid"].is_number_integer() ? e["tid"].get<int>() : 0;
+    CAI_CHECK(tid >= 0 && tid < 1000000, "[gui] trace {}: event {} has track id {}", path, i, tid);
+    RankTrack& tr = tracks[tid];
+    tr.rank = tid;
+    if (ph == "M") {
+      if (str("name") == "thread_name" && e.contains("args") && e["args"].contains("name") &&
+          e["args"]["name"].is_string()) {
+        tr.label = e["args"]["name"].get<std::string>();
+        tr.stage = parse_int_after(tr.label, "pp ", tid);
+      }
+    } else if (ph == "X") {
+      const std::string name = str("name");
+      const double ts = num("ts"), dur = num("dur");
+      CAI_CHECK(dur >= 0, "[gui] trace {}: event {} (\"{}\") has negative duration {}", path, i,
+                name, dur);
+      const std::string cat =
+          e.contains("cat") && e["cat"].is_string() ? e["cat"].get<std::string>() : std::string();
+      if (name == "step" || cat == "step") {
+        steps[tid].emplace_back(ts, ts + dur);
+        continue;
+      }
+      Span s = span_from_name(name, cat);
+      s.start = ts;
+      s.end = ts + dur;
+      tr.spans.push_back(std::move(s));
+    } else if (ph == "C") {
+      const double ts = num("ts");
+      CAI_CHECK(e.contains("args") && e["args"].is_object() && !e["args"].empty(),
+                "[gui] trace {}: counter event {} has no \"args\"", path, i);
+      const json& a = e["args"].contains("bytes") ? e["args"]["bytes"] : e["args"].begin().value();
+      CAI_CHECK(a.is_number(), "[gui] trace {}: counter event {} has a non-numeric value", path, i);
+      memory[tid].emplace_back(ts, a.get<double>());
+    }
+  }
+  size_t n_spans = 0;
+  for (auto& [tid, tr] : tracks) n_spans += tr.spans.size();
+  CAI_CHECK(n_spans > 0, "[gui] trace {}: no complete (\"ph\": \"X\") instruction events", path);
+  for (auto& [tid, tr] : tracks) {
+    if (tr.label.empty()) tr.label = fmt::format("track {}", tid);
+    std::sort(tr.spans.begin(), tr.spans.end(),
+              [](const Span& a, const Span& b) { return a.start < b.start; });
+    auto& mem = memory[tid];
+    std::sort(mem.begin(), mem.end());
+    t.ranks.push_back(tr);
+    t.memory.push_back(mem);
+  }
+  // Steps: the k-th "step" span of every rank; without them the whole trace is one step.
+  size_t n_steps = 0;
+  for (auto& [tid, s] : steps) n_steps = std::max(n_steps, s.size());
+  for (size_t k = 0; k < n_steps; ++k) {
+    double a = 1e300, b = -1e300;
+    for (auto& [tid, s] : steps) {
+      std::sort(s.begin(), s.end());
+      if (k < s.size()) a = std::min(a, s[k].first), b = std::max(b, s[k].second);
+    }
+    t.steps.emplace_back(a, b);
+  }
+  if (t.steps.empty()) {
+    double a = 1e300, b = -1e300;
+    for (const auto& tr : t.ranks)
+      for (const auto& s : tr.spans) a = std::min(a, s.start), b = std::max(b, s.end);
+    t.steps.emplace_back(a, b);
+  }
+  return t;
+}
+
+RecordedTrace load_trace(const std::string& path) {
+  return parse_trace(read_file(path, "trace"), path);
+}
+
+Timeline trace_step(const RecordedTrace& rt, int step) {
+  const int n = static_cast<int>(rt.steps.size());
+  CAI_CHECK(n > 0, "[gui] trace {}: no steps", rt.path);
+  CAI_CHECK(step >= -1 && step < n, "[gui] trace {}: step {} out of range (the trace has {})",
+            rt.path, step, n);
+  const int k = step < 0 ? n - 1 : step;
+  const auto [w0, w1] = rt.steps[k];
+  Timeline t;
+  t.source = fmt::format("trace: {} (step {} of {})",
+                         std::filesystem::path(rt.path).filename().string(), k + 1, n);
+  t.time_unit = "ms";
+  t.schedule = "recorded";
+  t.t_begin = 0;
+  t.t_end = (w1 - w0) / 1000.0;
+  int max_stage = 0, max_mb = -1, max_chunk = 0;
+  for (size_t r = 0; r < rt.ranks.size(); ++r) {
+    const RankTrack& src = rt.ranks[r];
+    RankTrack tr;
+    tr.rank = src.rank;
+    tr.stage = src.stage;
+    tr.label = src.label;
+    for (const Span& s : src.spans) {
+      if (s.start < w0 || s.start >= w1) continue;
+      Span c = s;
+      c.start = (s.start - w0) / 1000.0;
+      c.end = (std::min(s.end, w1) - w0) / 1000.0;
+      max_mb = std::max(max_mb, c.mb);
+      max_chunk = std::max(max_chunk, c.chunk);
+      tr.spans.push_back(std::move(c));
+    }
+    max_stage = std::max(max_stage, tr.stage);
+    MemoryCurve mc;
+    mc.rank = tr.rank;
+    mc.stage = tr.stage;
+    mc.breakdown = false;
+    const auto& mem = rt.memory[r];
+    for (size_t i = 0; i < mem.size(); ++i) {
+      const auto [ts, bytes] = mem[i];
+      const bool before = ts < w0, next_inside = i + 1 < mem.size() && mem[i + 1].first >= w0;
+      if ((before && (next_inside || i + 1 == mem.size())) || (ts >= w0 && ts <= w1)) {
+        MemoryPoint p;
+        p.t = std::max(0.0, (ts - w0) / 1000.0);
+        p.buffers = bytes;
+        mc.points.push_back(p);
+      }
+    }
+    if (!mc.points.empty()) {
+      MemoryPoint last = mc.points.back();
+      last.t = t.t_end;
+      mc.points.push_back(last);
+    }
+    t.ranks.push_back(std::move(tr));
+    t.memory.push_back(std::move(mc));
+  }
+  t.stages = max_stage + 1;
+  t.micro_batches = max_mb + 1;
+  t.chunks = max_chunk + 1;
+  for (int s = 0; s < t.stages; ++s) {
+    StageBubble b;
+    b.stage = s;
+    double sum = 0;
+    int cnt = 0;
+    for (const auto& tr : t.ranks)
+      if (tr.stage == s) sum += non_compute_fraction(tr, t.t_begin, t.t_end), ++cnt;
+    if (cnt) b.achieved = sum / cnt;
+    t.bubbles.push_back(b);
+  }
+  return t;
+}
+
+MetricsRun load_metrics(const std::string& path) {
+  const std::string text = read_file(path, "metrics");
+  MetricsRun run;
+  run.path = path;
+  run.label = std::filesystem::path(path).filename().string();
+  std::istringstream in(text);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      fail("[gui] metrics {} line {}: not JSON ({})", path, no, e.what());
+    }
+    CAI_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(),
+              "[gui] metrics {} line {}: no \"type\" (step or epoch)", path, no);
+    auto num = [&](const char* key, bool required) -> double {
+      if (!j.contains(key)) {
+        CAI_CHECK(!required, "[gui] metrics {} line {}: no \"{}\"", path, no, key);
+        return 0;
+      }
+      CAI_CHECK(j[key].is_number(), "[gui] metrics {} line {}: \"{}\" is not a number", path, no,
+                key);
+      return j[key].get<double>();
+    };
+    const std::string type = j["type"].get<std::string>();
+    MetricsRow r;
+    r.epoch = static_cast<int64_t>(num("epoch", true));
+    r.step = static_cast<int64_t>(num("step", true));
+    r.img_per_s = num("img_per_s", false);
+    r.lr = num("lr", false);
+    if (type == "step") {
+      r.loss = num("loss", true);
+      r.accuracy = num("accuracy", false);
+      run.steps.push_back(r);
+    } else if (type == "epoch") {
+      r.loss = num("train_loss", true);
+      r.accuracy = num("train_accuracy", false);
+      if (j.contains("test_accuracy")) r.test_accuracy = num("test_accuracy", true);
+      run.epochs.push_back(r);
+    } else {
+      fail("[gui] metrics {} line {}: type \"{}\" is not step or epoch", path, no, type);
+    }
+  }
+  CAI_CHECK(!run.steps.empty() || !run.epochs.empty(), "[gui] metrics {}: no step or epoch lines",
+            path);
+  return run;
+}
+
+ExplorerModel::ExplorerModel() : source(replay_schedule) {
+  // A small default layout: the tiny Fashion-MNIST ViT with 8 blocks on 4 stages.
+  knobs.config.pipeline = 4;
+  knobs.config.num_microbatches = 8;
+  knobs.config.depth = 8;
+  knobs.config.in_chans = 1;
+  knobs.config.explicitly_set = {"parallel.pipeline", "parallel.num_microbatches", "model.depth"};
+}
+
+bool ExplorerModel::recompute() {
+  try {
+    current = source(knobs);
+    knob_error.clear();
+  } catch (const Error& e) {
+    knob_error = e.what();
+  }
+  if (trace) {
+    try {
+      recorded = trace_step(*trace, knobs.trace_step);
+    } catch (const Error& e) {
+      add_error(e.what());
+      knobs.trace_step = -1;
+      recorded = trace_step(*trace, -1);
+    }
+    // The ideal bubble of a recorded run: the replay's, when it has the same shape.
+    if (knob_error.empty() && recorded.stages == current.stages &&
+        recorded.micro_batches == current.micro_batches)
+      for (size_t s = 0; s < recorded.bubbles.size() && s < current.bubbles.size(); ++s)
+        recorded.bubbles[s].ideal = current.bubbles[s].ideal;
+    recorded.capacity_bytes = knobs.capacity_gib * 1024.0 * 1024.0 * 1024.0;
+  }
+  return knob_error.empty();
+}
+
+bool ExplorerModel::load_config(const std::string& path, const std::vector<std::string>& ov) {
+  try {
+    knobs.config = app::load_config(path, ov);
+    config_path = path;
+  } catch (const Error& e) {
+    add_error(e.what());
+    return false;
+  }
+  recompute();
+  return true;
+}
+
+bool ExplorerModel::apply_overrides(const std::vector<std::string>& ov) {
+  if (ov.empty()) return true;
+  try {
+    // Through vit_train's parser: the resolved config, then the overrides.
+    knobs.config = app::parse_config(app::to_toml(knobs.config), "knobs", ov);
+  } catch (const Error& e) {
+    add_error(e.what());
+    return false;
+  }
+  recompute();
+  return true;
+}
+
+bool ExplorerModel::save_config(const std::string& path) {
+  std::ofstream f(path);
+  if (!f.good()) {
+    add_error(fmt::format("[gui] config {}: cannot write the file", path));
+    return false;
+  }
+  f << "# written by colossalai-gui\n" << app::to_toml(knobs.config);
+  return true;
+}
+
+bool ExplorerModel::open_trace(const std::string& path) {
+  try {
+    trace = load_trace(path);
+  } catch (const Error& e) {
+    add_error(e.what());
+    return false;
+  }
+  knobs.trace_step = -1;
+  recompute();
+  return true;
+}
+
+bool ExplorerModel::open_metrics(const std::string& path) {
+  try {
+    runs.push_back(load_metrics(path));
+  } catch (const Error& e) {
+    add_error(e.what());
+    return false;
+  }
+  return true;
+}
+
+void ExplorerModel::add_error(std::string message) {
+  errors.push_back(std::move(message));
+}
+
+std::vector<std::string> ExplorerModel::take_new_errors() {
+  std::vector<std::string> out(errors.begin() + static_cast<std::ptrdiff_t>(errors_reported_),
+                               errors.end());
+  errors_reported_ = errors.size();
+  return out;
+}
+
+}  // namespace cai::gui

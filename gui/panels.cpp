@@ -1,0 +1,625 @@
+#include "panels.h"
+
+#include <fmt/format.h>
+#include <imgui.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace cai::gui {
+
+namespace {
+
+ImU32 col(Rgb c, int alpha = 255) {
+  return IM_COL32(c.r, c.g, c.b, alpha);
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.{}f} {}", b, u == 0 ? 0 : 2, units[u]);
+}
+
+std::string time_str(double t, const std::string& unit) {
+  return fmt::format("{:.4g} {}", t, unit);
+}
+
+Rect item_rect() {
+  const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+  return Rect{a.x, a.y, b.x, b.y};
+}
+
+// "-" and "+" buttons around an integer field; records the buttons' rects as id.minus/id.plus.
+bool int_knob(const char* id, const char* label, int64_t& v, int64_t lo, int64_t hi, Drawn& drawn) {
+  bool changed = false;
+  ImGui::PushID(id);
+  if (ImGui::Button("-")) v = std::max(lo, v - 1), changed = true;
+  drawn.widgets[std::string(id) + ".minus"] = item_rect();
+  ImGui::SameLine(0, 2);
+  if (ImGui::Button("+")) v = std::min(hi, v + 1), changed = true;
+  drawn.widgets[std::string(id) + ".plus"] = item_rect();
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(70);
+  int64_t tmp = v;
+  if (ImGui::InputScalar("##v", ImGuiDataType_S64, &tmp, nullptr, nullptr, "%lld",
+                         ImGuiInputTextFlags_EnterReturnsTrue)) {
+    v = std::clamp(tmp, lo, hi);
+    changed = true;
+  }
+  drawn.widgets[std::string(id) + ".field"] = item_rect();
+  ImGui::SameLine();
+  ImGui::TextUnformatted(label);
+  ImGui::PopID();
+  return changed;
+}
+
+bool double_knob(const char* label, double& v, double lo, double hi, const char* fmt_) {
+  ImGui::SetNextItemWidth(120);
+  return ImGui::DragScalar(label, ImGuiDataType_Double, &v, static_cast<float>((hi - lo) / 400),
+                           &lo, &hi, fmt_);
+}
+
+double nice_step(double range, int target) {
+  const double raw = range / std::max(1, target);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) return m * mag;
+  return 10 * mag;
+}
+
+const Span* span_at(const RankTrack& tr, double t) {
+  for (const Span& s : tr.spans)
+    if (s.start <= t && t < s.end) return &s;
+  return nullptr;
+}
+
+// One timeline (replay or recorded) into `height` pixels of the current window.
+void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, const char* id) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  double overall = 0;
+  for (const auto& b : t.bubbles) overall += b.achieved;
+  if (!t.bubbles.empty()) overall /= static_cast<double>(t.bubbles.size());
+  ImGui::Text("%s  |  %s, %d stages x %d micro-batches%s  |  step %s  |  mean bubble %.1f%%",
+              t.source.c_str(), t.schedule.c_str(), t.stages, t.micro_batches,
+              t.chunks > 1 ? fmt::format(", {} chunks", t.chunks).c_str() : "",
+              time_str(t.t_end - t.t_begin, t.time_unit).c_str(), overall * 100);
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const float width = ImGui::GetContentRegionAvail().x;
+  height = std::max(40.0f, height - ImGui::GetTextLineHeightWithSpacing());
+  ImGui::InvisibleButton(id, ImVec2(width, height));
+  const bool hovered = ImGui::IsItemHovered(), active = ImGui::IsItemActive();
+  constexpr float kLeft = 92, kRight = 200, kAxis = 18;
+  Rect plot{origin.x + kLeft, origin.y, origin.x + width - kRight, origin.y + height - kAxis};
+  if (plot.x1 - plot.x0 < 20 || t.empty()) return;
+  const double T = std::max(1e-12, t.t_end - t.t_begin);
+  const double t0 = t.t_begin + ui.view_begin * T, t1 = t.t_begin + ui.view_end * T;
+  const float pw = plot.x1 - plot.x0;
+  auto x_of = [&](double tt) { return plot.x0 + static_cast<float>((tt - t0) / (t1 - t0)) * pw; };
+  auto t_of = [&](float x) { return t0 + (x - plot.x0) / pw * (t1 - t0); };
+
+  // Zoom (wheel, around the cursor), pan (drag), reset (double click).
+  ImGuiIO& io = ImGui::GetIO();
+  if (hovered && io.MouseWheel != 0) {
+    const double f = std::clamp((io.MousePos.x - plot.x0) / pw, 0.0f, 1.0f);
+    const double span = ui.view_end - ui.view_begin;
+    const double ns = std::clamp(span * std::pow(0.8, io.MouseWheel), 1e-4, 1.0);
+    const double c = ui.view_begin + f * span;
+    ui.view_begin = std::clamp(c - f * ns, 0.0, 1.0 - ns);
+    ui.view_end = ui.view_begin + ns;
+  }
+  if (active && io.MouseDelta.x != 0) {
+    const double span = ui.view_end - ui.view_begin;
+    const double d = -io.MouseDelta.x / pw * span;
+    ui.view_begin = std::clamp(ui.view_begin + d, 0.0, 1.0 - span);
+    ui.view_end = ui.view_begin + span;
+  }
+  if (hovered && ImGui::IsMouseDoubleClicked(0)) ui.view_begin = 0, ui.view_end = 1;
+
+  DrawnTimeline dt;
+  dt.source = t.source;
+  dt.plot = plot;
+  dt.t0 = t0;
+  dt.t1 = t1;
+  dt.step_x0 = std::clamp(x_of(t.t_begin), plot.x0, plot.x1);
+  dt.step_x1 = std::clamp(x_of(t.t_end), plot.x0, plot.x1);
+
+  // Rows: one per rank, stages separated by a gap.
+  const int n = static_cast<int>(t.ranks.size());
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return t.ranks[a].stage < t.ranks[b].stage; });
+  int groups = 0;
+  for (int i = 0; i < n; ++i)
+    if (i == 0 || t.ranks[order[i]].stage != t.ranks[order[i - 1]].stage) ++groups;
+  const float gap = n > 32 ? 1.0f : 3.0f;
+  const float row_h =
+      std::clamp((plot.y1 - plot.y0 - gap * static_cast<float>(groups - 1)) / n, 1.0f, 24.0f);
+  dl->AddRectFilled(ImVec2(origin.x, origin.y), ImVec2(origin.x + width, plot.y1),
+                    IM_COL32(20, 21, 25, 255));
+  float y = plot.y0;
+  const float text_h = ImGui::GetTextLineHeight();
+  for (int i = 0; i < n; ++i) {
+    const RankTrack& tr = t.ranks[order[i]];
+    const bool first_of_stage = i == 0 || tr.stage != t.ranks[order[i - 1]].stage;
+    if (first_of_stage && i > 0) y += gap;
+    DrawnRow row{tr.rank, tr.stage, y, y + row_h};
+    const float pad = row_h >= 8 ? 1.0f : 0.0f;
+    const float ya = y + pad, yb = y + row_h - pad;
+    dl->PushClipRect(ImVec2(plot.x0, plot.y0), ImVec2(plot.x1, plot.y1), true);
+    dl->AddRectFilled(ImVec2(plot.x0, ya), ImVec2(plot.x1, yb), col(kTrackColour));
+    dl->AddRectFilled(ImVec2(dt.step_x0, ya), ImVec2(dt.step_x1, yb), col(kIdleColour));
+    for (const Span& s : tr.spans) {
+      if (s.end < t0 || s.start > t1) continue;
+      const float xa = x_of(s.start), xb = x_of(s.end);
+      dl->AddRectFilled(ImVec2(xa, ya), ImVec2(xb, yb), col(category_colour(s.category, s.mb)));
+      if (xb - xa > 16 && row_h >= text_h && s.mb >= 0) {
+        const std::string lab =
+            t.chunks > 1 ? fmt::format("{}.{}", s.mb, s.chunk) : fmt::format("{}", s.mb);
+        const ImVec2 ts = ImGui::CalcTextSize(lab.c_str());
+        if (ts.x + 2 < xb - xa)
+          dl->AddText(ImVec2((xa + xb - ts.x) / 2, (ya + yb - ts.y) / 2), IM_COL32(15, 15, 20, 255),
+                      lab.c_str());
+      }
+    }
+    dl->PopClipRect();
+    if (row_h >= text_h - 2) {
+      dl->AddText(ImVec2(origin.x + 2, y + (row_h - text_h) / 2), IM_COL32(200, 200, 200, 255),
+                  fmt::format("s{} r{}", tr.stage, tr.rank).c_str());
+    } else if (first_of_stage) {
+      dl->AddText(ImVec2(origin.x + 2, y), IM_COL32(200, 200, 200, 255),
+                  fmt::format("stage {}", tr.stage).c_str());
+    }
+    if (first_of_stage && tr.stage < static_cast<int>(t.bubbles.size())) {
+      const StageBubble& b = t.bubbles[tr.stage];
+      const std::string txt = b.ideal >= 0 ? fmt::format("bubble {:.1f}%, ideal {:.1f}%",
+                                                         b.achieved * 100, b.ideal * 100)
+                                           : fmt::format("bubble {:.1f}%", b.achieved * 100);
+      if (row_h >= text_h - 2 || n <= 64)
+        dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2)),
+                    IM_COL32(230, 200, 120, 255), txt.c_str());
+    }
+    // Hover tooltip: the instruction under the cursor.
+    if (hovered && io.MousePos.y >= y && io.MousePos.y < y + row_h && io.MousePos.x >= plot.x0 &&
+        io.MousePos.x < plot.x1) {
+      const double tm = t_of(io.MousePos.x);
+      if (const Span* s = span_at(tr, tm)) {
+        ImGui::BeginTooltip();
+        ImGui::Text("%s  (%s)", s->name.c_str(), category_name(s->category));
+        ImGui::Text("rank %d, stage %d", tr.rank, tr.stage);
+        if (s->mb >= 0) ImGui::Text("micro-batch %d, chunk %d", s->mb, s->chunk);
+        ImGui::Text("start %s, duration %s", time_str(s->start, t.time_unit).c_str(),
+                    time_str(s->end - s->start, t.time_unit).c_str());
+        ImGui::EndTooltip();
+      } else if (tm >= t.t_begin && tm <= t.t_end) {
+        ImGui::SetTooltip("idle (bubble) on rank %d at %s", tr.rank,
+                          time_str(tm, t.time_unit).c_str());
+      }
+    }
+    dt.rows.push_back(row);
+    y += row_h;
+  }
+  // Time axis.
+  const double step = nice_step(t1 - t0, 8);
+  for (double tick = std::ceil(t0 / step) * step; tick <= t1 + 1e-12; tick += step) {
+    const float x = x_of(tick);
+    dl->AddLine(ImVec2(x, plot.y1), ImVec2(x, plot.y1 + 4), IM_COL32(180, 180, 180, 255));
+    dl->AddText(ImVec2(x + 2, plot.y1 + 2), IM_COL32(180, 180, 180, 255),
+                fmt::format("{:.4g}", tick).c_str());
+  }
+  dl->AddText(ImVec2(origin.x + 2, plot.y1 + 2), IM_COL32(180, 180, 180, 255),
+              fmt::format("time ({})", t.time_unit).c_str());
+  drawn.timelines.push_back(std::move(dt));
+}
+
+// A line plot of several series into the next `size` pixels; returns the plot rect.
+struct Series {
+  std::string label;
+  Rgb colour;
+  std::vector<std::pair<double, double>> xy;
+};
+void line_plot(const char* title, const std::vector<Series>& series, ImVec2 size) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 o = ImGui::GetCursorScreenPos();
+  ImGui::Dummy(size);
+  dl->AddRectFilled(o, ImVec2(o.x + size.x, o.y + size.y), IM_COL32(24, 26, 30, 255));
+  dl->AddText(ImVec2(o.x + 4, o.y + 2), IM_COL32(220, 220, 220, 255), title);
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const auto& s : series)
+    for (auto [x, yv] : s.xy)
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, yv), y1 = std::max(y1, yv);
+  if (x0 > x1) {
+    dl->AddText(ImVec2(o.x + 4, o.y + 20), IM_COL32(140, 140, 140, 255), "(no data)");
+    return;
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + std::max(1e-9, std::abs(y0) * 0.1);
+  const double pad = (y1 - y0) * 0.08;
+  y0 -= pad, y1 += pad;
+  const Rect p{o.x + 48, o.y + 18, o.x + size.x - 6, o.y + size.y - 16};
+  auto px = [&](double x) {
+    return p.x0 + static_cast<float>((x - x0) / (x1 - x0)) * (p.x1 - p.x0);
+  };
+  auto py = [&](double yv) {
+    return p.y1 - static_cast<float>((yv - y0) / (y1 - y0)) * (p.y1 - p.y0);
+  };
+  dl->AddRect(ImVec2(p.x0, p.y0), ImVec2(p.x1, p.y1), IM_COL32(70, 70, 80, 255));
+  for (double v : {y0 + pad, (y0 + y1) / 2, y1 - pad})
+    dl->AddText(ImVec2(o.x + 2, py(v) - 6), IM_COL32(160, 160, 160, 255),
+                fmt::format("{:.3g}", v).c_str());
+  dl->AddText(ImVec2(p.x0, p.y1 + 1), IM_COL32(160, 160, 160, 255),
+              fmt::format("{:g}", x0).c_str());
+  const std::string xe = fmt::format("{:g}", x1);
+  dl->AddText(ImVec2(p.x1 - ImGui::CalcTextSize(xe.c_str()).x, p.y1 + 1),
+              IM_COL32(160, 160, 160, 255), xe.c_str());
+  for (const auto& s : series) {
+    std::vector<ImVec2> pts;
+    for (auto [x, yv] : s.xy) pts.emplace_back(px(x), py(yv));
+    if (pts.size() == 1) dl->AddCircleFilled(pts[0], 3, col(s.colour));
+    dl->AddPolyline(pts.data(), static_cast<int>(pts.size()), col(s.colour), 0, 2.0f);
+  }
+}
+
+}  // namespace
+
+Rgb category_colour(Category c, int mb) {
+  static constexpr Rgb base[kNumCategories] = {{70, 130, 230}, {60, 180, 95},   {235, 175, 40},
+                                               {175, 95, 210}, {130, 160, 170}, {215, 110, 60}};
+  const Rgb b = base[static_cast<int>(c)];
+  const float f = 1.0f - 0.3f * static_cast<float>(mb < 0 ? 0 : mb % 4) / 3.0f;
+  return Rgb{static_cast<uint8_t>(b.r * f), static_cast<uint8_t>(b.g * f),
+             static_cast<uint8_t>(b.b * f)};
+}
+
+Rgb rank_colour(int rank) {
+  // Golden-ratio hues, full saturation: neighbouring ranks far apart.
+  const float h = std::fmod(0.07f + 0.618034f * static_cast<float>(rank), 1.0f);
+  float r, g, b;
+  ImGui::ColorConvertHSVtoRGB(h, 0.75f, 1.0f, r, g, b);
+  return Rgb{static_cast<uint8_t>(r * 255), static_cast<uint8_t>(g * 255),
+             static_cast<uint8_t>(b * 255)};
+}
+
+bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
+  bool changed = false;
+  app::TrainConfig& c = model.knobs.config;
+  ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.4f, 1), "timeline: %s", model.current.source.c_str());
+  if (ImGui::CollapsingHeader("config", ImGuiTreeNodeFlags_DefaultOpen)) {
+    ImGui::SetNextItemWidth(200);
+    ImGui::InputText("##cfg", &ui.config_path_input);
+    ImGui::SameLine();
+    if (ImGui::Button("load")) model.load_config(ui.config_path_input);
+    ImGui::SetNextItemWidth(200);
+    ImGui::InputText("##save", &ui.save_path_input);
+    ImGui::SameLine();
+    if (ImGui::Button("save")) model.save_config(ui.save_path_input);
+    if (!model.config_path.empty()) ImGui::TextDisabled("loaded: %s", model.config_path.c_str());
+  }
+  if (ImGui::CollapsingHeader("layout", ImGuiTreeNodeFlags_DefaultOpen)) {
+    int64_t world = model.knobs.world_size();
+    if (int_knob("gpus", "GPUs", world, 1, 4096, drawn)) {
+      model.knobs.world = static_cast<int>(world);
+      changed = true;
+    }
+    changed |= int_knob("pp", "pipeline stages", c.pipeline, 1, 512, drawn);
+    ImGui::TextUnformatted("schedule");
+    for (const char* s : {"gpipe", "1f1b", "interleaved"}) {
+      ImGui::SameLine();
+      if (ImGui::RadioButton(s, c.pp_style == s)) {
+        c.pp_style = s;
+        if (c.pp_style == "interleaved" && c.num_model_chunks < 2) c.num_model_chunks = 2;
+        if (c.pp_style != "interleaved") c.num_model_chunks = 1;
+        changed = true;
+      }
+      drawn.widgets[std::string("schedule.") + s] = item_rect();
+    }
+    if (c.pp_style == "interleaved")
+      changed |= int_knob("chunks", "chunks per rank", c.num_model_chunks, 1, 16, drawn);
+    int64_t m = model.knobs.micro_batches();
+    if (int_knob("mb", "micro-batches", m, 1, 4096, drawn)) {
+      c.num_microbatches = m;
+      c.microbatch_size = 0;
+      changed = true;
+    }
+    changed |= int_knob("tp", "tensor size (1d)", c.tensor_size, 1, 64, drawn);
+    if (c.tensor_size > 1 && c.tensor_mode == "none") c.tensor_mode = "1d";
+    if (c.tensor_size == 1 && c.tensor_mode == "1d") c.tensor_mode = "none";
+    changed |= int_knob("zero", "ZeRO stage", c.zero_stage, 0, 3, drawn);
+    changed |= int_knob("batch", "batch per replica", c.batch_size, 1, 1 << 20, drawn);
+    ImGui::Text("data parallel: %d",
+                model.knobs.world_size() /
+                    static_cast<int>(std::max<int64_t>(1, c.pipeline * c.tensor_size)));
+  }
+  if (ImGui::CollapsingHeader("model", ImGuiTreeNodeFlags_DefaultOpen)) {
+    // Explicit keys win over a named model (vit_train's rule), so a turned knob takes effect.
+    auto model_knob = [&](const char* id, const char* label, int64_t& v, const char* key,
+                          int64_t lo, int64_t hi) {
+      if (!int_knob(id, label, v, lo, hi, drawn)) return false;
+      c.explicitly_set.insert(key);
+      return true;
+    };
+    changed |= model_knob("depth", "depth (blocks)", c.depth, "model.depth", 1, 256);
+    changed |= model_knob("hidden", "hidden", c.hidden_size, "model.hidden_size", 8, 65536);
+    changed |= model_knob("heads", "heads", c.num_heads, "model.num_heads", 1, 256);
+    changed |= ImGui::Checkbox("activation checkpointing", &c.checkpoint);
+    ImGui::TextDisabled("img %lld, patch %lld%s", static_cast<long long>(c.img_size),
+                        static_cast<long long>(c.patch_size),
+                        c.model_name.empty() ? "" : (", " + c.model_name).c_str());
+  }
+  if (ImGui::CollapsingHeader("costs (replay)", ImGuiTreeNodeFlags_DefaultOpen)) {
+    changed |= double_knob("forward / layer", model.knobs.forward_per_layer, 0.01, 100, "%.3g u");
+    changed |= double_knob("backward ratio", model.knobs.backward_ratio, 0.1, 10, "%.2f");
+    changed |= double_knob("message latency", model.knobs.comm, 0, 100, "%.3g u");
+    changed |= double_knob("capacity", model.knobs.capacity_gib, 0.1, 1024, "%.3g GiB");
+  }
+  if (ImGui::CollapsingHeader("recorded", ImGuiTreeNodeFlags_DefaultOpen)) {
+    ImGui::SetNextItemWidth(200);
+    ImGui::InputText("##trace", &ui.trace_path_input);
+    ImGui::SameLine();
+    if (ImGui::Button("open trace")) model.open_trace(ui.trace_path_input);
+    if (model.trace) {
+      const int n = static_cast<int>(model.trace->steps.size());
+      int step = (model.knobs.trace_step < 0 ? n - 1 : model.knobs.trace_step) + 1;  // 1-based
+      ImGui::SetNextItemWidth(150);
+      if (ImGui::SliderInt("trace step", &step, 1, n)) {
+        model.knobs.trace_step = step - 1;
+        changed = true;
+      }
+      ImGui::Checkbox("show beside the replay", &ui.trace_beside);
+    }
+    ImGui::SetNextItemWidth(200);
+    ImGui::InputText("##metrics", &ui.metrics_path_input);
+    ImGui::SameLine();
+    if (ImGui::Button("open metrics")) model.open_metrics(ui.metrics_path_input);
+  }
+  if (!model.knob_error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.4f, 0.4f, 1));
+    ImGui::TextWrapped("invalid: %s", model.knob_error.c_str());
+    ImGui::TextWrapped("(showing the last valid layout)");
+    ImGui::PopStyleColor();
+  }
+  return changed;
+}
+
+void errors_panel(const ExplorerModel& model) {
+  if (model.errors.empty()) return;
+  ImGui::Separator();
+  ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1), "errors (%zu)", model.errors.size());
+  ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.55f, 0.55f, 1));
+  const size_t first = model.errors.size() > 6 ? model.errors.size() - 6 : 0;
+  for (size_t i = first; i < model.errors.size(); ++i)
+    ImGui::TextWrapped("%s", model.errors[i].c_str());
+  ImGui::PopStyleColor();
+}
+
+void timeline_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
+  // Legend.
+  for (int c = 0; c < kNumCategories; ++c) {
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(p.x + 10, p.y + 10),
+                                              col(category_colour(static_cast<Category>(c), 0)));
+    ImGui::Dummy(ImVec2(10, 10));
+    ImGui::SameLine();
+    ImGui::TextUnformatted(category_name(static_cast<Category>(c)));
+    ImGui::SameLine();
+  }
+  {
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(p.x + 10, p.y + 10), col(kIdleColour));
+    ImGui::Dummy(ImVec2(10, 10));
+    ImGui::SameLine();
+    ImGui::TextUnformatted("idle (bubble)   shade = micro-batch; wheel zoom, drag pan");
+  }
+  const bool two = model.trace && ui.trace_beside && !model.recorded.empty();
+  const float h = ImGui::GetContentRegionAvail().y;
+  draw_timeline(model.current, ui, drawn, two ? h / 2 - 4 : h, "##replay");
+  if (two) draw_timeline(model.recorded, ui, drawn, h / 2 - 4, "##recorded");
+}
+
+void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
+  if (model.trace) {
+    ImGui::RadioButton("replay", &ui.memory_source, 0);
+    ImGui::SameLine();
+    ImGui::RadioButton("recorded", &ui.memory_source, 1);
+  }
+  const Timeline& t = ui.memory_source == 1 && model.trace ? model.recorded : model.current;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  double peak = 0;
+  int top = -1;
+  for (const auto& mc : t.memory)
+    if (mc.peak() > peak) peak = mc.peak(), top = mc.rank;
+  ImGui::Text("peak %s on rank %d; capacity %s", bytes_str(peak).c_str(), top,
+              bytes_str(t.capacity_bytes).c_str());
+  const ImVec2 o = ImGui::GetCursorScreenPos();
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  ImGui::InvisibleButton("##memory", ImVec2(avail.x, std::max(40.0f, avail.y)));
+  const bool hovered = ImGui::IsItemHovered();
+  const Rect p{o.x + 64, o.y + 4, o.x + avail.x - 8, o.y + std::max(40.0f, avail.y) - 18};
+  dl->AddRectFilled(o, ImVec2(o.x + avail.x, o.y + std::max(40.0f, avail.y)),
+                    IM_COL32(20, 21, 25, 255));
+  if (t.memory.empty() || peak <= 0) return;
+  const bool oom = t.capacity_bytes > 0 && peak > t.capacity_bytes;
+  double y_max = peak * 1.3;  // headroom for the legend
+  if (t.capacity_bytes > 0 && t.capacity_bytes < y_max * 1.5)
+    y_max = std::max(y_max, t.capacity_bytes * 1.05);
+  const double T = std::max(1e-12, t.t_end - t.t_begin);
+  const double t0 = t.t_begin + ui.view_begin * T, t1 = t.t_begin + ui.view_end * T;
+  auto px = [&](double tt) {
+    return p.x0 + static_cast<float>((tt - t0) / (t1 - t0)) * (p.x1 - p.x0);
+  };
+  auto py = [&](double b) { return p.y1 - static_cast<float>(b / y_max) * (p.y1 - p.y0); };
+  dl->AddRect(ImVec2(p.x0, p.y0), ImVec2(p.x1, p.y1), IM_COL32(70, 70, 80, 255));
+  for (int i = 0; i <= 4; ++i) {
+    const double b = y_max * i / 4;
+    dl->AddText(ImVec2(o.x + 2, py(b) - 7), IM_COL32(160, 160, 160, 255), bytes_str(b).c_str());
+  }
+  DrawnMemory dm;
+  dm.plot = p;
+  dm.y_max = y_max;
+  dm.highest_rank = top;
+  dl->PushClipRect(ImVec2(p.x0, p.y0), ImVec2(p.x1 + 1, p.y1 + 1), true);
+  // Lower curves first so the highest ends on top where curves share pixels.
+  std::vector<const MemoryCurve*> curves;
+  for (const auto& mc : t.memory) curves.push_back(&mc);
+  std::stable_sort(curves.begin(), curves.end(), [](const MemoryCurve* a, const MemoryCurve* b) {
+    // Equal curves (one stage's ranks): its first rank last, in the legend's colour.
+    return a->peak() < b->peak() || (a->peak() == b->peak() && a->rank > b->rank);
+  });
+  for (const MemoryCurve* mc : curves) {
+    std::vector<ImVec2> pts;
+    for (size_t i = 0; i < mc->points.size(); ++i) {
+      const MemoryPoint& m = mc->points[i];
+      if (i > 0) pts.emplace_back(px(m.t), pts.back().y);
+      pts.emplace_back(px(m.t), py(m.total()));
+    }
+    dl->AddPolyline(pts.data(), static_cast<int>(pts.size()), col(rank_colour(mc->rank)), 0, 2.0f);
+    dm.ranks.push_back(mc->rank);
+  }
+  if (t.capacity_bytes > 0 && t.capacity_bytes <= y_max) {
+    dl->AddLine(ImVec2(p.x0, py(t.capacity_bytes)), ImVec2(p.x1, py(t.capacity_bytes)),
+                col(kCapacityColour), 1.5f);
+    dl->AddText(ImVec2(p.x0 + 4, py(t.capacity_bytes) - 15), col(kCapacityColour),
+                oom ? "capacity: OUT OF MEMORY" : "capacity");
+  }
+  dl->PopClipRect();
+  if (t.capacity_bytes > y_max)
+    dl->AddText(ImVec2(p.x1 - 200, p.y0 + 2), IM_COL32(160, 160, 160, 255),
+                fmt::format("capacity {} (off scale)", bytes_str(t.capacity_bytes)).c_str());
+  // Legend: every rank, or with many ranks the first rank of each stage (a stage's ranks share
+  // their curve in the replay).
+  std::vector<const MemoryCurve*> legend;
+  for (const auto& mc : t.memory)
+    if (t.memory.size() <= 8 ||
+        std::none_of(legend.begin(), legend.end(),
+                     [&](const MemoryCurve* l) { return l->stage == mc.stage; }))
+      legend.push_back(&mc);
+  legend.resize(std::min<size_t>(legend.size(), 8));
+  dm.legend = Rect{p.x0, p.y0, p.x0 + 170, p.y0 + 4 + 14 * static_cast<float>(legend.size())};
+  float ly = p.y0 + 4;
+  for (const MemoryCurve* mc : legend) {
+    dl->AddText(ImVec2(p.x0 + 6, ly), col(rank_colour(mc->rank)),
+                fmt::format("r{} s{} {}{}", mc->rank, mc->stage, bytes_str(mc->peak()),
+                            t.memory.size() > 8 ? " (stage)" : "")
+                    .c_str());
+    ly += 14;
+  }
+  // Breakdown at the cursor: the curve nearest the mouse.
+  ImGuiIO& io = ImGui::GetIO();
+  if (hovered && io.MousePos.x >= p.x0 && io.MousePos.x <= p.x1) {
+    const double tm = t0 + (io.MousePos.x - p.x0) / (p.x1 - p.x0) * (t1 - t0);
+    const MemoryCurve* best = nullptr;
+    const MemoryPoint* bp = nullptr;
+    float bd = 1e30f;
+    for (const auto& mc : t.memory)
+      if (const MemoryPoint* m = mc.at(tm)) {
+        const float d = std::abs(py(m->total()) - io.MousePos.y);
+        if (d < bd) bd = d, best = &mc, bp = m;
+      }
+    dl->AddLine(ImVec2(io.MousePos.x, p.y0), ImVec2(io.MousePos.x, p.y1),
+                IM_COL32(200, 200, 200, 120));
+    if (best) {
+      ImGui::BeginTooltip();
+      ImGui::Text("rank %d (stage %d) at %s: %s", best->rank, best->stage,
+                  time_str(tm, t.time_unit).c_str(), bytes_str(bp->total()).c_str());
+      if (best->breakdown) {
+        ImGui::Text("parameters      %s", bytes_str(bp->parameters).c_str());
+        ImGui::Text("gradients       %s", bytes_str(bp->gradients).c_str());
+        ImGui::Text("optimizer state %s", bytes_str(bp->optimizer_state).c_str());
+        ImGui::Text("activations     %s", bytes_str(bp->activations).c_str());
+        ImGui::Text("buffers         %s", bytes_str(bp->buffers).c_str());
+      } else {
+        ImGui::TextUnformatted("(recorded: total in use only)");
+      }
+      ImGui::EndTooltip();
+    }
+  }
+  drawn.memory = dm;
+}
+
+void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
+  ImGui::RadioButton("per step", &ui.curves_x, 0);
+  ImGui::SameLine();
+  ImGui::RadioButton("per epoch", &ui.curves_x, 1);
+  for (size_t i = 0; i < model.runs.size(); ++i) {
+    ImGui::SameLine();
+    ImGui::TextColored(ImVec4(rank_colour(static_cast<int>(i)).r / 255.f,
+                              rank_colour(static_cast<int>(i)).g / 255.f,
+                              rank_colour(static_cast<int>(i)).b / 255.f, 1),
+                       "%s", model.runs[i].label.c_str());
+  }
+  if (model.runs.empty()) {
+    ImGui::TextDisabled("open vit_train metrics files (train.metrics_file, JSON lines)");
+    return;
+  }
+  const char* titles[4] = {"loss", "accuracy", "learning rate", "images / s"};
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const ImVec2 size(avail.x / 2 - 4, avail.y / 2 - 4);
+  for (int k = 0; k < 4; ++k) {
+    std::vector<Series> ss;
+    for (size_t i = 0; i < model.runs.size(); ++i) {
+      const MetricsRun& r = model.runs[i];
+      Series s{r.label, rank_colour(static_cast<int>(i)), {}};
+      for (const MetricsRow& row : ui.curves_x == 0 ? r.steps : r.epochs) {
+        const double x =
+            ui.curves_x == 0 ? static_cast<double>(row.step) : static_cast<double>(row.epoch);
+        const double v = k == 0   ? row.loss
+                         : k == 1 ? row.accuracy
+                         : k == 2 ? row.lr
+                                  : row.img_per_s;
+        s.xy.emplace_back(x, v);
+      }
+      if (!s.xy.empty()) ++drawn.curves_plotted;
+      ss.push_back(std::move(s));
+    }
+    line_plot(fmt::format("{} per {}", titles[k], ui.curves_x == 0 ? "step" : "epoch").c_str(), ss,
+              size);
+    if (k % 2 == 0) ImGui::SameLine();
+  }
+}
+
+bool draw_explorer(ExplorerModel& model, UiState& ui, Drawn& drawn, float width, float height) {
+  drawn.clear();
+  constexpr ImGuiWindowFlags kFixed = ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize |
+                                      ImGuiWindowFlags_NoCollapse |
+                                      ImGuiWindowFlags_NoSavedSettings;
+  const float left = std::min(340.0f, width * 0.3f);
+  ImGui::SetNextWindowPos(ImVec2(0, 0));
+  ImGui::SetNextWindowSize(ImVec2(left, height));
+  bool changed = false;
+  if (ImGui::Begin("knobs", nullptr, kFixed)) {
+    changed = knobs_panel(model, ui, drawn);
+    errors_panel(model);
+  }
+  ImGui::End();
+  const float rw = width - left;
+  auto window = [&](const char* title, float x, float y, float w, float h, auto&& body) {
+    ImGui::SetNextWindowPos(ImVec2(x, y));
+    ImGui::SetNextWindowSize(ImVec2(w, h));
+    if (ImGui::Begin(title, nullptr, kFixed | ImGuiWindowFlags_NoScrollbar)) body();
+    ImGui::End();
+  };
+  auto timeline = [&] { timeline_panel(model, ui, drawn); };
+  auto memory = [&] { memory_panel(model, ui, drawn); };
+  auto curves = [&] { curves_panel(model, ui, drawn); };
+  switch (ui.layout) {
+    case Layout::All:
+      window("timeline", left, 0, rw, height * 0.55f, timeline);
+      window("memory", left, height * 0.55f, rw / 2, height * 0.45f, memory);
+      window("training curves", left + rw / 2, height * 0.55f, rw / 2, height * 0.45f, curves);
+      break;
+    case Layout::Timeline:
+      window("timeline", left, 0, rw, height, timeline);
+      break;
+    case Layout::Memory:
+      window("memory", left, 0, rw, height, memory);
+      break;
+    case Layout::Curves:
+      window("training curves", left, 0, rw, height, curves);
+      break;
+  }
+  return changed;
+}
+
+}  // namespace cai::gui

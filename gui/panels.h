@@ -1,0 +1,83 @@
+// The explorer's panels: one function per panel, drawing an ExplorerModel with Dear ImGui.
+// Panels own nothing: the app owns the model and the view state (zoom, selections), and each
+// panel records where it drew what in `Drawn`, so tests can find rows, plots and widgets in a
+// screenshot.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "explorer_model.h"
+
+namespace cai::gui {
+
+struct Rgb {
+  uint8_t r = 0, g = 0, b = 0;
+};
+
+// Colours the panels use (tests classify pixels with them).
+Rgb category_colour(Category c, int mb);        // base hue per category, shaded by micro-batch
+Rgb rank_colour(int rank);                      // memory curves
+inline constexpr Rgb kIdleColour{96, 44, 52};   // bubble (no span) inside the step
+inline constexpr Rgb kTrackColour{34, 36, 42};  // row background outside the step
+inline constexpr Rgb kCapacityColour{230, 40, 40};
+
+enum class Layout { All, Timeline, Memory, Curves };
+
+// View state (the app's, changed by the panels on input).
+struct UiState {
+  Layout layout = Layout::All;
+  double view_begin = 0, view_end = 1;  // visible part of the step, fractions (zoom and pan)
+  bool trace_beside = true;             // recorded trace drawn below the replay
+  int curves_x = 0;                     // 0: per step, 1: per epoch
+  int memory_source = 0;                // 0: replay, 1: recorded trace
+  std::string config_path_input, trace_path_input, metrics_path_input,
+      save_path_input = "explorer.toml";
+};
+
+struct Rect {
+  float x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  float cx() const { return (x0 + x1) / 2; }
+  float cy() const { return (y0 + y1) / 2; }
+};
+
+// What the panels drew in the last frame, in framebuffer pixels (top-left origin).
+struct DrawnRow {
+  int rank = 0, stage = 0;
+  float y0 = 0, y1 = 0;
+};
+struct DrawnTimeline {
+  std::string source;
+  Rect plot;                       // the span area
+  double t0 = 0, t1 = 0;           // times at plot.x0 and plot.x1
+  float step_x0 = 0, step_x1 = 0;  // x of the step's begin and end (clipped to the plot)
+  std::vector<DrawnRow> rows;
+};
+struct DrawnMemory {
+  Rect plot;
+  double y_max = 0;        // bytes at plot.y0
+  std::vector<int> ranks;  // curves drawn, in drawing order
+  int highest_rank = -1;   // the rank whose curve reaches highest
+  Rect legend;             // rank names in rank colours (not curves)
+};
+struct Drawn {
+  std::vector<DrawnTimeline> timelines;  // replay first, then the recorded trace
+  DrawnMemory memory;
+  std::map<std::string, Rect> widgets;  // clickable knobs by id ("schedule.interleaved", ...)
+  int curves_plotted = 0;               // runs × metrics drawn
+  void clear() { *this = Drawn(); }
+};
+
+// The whole window: lays the panels out over `width` × `height` pixels. Returns true when a knob
+// changed (the app then calls model.recompute()).
+bool draw_explorer(ExplorerModel& model, UiState& ui, Drawn& drawn, float width, float height);
+
+// The panels (each inside the current ImGui window).
+bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn);
+void errors_panel(const ExplorerModel& model);
+void timeline_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
+void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
+void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
+
+}  // namespace cai::gui

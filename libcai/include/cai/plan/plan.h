@@ -1,0 +1,148 @@
+// The analytic model of one training step (DESIGN's `plan` layer): what every op computes and
+// moves, what every collective carries over which group, and what every rank holds in memory,
+// for a ViT under a parallel layout (dp × pp × tp, sequence parallelism, ZeRO 0-3 with offload,
+// GPipe / 1F1B / interleaved, gradient accumulation, fp32/bf16/fp16, activation checkpointing).
+//
+// One source of truth: the partition, the micro-batch count, the pipeline program and its peak
+// micro-batches in flight (schedule::validate), the ZeRO chunks and the gradient buckets
+// (schedule/buckets.h) come from the code the executor runs. What the model adds is the
+// executor's allocation pattern, written from libcai/src/nn/vit.cpp (what each layer's Cache
+// keeps and the gradients its backward holds at once), parallel/data_parallel.cpp (buckets,
+// shards, the ZeRO-3 gather window) and parallel/pipeline.cpp (posted receives, sends):
+// make_plan replays one rank's step program over those allocations and reports its peak.
+// tests/parallel/plan_memory.cpp holds the prediction against measured peaks per rank.
+//
+// Units: bytes and FLOPs (a multiply-add is 2) of one micro-batch on one rank (tp/sp-sharded),
+// in the compute dtype; memory in bytes per rank.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cai/core/tensor.h"
+#include "cai/nn/vit.h"
+#include "cai/schedule/schedule.h"
+
+namespace cai::plan {
+
+struct Layout {
+  int world = 1;  // processes; the data-parallel size is world / (tp · pp)
+  int tp = 1, pp = 1;
+  bool sequence_parallel = false;
+  int zero_stage = 0;  // 0 (DDP), 1, 2, 3
+  bool cpu_offload = false;
+  // Pipeline (pp > 1): parallel::PipelineConfig's settings.
+  std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved
+  int num_microbatches = 0, microbatch_size = 0, chunks = 1;
+  std::string partition = "uniform";  // uniform | balanced
+  std::vector<int> num_layers_per_stage;
+  int64_t batch = 1;                  // samples per data-parallel rank per forward/backward
+  int64_t gradient_accumulation = 1;  // batches per optimizer step (pp = 1)
+  DType precision = DType::F32;       // compute dtype (master weights stay fp32)
+  std::string optimizer = "adamw";    // sgd | adam | adamw | hybrid_adam | lamb
+  double momentum = 0.9;              // sgd: a momentum buffer when > 0
+  double ddp_bucket_cap_mb = 25.0, zero_bucket_size_in_m = 12.0;
+  int zero_max_inflight_buckets = 2, zero3_prefetch = 1;
+  bool gpu = false;  // parameters on a GPU: fused attention in half, offload moves to the host
+  // Gradients go through parallel::DataParallelPlugin (every multi-process run, ZeRO, pipeline):
+  // DDP's flat bucket buffers exist. False: one process without a plugin.
+  bool data_parallel_plugin = true;
+  // Allocator overhead as a fraction of the peak (CPU accounting counts exact bytes: 0; a GPU
+  // caching allocator rounds and fragments).
+  double allocator_overhead = 0.0;
+
+  int dp() const { return world / (tp * pp); }
+  void validate(const nn::ViTConfig& model) const;  // throws "[plan] ..." naming the bad values
+};
+
+enum class Phase { Forward, Backward, Recompute, OptimizerStep };
+const char* phase_name(Phase p);
+
+struct OpCost {
+  std::string layer, op;  // "blocks.3", "attn.qkv"
+  Phase phase = Phase::Forward;
+  double flops = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+};
+
+enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, Send, Recv };
+enum class Group { Tp, Pp, Dp };
+const char* collective_name(CollectiveKind k);
+const char* group_name(Group g);
+
+// One collective as a rank issues it. bytes as nn::TensorParallel::comm_bytes counts them
+// (all-reduce: the tensor; all-gather: the gathered result; reduce-scatter: the input; send /
+// recv: the message), in the dtype it travels in.
+struct Collective {
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  Group group = Group::Tp;
+  int group_size = 1;
+  int64_t bytes = 0;
+  std::string layer, op;  // the layer and the op or phase it belongs to ("mlp.fc2", "bucket 3")
+  Phase phase = Phase::Forward;
+  int count = 1;  // times per optimizer step (per micro-batch ones: × micro-batches)
+};
+
+// One layer for one micro-batch on one rank.
+struct LayerPlan {
+  std::string name;                       // "embedding", "blocks.i", "head"
+  int64_t parameters = 0;                 // elements held by this rank (tensor-parallel shard)
+  std::vector<int64_t> parameter_numels;  // per parameter, in collect() order
+  std::vector<OpCost> ops;
+  std::vector<Collective> collectives;  // tensor-parallel, per micro-batch
+  // Memory of one micro-batch: what the Cache keeps from forward to backward (a block's input
+  // included), the layer's output, the largest transient bytes on top of those in forward and
+  // in backward (the input gradient, which the backward returns, included), the input gradient.
+  int64_t saved = 0, input = 0, output = 0, forward_extra = 0, backward_extra = 0, grad_input = 0;
+  bool keeps_input = false;
+};
+
+struct Memory {
+  int64_t parameters = 0;       // full (tp-sharded) values held through the step (not ZeRO-3)
+  int64_t gradients = 0;        // full gradients (stage 0/1) held through the step
+  int64_t shards = 0;           // ZeRO: this rank's chunk of values and gradients
+  int64_t optimizer_state = 0;  // slots × what the optimizer steps (on the device)
+  int64_t buffers = 0;          // DDP / ZeRO-1 persistent flat buckets
+  int64_t host = 0;             // cpu_offload: master shard, its gradient and optimizer state
+  int64_t activations = 0;      // saved activations of the micro-batches in flight at the peak
+  int micro_batches_in_flight = 0;
+  int64_t window = 0;     // communication buffers alive at the peak (buckets, gathers, p2p)
+  int64_t transient = 0;  // everything else alive at the peak (working tensors of a layer)
+  int64_t allocator = 0;
+  int64_t peak = 0;     // the sum of the above (host excluded): the predicted peak
+  std::string peak_at;  // "Backward(mb=1) blocks.5"
+  int64_t persistent() const { return parameters + gradients + shards + optimizer_state + buffers; }
+};
+
+struct RankPlan {
+  int rank = 0, dp_rank = 0, pp_rank = 0, tp_rank = 0;
+  std::vector<int> layers;              // global layer indices this rank holds
+  int64_t parameter_elements = 0;       // of those layers, tp-sharded
+  std::vector<LayerPlan> layer_plans;   // per held layer (tp rank's token split)
+  std::vector<Collective> collectives;  // per step: DDP/ZeRO, pipeline p2p (tp ones in layers)
+  Memory memory;
+};
+
+struct StepPlan {
+  nn::ViTConfig model;
+  Layout layout;
+  int dp = 1;
+  int micro_batches = 1;                // per optimizer step (pipeline) or accumulation
+  int64_t micro_batch_rows = 0;         // the largest micro-batch
+  schedule::Partition partition;        // pp > 1
+  schedule::Schedule schedule;          // pp > 1: the executor's program per stage
+  std::vector<int> peak_micro_batches;  // per pipeline stage, from schedule::validate
+  std::vector<RankPlan> stages;         // per pipeline stage: its dp 0, tp 0 rank
+  int64_t peak() const;                 // the largest predicted peak over the stages
+};
+
+// The model of one step. Throws cai::Error ("[plan] ...", or the schedule's / partition's).
+StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout);
+// Any rank of the world (ZeRO chunks, token splits and stages differ by rank).
+RankPlan plan_rank(const StepPlan& plan, int rank);
+// Forward + backward FLOPs of one micro-batch over the layers a rank holds.
+double flops(const RankPlan& r);
+// Human summary: per stage (or one line when stages are alike) memory by kind and the peak.
+std::string summary(const StepPlan& plan);
+
+}  // namespace cai::plan

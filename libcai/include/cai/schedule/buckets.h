@@ -1,0 +1,28 @@
+// Data-parallel layout as data: ZeRO's per-rank chunks of a parameter and the gradient buckets
+// of DDP / ZeRO, shared by the executor (cai/parallel/data_parallel) and the step model
+// (cai/plan), so the two cannot disagree on what a rank holds.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace cai::schedule {
+
+// Rank r's chunk of an n-element parameter under ZeRO over d ranks: [n·r/d, n·(r+1)/d).
+inline int64_t zero_chunk_begin(int64_t n, int r, int d) {
+  return n * r / d;
+}
+inline int64_t zero_chunk_size(int64_t n, int r, int d) {
+  return zero_chunk_begin(n, r + 1, d) - zero_chunk_begin(n, r, d);
+}
+
+// Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
+// numels: elements per parameter (model order); layer_of: the layer index of each parameter.
+// Stage 3: one bucket per layer that has parameters, last layer first. Stages 0-2: parameters in
+// reverse model order, a bucket closed once it holds at least the cap (stage 2:
+// zero_bucket_size_in_m million elements; 0/1: ddp_bucket_cap_mb MiB of fp32).
+std::vector<std::vector<int>> gradient_buckets(const std::vector<int64_t>& numels,
+                                               const std::vector<int>& layer_of, int zero_stage,
+                                               double ddp_bucket_cap_mb,
+                                               double zero_bucket_size_in_m);
+
+}  // namespace cai::schedule

@@ -1,0 +1,802 @@
+#include "cai/plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include "cai/core/error.h"
+#include "cai/schedule/buckets.h"
+
+namespace cai::plan {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward:
+      return "forward";
+    case Phase::Backward:
+      return "backward";
+    case Phase::Recompute:
+      return "recompute";
+    case Phase::OptimizerStep:
+      return "optimizer step";
+  }
+  return "?";
+}
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllReduce:
+      return "all-reduce";
+    case CollectiveKind::ReduceScatter:
+      return "reduce-scatter";
+    case CollectiveKind::AllGather:
+      return "all-gather";
+    case CollectiveKind::Broadcast:
+      return "broadcast";
+    case CollectiveKind::Send:
+      return "send";
+    case CollectiveKind::Recv:
+      return "recv";
+  }
+  return "?";
+}
+
+const char* group_name(Group g) {
+  return g == Group::Tp ? "tp" : g == Group::Pp ? "pp" : "dp";
+}
+
+void Layout::validate(const nn::ViTConfig& m) const {
+  m.validate();
+  CAI_CHECK(world >= 1 && tp >= 1 && pp >= 1 && world % (tp * pp) == 0,
+            "[plan] {} processes are not divisible by tensor size {} × pipeline {}", world, tp, pp);
+  CAI_CHECK(zero_stage >= 0 && zero_stage <= 3, "[plan] zero_stage {} is not 0, 1, 2 or 3",
+            zero_stage);
+  CAI_CHECK(pp == 1 || zero_stage <= 1,
+            "[plan] zero_stage {} with pipeline {}: pipeline stages combine with ZeRO 0 or 1",
+            zero_stage, pp);
+  CAI_CHECK(!cpu_offload || zero_stage >= 1, "[plan] cpu_offload needs zero_stage >= 1");
+  CAI_CHECK(!sequence_parallel || tp > 1, "[plan] sequence_parallel needs tp > 1 (got {})", tp);
+  if (tp > 1) m.validate_tensor_parallel(tp, sequence_parallel);
+  CAI_CHECK(batch >= 1 && gradient_accumulation >= 1,
+            "[plan] batch {} and gradient_accumulation {} must be at least 1", batch,
+            gradient_accumulation);
+  CAI_CHECK(pp == 1 || gradient_accumulation == 1,
+            "[plan] gradient_accumulation {} with pipeline {}: accumulate through micro-batches",
+            gradient_accumulation, pp);
+  CAI_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
+            "[plan] precision {} must be fp32, bf16 or fp16", dtype_name(precision));
+  CAI_CHECK(zero_max_inflight_buckets >= 1 && zero3_prefetch >= 0,
+            "[plan] zero_max_inflight_buckets {} must be >= 1 and zero3_prefetch {} >= 0",
+            zero_max_inflight_buckets, zero3_prefetch);
+  CAI_CHECK(allocator_overhead >= 0, "[plan] allocator_overhead {} must be >= 0",
+            allocator_overhead);
+}
+
+namespace {
+
+int optimizer_slots(const Layout& l) {
+  if (l.optimizer == "sgd") return l.momentum > 0 ? 1 : 0;
+  CAI_CHECK(l.optimizer == "adam" || l.optimizer == "adamw" || l.optimizer == "hybrid_adam" ||
+                l.optimizer == "lamb",
+            "[plan] optimizer '{}' is not sgd, adam, adamw, hybrid_adam or lamb", l.optimizer);
+  return 2;
+}
+
+// Parameter sizes per layer on one tensor-parallel rank, in collect() order (nn/vit.cpp).
+std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, int T) {
+  const int64_t d = c.embed_dim, hid = c.mlp_hidden(), n = c.num_patches() + 1;
+  std::vector<std::vector<int64_t>> out;
+  out.push_back({d, n * d, d * c.in_chans * c.patch_size * c.patch_size, d});
+  for (int64_t i = 0; i < c.depth; ++i)
+    out.push_back(
+        {d, d, 3 * d / T * d, 3 * d / T, d * d / T, d, d, d, hid / T * d, hid / T, d * hid / T, d});
+  out.push_back({d, d, c.num_classes * d / T, c.num_classes});
+  return out;
+}
+
+// What a layer costs for one micro-batch of `b` rows on tensor-parallel rank `r`.
+struct Shapes {
+  int64_t b, n, nr, d, dt, heads, hid, k, np, patch;
+  int T;
+  bool tp, sp, fused;
+  int64_t e;   // compute dtype bytes
+  int64_t es;  // bytes a half tensor travels in on the CPU (widened to fp32) or as is
+};
+
+Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
+  Shapes s{};
+  s.b = b;
+  s.n = c.num_patches() + 1;
+  s.T = l.tp;
+  s.tp = l.tp > 1;
+  s.sp = s.tp && l.sequence_parallel;
+  s.nr = s.sp ? s.n * (r + 1) / l.tp - s.n * r / l.tp : s.n;
+  s.d = c.embed_dim;
+  s.dt = c.embed_dim / l.tp;
+  s.heads = c.num_heads / l.tp;
+  s.hid = c.mlp_hidden() / l.tp;
+  s.k = c.num_classes;
+  s.np = c.num_patches();
+  s.patch = c.in_chans * c.patch_size * c.patch_size;
+  s.e = static_cast<int64_t>(dtype_size(l.precision));
+  const int64_t hd = c.embed_dim / c.num_heads;
+  s.fused = l.gpu && l.precision != DType::F32 && hd >= 8 && hd <= 128 && hd % 8 == 0;
+  s.es = l.gpu ? s.e : 4;
+  return s;
+}
+
+void add_linear(LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
+                int64_t e) {
+  const double f = 2.0 * rows * in * out;
+  p.ops.push_back({p.name, op, Phase::Forward, f, (rows * in + in * out) * e, rows * out * e});
+  p.ops.push_back({p.name, op, Phase::Backward, 2 * f, (2 * rows * in + rows * out + in * out) * e,
+                   (rows * in + in * out) * e});
+}
+
+void add_elementwise(LayerPlan& p, const std::string& op, int64_t elems, double flops_per,
+                     int64_t e) {
+  p.ops.push_back({p.name, op, Phase::Forward, flops_per * elems, elems * e, elems * e});
+  p.ops.push_back({p.name, op, Phase::Backward, 2 * flops_per * elems, 2 * elems * e, elems * e});
+}
+
+LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
+  LayerPlan p;
+  p.name = "embedding";
+  const int64_t b = s.b, e = s.e;
+  add_linear(p, "patch_embed.proj", b * s.np, s.patch, s.d, e);
+  p.ops.pop_back();  // no input gradient for the images: the weight gradient only
+  p.ops.push_back({p.name, "patch_embed.proj", Phase::Backward, 2.0 * b * s.np * s.patch * s.d,
+                   (b * s.np * s.patch + b * s.np * s.d) * e, s.patch * s.d * 4});
+  add_elementwise(p, "cls_pos", b * s.n * s.d, 1, 4);
+  p.input = b * c.in_chans * c.img_size * c.img_size * 4;
+  p.saved = b * s.np * s.patch * e;  // the patches
+  p.output = b * s.nr * s.d * 4;
+  // The patch embedding's output lives until cls_pos; sequence parallel: the whole sequence
+  // before the rank's tokens are cut.
+  p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
+  p.backward_extra = (s.sp ? b * s.n * s.d * 4 : 0) + b * s.np * s.d * e;
+  if (s.sp) {
+    const int64_t numel = s.d + s.n * s.d + s.d * s.patch + s.d;
+    p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, numel * 4, p.name,
+                             "parameter gradients", Phase::Backward});
+    p.backward_extra += numel * 4;
+  }
+  return p;
+}
+
+LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, int64_t index) {
+  LayerPlan p;
+  p.name = fmt::format("blocks.{}", index);
+  const int64_t b = s.b, n = s.n, nr = s.nr, d = s.d, e = s.e;
+  const int64_t rows = b * n;
+  // FLOPs: 24·N·D² + 4·N²·D per sample forward without tensor parallelism.
+  add_elementwise(p, "norm1", b * nr * d, 8, e);
+  add_linear(p, "attn.qkv", rows, d, 3 * s.dt, e);
+  const double attn = 4.0 * b * n * n * s.dt;
+  p.ops.push_back({p.name, "attn", Phase::Forward, attn,
+                   rows * 3 * s.dt * e + (s.fused ? 0 : b * s.heads * n * n * e),
+                   rows * s.dt * e + (s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e)});
+  p.ops.push_back({p.name, "attn", Phase::Backward, (s.fused ? 2.5 : 2.0) * attn,
+                   rows * (3 + 2) * s.dt * e + (s.fused ? 0 : b * s.heads * n * n * e),
+                   rows * 3 * s.dt * e});
+  add_linear(p, "attn.proj", rows, s.dt, d, e);
+  add_elementwise(p, "norm2", b * nr * d, 8, e);
+  add_linear(p, "mlp.fc1", rows, d, s.hid, e);
+  add_elementwise(p, "mlp.act", rows * s.hid, 8, e);
+  add_linear(p, "mlp.fc2", rows, s.hid, d, e);
+  add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
+
+  // Collectives as the block issues them (nn/vit.cpp, tensor_parallel.cpp).
+  if (s.tp) {
+    const auto fwd_row = s.sp ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce;
+    const int64_t full = rows * d;
+    auto add = [&](CollectiveKind k, int64_t bytes, const char* op, Phase ph) {
+      p.collectives.push_back({k, Group::Tp, s.T, bytes, p.name, op, ph});
+    };
+    if (s.sp) add(CollectiveKind::AllGather, full * e, "norm1 → attn.qkv", Phase::Forward);
+    add(fwd_row, full * e, "attn.proj", Phase::Forward);
+    if (s.sp) add(CollectiveKind::AllGather, full * e, "norm2 → mlp.fc1", Phase::Forward);
+    add(fwd_row, full * e, "mlp.fc2", Phase::Forward);
+    if (s.sp) add(CollectiveKind::AllGather, full * 4, "mlp.fc2 grad", Phase::Backward);
+    add(fwd_row, full * e, "mlp.fc1 input grad", Phase::Backward);
+    if (s.sp) add(CollectiveKind::AllGather, full * 4, "attn.proj grad", Phase::Backward);
+    add(fwd_row, full * e, "attn.qkv input grad", Phase::Backward);
+    if (s.sp) add(CollectiveKind::AllReduce, 4 * d * 4, "norm grads", Phase::Backward);
+  }
+
+  // Memory: Block::Acts (x, mean1, rstd1, a, qkv, probs or log-sum-exp, o, h, mean2, rstd2, b, f,
+  // m). x and h are the residual stream (fp32, this rank's tokens), the rest compute dtype; the
+  // normalised inputs a and b are gathered whole under sequence parallelism.
+  const int64_t x = b * nr * d * 4, stats = 2 * b * nr * 4;
+  const int64_t probs = s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e;
+  const int64_t full = x + stats + rows * d * e + rows * 3 * s.dt * e + probs + rows * s.dt * e +
+                       x + stats + rows * d * e + 2 * rows * s.hid * e;
+  p.keeps_input = true;
+  p.input = x;
+  p.output = x;
+  p.grad_input = x;
+  const int64_t y = rows * d * e;  // a row-parallel output before the reduction
+  // The fc2 output beside the new residual; under sequence parallelism its reduce-scatter's
+  // staging buffer and result first.
+  const int64_t y_out = s.sp ? std::max(y + rows * d * s.es + b * nr * d * e - x, b * nr * d * e)
+                             : y + (s.tp && l.precision != DType::F32 && !l.gpu ? rows * d * 4 : 0);
+  // Backward (Block::backward): function-scope gradients accumulate until the end.
+  const int64_t g_full = s.sp ? rows * d * 4 : 0;  // gathered dy and gy
+  const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = b * nr * d * e,
+                gh = b * nr * d * 4, go = rows * s.dt * e, gq = rows * 3 * s.dt * e,
+                ga = b * nr * d * e, gx = x;
+  const int64_t at_gelu = g_full + gm + gf;
+  const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
+  const int64_t at_qkv =
+      before_qkv + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
+  const int64_t at_end = before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0);
+  const int64_t bwd = std::max({at_gelu, at_qkv, at_end});
+  if (c.checkpoint) {
+    p.saved = x;  // only the input; backward recomputes the rest
+    p.forward_extra = (full - x) + y_out;
+    p.backward_extra = (full - x) + bwd;
+    for (const OpCost& o : std::vector<OpCost>(p.ops))
+      if (o.phase == Phase::Forward) {
+        OpCost r = o;
+        r.phase = Phase::Recompute;
+        p.ops.push_back(r);
+      }
+    for (const Collective& k : std::vector<Collective>(p.collectives))
+      if (k.phase == Phase::Forward) {
+        Collective r = k;
+        r.phase = Phase::Recompute;
+        p.collectives.push_back(r);
+      }
+  } else {
+    p.saved = full;
+    p.forward_extra = y_out;
+    p.backward_extra = bwd;
+  }
+  return p;
+}
+
+LayerPlan head_plan(const Shapes& s) {
+  LayerPlan p;
+  p.name = "head";
+  const int64_t b = s.b, d = s.d, e = s.e;
+  add_elementwise(p, "norm", b * d, 8, e);
+  add_linear(p, "head", b, s.dt, s.k, e);
+  p.input = b * s.nr * d * 4;
+  // HeadCache: the class token t, its statistics, the normalised features z (sliced under tp).
+  p.saved = b * d * 4 + 2 * b * 4 + b * s.dt * e;
+  p.output = b * s.k * 4;
+  p.forward_extra = s.tp ? b * d * e : 0;  // z before it is sliced
+  p.grad_input = b * s.nr * d * 4;
+  p.backward_extra = b * s.dt * e + (s.tp ? 2 * b * d * e : 0) + b * d * 4 + p.grad_input;
+  if (s.tp) {
+    if (s.sp)
+      p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, b * d * 4, p.name,
+                               "class token", Phase::Forward});
+    p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, b * s.k * 4, p.name,
+                             "head logits", Phase::Forward});
+    p.collectives.push_back({CollectiveKind::AllGather, Group::Tp, s.T, b * d * e, p.name,
+                             "head input grad", Phase::Backward});
+  }
+  return p;
+}
+
+std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int64_t rows, int r) {
+  const Shapes s = shapes_of(c, l, rows, r);
+  const auto numels = parameter_numels(c, l.tp);
+  std::vector<LayerPlan> out;
+  out.push_back(embedding_plan(c, s));
+  for (int64_t i = 0; i < c.depth; ++i) out.push_back(block_plan(c, l, s, i));
+  out.push_back(head_plan(s));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].parameter_numels = numels[i];
+    for (int64_t v : numels[i]) out[i].parameters += v;
+  }
+  // The loss: cross-entropy forward and backward over the logits (fp32).
+  LayerPlan& h = out.back();
+  h.ops.push_back(
+      {"loss", "cross_entropy", Phase::Forward, 5.0 * rows * s.k, rows * s.k * 4, rows * 4});
+  h.ops.push_back(
+      {"loss", "cross_entropy", Phase::Backward, 3.0 * rows * s.k, rows * s.k * 4, rows * s.k * 4});
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------
+// The step replay: live bytes of one rank over its program.
+
+struct Tracker {
+  int64_t live = 0, peak = 0;
+  std::string at;
+  // What is alive at the peak, by kind.
+  int64_t act = 0, win = 0;
+  int in_flight = 0;
+  int64_t peak_act = 0, peak_win = 0;
+  int peak_in_flight = 0;
+  void add(int64_t bytes, const std::string& where) {
+    live += bytes;
+    if (live > peak) {
+      peak = live;
+      at = where;
+      peak_act = act;
+      peak_win = win;
+      peak_in_flight = in_flight;
+    }
+  }
+  void touch(int64_t bytes, const std::string& where) {  // a transient: up and down
+    add(bytes, where);
+    live -= bytes;
+  }
+};
+
+struct Replay {
+  const StepPlan& plan;
+  const Layout& l;
+  RankPlan& rank;
+  Tracker t;
+  int d = 1, me = 0;  // data-parallel size and rank
+  // Data parallelism (parallel/data_parallel.cpp): per held parameter, its layer position.
+  std::vector<int64_t> numels;
+  std::vector<int> layer_of;  // position in rank.layers
+  std::vector<std::vector<int>> buckets;
+  std::vector<int> bucket_of;
+  std::vector<int> ready;
+  std::deque<int> inflight;  // stage 2/3 launched buckets
+  std::vector<int64_t> inflight_bytes;
+  std::vector<int> first_param;  // per layer position: index of its first parameter
+  bool hooks = false;
+  // ZeRO-3: layer positions whose gather is pending, with their buffer bytes.
+  std::vector<std::pair<int, int64_t>> pending;
+  std::vector<bool> grads_alive;
+
+  Replay(const StepPlan& p, RankPlan& r) : plan(p), l(p.layout), rank(r) {
+    d = l.dp();
+    me = r.dp_rank;
+    for (size_t i = 0; i < r.layer_plans.size(); ++i) {
+      first_param.push_back(static_cast<int>(numels.size()));
+      for (int64_t v : r.layer_plans[i].parameter_numels) {
+        numels.push_back(v);
+        layer_of.push_back(static_cast<int>(i));
+      }
+    }
+    first_param.push_back(static_cast<int>(numels.size()));
+    if (l.data_parallel_plugin)
+      buckets = schedule::gradient_buckets(numels, layer_of, l.zero_stage, l.ddp_bucket_cap_mb,
+                                           l.zero_bucket_size_in_m);
+    bucket_of.assign(numels.size(), -1);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      for (int i : buckets[b]) bucket_of[i] = static_cast<int>(b);
+    ready.assign(buckets.size(), 0);
+    inflight_bytes.assign(buckets.size(), 0);
+    grads_alive.assign(r.layer_plans.size(), false);
+    // DataParallelPlugin::train_hooks: none for one DDP rank.
+    hooks = l.data_parallel_plugin && !(d == 1 && l.zero_stage == 0);
+  }
+
+  int64_t layer_numel(int pos) const { return rank.layer_plans[pos].parameters; }
+  int64_t layer_chunk(int pos, int r) const {
+    int64_t c = 0;
+    for (int64_t v : rank.layer_plans[pos].parameter_numels)
+      c += schedule::zero_chunk_size(v, r, d);
+    return c;
+  }
+  int64_t bucket_numel(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += numels[i];
+    return n;
+  }
+  int64_t bucket_chunk(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += schedule::zero_chunk_size(numels[i], me, d);
+    return n;
+  }
+
+  // ZeRO-3 gathers (DataParallelPlugin::Impl::fetch).
+  void issue(int pos, const std::string& where) {
+    if (layer_numel(pos) == 0) return;
+    for (auto& e : pending)
+      if (e.first == pos) return;
+    const int64_t bytes = 4 * (layer_chunk(pos, me) + layer_numel(pos));
+    pending.emplace_back(pos, bytes);
+    t.win += bytes;
+    t.add(bytes, where);
+  }
+  void fetch(int pos, bool backward, const std::string& where) {
+    if (layer_numel(pos) == 0) return;
+    issue(pos, where);
+    const int step = backward ? -1 : 1;
+    int ahead = 0;
+    const int L = static_cast<int>(rank.layer_plans.size());
+    for (int i = pos + step; i >= 0 && i < L && ahead < l.zero3_prefetch; i += step) {
+      if (layer_numel(i) == 0) continue;
+      ++ahead;
+      if (static_cast<int>(pending.size()) > l.zero3_prefetch) break;
+      issue(i, where);
+    }
+    auto it =
+        std::find_if(pending.begin(), pending.end(), [&](const auto& e) { return e.first == pos; });
+    const int64_t bytes = it->second;
+    pending.erase(it);
+    t.add(4 * layer_numel(pos), where);  // the full values, while the gather's buffers live
+    t.win -= bytes;
+    t.live -= bytes;
+  }
+  void release(int pos) {
+    if (l.zero_stage == 3) t.live -= 4 * layer_numel(pos);
+  }
+
+  void finish(int b) {
+    const int64_t bytes = inflight_bytes[b];
+    t.live -= bytes;
+    t.win -= bytes;
+    inflight_bytes[b] = 0;
+    inflight.erase(std::find(inflight.begin(), inflight.end(), b));
+  }
+  void launch(int b, const std::string& where) {
+    if (l.zero_stage < 2) return;  // the persistent flat buffer
+    if (inflight_bytes[b] > 0) finish(b);
+    while (static_cast<int>(inflight.size()) >= l.zero_max_inflight_buckets)
+      finish(inflight.front());
+    const int64_t bytes = 4 * (bucket_numel(b) + bucket_chunk(b));
+    inflight_bytes[b] = bytes;
+    inflight.push_back(b);
+    t.win += bytes;
+    t.add(bytes, where);
+    t.live -= 4 * bucket_numel(b);  // the packed full gradients are freed
+  }
+
+  void before_backward(int pos, const std::string& where) {
+    if (!hooks) return;
+    if (l.zero_stage == 3) fetch(pos, true, where);
+    if (l.zero_stage >= 2 && layer_numel(pos) > 0) t.add(4 * layer_numel(pos), where);
+  }
+  void after_backward(int pos, const std::string& where) {
+    if (!hooks) return;
+    for (int i = first_param[pos]; i < first_param[pos + 1]; ++i) {
+      const int b = bucket_of[i];
+      if (++ready[b] == static_cast<int>(buckets[b].size())) {
+        ready[b] = 0;
+        launch(b, where);
+      }
+    }
+    release(pos);
+  }
+
+  // One micro-batch's forward over this rank's layers [first, last] (positions).
+  void forward(int first, int last, bool holds_input, const std::string& tag) {
+    for (int pos = first; pos <= last; ++pos) {
+      const LayerPlan& lp = rank.layer_plans[pos];
+      const std::string where = tag + " " + lp.name;
+      if (hooks && l.zero_stage == 3) fetch(pos, false, where);
+      t.act += lp.saved - (lp.keeps_input ? lp.input : 0);
+      t.add(lp.saved - (lp.keeps_input ? lp.input : 0) + lp.output, where);
+      t.touch(lp.forward_extra, where);
+      const bool input_alive = pos > first || holds_input;
+      if (!lp.keeps_input && input_alive) t.live -= lp.input;
+      if (lp.keeps_input && !input_alive) t.add(lp.input, where);  // (not reached)
+      if (hooks) release(pos);
+    }
+  }
+
+  // One micro-batch's backward; dy of the last layer alive on entry; returns with the first
+  // layer's input gradient alive (0 for the embedding).
+  void backward(int first, int last, const std::string& tag) {
+    for (int pos = last; pos >= first; --pos) {
+      const LayerPlan& lp = rank.layer_plans[pos];
+      const std::string where = tag + " " + lp.name;
+      before_backward(pos, where);
+      t.add(lp.backward_extra, where);  // the input gradient included
+      t.live -= lp.backward_extra - lp.grad_input;
+      t.live -= lp.saved;
+      t.act -= lp.saved - (lp.keeps_input ? lp.input : 0);
+      t.live -= pos == static_cast<int>(rank.layer_plans.size()) - 1 &&
+                        rank.layers[pos] == plan.model.depth + 1
+                    ? 0
+                    : lp.output;  // dy (the head's dlogits are the caller's)
+      after_backward(pos, where);
+    }
+  }
+};
+
+void replay(const StepPlan& plan, RankPlan& r) {
+  const Layout& l = plan.layout;
+  Replay rp(plan, r);
+  Memory& m = r.memory;
+  const int d = l.dp();
+  int64_t N = 0, S = 0;
+  for (size_t i = 0; i < rp.numels.size(); ++i) {
+    N += rp.numels[i];
+    S += schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d);
+  }
+  const int slots = optimizer_slots(l);
+  const bool offload = l.cpu_offload && l.gpu && l.zero_stage >= 1;
+  m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
+  m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
+  m.shards = l.zero_stage >= 1 ? 8 * S : 0;
+  m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
+  m.buffers = l.data_parallel_plugin && l.zero_stage <= 1 ? 4 * N : 0;
+  m.host = offload ? 4 * (2 + slots) * S : 0;
+  Tracker& t = rp.t;
+  t.live = m.persistent();
+  t.peak = t.live;
+  t.at = "start of step";
+
+  const int L = static_cast<int>(r.layers.size());
+  const int last_layer = plan.model.depth + 1;
+  const int64_t rows = plan.micro_batch_rows;
+  const LayerPlan& head = r.layer_plans.back();
+  const int64_t logits = rows * plan.model.num_classes * 4;
+  if (l.pp == 1) {
+    // Plugin::forward_backward: the logits live through backward beside dlogits.
+    for (int64_t a = 0; a < l.gradient_accumulation; ++a) {
+      const std::string tag = fmt::format("F(mb={})", a);
+      ++t.in_flight;
+      rp.forward(0, L - 1, false, tag);
+      t.touch(rows * 4, tag + " loss");
+      t.add(logits, fmt::format("B(mb={}) loss", a));  // dlogits
+      rp.backward(0, L - 1, fmt::format("B(mb={})", a));
+      t.live -= logits + head.output;
+      --t.in_flight;
+    }
+  } else {
+    // The pipeline executor (parallel/pipeline.cpp): one posted receive per kind ahead; a
+    // send's buffer released at the next instruction; the loss stage keeps dlogits per
+    // micro-batch until its backward.
+    const schedule::Program& prog = plan.schedule.programs[r.pp_rank];
+    const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
+    const int64_t bnd = rows * s.nr * s.d * 4;
+    std::map<int, int> pos_of;  // global layer -> position
+    for (int i = 0; i < L; ++i) pos_of[r.layers[i]] = i;
+    int64_t sending = 0;
+    bool posted[2] = {false, false};
+    auto post = [&](int kind, size_t from) {
+      for (size_t i = from; i < prog.size(); ++i)
+        if (prog[i].op == (kind == 0 ? schedule::Op::RecvActivation : schedule::Op::RecvGrad)) {
+          posted[kind] = true;
+          t.win += bnd;
+          t.add(bnd, "posted receive");
+          return;
+        }
+      posted[kind] = false;
+    };
+    post(0, 0);
+    post(1, 0);
+    for (size_t i = 0; i < prog.size(); ++i) {
+      const schedule::Instr& in = prog[i];
+      t.live -= sending;  // released at the next instruction
+      t.win -= sending;
+      sending = 0;
+      const int first = pos_of[in.first_layer], last = pos_of[in.first_layer + in.num_layers - 1];
+      const std::string tag = in.str();
+      using schedule::Op;
+      switch (in.op) {
+        case Op::RecvActivation:
+        case Op::RecvGrad: {
+          const int kind = in.op == Op::RecvActivation ? 0 : 1;
+          t.win -= bnd;  // the posted buffer becomes the consumer's
+          post(kind, i + 1);
+          break;
+        }
+        case Op::Forward:
+          ++t.in_flight;
+          rp.forward(first, last, in.first_layer > 0, tag);
+          if (in.first_layer + in.num_layers - 1 == last_layer) {
+            t.touch(rows * 4, tag + " loss");
+            t.add(logits, tag + " loss");  // dlogits, kept until the backward
+            t.live -= r.layer_plans[last].output;
+          }
+          break;
+        case Op::Backward:
+        case Op::BackwardInput:
+          rp.backward(first, last, tag);
+          if (in.first_layer + in.num_layers - 1 == last_layer) t.live -= logits;
+          --t.in_flight;
+          break;
+        case Op::SendActivation:
+        case Op::SendGrad:
+          sending = bnd;  // the output or input gradient, already counted, now the send's
+          t.win += bnd;
+          break;
+        default:
+          break;
+      }
+    }
+    t.live -= sending;
+    t.win -= sending;
+    for (int k = 0; k < 2; ++k)
+      if (posted[k]) t.live -= bnd, t.win -= bnd;
+  }
+  // sync_gradients: the rest of the stage 2/3 buckets complete.
+  while (!rp.inflight.empty()) rp.finish(rp.inflight.front());
+  // The optimizer step: ZeRO-1/2 all-gather the stepped shards bucket by bucket (window of
+  // zero_max_inflight_buckets); LAMB's update buffer per parameter.
+  if (l.zero_stage == 1 || l.zero_stage == 2) {
+    std::deque<int64_t> q;
+    int64_t live = 0;
+    for (size_t b = 0; b < rp.buckets.size(); ++b) {
+      if (static_cast<int>(q.size()) == l.zero_max_inflight_buckets) {
+        live -= q.front();
+        t.live -= q.front();
+        q.pop_front();
+      }
+      const int64_t bytes = 4 * (rp.bucket_numel(b) + rp.bucket_chunk(b));
+      q.push_back(bytes);
+      live += bytes;
+      t.win += bytes;
+      t.add(bytes, "OptStep all-gather");
+      t.win -= bytes;
+    }
+    t.live -= live;
+  }
+  if (l.optimizer == "lamb") {
+    int64_t big = 0;
+    for (size_t i = 0; i < rp.numels.size(); ++i)
+      big = std::max(big, l.zero_stage >= 1 ? schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d)
+                                            : rp.numels[i]);
+    t.touch(4 * big, "OptStep lamb");
+  }
+  m.activations = t.peak_act;
+  m.micro_batches_in_flight = t.peak_in_flight;
+  m.window = t.peak_win;
+  m.transient = t.peak - m.persistent() - m.activations - m.window;
+  m.allocator = static_cast<int64_t>(l.allocator_overhead * static_cast<double>(t.peak));
+  m.peak = t.peak + m.allocator;
+  m.peak_at = t.at;
+
+  // Per-step collectives of data parallelism and the pipeline.
+  for (size_t b = 0; b < rp.buckets.size() && d > 1; ++b) {
+    const int64_t bytes = 4 * rp.bucket_numel(b);
+    const std::string name = fmt::format("bucket {}", b);
+    if (l.zero_stage <= 1) {
+      r.collectives.push_back(
+          {CollectiveKind::AllReduce, Group::Dp, d, bytes, "", name, Phase::Backward, 1});
+    } else {
+      const int per = l.pp == 1 ? static_cast<int>(l.gradient_accumulation) : 1;
+      r.collectives.push_back(
+          {CollectiveKind::ReduceScatter, Group::Dp, d, bytes, "", name, Phase::Backward, per});
+    }
+    if (l.zero_stage == 1 || l.zero_stage == 2)
+      r.collectives.push_back(
+          {CollectiveKind::AllGather, Group::Dp, d, bytes, "", name, Phase::OptimizerStep, 1});
+  }
+  if (l.zero_stage == 3 && d > 1)
+    for (int pos = 0; pos < L; ++pos) {
+      const int64_t bytes = 4 * rp.layer_numel(pos);
+      const int per = static_cast<int>(l.gradient_accumulation);
+      r.collectives.push_back({CollectiveKind::AllGather, Group::Dp, d, bytes,
+                               r.layer_plans[pos].name, "parameters", Phase::Forward, per});
+      r.collectives.push_back({CollectiveKind::AllGather, Group::Dp, d, bytes,
+                               r.layer_plans[pos].name, "parameters", Phase::Backward, per});
+    }
+  if (l.pp > 1) {
+    const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
+    const int64_t bnd = rows * s.nr * s.d * 4;
+    for (const schedule::Instr& in : plan.schedule.programs[r.pp_rank]) {
+      using schedule::Op;
+      if (!schedule::is_send(in.op) && !schedule::is_recv(in.op)) continue;
+      r.collectives.push_back(
+          {schedule::is_send(in.op) ? CollectiveKind::Send : CollectiveKind::Recv, Group::Pp, 2,
+           bnd, "", in.str(),
+           in.op == Op::SendActivation || in.op == Op::RecvActivation ? Phase::Forward
+                                                                      : Phase::Backward,
+           1});
+    }
+  }
+}
+
+}  // namespace
+
+int64_t StepPlan::peak() const {
+  int64_t p = 0;
+  for (const RankPlan& r : stages) p = std::max(p, r.memory.peak);
+  return p;
+}
+
+RankPlan plan_rank(const StepPlan& plan, int rank) {
+  const Layout& l = plan.layout;
+  CAI_CHECK(rank >= 0 && rank < l.world, "[plan] rank {} is outside the world of {}", rank,
+            l.world);
+  RankPlan r;
+  r.rank = rank;
+  // dist::ProcessMesh: tp fastest, then pp, dp outermost.
+  r.tp_rank = rank % l.tp;
+  r.pp_rank = (rank / l.tp) % l.pp;
+  r.dp_rank = rank / (l.tp * l.pp);
+  const auto all = layer_plans(plan.model, l, plan.micro_batch_rows, r.tp_rank);
+  if (l.pp == 1) {
+    for (int i = 0; i < static_cast<int>(all.size()); ++i) r.layers.push_back(i);
+  } else {
+    for (int c = 0; c < l.chunks; ++c) {
+      const int vs = c * l.pp + r.pp_rank;
+      for (int i = 0; i < plan.partition.num_layers(vs); ++i)
+        r.layers.push_back(plan.partition.first_layer(vs) + i);
+    }
+    std::sort(r.layers.begin(), r.layers.end());
+  }
+  for (int i : r.layers) {
+    r.layer_plans.push_back(all[i]);
+    r.parameter_elements += all[i].parameters;
+  }
+  replay(plan, r);
+  return r;
+}
+
+StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
+  layout.validate(model);
+  StepPlan p;
+  p.model = model;
+  p.layout = layout;
+  p.dp = layout.dp();
+  const int L = static_cast<int>(model.depth + 2);
+  if (layout.pp == 1) {
+    p.micro_batches = static_cast<int>(layout.gradient_accumulation);
+    p.micro_batch_rows = layout.batch;
+  } else {
+    p.micro_batches = schedule::micro_batch_count(
+        layout.batch, layout.num_microbatches, layout.microbatch_size, layout.pp, layout.pp_style);
+    p.micro_batch_rows =
+        schedule::micro_batch_slice(layout.batch, p.micro_batches, p.micro_batches - 1).second;
+    for (int i = 0; i < p.micro_batches; ++i)
+      p.micro_batch_rows = std::max(
+          p.micro_batch_rows, schedule::micro_batch_slice(layout.batch, p.micro_batches, i).second);
+    std::vector<int64_t> costs;
+    for (const auto& ps : parameter_numels(model, layout.tp)) {
+      int64_t n = 0;
+      for (int64_t v : ps) n += v;
+      costs.push_back(n);
+    }
+    p.partition = schedule::partition_layers(L, layout.pp * layout.chunks, layout.partition, costs,
+                                             layout.num_layers_per_stage);
+    schedule::ScheduleOptions so;
+    so.stages = layout.pp;
+    so.micro_batches = p.micro_batches;
+    so.chunks = layout.chunks;
+    const Shapes s = shapes_of(model, layout, p.micro_batch_rows, 0);
+    so.activation_bytes = p.micro_batch_rows * s.nr * s.d * 4;
+    p.schedule = schedule::make(layout.pp_style, so, p.partition);
+    p.peak_micro_batches = schedule::validate_or_throw(p.schedule).peak_activations;
+  }
+  for (int st = 0; st < layout.pp; ++st) p.stages.push_back(plan_rank(p, st * layout.tp));
+  return p;
+}
+
+double flops(const RankPlan& r) {
+  double f = 0;
+  for (const LayerPlan& l : r.layer_plans)
+    for (const OpCost& o : l.ops)
+      if (o.phase != Phase::OptimizerStep) f += o.flops;
+  return f;
+}
+
+namespace {
+std::string mib(int64_t b) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
+}
+}  // namespace
+
+std::string summary(const StepPlan& p) {
+  const Layout& l = p.layout;
+  std::string out = fmt::format(
+      "# plan: {} processes = dp {} × pp {} × tp {}{}, ZeRO {}{}, {} micro-batch(es) of {} "
+      "sample(s), {}{}\n",
+      l.world, p.dp, l.pp, l.tp, l.sequence_parallel ? " (sequence parallel)" : "", l.zero_stage,
+      l.cpu_offload ? " (cpu offload)" : "", p.micro_batches, p.micro_batch_rows,
+      dtype_name(l.precision), p.model.checkpoint ? ", activation checkpointing" : "");
+  for (const RankPlan& r : p.stages) {
+    const Memory& m = r.memory;
+    const std::string who = l.pp > 1 ? fmt::format("stage {} (layers {}-{})", r.pp_rank,
+                                                   r.layers.front(), r.layers.back())
+                                     : std::string("every rank");
+    out += fmt::format(
+        "# memory per process, {}: parameters {}, gradients {}, ZeRO shards {}, optimizer state "
+        "{}, buckets {}, activations {} ({} micro-batch(es) in flight), communication {}, "
+        "transient {}, allocator {}: peak {} at {}{}; {:.3g} GFLOP per micro-batch\n",
+        who, mib(m.parameters), mib(m.gradients), mib(m.shards), mib(m.optimizer_state),
+        mib(m.buffers), mib(m.activations), m.micro_batches_in_flight, mib(m.window),
+        mib(m.transient), mib(m.allocator), mib(m.peak), m.peak_at,
+        m.host ? fmt::format(" (host: {})", mib(m.host)) : std::string(), flops(r) / 1e9);
+  }
+  return out;
+}
+
+}  // namespace cai::plan

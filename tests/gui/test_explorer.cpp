@@ -1,0 +1,374 @@
+// The schedule explorer: the model headless, then what the panels draw, read back from the
+// pixels of an offscreen frame (run under Xvfb by tests/gui/xvfb.sh), and scripted input
+// through ImGui's IO.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "app.h"
+#include "cai/core/error.h"
+#include "cai/core/trace.h"
+#include "explorer_model.h"
+
+using namespace cai::gui;
+namespace fs = std::filesystem;
+
+namespace {
+
+ExplorerModel pipeline_model(int p, int m, const std::string& style, int chunks = 1) {
+  ExplorerModel model;
+  auto& c = model.knobs.config;
+  c.pipeline = p;
+  c.num_microbatches = m;
+  c.pp_style = style;
+  c.num_model_chunks = chunks;
+  c.depth = 8;
+  EXPECT_TRUE(model.recompute()) << model.knob_error;
+  return model;
+}
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("cai_gui_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+bool near(Rgb a, Rgb b, int tol) {
+  return std::abs(a.r - b.r) <= tol && std::abs(a.g - b.g) <= tol && std::abs(a.b - b.b) <= tol;
+}
+
+// Share of the step's pixels on the row's centre line painted in the idle (bubble) colour.
+double idle_share(const Image& img, const DrawnTimeline& t, const DrawnRow& row) {
+  const int y = static_cast<int>((row.y0 + row.y1) / 2);
+  const int x0 = static_cast<int>(std::lround(t.step_x0)),
+            x1 = static_cast<int>(std::lround(t.step_x1));
+  int idle = 0;
+  for (int x = x0; x < x1; ++x) idle += near(img.at(x, y), kIdleColour, 2);
+  return static_cast<double>(idle) / std::max(1, x1 - x0);
+}
+
+double mean_idle_share(const Image& img, const DrawnTimeline& t) {
+  double s = 0;
+  for (const auto& r : t.rows) s += idle_share(img, t, r);
+  return s / static_cast<double>(t.rows.size());
+}
+
+std::unique_ptr<GuiApp> make_app(int w = 1280, int h = 800) {
+  try {
+    return std::make_unique<GuiApp>(AppOptions{w, h, true});
+  } catch (const cai::Error& e) {
+    return nullptr;
+  }
+}
+
+#define REQUIRE_APP(app) \
+  auto app = make_app(); \
+  if (!app) GTEST_SKIP() << "no display/OpenGL 3.3 (run under tests/gui/xvfb.sh)"
+
+void render(GuiApp& app, ExplorerModel& model, UiState& ui, int frames = 3) {
+  for (int i = 0; i < frames; ++i) app.frame(model, ui);
+}
+
+// Press and release the left button on the centre of a recorded widget.
+void click(GuiApp& app, ExplorerModel& model, UiState& ui, const std::string& widget) {
+  const auto it = app.drawn().widgets.find(widget);
+  ASSERT_NE(it, app.drawn().widgets.end()) << "widget " << widget << " was not drawn";
+  const Rect r = it->second;
+  ScriptedInput in{r.cx(), r.cy(), false};
+  app.frame(model, ui, &in);
+  in.left_down = true;
+  app.frame(model, ui, &in);
+  in.left_down = false;
+  app.frame(model, ui, &in);
+  ScriptedInput away{-1, -1, false};
+  app.frame(model, ui, &away);
+}
+
+}  // namespace
+
+// --- the model, headless --------------------------------------------------------------------
+
+TEST(ExplorerModel, ReplayBubbleIsTheSchedules) {
+  ExplorerModel m = pipeline_model(4, 8, "1f1b");
+  EXPECT_EQ(m.current.source, "schedule replay (ideal)");
+  ASSERT_EQ(m.current.ranks.size(), 4u);
+  ASSERT_EQ(m.current.bubbles.size(), 4u);
+  for (const auto& b : m.current.bubbles) {
+    EXPECT_NEAR(b.ideal, 3.0 / 11.0, 1e-9);  // (p-1)/(m+p-1)
+    EXPECT_NEAR(b.achieved, b.ideal, 1e-9);
+  }
+  // Spans: 8 forwards and 8 backwards per rank, shaded by micro-batch.
+  for (const auto& r : m.current.ranks) EXPECT_EQ(r.spans.size(), 16u);
+  // Memory: stage 0 holds the most micro-batches under 1F1B.
+  int top = -1;
+  double peak = 0;
+  for (const auto& c : m.current.memory)
+    if (c.peak() > peak) peak = c.peak(), top = c.rank;
+  EXPECT_EQ(top, 0);
+  ExplorerModel il = pipeline_model(4, 8, "interleaved", 2);
+  EXPECT_LT(il.current.bubbles[0].ideal, m.current.bubbles[0].ideal);
+}
+
+TEST(ExplorerModel, InvalidKnobsGiveVitTrainsText) {
+  ExplorerModel m = pipeline_model(4, 8, "1f1b");
+  const Timeline before = m.current;
+  m.knobs.config.zero_stage = 2;
+  EXPECT_FALSE(m.recompute());
+  std::string expected;
+  try {
+    cai::app::validate(m.knobs.config, m.knobs.world_size());
+  } catch (const cai::Error& e) {
+    expected = e.what();
+  }
+  ASSERT_FALSE(expected.empty());
+  EXPECT_EQ(m.knob_error, expected);
+  EXPECT_EQ(m.current.ranks.size(), before.ranks.size());  // the last valid one stays
+  m.knobs.config.zero_stage = 0;
+  m.knobs.config.pp_style = "interleaved";
+  m.knobs.config.num_model_chunks = 2;
+  m.knobs.config.num_microbatches = 6;
+  EXPECT_FALSE(m.recompute());
+  EXPECT_NE(m.knob_error.find("micro-batch count (6) to be a multiple of the stage count (4)"),
+            std::string::npos)
+      << m.knob_error;
+  m.knobs.config.num_microbatches = 8;
+  EXPECT_TRUE(m.recompute()) << m.knob_error;
+}
+
+TEST(ExplorerModel, MalformedFilesAreErrorsNamingTheFile) {
+  ExplorerModel m = pipeline_model(2, 4, "1f1b");
+  const std::string bad = temp_file("bad.json", "{\"traceEvents\": [ {\"ph\": \"X\"");
+  EXPECT_FALSE(m.open_trace(bad));
+  ASSERT_EQ(m.errors.size(), 1u);
+  EXPECT_NE(m.errors[0].find("[gui] trace " + bad + ": not JSON"), std::string::npos);
+  const std::string nodur =
+      temp_file("nodur.json",
+                R"js({"traceEvents": [{"name": "F(mb=0,c=0)", "ph": "X", "tid": 0, "ts": 1}]})js");
+  EXPECT_FALSE(m.open_trace(nodur));
+  EXPECT_NE(m.errors[1].find("event 0 has no numeric \"dur\""), std::string::npos) << m.errors[1];
+  EXPECT_FALSE(m.open_trace("/nonexistent/t.json"));
+  EXPECT_NE(m.errors[2].find("cannot open"), std::string::npos);
+  const std::string badm = temp_file("bad.jsonl",
+                                     "{\"type\":\"step\",\"epoch\":1,\"step\":1,"
+                                     "\"loss\":2.0}\n{oops\n");
+  EXPECT_FALSE(m.open_metrics(badm));
+  EXPECT_NE(m.errors[3].find("[gui] metrics " + badm + " line 2: not JSON"), std::string::npos)
+      << m.errors[3];
+  EXPECT_FALSE(m.trace.has_value());
+  EXPECT_FALSE(m.current.empty());  // still running with the replay
+  EXPECT_EQ(m.take_new_errors().size(), 4u);
+  EXPECT_TRUE(m.take_new_errors().empty());
+}
+
+// A trace in vit_train's format (cai::trace::Recorder, one track per rank, "step" spans and
+// memory counters), made from the replay: the explorer reads back the same spans and bubbles.
+TEST(ExplorerModel, ReadsVitTrainTraceFormat) {
+  ExplorerModel m = pipeline_model(4, 8, "1f1b");
+  std::vector<std::string> arrays;
+  for (const auto& r : m.current.ranks) {
+    cai::trace::Recorder rec;
+    for (int step = 0; step < 2; ++step) {
+      const double base = 1e6 + step * 1000.0;  // µs; a replay unit = 10 µs
+      rec.span("step", "step", base, base + m.current.t_end * 10);
+      for (const auto& s : r.spans) {
+        rec.span(s.name, s.category == Category::Comm ? "comm" : "compute", base + s.start * 10,
+                 base + s.end * 10);
+        rec.memory(base + s.end * 10, 1000 * (r.stage + 1) + static_cast<int64_t>(s.mb));
+      }
+    }
+    arrays.push_back(rec.events_json(
+        r.rank, "rank " + std::to_string(r.rank) + " (pp " + std::to_string(r.stage) + ", dp 0)",
+        1e6));
+  }
+  const std::string path = temp_file("trace.json", cai::trace::chrome_trace(arrays));
+  ASSERT_TRUE(m.open_trace(path)) << m.errors.back();
+  EXPECT_EQ(m.trace->steps.size(), 2u);
+  const Timeline& t = m.recorded;
+  EXPECT_EQ(t.stages, 4);
+  EXPECT_EQ(t.micro_batches, 8);
+  EXPECT_EQ(t.time_unit, "ms");
+  ASSERT_EQ(t.ranks.size(), 4u);
+  EXPECT_EQ(t.ranks[2].stage, 2);
+  EXPECT_EQ(t.ranks[2].spans.size(), 16u);
+  EXPECT_EQ(t.ranks[2].spans[0].name, "F(mb=0,c=0)");
+  EXPECT_EQ(t.ranks[2].spans[0].mb, 0);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_NEAR(t.bubbles[s].achieved, 3.0 / 11.0, 1e-6);
+    EXPECT_NEAR(t.bubbles[s].ideal, 3.0 / 11.0, 1e-9);  // from the replay of the same shape
+  }
+  ASSERT_FALSE(t.memory[1].points.empty());
+  EXPECT_FALSE(t.memory[1].breakdown);
+  EXPECT_GE(t.memory[1].peak(), 2000);
+  // The short instruction names ("F3.1") parse too.
+  const Span s = span_from_name("B3.1", "compute");
+  EXPECT_EQ(s.category, Category::Backward);
+  EXPECT_EQ(s.mb, 3);
+  EXPECT_EQ(s.chunk, 1);
+}
+
+TEST(ExplorerModel, MetricsAndConfigRoundTrip) {
+  ExplorerModel m;
+  const std::string path = temp_file(
+      "metrics.jsonl",
+      "{\"type\":\"step\",\"epoch\":1,\"step\":10,\"loss\":2.1,\"accuracy\":0.3,\"lr\":0.001,"
+      "\"img_per_s\":900}\n"
+      "{\"type\":\"epoch\",\"epoch\":1,\"step\":10,\"train_loss\":2.0,\"train_accuracy\":0.35,"
+      "\"seconds\":3,\"img_per_s\":880,\"lr\":0.001,\"test_loss\":1.9,\"test_accuracy\":0.4}\n");
+  ASSERT_TRUE(m.open_metrics(path));
+  ASSERT_EQ(m.runs[0].steps.size(), 1u);
+  EXPECT_DOUBLE_EQ(m.runs[0].epochs[0].test_accuracy, 0.4);
+  // Save the knobs as a vit_train config and load them back.
+  m.knobs.config.pipeline = 2;
+  m.knobs.config.pp_style = "gpipe";
+  m.knobs.config.num_microbatches = 6;
+  const std::string cfg = (fs::temp_directory_path() / "cai_gui_knobs.toml").string();
+  ASSERT_TRUE(m.save_config(cfg));
+  ExplorerModel n;
+  ASSERT_TRUE(n.load_config(cfg, {"parallel.num_microbatches=4"})) << n.errors.back();
+  EXPECT_EQ(n.knobs.config.pipeline, 2);
+  EXPECT_EQ(n.knobs.config.pp_style, "gpipe");
+  EXPECT_EQ(n.current.micro_batches, 4);
+  EXPECT_FALSE(n.load_config("/nonexistent.toml"));
+  EXPECT_NE(n.errors.back().find("/nonexistent.toml"), std::string::npos);
+}
+
+// --- what is drawn (offscreen frame under Xvfb) ---------------------------------------------
+
+TEST(ExplorerScreenshot, IdleShareOfEachRowIsTheStagesBubble) {
+  REQUIRE_APP(app);
+  ExplorerModel model = pipeline_model(4, 8, "1f1b");
+  UiState ui;
+  ui.layout = Layout::All;
+  render(*app, model, ui);
+  const Image img = app->capture();
+  ASSERT_EQ(app->drawn().timelines.size(), 1u);
+  const DrawnTimeline& t = app->drawn().timelines[0];
+  ASSERT_EQ(t.rows.size(), 4u);
+  for (const auto& row : t.rows) {
+    const double px = idle_share(img, t, row), want = model.current.bubbles[row.stage].ideal;
+    std::printf("[explorer] 1f1b p4 m8 stage %d: idle pixels %.2f%%, schedule bubble %.2f%%\n",
+                row.stage, px * 100, want * 100);
+    EXPECT_NEAR(px, want, 0.02) << "stage " << row.stage;
+  }
+  app->write_png((fs::temp_directory_path() / "cai_gui_1f1b.png").string());
+}
+
+TEST(ExplorerScreenshot, InterleavedShowsLessIdleThan1F1B) {
+  REQUIRE_APP(app);
+  UiState ui;
+  ExplorerModel a = pipeline_model(4, 8, "1f1b");
+  render(*app, a, ui);
+  const double idle_1f1b = mean_idle_share(app->capture(), app->drawn().timelines[0]);
+  ExplorerModel b = pipeline_model(4, 8, "interleaved", 2);
+  render(*app, b, ui);
+  const Image img = app->capture();
+  const double idle_il = mean_idle_share(img, app->drawn().timelines[0]);
+  std::printf(
+      "[explorer] idle pixels: 1f1b %.2f%% (bubble %.2f%%), interleaved v=2 %.2f%% "
+      "(bubble %.2f%%)\n",
+      idle_1f1b * 100, a.current.bubbles[0].ideal * 100, idle_il * 100,
+      b.current.bubbles[0].ideal * 100);
+  EXPECT_LT(idle_il, idle_1f1b - 0.05);
+  for (const auto& row : app->drawn().timelines[0].rows)
+    EXPECT_NEAR(idle_share(img, app->drawn().timelines[0], row), b.current.bubbles[row.stage].ideal,
+                0.02);
+}
+
+TEST(ExplorerScreenshot, HighestMemoryCurveIsStage0Under1F1B) {
+  REQUIRE_APP(app);
+  ExplorerModel model = pipeline_model(4, 8, "1f1b");
+  UiState ui;
+  render(*app, model, ui);
+  const Image img = app->capture();
+  const DrawnMemory& dm = app->drawn().memory;
+  ASSERT_EQ(dm.ranks.size(), 4u);
+  // The topmost curve pixel of the plot (the legend aside): whose colour is it?
+  int found = -1, found_y = -1;
+  for (int y = static_cast<int>(dm.plot.y0) + 1; y < static_cast<int>(dm.plot.y1) && found < 0; ++y)
+    for (int x = static_cast<int>(dm.plot.x0) + 1; x < static_cast<int>(dm.plot.x1) - 1; ++x) {
+      if (x < dm.legend.x1 && y < dm.legend.y1) continue;
+      for (int r : dm.ranks)
+        if (near(img.at(x, y), rank_colour(r), 6)) found = r, found_y = y;
+      if (found >= 0) break;
+    }
+  std::printf("[explorer] highest memory curve: rank %d at y=%d (model predicts rank %d)\n", found,
+              found_y, dm.highest_rank);
+  EXPECT_EQ(found, 0);
+  EXPECT_EQ(dm.highest_rank, 0);
+}
+
+// --- scripted input through ImGui's IO ------------------------------------------------------
+
+TEST(ExplorerInteraction, ScheduleAndMicroBatchKnobs) {
+  REQUIRE_APP(app);
+  ExplorerModel model = pipeline_model(4, 8, "1f1b");
+  UiState ui;
+  render(*app, model, ui);
+  const double idle0 = mean_idle_share(app->capture(), app->drawn().timelines[0]);
+  const double bubble0 = model.current.bubbles[0].ideal;
+
+  click(*app, model, ui, "schedule.interleaved");
+  EXPECT_EQ(model.knobs.config.pp_style, "interleaved");
+  EXPECT_EQ(model.knobs.config.num_model_chunks, 2);
+  EXPECT_EQ(model.current.schedule, "interleaved");
+  EXPECT_LT(model.current.bubbles[0].ideal, bubble0);
+  render(*app, model, ui, 1);
+  const double idle1 = mean_idle_share(app->capture(), app->drawn().timelines[0]);
+  EXPECT_LT(idle1, idle0 - 0.05);
+
+  // 9 micro-batches on 4 stages: interleaving refuses, with the executor's text; the last valid
+  // timeline stays drawn.
+  click(*app, model, ui, "mb.plus");
+  EXPECT_EQ(model.knobs.micro_batches(), 9);
+  EXPECT_NE(model.knob_error.find("multiple of the stage count (4)"), std::string::npos)
+      << model.knob_error;
+  EXPECT_EQ(model.current.micro_batches, 8);
+  for (int i = 0; i < 3; ++i) click(*app, model, ui, "mb.plus");
+  EXPECT_TRUE(model.knob_error.empty()) << model.knob_error;
+  EXPECT_EQ(model.current.micro_batches, 12);
+  render(*app, model, ui, 1);
+  const double idle2 = mean_idle_share(app->capture(), app->drawn().timelines[0]);
+  std::printf(
+      "[explorer] scripted clicks: idle pixels 1f1b m8 %.2f%% -> interleaved m8 %.2f%% "
+      "-> interleaved m12 %.2f%% (bubble %.2f%%)\n",
+      idle0 * 100, idle1 * 100, idle2 * 100, model.current.bubbles[0].ideal * 100);
+  EXPECT_LT(idle2, idle1);
+  EXPECT_NEAR(idle2, model.current.bubbles[0].ideal, 0.02);
+
+  // Zoom with the wheel over the timeline: the view narrows around the cursor.
+  const Rect plot = app->drawn().timelines[0].plot;
+  ScriptedInput wheel{plot.cx(), plot.cy(), false, 2.0f};
+  app->frame(model, ui, &wheel);
+  EXPECT_LT(ui.view_end - ui.view_begin, 0.7);
+}
+
+// Printed, not asserted: frame time with 64 ranks × 32 micro-batches on Mesa's software renderer.
+TEST(ExplorerBenchmark, FrameTime64RanksBy32MicroBatches) {
+  REQUIRE_APP(app);
+  ExplorerModel model;
+  auto& c = model.knobs.config;
+  c.pipeline = 64;
+  c.depth = 64;
+  c.num_microbatches = 32;
+  c.pp_style = "1f1b";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(model.recompute()) << model.knob_error;
+  const double recompute_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  UiState ui;
+  render(*app, model, ui, 2);
+  double total = 0;
+  const int frames = 10;
+  for (int i = 0; i < frames; ++i) total += app->frame(model, ui);
+  size_t spans = 0;
+  for (const auto& r : model.current.ranks) spans += r.spans.size();
+  std::printf(
+      "[explorer] 64 ranks x 32 micro-batches (pp 64, %zu spans): replay %.1f ms, mean "
+      "frame %.1f ms over %d frames (%s)\n",
+      spans, recompute_ms, total / frames, frames, "Mesa software renderer under Xvfb");
+}

@@ -1,0 +1,151 @@
+// The step model against hand-computed numbers for a tiny ViT, and against the code it models
+// (parameter shapes of the tensor-parallel layers, the executor's buckets).
+#include <gtest/gtest.h>
+
+#include "cai/core/error.h"
+#include "cai/dist/communicator.h"
+#include "cai/nn/vit.h"
+#include "cai/plan/plan.h"
+#include "cai/schedule/buckets.h"
+
+using namespace cai;
+
+namespace {
+
+nn::ViTConfig tiny() {
+  nn::ViTConfig c;
+  c.img_size = 8, c.patch_size = 4, c.in_chans = 1, c.num_classes = 10, c.embed_dim = 8;
+  c.depth = 2, c.num_heads = 2, c.mlp_ratio = 4.0;
+  return c;
+}
+
+const plan::LayerPlan& layer(const plan::RankPlan& r, const std::string& name) {
+  for (const auto& l : r.layer_plans)
+    if (l.name == name) return l;
+  throw Error("no layer " + name);
+}
+
+}  // namespace
+
+TEST(Plan, BlockFlopsAre24ND2Plus4N2D) {
+  const nn::ViTConfig c = tiny();  // N = 5 tokens, D = 8
+  plan::Layout l;
+  l.batch = 3;
+  const auto p = plan::make_plan(c, l);
+  double gemm = 0;
+  for (const auto& o : layer(p.stages[0], "blocks.0").ops)
+    if (o.phase == plan::Phase::Forward &&
+        (o.op.rfind("attn", 0) == 0 || o.op.rfind("mlp.fc", 0) == 0))
+      gemm += o.flops;
+  const double N = 5, D = 8;
+  EXPECT_DOUBLE_EQ(gemm, 3 * (24 * N * D * D + 4 * N * N * D));
+  // Tensor parallel 2: half of it per rank.
+  l.world = 2, l.tp = 2;
+  const auto q = plan::make_plan(c, l);
+  double half = 0;
+  for (const auto& o : layer(q.stages[0], "blocks.0").ops)
+    if (o.phase == plan::Phase::Forward &&
+        (o.op.rfind("attn", 0) == 0 || o.op.rfind("mlp.fc", 0) == 0))
+      half += o.flops;
+  EXPECT_DOUBLE_EQ(half, gemm / 2);
+}
+
+TEST(Plan, ParametersPerRankMatchTheTensorParallelModel) {
+  const nn::ViTConfig c = tiny();
+  // Hand count (D = 8, hidden 32, 4 patches of 16 pixels, 10 classes): embedding 8 + 5·8 +
+  // 8·16 + 8 = 184; block 2·8 + 24·8 + 24 + 64 + 8 + 2·8 + 32·8 + 32 + 8·32 + 8 = 872; head
+  // 2·8 + 80 + 10 = 106.
+  plan::Layout l;
+  auto p = plan::make_plan(c, l);
+  EXPECT_EQ(p.stages[0].parameter_elements, 184 + 2 * 872 + 106);
+  EXPECT_EQ(p.stages[0].parameter_elements, nn::ViT(c).num_parameters());
+  // tp 2: qkv, proj, fc1, fc2 and the head's weight halve; LayerNorms, row biases and the
+  // embedding stay whole. Against the model built split over a fake 2-rank group.
+  l.world = 2, l.tp = 2;
+  p = plan::make_plan(c, l);
+  const int64_t block_tp = 2 * 8 + 12 * 8 + 12 + 32 + 8 + 2 * 8 + 16 * 8 + 16 + 8 * 16 + 8;
+  EXPECT_EQ(p.stages[0].parameter_elements, 184 + 2 * block_tp + 16 + 40 + 10);
+  auto comms = dist::make_fake_group(2);
+  auto tp = std::make_shared<nn::TensorParallel>(*comms[1]);
+  nn::ViT split(c, tp);
+  EXPECT_EQ(plan::plan_rank(p, 1).parameter_elements, split.num_parameters());
+}
+
+TEST(Plan, ZeroShardsAndMemoryByStage) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2;
+  l.optimizer = "adam";
+  const int64_t n = nn::ViT(c).num_parameters();
+  int64_t shard = 0;  // rank 1's chunks
+  for (auto* p : nn::ViT(c).parameters())
+    shard += schedule::zero_chunk_size(p->value.numel(), 1, 2);
+  for (int z = 0; z <= 3; ++z) {
+    l.zero_stage = z;
+    const auto m = plan::plan_rank(plan::make_plan(c, l), 1).memory;
+    const int64_t params = z == 3 ? 0 : 4 * n, grads = z >= 2 ? 0 : 4 * n;
+    EXPECT_EQ(m.parameters, params) << "zero " << z;
+    EXPECT_EQ(m.gradients, grads) << "zero " << z;
+    EXPECT_EQ(m.shards, z == 0 ? 0 : 8 * shard) << "zero " << z;
+    EXPECT_EQ(m.optimizer_state, 8 * (z == 0 ? n : shard)) << "zero " << z;
+    EXPECT_EQ(m.buffers, z <= 1 ? 4 * n : 0) << "zero " << z;
+    EXPECT_GT(m.peak, m.persistent() + m.activations);
+  }
+  // Offload on a GPU: the shard's optimizer state goes to the host.
+  l.zero_stage = 2, l.cpu_offload = true, l.gpu = true;
+  const auto off = plan::make_plan(c, l).stages[0].memory;
+  EXPECT_EQ(off.optimizer_state, 0);
+  EXPECT_GT(off.host, 0);
+}
+
+TEST(Plan, ActivationsFollowCheckpointingAndThePipeline) {
+  nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.batch = 4;
+  const auto full = plan::make_plan(c, l).stages[0];
+  // Block::Acts for 4 samples, N = 5, D = 8, 2 heads, hidden 32 (fp32): x, h (N·D each),
+  // 4 statistics (N each), a, b (N·D), qkv (3·N·D), probs (2·N²), o (N·D), f, m (N·32 each).
+  const int64_t per = 4 * 4 * (2 * 40 + 4 * 5 + 2 * 40 + 120 + 2 * 25 + 40 + 2 * 160);
+  EXPECT_EQ(layer(full, "blocks.0").saved, per);
+  c.checkpoint = true;
+  EXPECT_EQ(layer(plan::make_plan(c, l).stages[0], "blocks.0").saved, 4 * 4 * 40);
+  c.checkpoint = false;
+  // 1F1B on 2 stages, 4 micro-batches: stage 0 holds 2 in flight, stage 1 one (the validator's).
+  l.world = 2, l.pp = 2, l.num_microbatches = 4;
+  const auto pp = plan::make_plan(c, l);
+  EXPECT_EQ(pp.peak_micro_batches, (std::vector<int>{2, 1}));
+  EXPECT_EQ(pp.stages[0].memory.micro_batches_in_flight, 2);
+  EXPECT_EQ(pp.stages[1].memory.micro_batches_in_flight, 1);
+  l.pp_style = "gpipe";
+  EXPECT_EQ(plan::make_plan(c, l).stages[0].memory.micro_batches_in_flight, 4);
+}
+
+TEST(Plan, CollectivesOfATensorParallelBlock) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2, l.tp = 2, l.batch = 3;
+  const auto p = plan::make_plan(c, l);
+  const auto& b = layer(p.stages[0], "blocks.0");
+  ASSERT_EQ(b.collectives.size(), 4u);  // proj, fc2 forward; fc1, qkv input grads
+  for (const auto& k : b.collectives) {
+    EXPECT_EQ(k.kind, plan::CollectiveKind::AllReduce);
+    EXPECT_EQ(k.bytes, 3 * 5 * 8 * 4);
+  }
+  l.sequence_parallel = true;
+  const auto q = plan::make_plan(c, l);
+  const auto& s = layer(q.stages[0], "blocks.0");
+  EXPECT_EQ(s.collectives.size(), 9u);  // + 4 token gathers, the LayerNorm gradients
+}
+
+TEST(Plan, BadLayoutsAreNamed) {
+  plan::Layout l;
+  l.world = 3, l.pp = 2;
+  try {
+    plan::make_plan(tiny(), l);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 processes are not divisible"), std::string::npos);
+  }
+  l.world = 2, l.zero_stage = 2;
+  EXPECT_THROW(plan::make_plan(tiny(), l), Error);
+}
