@@ -53,8 +53,8 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       rp.label = fmt::format("rank {} (pp {}, dp {})", rank, st, d);
       rp.stage = st;
       if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
-      std::vector<int> sends;
-      int last0 = -1;  // last op on stream 0
+      std::vector<int> sends;  // ops on other streams, waited by ReduceGrads
+      int last0 = -1;          // last op on stream 0
       auto push = [&](sim::Op o) {
         rp.ops.push_back(std::move(o));
         const int i = static_cast<int>(rp.ops.size()) - 1;
@@ -66,6 +66,40 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
         const int64_t bytes = opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
         const int64_t act = per<int64_t>(opt.activation_bytes, vs, V, "activation_bytes", 0);
         const std::string name = in.str();
+        // Boundary buffers: a Forward consumes its received input and produces the output to
+        // send; a Backward(Input) consumes the received gradient and produces the one to send.
+        std::vector<MemDelta> boundary;
+        if (in.op == Op::Forward) {
+          if (vs > 0) boundary.push_back({MemKind::Buffers, -bytes});
+          if (vs < V - 1) boundary.push_back({MemKind::Buffers, bytes});
+        } else if (in.op == Op::Backward || in.op == Op::BackwardInput) {
+          if (vs < V - 1) boundary.push_back({MemKind::Buffers, -bytes});
+          if (vs > 0) boundary.push_back({MemKind::Buffers, bytes});
+        }
+        if (opt.compute && schedule::is_compute(in.op)) {
+          std::vector<sim::Op> ops = opt.compute(in, rank, vs, w);
+          const int base = static_cast<int>(rp.ops.size());
+          int last_compute = -1;
+          for (size_t k = 0; k < ops.size(); ++k) {
+            sim::Op& o = ops[k];
+            for (int& d : o.deps) {
+              CAI_CHECK(d >= 0 && d < static_cast<int>(k),
+                        "[sim] expand: op '{}' of {} depends on {}, not an earlier op of the list",
+                        o.name, name, d);
+              d += base;
+            }
+            if (o.mb < 0) o.mb = in.mb;
+            // The host issues it after what came before on stream 0.
+            if (o.stream != 0 && last0 >= 0) o.deps.push_back(last0);
+            if (o.stream != 0) sends.push_back(static_cast<int>(rp.ops.size()));
+            const int i = push(std::move(o));
+            if (rp.ops[i].stream == 0) last_compute = i;
+          }
+          CAI_CHECK(last_compute >= 0,
+                    "[sim] expand: the ops of {} on rank {} have none on stream 0", name, rank);
+          for (const MemDelta& d : boundary) rp.ops[last_compute].mem_end.push_back(d);
+          continue;
+        }
         switch (in.op) {
           case Op::LoadMicroBatch:
             push(sim::Op::compute(name, opt.load_s, in.mb, "load"));

@@ -8,12 +8,18 @@
 //    wait for data that was posted ahead), ReduceGrads, OptStep;
 //  - SendActivation on stream 1 and SendGrad on stream 2 (isend on the pp and pp-grad
 //    communicators), each after the compute just before it in the program;
-//  - ReduceGrads waits for every send of the step, then all-reduces the stage's gradients over its
-//    dp group (one all-reduce of grad_bytes: bucket overlap with backward comes with the plan).
+//  - ReduceGrads waits for every send and every op on another stream issued before it (gradient
+//    buckets launched during backward), then all-reduces grad_bytes over the stage's dp group
+//    (one all-reduce; zero bytes: none).
+//  - A compute instruction becomes one op of forward_s / backward_s, or, when `compute` is set,
+//    the ops it returns (per layer: compute with FLOPs and bytes, tensor-parallel collectives,
+//    bucket all-reduces on a stream of their own, ...): that is where the plan's per-layer costs
+//    plug in while the executor's ordering stays here.
 // Tags are the executor's tag_of(mb, producing virtual stage, V, kind).
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "cai/schedule/schedule.h"
@@ -37,6 +43,15 @@ struct ExpandOptions {
   std::vector<int64_t> activation_bytes;
   int64_t global_batch = 0;
   DType dtype = DType::BF16;
+  // Optional: the ops of one compute instruction (Forward, Backward, BackwardInput,
+  // BackwardWeight) on `rank` (global) for virtual stage `vstage`, in issue order. Their `deps`
+  // index the returned list (the expansion offsets them); stream-0 ops follow the program's
+  // previous stream-0 op by stream order, ops on other streams get it as a dependency (the host
+  // issues them in program order). Collective ops name groups of `w` (w.add_group). With it,
+  // forward_s / backward_s / activation_bytes do not apply to compute instructions (the ops carry
+  // their own memory events); the boundary buffers are still accounted on the last stream-0 op.
+  std::function<std::vector<Op>(const schedule::Instr& in, int rank, int vstage, Workload& w)>
+      compute;
 };
 
 // Throws "[sim] ..." when the option vectors have the wrong sizes.

@@ -402,3 +402,46 @@ TEST(Replay, OversubscribedCpuCluster) {
   five.ranks.resize(5);
   EXPECT_THROW(replay(five, c), cai::Error);
 }
+
+// The per-layer hook: a compute instruction becomes several ops, a gradient bucket all-reduce is
+// launched on a stream of its own during the last micro-batch's backward, overlaps the next
+// layer's backward, and ReduceGrads waits for it.
+TEST(Replay, ExpansionHookPerLayerOpsAndBuckets) {
+  const Cluster c = test_cluster(1, 4);
+  cai::schedule::ScheduleOptions so;
+  so.stages = 2;
+  so.micro_batches = 2;
+  const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(4, 2));
+  ExpandOptions eo;
+  eo.dp = 2;
+  eo.compute = [&](const cai::schedule::Instr& in, int rank, int, Workload& w) {
+    std::vector<Op> ops;
+    const bool fwd = in.op == cai::schedule::Op::Forward;
+    ops.push_back(Op::compute(fwd ? "F layer a" : "B layer b", fwd ? 0.25 : 0.5));
+    if (!fwd && in.mb == so.micro_batches - 1) {  // bucket of layer b: 10 GB at 100 GB/s
+      const int st = rank % 2;
+      Op bucket =
+          Op::collective(OpKind::AllReduce, "bucket b", w.add_group({st, 2 + st}), 10000000000, 3);
+      bucket.deps = {0};
+      ops.push_back(bucket);
+    }
+    ops.push_back(Op::compute(fwd ? "F layer b" : "B layer a", fwd ? 0.25 : 0.5));
+    return ops;
+  };
+  const Workload w = expand_schedule(s, eo);
+  const ReplayResult r = replay(w, c);
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto& ops = w.ranks[rank].ops;
+    int bucket = -1, after = -1, reduce = -1;
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      if (ops[i].name == "bucket b") bucket = i, after = i + 1;
+      if (ops[i].name == "ReduceGrads") reduce = i;
+    }
+    ASSERT_GE(bucket, 0);
+    const auto& sp = r.ranks[rank].spans;
+    EXPECT_NEAR(sp[bucket].start, sp[bucket - 1].end, 1e-9);  // launched after its layer
+    EXPECT_LT(sp[bucket].start, sp[after].end);               // overlaps the next layer
+    EXPECT_NEAR(sp[bucket].end - sp[bucket].start, 2 * 0.5 * 1e10 / 100e9 + 2 * 10e-6, 1e-6);
+    EXPECT_GE(sp[reduce].start, sp[bucket].end - 1e-12);  // ReduceGrads waits for it
+  }
+}
