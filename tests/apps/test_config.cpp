@@ -176,9 +176,9 @@ TEST(Config, ShippedConfigsParse) {
 
 TEST(Config, TensorParallelSettings) {
   // Overrides reach into the inline table.
-  TrainConfig c = parse_config("[parallel]\ntensor = { mode = \"none\", size = 1 }\n", "t",
-                               {"parallel.tensor.mode=1d", "parallel.tensor.size=2",
-                                "parallel.sequence_parallel=true"});
+  TrainConfig c = parse_config(
+      "[parallel]\ntensor = { mode = \"none\", size = 1 }\n", "t",
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.sequence_parallel=true"});
   EXPECT_EQ(c.tensor_mode, "1d");
   EXPECT_EQ(c.tensor_size, 2);
   EXPECT_TRUE(c.sequence_parallel);
@@ -219,4 +219,31 @@ TEST(Config, MemoryEstimateCountsStateAndActivations) {
   EXPECT_GT(m.activations, 0);
   c.checkpoint = true;
   EXPECT_LT(estimate_memory(c, 1000).activations, m.activations);
+}
+
+TEST(Config, SyntheticDatasetIsModelSized) {
+  TrainConfig c = parse_config(R"(
+[model]
+name = "vit_base_patch16_224"
+num_classes = 1000
+[data]
+dataset = "synthetic"
+synthetic_size = 2560
+)",
+                               "t", {});
+  EXPECT_EQ(c.synthetic_size, 2560);
+  EXPECT_EQ(c.vit().in_chans, 3);  // no dataset to say otherwise: RGB
+  EXPECT_EQ(c.vit().img_size, 224);
+  EXPECT_NO_THROW(validate(c, 1));  // any number of classes
+  EXPECT_EQ(TrainConfig{}.synthetic_size, 50000);
+  EXPECT_NO_THROW(validate(
+      parse_config("[model]\nin_chans = 1\n[data]\ndataset = \"synthetic\"\n", "t", {}), 1));
+  expect_error("[data]\ndataset = \"synthetic\"\nsynthetic_size = 0\n",
+               {"data.synthetic_size = 0 is outside [1, inf]"});
+  expect_error("[data]\nsynthetic_size = 100\n",
+               {"data.synthetic_size = 100 needs data.dataset = \"synthetic\"", "fashion_mnist"});
+  expect_error("[data]\ndataset = \"imagenet\"\n", {"data.dataset", "synthetic"});
+  // --set works as for the other keys.
+  EXPECT_EQ(
+      parse_config("", "t", {"data.dataset=synthetic", "data.synthetic_size=7"}).synthetic_size, 7);
 }
