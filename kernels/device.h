@@ -52,5 +52,23 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
              size_t height);
 void memset_zero(void* p, size_t bytes);
 void synchronize();
+
+// For host code that overlaps copies with compute (the trainer's batch prefetch) without
+// including the CUDA headers: page-locked host memory, and opaque handles of a non-blocking
+// stream (cudaStream_t) and of an event (cudaEvent_t, timing off). A null stream means the legacy
+// default stream, on which the compute kernels run. The handles belong to the current device.
+void* alloc_pinned(size_t bytes);  // throws on failure
+void free_pinned(void* p);
+void* stream_create();
+void stream_destroy(void* stream);
+void* event_create();
+void event_destroy(void* event);
+void event_record(void* event, void* stream);
+void stream_wait_event(void* stream, void* event);  // later work on `stream` waits (no host block)
+void event_synchronize(void* event);                // the host waits
+// Asynchronous host-to-device copy on `stream` (src should be pinned for a true overlap).
+void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
+int current_device();
+void set_device(int device);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -158,6 +158,36 @@ AllocatorStats allocator_stats(int) {
   return {};
 }
 void empty_cache(int) {}
+void* alloc_pinned(size_t) {
+  CAI_STUB("alloc_pinned");
+}
+void free_pinned(void*) {}
+void* stream_create() {
+  CAI_STUB("stream_create");
+}
+void stream_destroy(void*) {}
+void* event_create() {
+  CAI_STUB("event_create");
+}
+void event_destroy(void*) {}
+void event_record(void*, void*) {
+  CAI_STUB("event_record");
+}
+void stream_wait_event(void*, void*) {
+  CAI_STUB("stream_wait_event");
+}
+void event_synchronize(void*) {
+  CAI_STUB("event_synchronize");
+}
+void copy_h2d_async(void*, const void*, size_t, void*) {
+  CAI_STUB("copy_h2d_async");
+}
+int current_device() {
+  CAI_STUB("current_device");
+}
+void set_device(int) {
+  CAI_STUB("set_device");
+}
 void copy_h2d(void*, const void*, size_t) {
   CAI_STUB("copy_h2d");
 }
@@ -242,6 +272,16 @@ void axpy_t(float, DT, const void*, float*, int64_t, void*) {
 }
 int64_t count_nonfinite(const float*, int64_t, void*) {
   CAI_STUB("count_nonfinite");
+}
+void multi_tensor_grad_stats(int, float* const*, const int64_t*, const float*, float, float*,
+                             void*) {
+  CAI_STUB("multi_tensor_grad_stats");
+}
+void multi_tensor_clip(int, float* const*, const int64_t*, const float*, float, float*, void*) {
+  CAI_STUB("multi_tensor_clip");
+}
+void loss_metrics(const float*, const float*, const int32_t*, int64_t, int64_t, float*, void*) {
+  CAI_STUB("loss_metrics");
 }
 void multi_tensor_adam(int, float* const*, const float* const*, float* const*, float* const*,
                        const int64_t*, const float*, float, float, float, float, int64_t, bool,

@@ -9,6 +9,17 @@
 #pragma once
 #include <cstdint>
 
+// Gradient statistics and global-norm clipping over `count` fp32 tensors x[i] of n[i] elements
+// (every gradient in one pass; the CUDA versions are two launches, never one per tensor):
+//  multi_tensor_grad_stats: multiplies every tensor by `scale` first when scale != 1 (the fp16
+//    unscale), then writes out[0] = Σ_i weight[i]·Σ_j x_i[j]² (weight: a host array, null = all
+//    1; a weight of 0 skips the tensor's squares) and out[1] = the number of inf/NaN elements of
+//    every tensor. `out` is 2 floats where the tensors live (device memory for CUDA); the sums are
+//    accumulated in double.
+//  multi_tensor_clip: x_i *= c for every tensor with c = max_norm / (√sq[0] + 1e-6) when c < 1
+//    (PyTorch's clip_grad_norm_), sq[0] read where it lies (device memory for CUDA: no host
+//    read); writes norm[0] = √sq[0] when `norm` is not null.
+
 namespace cai::kernels {
 namespace cpu {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
@@ -26,6 +37,10 @@ void multi_tensor_adam(int count, float* const* p, const float* const* g, float*
 void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, float grad_scale = 1.0f);
+void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
+                             float scale, float* out);
+void multi_tensor_clip(int count, float* const* x, const int64_t* n, const float* sq,
+                       float max_norm, float* norm);
 }  // namespace cpu
 namespace cuda {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
@@ -51,5 +66,9 @@ void multi_tensor_lamb(int count, float* const* p, const float* const* g, float*
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, float grad_scale = 1.0f,
                        void* stream = nullptr);
+void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
+                             float scale, float* out, void* stream = nullptr);
+void multi_tensor_clip(int count, float* const* x, const int64_t* n, const float* sq,
+                       float max_norm, float* norm, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -494,6 +494,15 @@ int run_launch(const RunOptions& opts) {
       opts, [](const char* n) { return std::getenv(n); }, cores_here());
   plan.as_root = geteuid() == 0;
   plan.wrapper = self_exe();
+  // Open MPI hands each rank a pty for stdout whatever ours is, so a rank's isatty() says nothing
+  // about where its output ends up: tell the ranks whether our stdout is a terminal (unless the
+  // caller already decided, e.g. -x CAI_STDOUT_TTY=0 or a nested launch).
+  if (std::none_of(plan.env.begin(), plan.env.end(),
+                   [](const auto& kv) { return kv.first == "CAI_STDOUT_TTY"; })) {
+    const char* given = std::getenv("CAI_STDOUT_TTY");
+    plan.env.emplace_back("CAI_STDOUT_TTY",
+                          given && *given ? given : (isatty(STDOUT_FILENO) ? "1" : "0"));
+  }
   const std::string mpirun = find_program("mpirun");
   plan.mpirun = mpirun.empty() ? "mpirun" : mpirun;
   std::vector<std::string> argv = build_mpirun_argv(plan);
@@ -836,8 +845,9 @@ void setup_run(CLI::App& app, RunOptions& opts) {
   sub->add_option("-x,--env", opts.env,
                   "Also pass variable NAME (from this environment) or NAME=VALUE to every rank; "
                   "repeatable. Only MASTER_ADDR, MASTER_PORT, CAI_NPROC_PER_NODE, "
-                  "CAI_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS, CAI_NUM_THREADS, DATA, PATH and "
-                  "LD_LIBRARY_PATH are passed otherwise")
+                  "CAI_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS, CAI_NUM_THREADS, DATA, PATH, "
+                  "LD_LIBRARY_PATH and CAI_STDOUT_TTY (1 when this launcher's stdout is a "
+                  "terminal, else 0: ranks' own stdout is mpirun's pty) are passed otherwise")
       ->allow_extra_args(false);
   sub->add_flag("--dry-run", opts.dry_run,
                 "Print the mpirun command (shell-quoted, one line) and exit without running it");

@@ -96,7 +96,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"data.dataset",
        Kind::String,
        &c.dataset,
-       {"fashion_mnist", "mnist", "cifar10", "image_folder"}},
+       {"fashion_mnist", "mnist", "cifar10", "image_folder", "synthetic"}},
       {"data.path", Kind::String, &c.path},
       {"data.train_subset", Kind::Int, &c.train_subset, {}, 0, inf},
       {"data.eval_subset", Kind::Int, &c.eval_subset, {}, 0, inf},
@@ -109,6 +109,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"checkpoint.keep_last", Kind::Int, &c.checkpoint_keep_last, {}, 0, inf},
       {"checkpoint.max_shard_mb", Kind::Float, &c.checkpoint_max_shard_mb, {}, 1e-3, inf},
       {"checkpoint.export_dtype", Kind::String, &c.checkpoint_export_dtype, {"fp32", "bf16", "fp16"}},
+      {"data.synthetic_size", Kind::Int, &c.synthetic_size, {}, 1, inf},
   };
 }
 
@@ -370,7 +371,10 @@ void validate(const TrainConfig& c, int world) {
     CAI_CHECK(v.in_chans == 3, "[config] model.in_chans = {} but cifar10 images have 3 channels",
               v.in_chans);
   }
-  if (c.dataset != "image_folder")
+  CAI_CHECK(c.dataset == "synthetic" || !c.explicitly_set.count("data.synthetic_size"),
+            "[config] data.synthetic_size = {} needs data.dataset = \"synthetic\" (got \"{}\")",
+            c.synthetic_size, c.dataset);
+  if (c.dataset != "image_folder" && c.dataset != "synthetic")
     CAI_CHECK(v.num_classes == 10, "[config] model.num_classes = {} but {} has 10 classes",
               v.num_classes, c.dataset);
 }

@@ -61,7 +61,8 @@ struct TrainConfig {
          max_scale = 4294967296.0;
   int64_t growth_interval = 1000, hysteresis = 2;
   // [data]
-  std::string dataset = "fashion_mnist";  // fashion_mnist | mnist | cifar10 | image_folder
+  std::string dataset = "fashion_mnist";  // fashion_mnist | mnist | cifar10 | image_folder |
+                                          // synthetic
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t train_subset = 0, eval_subset = 0;  // 0 = all
   int64_t random_crop_padding = 0;
@@ -72,6 +73,9 @@ struct TrainConfig {
   int64_t checkpoint_every_steps = 0, checkpoint_every_epochs = 0, checkpoint_keep_last = 0;
   double checkpoint_max_shard_mb = 5120.0;
   std::string checkpoint_export_dtype = "fp32";
+  // synthetic: training samples (random images of the model's size, fixed labels, no I/O); the
+  // evaluation set has a fifth as many (at least 1).
+  int64_t synthetic_size = 50000;
 
   std::set<std::string> explicitly_set;  // "section.key" given in the file or by --set
 

@@ -33,6 +33,14 @@ std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c,
   if (c.dataset == "fashion_mnist") return load_mnist_dir(path, train, "fashion-mnist");
   if (c.dataset == "mnist") return load_mnist_dir(path, train, "mnist");
   if (c.dataset == "cifar10") return load_cifar10(path, train);
+  if (c.dataset == "synthetic") {
+    // Model-sized random images; the evaluation set draws from another seed.
+    const cai::nn::ViTConfig v = c.vit();
+    const int64_t n = train ? c.synthetic_size : std::max<int64_t>(1, c.synthetic_size / 5);
+    const uint64_t seed = static_cast<uint64_t>(c.seed) * 2 + (train ? 0 : 1);
+    return synthetic(n, v.in_chans, v.img_size, v.num_classes, seed,
+                     train ? "synthetic train" : "synthetic eval");
+  }
   const int64_t size = c.image_size > 0 ? c.image_size : c.vit().img_size;
   return load_image_folder(path + (train ? "/train" : "/val"), size);
 }
@@ -134,8 +142,9 @@ int main(int argc, char** argv) {
     lc.rank = mesh.coord(li.rank).dp;
     lc.seed = static_cast<uint64_t>(cfg.seed);
     lc.num_workers = static_cast<int>(cfg.num_workers);
-    lc.transform.normalize =
-        data::normalization_for(cfg.dataset == "image_folder" ? "imagenet" : cfg.dataset);
+    lc.transform.normalize = data::normalization_for(
+        cfg.dataset == "image_folder" || cfg.dataset == "synthetic" ? "imagenet" : cfg.dataset);
+    if (cfg.dataset == "synthetic" && vc.in_chans != 3) lc.transform.normalize = {};
     if (train_set->height() != vc.img_size || train_set->width() != vc.img_size)
       lc.transform.resize = vc.img_size;
     data::LoaderConfig ec = lc;
@@ -284,7 +293,7 @@ int main(int argc, char** argv) {
       trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
     }
     trainer->add_hook(
-        std::make_shared<train::ProgressHook>(isatty(STDOUT_FILENO) != 0, cfg.log_interval));
+        std::make_shared<train::ProgressHook>(train::stdout_is_terminal(), cfg.log_interval));
     trainer->add_hook(std::make_shared<train::LogMetricByEpochHook>());
     if (!cfg.metrics_file.empty())
       trainer->add_hook(std::make_shared<train::MetricsFileHook>(

@@ -53,4 +53,19 @@ void cross_entropy_bwd(const float* logits, const int32_t* labels, float dloss, 
   });
 }
 
+void loss_metrics(const float* losses, const float* logits, const int32_t* labels, int64_t b,
+                  int64_t k, float* sums) {
+  double loss = 0.0, correct = 0.0;
+  for (int64_t i = 0; i < b; ++i) {
+    loss += losses[i];
+    const float* x = logits + i * k;
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; ++j)
+      if (x[j] > x[arg]) arg = j;
+    correct += arg == static_cast<int64_t>(labels[i]);
+  }
+  sums[0] += static_cast<float>(loss);
+  sums[1] += static_cast<float>(correct);
+}
+
 }  // namespace cai::kernels::cpu

@@ -141,4 +141,28 @@ void multi_tensor_lamb(int count, float* const* p, const float* const* g, float*
   }
 }
 
+void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
+                             float scale, float* out) {
+  double sq = 0.0, bad = 0.0;
+  for (int i = 0; i < count; ++i) {
+    if (n[i] <= 0) continue;
+    if (scale != 1.0f) cpu::scale(scale, x[i], n[i]);
+    const float w = weight ? weight[i] : 1.0f;
+    if (w != 0.0f) sq += static_cast<double>(w) * sum_squares(x[i], n[i]);
+    for (int64_t j = 0; j < n[i]; ++j) bad += !std::isfinite(x[i][j]);
+  }
+  out[0] = static_cast<float>(sq);
+  out[1] = static_cast<float>(bad);
+}
+
+void multi_tensor_clip(int count, float* const* x, const int64_t* n, const float* sq,
+                       float max_norm, float* norm) {
+  const float total = std::sqrt(sq[0]);
+  if (norm) norm[0] = total;
+  const float c = max_norm / (total + 1e-6f);
+  if (!(c < 1.0f)) return;
+  for (int i = 0; i < count; ++i)
+    if (n[i] > 0) cpu::scale(c, x[i], n[i]);
+}
+
 }  // namespace cai::kernels::cpu

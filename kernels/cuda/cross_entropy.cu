@@ -95,7 +95,46 @@ __global__ void cross_entropy_bwd_kernel(const float* __restrict__ logits,
     }
   }
 }
+
+// One block; a warp per row finds the row's first maximum, the sums in double.
+__global__ void loss_metrics_kernel(const float* __restrict__ losses,
+                                    const float* __restrict__ logits,
+                                    const int32_t* __restrict__ labels, int64_t b, int64_t k,
+                                    float* __restrict__ sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  double loss = 0.0, correct = 0.0;
+  for (int64_t i = warp; i < b; i += nwarps) {
+    const float* x = logits + i * k;
+    float best = -INFINITY;
+    int64_t arg = k;  // NaN rows keep k: never correct
+    for (int64_t j = lane; j < k; j += 32)
+      if (x[j] > best || (arg == k && x[j] == best)) best = x[j], arg = j;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_down_sync(0xffffffffu, best, o);
+      const int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
+      if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
+    }
+    if (lane == 0) {
+      loss += losses[i];
+      correct += arg == static_cast<int64_t>(labels[i]);
+    }
+  }
+  loss = block_reduce(loss, SumOp{}, 0.0);
+  correct = block_reduce(correct, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    sums[0] += static_cast<float>(loss);
+    sums[1] += static_cast<float>(correct);
+  }
+}
 }  // namespace
+
+void loss_metrics(const float* losses, const float* logits, const int32_t* labels, int64_t b,
+                  int64_t k, float* sums, void* stream) {
+  if (b <= 0 || k <= 0) return;
+  loss_metrics_kernel<<<1, 512, 0, static_cast<cudaStream_t>(stream)>>>(losses, logits, labels, b,
+                                                                        k, sums);
+  CAI_CUDA_CHECK_LAUNCH();
+}
 
 void cross_entropy_fwd(const float* logits, const int32_t* labels, float* losses, int64_t b,
                        int64_t k, float eps, void* stream) {

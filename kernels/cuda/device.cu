@@ -160,4 +160,52 @@ void synchronize() {
   CAI_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void* alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  CAI_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+void free_pinned(void* p) {
+  if (p) cudaFreeHost(p);
+}
+void* stream_create() {
+  cudaStream_t s = nullptr;
+  CAI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void stream_destroy(void* stream) {
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  CAI_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void event_destroy(void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+void event_record(void* event, void* stream) {
+  CAI_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event),
+                                 stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
+}
+void stream_wait_event(void* stream, void* event) {
+  CAI_CUDA_CHECK(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy,
+                                     static_cast<cudaEvent_t>(event), 0));
+}
+void event_synchronize(void* event) {
+  CAI_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
+  CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                                 stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
+}
+int current_device() {
+  int d = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+void set_device(int device) {
+  CAI_CUDA_CHECK(cudaSetDevice(device));
+}
+
 }  // namespace cai::kernels::cuda

@@ -252,3 +252,30 @@ TEST(Config, ResolvedTomlLoadsBack) {
     EXPECT_EQ(to_toml(d), to_toml(c));
   }
 }
+
+TEST(Config, SyntheticDatasetIsModelSized) {
+  TrainConfig c = parse_config(R"(
+[model]
+name = "vit_base_patch16_224"
+num_classes = 1000
+[data]
+dataset = "synthetic"
+synthetic_size = 2560
+)",
+                               "t", {});
+  EXPECT_EQ(c.synthetic_size, 2560);
+  EXPECT_EQ(c.vit().in_chans, 3);  // no dataset to say otherwise: RGB
+  EXPECT_EQ(c.vit().img_size, 224);
+  EXPECT_NO_THROW(validate(c, 1));  // any number of classes
+  EXPECT_EQ(TrainConfig{}.synthetic_size, 50000);
+  EXPECT_NO_THROW(validate(
+      parse_config("[model]\nin_chans = 1\n[data]\ndataset = \"synthetic\"\n", "t", {}), 1));
+  expect_error("[data]\ndataset = \"synthetic\"\nsynthetic_size = 0\n",
+               {"data.synthetic_size = 0 is outside [1, inf]"});
+  expect_error("[data]\nsynthetic_size = 100\n",
+               {"data.synthetic_size = 100 needs data.dataset = \"synthetic\"", "fashion_mnist"});
+  expect_error("[data]\ndataset = \"imagenet\"\n", {"data.dataset", "synthetic"});
+  // --set works as for the other keys.
+  EXPECT_EQ(
+      parse_config("", "t", {"data.dataset=synthetic", "data.synthetic_size=7"}).synthetic_size, 7);
+}

@@ -8,9 +8,11 @@
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
+#include "cai/train/trainer.h"
 #include "golden.h"
 #include "gradcheck.h"
 #include "kernels/device.h"
+#include "kernels/optim.h"
 
 using namespace cai;
 using cai::test::random_tensor;
@@ -151,6 +153,119 @@ TEST_F(Cuda, CrossEntropy) {
                  ops::cross_entropy_fwd(logits, labels, eps), "ce fwd");
     expect_close(ops::cross_entropy_bwd(gpu(logits), gpu(labels), eps, 1.0f / 37),
                  ops::cross_entropy_bwd(logits, labels, eps, 1.0f / 37), "ce bwd");
+  }
+}
+
+TEST_F(Cuda, LossMetricsMatchTheCpu) {
+  Tensor logits = random_tensor({300, 37}, 5, 3.0f);
+  std::vector<int32_t> lab(300);
+  for (int i = 0; i < 300; ++i) lab[i] = (11 * i) % 37;
+  // Make some rows right: the label is the row's maximum.
+  auto lv = logits.to_vector();
+  for (int i = 0; i < 300; i += 3) lv[i * 37 + lab[i]] = 100.0f;
+  logits = Tensor::from_vector(lv, {300, 37});
+  Tensor labels = Tensor::from_vector(lab, {300});
+  Tensor cpu_sums = Tensor::zeros({2}), gpu_sums = Tensor::zeros({2}, DType::F32, kGpu);
+  for (int rep = 0; rep < 2; ++rep) {  // accumulates
+    ops::loss_metrics_(cpu_sums, ops::cross_entropy_fwd(logits, labels, 0.1f), logits, labels);
+    ops::loss_metrics_(gpu_sums, ops::cross_entropy_fwd(gpu(logits), gpu(labels), 0.1f),
+                       gpu(logits), gpu(labels));
+  }
+  const auto c = cpu_sums.to_vector(), g = gpu_sums.to_vector();
+  EXPECT_NEAR(g[0], c[0], 1e-5 * std::abs(c[0]));
+  EXPECT_EQ(g[1], c[1]);
+  EXPECT_GE(c[1], 200.0f);
+}
+
+TEST_F(Cuda, GradStatsAndClipMatchTheCpu) {
+  // Many tensors (one launch covers them all), odd sizes, unaligned views, weights, an unscale.
+  std::vector<Tensor> cpu_t, gpu_t;
+  const std::vector<int64_t> sizes = {1, 3, 0, 1000, 70000, 5, 40000};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // Views from element 1: not 16-byte aligned, so the scalar path runs too.
+    const Tensor t = random_tensor({sizes[i] + 1}, 20 + static_cast<uint64_t>(i));
+    cpu_t.push_back(t.clone().narrow(1, sizes[i]));
+    gpu_t.push_back(gpu(t).narrow(1, sizes[i]));
+  }
+  cpu_t.back() = cpu_t.back().clone(), gpu_t.back() = gpu_t.back().clone();  // aligned: float4
+  std::vector<float*> cp, gp;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    cp.push_back(cpu_t[i].data<float>()), gp.push_back(gpu_t[i].data<float>());
+  const std::vector<float> w = {1, 0, 1, 2, 1, 1, 0.5f};
+  const int n = static_cast<int>(sizes.size());
+  Tensor cs = Tensor::zeros({2}), gs = Tensor::zeros({2}, DType::F32, kGpu);
+  kernels::cpu::multi_tensor_grad_stats(n, cp.data(), sizes.data(), w.data(), 0.25f,
+                                        cs.data<float>());
+  kernels::cuda::multi_tensor_grad_stats(n, gp.data(), sizes.data(), w.data(), 0.25f,
+                                         gs.data<float>());
+  const auto c = cs.to_vector(), g = gs.to_vector();
+  EXPECT_NEAR(g[0], c[0], 1e-5 * c[0]);
+  EXPECT_EQ(g[1], 0.0f);
+  for (size_t i = 0; i < sizes.size(); ++i) expect_close(gpu_t[i], cpu_t[i], "unscaled");
+  // Clip with the device sum (no host read), below and above max_norm.
+  for (float max_norm : {1e6f, 0.3f}) {
+    Tensor cn = Tensor::zeros({1}), gn = Tensor::zeros({1}, DType::F32, kGpu);
+    kernels::cpu::multi_tensor_clip(n, cp.data(), sizes.data(), cs.data<float>(), max_norm,
+                                    cn.data<float>());
+    kernels::cuda::multi_tensor_clip(n, gp.data(), sizes.data(), gs.data<float>(), max_norm,
+                                     gn.data<float>());
+    EXPECT_NEAR(gn.item(), cn.item(), 1e-5 * cn.item());
+    for (size_t i = 0; i < sizes.size(); ++i) expect_close(gpu_t[i], cpu_t[i], "clipped");
+  }
+  // An inf is counted.
+  std::vector<float> bad(5, 1.0f);
+  bad[3] = NAN;
+  gpu_t[5].copy_from(Tensor::from_vector(bad, {5}));
+  kernels::cuda::multi_tensor_grad_stats(n, gp.data(), sizes.data(), nullptr, 1.0f,
+                                         gs.data<float>());
+  EXPECT_EQ(gs.to_vector()[1], 1.0f);
+}
+
+TEST_F(Cuda, TrainerOnTheGpuMatchesTheCpu) {
+  // The whole trainer path on the GPU (batches staged through pinned memory on the copy stream,
+  // metrics and clipping on the device, values read every 3rd step) against the CPU run: the
+  // same losses, norms and epoch totals.
+  struct Rec : train::Hook {
+    std::vector<train::StepInfo>* out;
+    bool needs_values(const train::Trainer&, const train::StepInfo& s) const override {
+      return s.global_step % 3 == 0;
+    }
+    void after_step(train::Trainer&, const train::StepInfo& s) override { out->push_back(s); }
+  };
+  std::vector<train::StepInfo> steps[2];
+  std::vector<train::EpochInfo> epochs[2];
+  for (int dev = 0; dev < 2; ++dev) {
+    auto ds = data::synthetic(100, 1, 28, 10, 3);  // 7 batches of 16, the last of 4
+    data::LoaderConfig lc;
+    lc.batch_size = 16, lc.num_workers = 2, lc.seed = 1;
+    data::DataLoader loader(ds, lc), eval(ds, lc);
+    nn::ViTConfig c;
+    c.img_size = 28, c.patch_size = 7, c.in_chans = 1, c.num_classes = 10, c.embed_dim = 32;
+    c.depth = 2, c.num_heads = 2, c.mlp_ratio = 2.0;
+    nn::ViT model(c);
+    model.init(1);
+    if (dev == 1) model.to(kGpu);
+    optim::AdamW opt(optim::weight_decay_groups(model.parameters(), 1e-3, 0.05));
+    train::TrainerConfig tc;
+    tc.num_epochs = 2, tc.clip_grad_norm = 0.5, tc.gradient_accumulation = 2;
+    train::Trainer t(model, opt, train::Criterion{0.0f}, loader, &eval, nullptr, tc);
+    auto rec = std::make_shared<Rec>();
+    rec->out = &steps[dev];
+    t.add_hook(rec);
+    t.fit();
+    epochs[dev] = t.history();
+  }
+  ASSERT_EQ(steps[1].size(), steps[0].size());
+  for (size_t i = 0; i < steps[0].size(); ++i) {
+    EXPECT_EQ(steps[1][i].has_values, steps[0][i].has_values);
+    if (!steps[0][i].has_values) continue;
+    EXPECT_NEAR(steps[1][i].loss, steps[0][i].loss, 1e-4) << "step " << i;
+    EXPECT_NEAR(steps[1][i].grad_norm, steps[0][i].grad_norm, 1e-4 * steps[0][i].grad_norm);
+  }
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(epochs[1][e].train_loss, epochs[0][e].train_loss, 1e-4);
+    EXPECT_NEAR(epochs[1][e].eval_loss, epochs[0][e].eval_loss, 1e-4);
+    EXPECT_NEAR(epochs[1][e].eval_accuracy, epochs[0][e].eval_accuracy, 0.02);
   }
 }
 

@@ -163,3 +163,40 @@ TEST(MultiTensorCpu, LambTrustRatioScalesTheStep) {
   }
   EXPECT_NEAR(std::sqrt(step) / std::sqrt(norm), 1e-2, 1e-5);
 }
+
+TEST(MultiTensorCpu, GradStatsAndClipMatchPlainLoops) {
+  // Tensors of odd sizes (an empty one included), weights 0/1/2, an unscale by 0.5, an inf.
+  State s(kSizes, kDecays, 11);
+  const std::vector<float> weight = {1.0f, 2.0f, 1.0f, 0.0f, 1.0f};
+  s.g[1][2] = INFINITY;
+  double sq = 0, bad = 0;
+  for (int i = 0; i < s.count(); ++i)
+    for (float v : s.g[i]) {
+      const float x = v * 0.5f;
+      if (std::isfinite(x)) sq += weight[i] * double(x) * x;
+      bad += !std::isfinite(x);
+    }
+  float out[2];
+  auto g = State::ptrs<float>(s.g);
+  cpu::multi_tensor_grad_stats(s.count(), g.data(), s.n.data(), weight.data(), 0.5f, out);
+  EXPECT_TRUE(std::isinf(out[0]));  // the inf is counted in the squares too
+  EXPECT_EQ(out[1], bad);
+  EXPECT_EQ(bad, 1.0);
+  s.g[1][2] = 0.0f;  // finite again: the squares match
+  cpu::multi_tensor_grad_stats(s.count(), g.data(), s.n.data(), weight.data(), 1.0f, out);
+  EXPECT_NEAR(out[0], sq, 1e-5 * sq);
+  EXPECT_EQ(out[1], 0.0f);
+  // Clip to norm 1 (unweighted): every tensor scaled by 1 / (norm + 1e-6).
+  cpu::multi_tensor_grad_stats(s.count(), g.data(), s.n.data(), nullptr, 1.0f, out);
+  const std::vector<float> before = s.g[4];
+  float norm = 0;
+  cpu::multi_tensor_clip(s.count(), g.data(), s.n.data(), out, 1.0f, &norm);
+  EXPECT_NEAR(norm, std::sqrt(out[0]), 1e-6 * norm);
+  const float c = 1.0f / (norm + 1e-6f);
+  for (size_t j = 0; j < before.size(); ++j) ASSERT_EQ(s.g[4][j], before[j] * c);
+  // Below max_norm: untouched.
+  cpu::multi_tensor_grad_stats(s.count(), g.data(), s.n.data(), nullptr, 1.0f, out);
+  const std::vector<float> kept = s.g[4];
+  cpu::multi_tensor_clip(s.count(), g.data(), s.n.data(), out, 10.0f, nullptr);
+  EXPECT_EQ(s.g[4], kept);
+}

@@ -126,3 +126,119 @@ TEST(Trainer, RejectsBadSettings) {
   tc.num_epochs = 0;
   EXPECT_THROW(train::Trainer(model, opt, {}, loader, nullptr, nullptr, tc), cai::Error);
 }
+
+namespace {
+// Records what after_step saw; reads values every `every` steps (0: the default, every step).
+class Recorder : public train::Hook {
+ public:
+  Recorder(std::vector<train::StepInfo>* out, int64_t every) : out_(out), every_(every) {}
+  bool needs_values(const train::Trainer& t, const train::StepInfo& s) const override {
+    return every_ == 0 ? train::Hook::needs_values(t, s) : s.global_step % every_ == 0;
+  }
+  void after_step(train::Trainer&, const train::StepInfo& s) override { out_->push_back(s); }
+
+ private:
+  std::vector<train::StepInfo>* out_;
+  int64_t every_;
+};
+
+struct RunResult {
+  std::vector<train::StepInfo> steps;
+  std::vector<train::EpochInfo> epochs;
+};
+
+RunResult run_synthetic(int64_t every, double clip) {
+  auto ds = data::synthetic(96, 1, 28, 10, 9);
+  data::DataLoader loader(ds, loader_config(16));
+  nn::ViT model(tiny());
+  model.init(2);
+  optim::AdamW opt(optim::weight_decay_groups(model.parameters(), 1e-3, 0.05));
+  train::TrainerConfig tc;
+  tc.num_epochs = 2;
+  tc.clip_grad_norm = clip;
+  train::Trainer t(model, opt, train::Criterion{0.0f}, loader, nullptr, nullptr, tc);
+  RunResult r;
+  t.add_hook(std::make_shared<Recorder>(&r.steps, every));
+  t.fit();
+  r.epochs = t.history();
+  return r;
+}
+}  // namespace
+
+TEST(Trainer, StepValuesAreReadOnlyWhereAHookNeedsThemAndEqualTheEveryStepOnes) {
+  // A hook that reads every step (the default) and one that reads every 4th step see the same
+  // values at the steps both read, the others are NaN with has_values false, and the epoch
+  // totals (accumulated on the device) agree.
+  const RunResult all = run_synthetic(0, 0.5), sparse = run_synthetic(4, 0.5);
+  ASSERT_EQ(all.steps.size(), 12u);
+  ASSERT_EQ(sparse.steps.size(), 12u);
+  for (size_t i = 0; i < all.steps.size(); ++i) {
+    const auto &a = all.steps[i], &s = sparse.steps[i];
+    EXPECT_TRUE(a.has_values);
+    EXPECT_TRUE(std::isfinite(a.loss) && a.grad_norm > 0) << "step " << a.global_step;
+    EXPECT_EQ(s.global_step, a.global_step);
+    if (s.global_step % 4 == 0) {
+      ASSERT_TRUE(s.has_values) << "step " << s.global_step;
+      EXPECT_DOUBLE_EQ(s.loss, a.loss);
+      EXPECT_DOUBLE_EQ(s.accuracy, a.accuracy);
+      EXPECT_DOUBLE_EQ(s.grad_norm, a.grad_norm);
+    } else {
+      EXPECT_FALSE(s.has_values) << "step " << s.global_step;
+      EXPECT_TRUE(std::isnan(s.loss));
+      EXPECT_TRUE(std::isnan(s.grad_norm));
+    }
+  }
+  ASSERT_EQ(all.epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(sparse.epochs[e].train_loss, all.epochs[e].train_loss, 1e-6);
+    EXPECT_NEAR(sparse.epochs[e].train_accuracy, all.epochs[e].train_accuracy, 1e-9);
+    double mean = 0;  // the epoch loss is the mean of its steps' losses (equal batches)
+    for (size_t i = 6 * e; i < 6 * e + 6; ++i) mean += all.steps[i].loss / 6;
+    EXPECT_NEAR(all.epochs[e].train_loss, mean, 1e-5);
+  }
+}
+
+TEST(Trainer, ClippingOnTheDeviceMatchesTheHostFormula) {
+  // The norm the trainer reports is the one clip_grad_norm computes, and clipped gradients
+  // have norm max_norm (checked through optim::clip_grad_norm directly).
+  nn::ViT model(tiny());
+  model.init(4);
+  auto ps = model.parameters();
+  uint64_t k = 0;
+  double sq = 0;
+  for (auto* p : ps) {
+    std::vector<float> g(static_cast<size_t>(p->grad.numel()));
+    for (float& v : g)
+      v = 0.01f * static_cast<float>(static_cast<int64_t>(k++ % 7) - 3), sq += double(v) * v;
+    p->grad.copy_from(Tensor::from_vector(g, p->grad.shape()));
+  }
+  const Tensor norm = optim::clip_grad_norm_async(ps, 0.5);
+  EXPECT_NEAR(norm.item(), std::sqrt(sq), 1e-4 * std::sqrt(sq));
+  EXPECT_NEAR(optim::grad_norm(ps), 0.5, 1e-5);
+  // Weights: a weight of 0 leaves a parameter's squares out of the norm (not out of clipping).
+  const Tensor stats =
+      optim::grad_stats(ps, [&](const nn::Parameter& p) { return &p == ps.front() ? 0.0 : 1.0; });
+  const auto v = stats.to_vector();
+  EXPECT_NEAR(v[0], 0.25 - optim::grad_norm({ps.front()}) * optim::grad_norm({ps.front()}), 1e-5);
+  EXPECT_EQ(v[1], 0.0f);
+}
+
+TEST(Trainer, SyntheticDatasetIsFixedPerIndex) {
+  auto a = data::synthetic(10, 3, 8, 5, 7), b = data::synthetic(10, 3, 8, 5, 7);
+  std::vector<float> x(3 * 8 * 8), y(3 * 8 * 8);
+  std::vector<int> counts(5, 0);
+  for (int64_t i = 0; i < 10; ++i) {
+    const int32_t la = a->get(i, x.data()), lb = b->get(i, y.data());
+    EXPECT_EQ(la, lb);
+    EXPECT_EQ(x, y);
+    ASSERT_GE(la, 0);
+    ASSERT_LT(la, 5);
+    for (float v : x) ASSERT_TRUE(v >= 0.0f && v < 1.0f);
+  }
+  a->get(0, x.data());
+  a->get(1, y.data());
+  EXPECT_NE(x, y);
+  EXPECT_THROW(a->get(10, x.data()), Error);
+  EXPECT_THROW(data::synthetic(0, 3, 8, 5, 7), Error);
+  EXPECT_NE(a->describe().find("synthetic"), std::string::npos);
+}

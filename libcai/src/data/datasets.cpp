@@ -15,6 +15,7 @@
 
 #include "cai/core/error.h"
 #include "cai/data/data.h"
+#include "kernels/base/philox.h"
 
 namespace cai::data {
 namespace {
@@ -316,6 +317,49 @@ std::shared_ptr<Dataset> load_cifar10(const std::string& dir, bool train) {
   }
   return std::make_shared<Cifar10Dataset>(train ? "cifar10 train" : "cifar10 test",
                                           std::move(records));
+}
+
+namespace {
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(int64_t n, int64_t c, int64_t size, int64_t k, uint64_t seed, std::string name)
+      : n_(n), c_(c), size_(size), k_(k), seed_(seed), name_(std::move(name)) {}
+  int64_t size() const override { return n_; }
+  int64_t channels() const override { return c_; }
+  int64_t height() const override { return size_; }
+  int64_t width() const override { return size_; }
+  int64_t num_classes() const override { return k_; }
+  int32_t get(int64_t i, float* out) const override {
+    CAI_CHECK(i >= 0 && i < n_, "[synthetic] sample {} out of range for {}", i, describe());
+    // Block 0 of the sample's stream holds the label; the image starts at block 1, four values
+    // per Philox block.
+    const uint64_t stream = static_cast<uint64_t>(i);
+    const int64_t m = c_ * size_ * size_;
+    for (int64_t j = 0; j < m; j += 4) {
+      const auto b = philox::block(seed_, stream, static_cast<uint64_t>(j / 4 + 1));
+      for (int64_t e = 0; e < 4 && j + e < m; ++e) out[j + e] = philox::to_uniform(b.v[e]);
+    }
+    return static_cast<int32_t>(philox::block(seed_, stream, 0).v[0] % static_cast<uint32_t>(k_));
+  }
+  std::string describe() const override {
+    return fmt::format("{} ({} {}x{}x{}, {} classes)", name_, n_, size_, size_, c_, k_);
+  }
+
+ private:
+  int64_t n_, c_, size_, k_;
+  uint64_t seed_;
+  std::string name_;
+};
+}  // namespace
+
+std::shared_ptr<Dataset> synthetic(int64_t n, int64_t channels, int64_t size, int64_t num_classes,
+                                   uint64_t seed, const std::string& name) {
+  CAI_CHECK(n > 0 && channels > 0 && size > 0,
+            "[synthetic] {} samples of {} channels × {} × {}: every size must be positive", n,
+            channels, size, size);
+  CAI_CHECK(num_classes > 0 && num_classes < (int64_t{1} << 31),
+            "[synthetic] num_classes {} must be in [1, 2^31)", num_classes);
+  return std::make_shared<SyntheticDataset>(n, channels, size, num_classes, seed, name);
 }
 
 std::shared_ptr<Dataset> subset(std::shared_ptr<Dataset> base, int64_t n) {

@@ -620,6 +620,21 @@ Tensor cross_entropy_bwd(const Tensor& logits_in, const Tensor& labels, float sm
   return d;
 }
 
+void loss_metrics_(Tensor& sums, const Tensor& losses, const Tensor& logits_in,
+                   const Tensor& labels) {
+  ce_check(logits_in, labels, 0.0f);
+  const Tensor logits = up(logits_in);
+  CAI_CHECK(sums.dtype() == DType::F32 && sums.numel() == 2,
+            "[loss_metrics] sums {} must be fp32 with 2 elements", sums.str());
+  CAI_CHECK(losses.dtype() == DType::F32 && losses.numel() == logits.size(0),
+            "[loss_metrics] losses {} must be fp32 with one value per row of {}", losses.str(),
+            logits.str());
+  same_device("loss_metrics", logits, sums);
+  same_device("loss_metrics", logits, losses);
+  CAI_DISPATCH(logits, loss_metrics, losses.data<float>(), f32(logits), labels.data<int32_t>(),
+               logits.size(0), logits.size(1), sums.data<float>());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elementwise.
 

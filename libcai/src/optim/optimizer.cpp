@@ -1,5 +1,6 @@
 #include "cai/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cai/core/error.h"
@@ -258,21 +259,91 @@ double grad_norm(const std::vector<nn::Parameter*>& params) {
   return std::sqrt(s);
 }
 
+namespace {
+// Gradients grouped by device (in practice one group), as the multi-tensor kernels take them.
+struct GradLists {
+  Device device;
+  std::vector<float*> x;
+  std::vector<int64_t> n;
+  std::vector<float> w;
+};
+std::vector<GradLists> grad_lists(const std::vector<nn::Parameter*>& params,
+                                  const std::function<double(const nn::Parameter&)>& weight) {
+  std::vector<GradLists> out;
+  for (nn::Parameter* p : params) {
+    if (!p->grad.defined() || p->grad.numel() == 0) continue;
+    CAI_CHECK(p->grad.dtype() == DType::F32, "[grad_stats] gradient of {} is {}, expected fp32",
+              p->name, p->grad.str());
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const GradLists& l) { return l.device == p->grad.device(); });
+    if (it == out.end()) it = out.insert(out.end(), GradLists{p->grad.device(), {}, {}, {}});
+    it->x.push_back(p->grad.data<float>());
+    it->n.push_back(p->grad.numel());
+    it->w.push_back(weight ? static_cast<float>(weight(*p)) : 1.0f);
+  }
+  return out;
+}
+Tensor stats_of(GradLists& l, float scale) {
+  Tensor out = Tensor::empty({2}, DType::F32, l.device);
+  const int count = static_cast<int>(l.x.size());
+  if (l.device.is_cuda())
+    kernels::cuda::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
+                                           out.data<float>());
+  else
+    kernels::cpu::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
+                                          out.data<float>());
+  return out;
+}
+void clip_with(GradLists& l, const Tensor& sq, float max_norm, Tensor* norm) {
+  const int count = static_cast<int>(l.x.size());
+  float* nrm = norm ? norm->data<float>() : nullptr;
+  if (l.device.is_cuda())
+    kernels::cuda::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm,
+                                     nrm);
+  else
+    kernels::cpu::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm, nrm);
+}
+}  // namespace
+
+Tensor grad_stats(const std::vector<nn::Parameter*>& params,
+                  const std::function<double(const nn::Parameter&)>& weight, float scale) {
+  auto lists = grad_lists(params, weight);
+  if (lists.empty()) return Tensor::zeros({2});
+  if (lists.size() == 1) return stats_of(lists[0], scale);
+  std::vector<float> total(2, 0.0f);
+  for (auto& l : lists) {
+    const auto v = stats_of(l, scale).to_vector();
+    total[0] += v[0], total[1] += v[1];
+  }
+  return Tensor::from_vector(total, {2});
+}
+
+Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
+                            const std::function<double(double)>& reduce_sq,
+                            const std::function<double(const nn::Parameter&)>& weight) {
+  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
+  auto lists = grad_lists(params, weight);
+  if (lists.size() == 1 && !reduce_sq) {
+    // Everything on the device: the factor comes from the device sum of squares.
+    GradLists& l = lists[0];
+    const Tensor stats = stats_of(l, 1.0f);
+    Tensor norm = Tensor::empty({1}, DType::F32, l.device);
+    clip_with(l, stats, static_cast<float>(max_norm), &norm);
+    return norm;
+  }
+  // The sum of squares read once, reduced over the ranks, and the factor applied from it.
+  double sq = 0;
+  for (auto& l : lists) sq += stats_of(l, 1.0f).to_vector()[0];
+  if (reduce_sq) sq = reduce_sq(sq);
+  const Tensor total = Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1});
+  for (auto& l : lists) clip_with(l, total.to(l.device), static_cast<float>(max_norm), nullptr);
+  return Tensor::from_vector(std::vector<float>{static_cast<float>(std::sqrt(sq))}, {1});
+}
+
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
                       const std::function<double(double)>& reduce_sq,
                       const std::function<double(const nn::Parameter&)>& weight) {
-  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
-  double sq = 0;
-  for (const nn::Parameter* p : params) {
-    const double w = weight ? weight(*p) : 1.0;
-    if (w != 0.0) sq += w * ops::sum_squares(p->grad);
-  }
-  if (reduce_sq) sq = reduce_sq(sq);
-  const double norm = std::sqrt(sq);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (nn::Parameter* p : params) ops::scale_(p->grad, static_cast<float>(coef));
-  return norm;
+  return clip_grad_norm_async(params, max_norm, reduce_sq, weight).item();
 }
 
 }  // namespace cai::optim

@@ -561,12 +561,12 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
   if (m.offload()) m.host_grad.copy_from(m.dev_grad);
 }
 
-double DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
   // DDP: every rank holds the full (identical) gradients; ZeRO: each holds its shard.
   std::function<double(double)> reduce;
   if (m.cfg.zero_stage >= 1) reduce = [&m](double sq) { return m.dp.all_reduce_scalar(sq); };
-  return optim::clip_grad_norm(train::optimizer_params(opt), max_norm, reduce);
+  return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce);
 }
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {

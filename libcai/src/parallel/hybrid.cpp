@@ -144,7 +144,7 @@ void HybridParallelPlugin::sync_gradients(nn::ViT& model) {
   if (!impl_->pipe) impl_->inner->sync_gradients(model);
 }
 
-double HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
   // Every parameter once: tensor-parallel shards are disjoint over tp, whole parameters the same
   // on every tp rank (tp rank 0 counts them); ZeRO shards are disjoint over dp, DDP gradients the
@@ -154,7 +154,7 @@ double HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
   auto weight = [&m, dp_counts](const nn::Parameter& p) {
     return dp_counts && (m.me.tp == 0 || m.sharded.count(p.name) > 0) ? 1.0 : 0.0;
   };
-  return optim::clip_grad_norm(
+  return optim::clip_grad_norm_async(
       train::optimizer_params(opt), max_norm,
       [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight);
 }

@@ -311,10 +311,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         }
         if (vs == last_vs) {
           const Tensor labels = batch.labels.narrow(off, rows);
-          metrics.loss_sum +=
-              train::sum_of(ops::cross_entropy_fwd(x, labels, crit.label_smoothing));
-          metrics.correct += static_cast<double>(train::count_correct(x, labels));
-          metrics.samples += static_cast<double>(rows);
+          metrics.add(ops::cross_entropy_fwd(x, labels, crit.label_smoothing), x, labels);
           dlogits[in.mb] = ops::cross_entropy_bwd(x, labels, crit.label_smoothing, weight);
         } else {
           output[key] = x;
@@ -395,9 +392,7 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
       x = l->forward(x, cache, nn::ForwardCtx{});
     }
     if (vs == V - 1) {
-      metrics.loss_sum = train::sum_of(ops::cross_entropy_fwd(x, batch.labels, 0.0f));
-      metrics.correct = static_cast<double>(train::count_correct(x, batch.labels));
-      metrics.samples = static_cast<double>(rows);
+      metrics.add(ops::cross_entropy_fwd(x, batch.labels, 0.0f), x, batch.labels);
     } else {
       sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(0, vs, V, kEval)));
     }
@@ -406,10 +401,10 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
   return metrics;
 }
 
-double PipelinePlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+Tensor PipelinePlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
   // Stages hold disjoint layers; with ZeRO-1 the data-parallel ranks hold disjoint shards too.
-  return optim::clip_grad_norm(train::optimizer_params(opt), max_norm, [&m](double sq) {
+  return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, [&m](double sq) {
     return m.cfg.dp.zero_stage >= 1 ? m.world.all_reduce_scalar(sq) : m.pp->all_reduce_scalar(sq);
   });
 }

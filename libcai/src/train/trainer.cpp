@@ -2,14 +2,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "cai/core/error.h"
 #include "cai/core/log.h"
 #include "cai/ops/ops.h"
+#include "kernels/device.h"
 
 namespace cai::train {
 
@@ -19,14 +23,128 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Batches come from the loader on the host; the model may live on a GPU.
-void to_device(data::Batch& b, Device dev) {
-  if (b.images.device() == dev) return;
-  b.images = b.images.to(dev);
-  b.labels = b.labels.to(dev);
-}
+// Moves a step's host batches to the GPU ahead of their step, on a copy stream: each of two
+// slots owns pinned host buffers and device buffers per micro-batch. stage() copies the host
+// batches into the slot's pinned buffers and starts the asynchronous copies to its device buffers
+// (the batches then hold views of those); the compute stream waits for them (by event) in
+// use(), and done() records when the compute stream has finished with the slot. The device
+// buffers stay owned by the slot, so the caching allocator (which is not stream-aware) never
+// hands them to other work while a copy or a kernel may still touch them; a copy into a slot
+// waits (on the device) for the compute that last read it, and the host waits for the copy out
+// of a pinned buffer before refilling it (issued two steps earlier: in practice long done).
+// With a CPU model, batches are used as they come.
+class BatchPrefetcher {
+ public:
+  explicit BatchPrefetcher(Device dev) : dev_(dev) {
+    if (!dev_.is_cuda()) return;
+    kernels::cuda::set_device(dev_.index);
+    stream_ = kernels::cuda::stream_create();
+    for (Slot& s : slots_) {
+      s.copied = kernels::cuda::event_create();
+      s.computed = kernels::cuda::event_create();
+    }
+  }
+  ~BatchPrefetcher() {
+    if (!dev_.is_cuda()) return;
+    for (Slot& s : slots_) {
+      if (s.used) {
+        try {
+          kernels::cuda::event_synchronize(s.copied);
+          kernels::cuda::event_synchronize(s.computed);
+        } catch (...) {  // a device error is reported elsewhere; free what we can
+        }
+      }
+      for (Buffer& b : s.buffers) kernels::cuda::free_pinned(b.pinned);
+      kernels::cuda::event_destroy(s.copied);
+      kernels::cuda::event_destroy(s.computed);
+    }
+    kernels::cuda::stream_destroy(stream_);
+  }
+  BatchPrefetcher(const BatchPrefetcher&) = delete;
+  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+
+  // Starts moving `batches` to the device; they hold device tensors afterwards.
+  void stage(std::vector<data::Batch>& batches) {
+    if (!dev_.is_cuda()) {
+      for (auto& b : batches) {
+        b.images = b.images.to(dev_);
+        b.labels = b.labels.to(dev_);
+      }
+      return;
+    }
+    Slot& s = slots_[next_];
+    if (s.used) kernels::cuda::event_synchronize(s.copied);  // its pinned buffers are free
+    if (s.buffers.size() < batches.size()) s.buffers.resize(batches.size());
+    // The copies into this slot's device buffers wait for the compute that last read them.
+    if (s.used) kernels::cuda::stream_wait_event(stream_, s.computed);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      Buffer& buf = s.buffers[i];
+      data::Batch& b = batches[i];
+      CAI_CHECK(
+          !b.images.is_cuda() && b.images.dtype() == DType::F32 && b.labels.dtype() == DType::I32,
+          "[trainer] batch images {} / labels {}: expected host fp32 and int32", b.images.str(),
+          b.labels.str());
+      const size_t ib = b.images.nbytes(), lb = b.labels.nbytes(), need = ib + lb;
+      if (buf.capacity < need) {
+        kernels::cuda::free_pinned(buf.pinned);
+        buf.pinned = nullptr, buf.capacity = 0;
+        buf.pinned = static_cast<unsigned char*>(kernels::cuda::alloc_pinned(need));
+        buf.capacity = need;
+      }
+      if (buf.images.shape() != b.images.shape() || buf.labels.shape() != b.labels.shape()) {
+        // New device buffers (the epoch's short last batch): the old ones go back to the
+        // allocator only once nothing on the device reads them.
+        if (s.used) kernels::cuda::event_synchronize(s.computed);
+        buf.images = Tensor::empty(b.images.shape(), DType::F32, dev_);
+        buf.labels = Tensor::empty(b.labels.shape(), DType::I32, dev_);
+      }
+      std::memcpy(buf.pinned, b.images.raw(), ib);
+      std::memcpy(buf.pinned + ib, b.labels.raw(), lb);
+      kernels::cuda::copy_h2d_async(buf.images.raw(), buf.pinned, ib, stream_);
+      kernels::cuda::copy_h2d_async(buf.labels.raw(), buf.pinned + ib, lb, stream_);
+      b.images = buf.images;
+      b.labels = buf.labels;
+    }
+    kernels::cuda::event_record(s.copied, stream_);
+    s.used = true;
+    staged_ = next_;
+    next_ = 1 - next_;
+  }
+  // The compute stream waits for the staged batches' copies (no host block).
+  void use() {
+    if (dev_.is_cuda()) kernels::cuda::stream_wait_event(nullptr, slots_[staged_].copied);
+    in_use_ = staged_;
+  }
+  // Everything that reads the batches of the last use() has been enqueued.
+  void done() {
+    if (dev_.is_cuda()) kernels::cuda::event_record(slots_[in_use_].computed, nullptr);
+  }
+
+ private:
+  struct Buffer {
+    unsigned char* pinned = nullptr;
+    size_t capacity = 0;
+    Tensor images, labels;  // device
+  };
+  struct Slot {
+    std::vector<Buffer> buffers;  // one per micro-batch
+    void* copied = nullptr;       // recorded on the copy stream after the slot's copies
+    void* computed = nullptr;     // recorded on the compute stream after the slot's step
+    bool used = false;
+  };
+  Device dev_;
+  void* stream_ = nullptr;
+  Slot slots_[2];
+  int next_ = 0, staged_ = 0, in_use_ = 0;
+};
 
 }  // namespace
+
+void StepMetrics::add(const Tensor& losses, const Tensor& logits, const Tensor& labels) {
+  if (!sums.defined()) sums = Tensor::zeros({2}, DType::F32, logits.device());
+  ops::loss_metrics_(sums, losses, logits, labels);
+  samples += static_cast<double>(labels.numel());
+}
 
 int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   const auto l = logits.to_vector();
@@ -90,9 +208,7 @@ StepMetrics Plugin::forward_backward(nn::ViT& model, const std::vector<data::Bat
     const nn::LayerHooks* hooks = train_hooks(i + 1 == batches.size());
     std::vector<std::unique_ptr<nn::Cache>> caches;
     Tensor logits = model.forward(b.images, caches, ctx, hooks);
-    m.loss_sum += sum_of(ops::cross_entropy_fwd(logits, b.labels, crit.label_smoothing));
-    m.correct += static_cast<double>(count_correct(logits, b.labels));
-    m.samples += static_cast<double>(b.labels.numel());
+    m.add(ops::cross_entropy_fwd(logits, b.labels, crit.label_smoothing), logits, b.labels);
     model.backward(ops::cross_entropy_bwd(logits, b.labels, crit.label_smoothing, weight), caches,
                    ctx, hooks);
   }
@@ -103,9 +219,7 @@ StepMetrics Plugin::eval_batch(nn::ViT& model, const data::Batch& b) {
   std::vector<std::unique_ptr<nn::Cache>> caches;
   Tensor logits = model.forward(b.images, caches, nn::ForwardCtx{}, eval_hooks());
   StepMetrics m;
-  m.loss_sum = sum_of(ops::cross_entropy_fwd(logits, b.labels, 0.0f));
-  m.correct = static_cast<double>(count_correct(logits, b.labels));
-  m.samples = static_cast<double>(b.labels.numel());
+  m.add(ops::cross_entropy_fwd(logits, b.labels, 0.0f), logits, b.labels);
   return m;
 }
 
@@ -137,8 +251,49 @@ void Plugin::load_optimizer_state(nn::ViT&, optim::Optimizer& opt,
   opt.load_state_dict(full);
 }
 
-double Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
-  return optim::clip_grad_norm(optimizer_params(opt), max_norm);
+Tensor Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
+  return optim::clip_grad_norm_async(optimizer_params(opt), max_norm);
+}
+
+struct Trainer::StepValues {
+  Tensor device;                 // [steps, 3] where the model lives: loss sum, correct, grad norm
+  std::vector<float> host;       // rows [0, read) copied
+  int64_t read = 0;              // rows read so far
+  double loss = 0, correct = 0;  // over the ranks, rows [0, read)
+};
+
+// Reads the rows [v.read, upto] (one copy to the host), reduces their sums over the ranks (every
+// rank calls this at the same steps) and, with `info`, fills the values of step `upto`.
+void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info) {
+  const int64_t first = v.read, rows = upto + 1 - first;
+  if (rows <= 0) return;
+  const auto got = v.device.narrow(first, rows).to_vector();
+  v.host.insert(v.host.end(), got.begin(), got.end());
+  double loss = 0, correct = 0;
+  for (int64_t r = 0; r < rows; ++r) loss += got[r * 3], correct += got[r * 3 + 1];
+  loss = plugin_->all_reduce_sum(loss);
+  correct = plugin_->all_reduce_sum(correct);
+  v.read = upto + 1;
+  if (!std::isfinite(loss)) {
+    // Name the first step this rank saw go bad (another rank may hold it: then the range).
+    for (int64_t r = first; r <= upto; ++r)
+      CAI_CHECK(std::isfinite(v.host[r * 3]), "[trainer] loss became {} at epoch {} step {}",
+                v.host[r * 3], epoch, r);
+    fail("[trainer] loss became {} at epoch {} between steps {} and {}", loss, epoch, first, upto);
+  }
+  v.loss += loss;
+  v.correct += correct;
+  if (!info) return;
+  info->has_values = true;
+  if (rows == 1) {
+    info->loss = loss, info->accuracy = correct;
+  } else {
+    info->loss = plugin_->all_reduce_sum(got[(rows - 1) * 3]);
+    info->accuracy = plugin_->all_reduce_sum(got[(rows - 1) * 3 + 1]);
+  }
+  info->loss /= static_cast<double>(info->images);
+  info->accuracy /= static_cast<double>(info->images);
+  if (cfg_.clip_grad_norm > 0 && !info->skipped) info->grad_norm = got[(rows - 1) * 3 + 2];
 }
 
 void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step) {
@@ -159,15 +314,32 @@ void Trainer::fit(int64_t start_epoch) {
   plugin_->zero_grad(model_, opt_);
   const int64_t steps = steps_per_epoch();
   const Device device = model_.device();
+  BatchPrefetcher prefetch(device);
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
     train_.start_epoch(epoch);
     const auto t0 = Clock::now();
-    double loss_sum = 0, correct_sum = 0, seen = 0;
+    StepValues values;
+    values.device = Tensor::zeros({steps, 3}, DType::F32, device);
+    double seen = 0;
     int64_t batches_left = train_.num_batches();
+    // A step's batches from the loader, staged to the device (the copy runs on its own stream).
+    // The loss weight is 1 / (samples in the global step).
+    auto load = [&](std::vector<data::Batch>& batches, int64_t& step_samples) {
+      const int64_t micro = std::min(cfg_.gradient_accumulation, batches_left);
+      batches_left -= micro;
+      batches.assign(static_cast<size_t>(micro), data::Batch{});
+      step_samples = 0;
+      for (auto& b : batches) {
+        CAI_CHECK(train_.next(b), "[trainer] the loader ended early in epoch {}", epoch);
+        step_samples += b.global_batch_size;
+      }
+      prefetch.stage(batches);
+    };
     int64_t first = 0;
     if (epoch == resume_epoch_) {
-      // Resuming: draw and drop the batches of the steps already done in this epoch.
+      // Resuming: draw and drop the batches of the steps already done in this epoch, so the
+      // data order is the uninterrupted run's.
       for (; first < resume_step_; ++first) {
         const int64_t micro = std::min(cfg_.gradient_accumulation, batches_left);
         batches_left -= micro;
@@ -177,34 +349,35 @@ void Trainer::fit(int64_t start_epoch) {
       }
       resume_epoch_ = -1;
     }
+    std::vector<data::Batch> batches, next_batches;
+    int64_t step_samples = 0, next_samples = 0;
+    if (first < steps) load(next_batches, next_samples);
     for (int64_t s = first; s < steps; ++s) {
-      const int64_t micro = std::min(cfg_.gradient_accumulation, batches_left);
-      batches_left -= micro;
-      // Load the step's batches first: the loss weight is 1 / (samples in the global step).
-      std::vector<data::Batch> batches(micro);
-      int64_t step_samples = 0;
-      for (auto& b : batches) {
-        CAI_CHECK(train_.next(b), "[trainer] the loader ended early in epoch {}", epoch);
-        step_samples += b.global_batch_size;
-        to_device(b, device);
-      }
+      batches = std::move(next_batches);
+      step_samples = next_samples;
+      prefetch.use();
       // fp16: the loss (so every gradient) is multiplied by the loss scale.
       const double scale = scaler_ ? scaler_->scale() : 1.0;
       const float weight = static_cast<float>(scale / static_cast<double>(step_samples));
       const StepMetrics local = plugin_->forward_backward(
           model_, batches, weight, crit_,
           nn::ForwardCtx{true, cfg_.seed, static_cast<uint64_t>(global_step_), 0});
-      const double local_loss = local.loss_sum, local_correct = local.correct;
+      prefetch.done();
+      // The next step's batches go to the device while this one computes.
+      if (s + 1 < steps) load(next_batches, next_samples);
+      batches.clear();
+      Tensor row = values.device.reshape({steps * 3}).narrow(s * 3, 3);
+      if (local.sums.defined()) row.narrow(0, 2).copy_from(local.sums.to(device));
       plugin_->sync_gradients(model_);
       StepInfo info;
       info.lr = opt_.groups().empty() ? 0 : opt_.groups().front().lr;
       if (scaler_) {
-        // Unscale what this rank's optimizer sees, then agree on overflow over every rank that
-        // holds other gradients (data-parallel shards, pipeline stages).
+        // Unscale what this rank's optimizer sees and count inf/NaN in one pass (one host read),
+        // then agree on overflow over every rank that holds other gradients (data-parallel
+        // shards, pipeline stages).
         const auto params = optimizer_params(opt_);
-        scaler_->unscale(params);
-        const double bad =
-            plugin_->all_reduce_max(static_cast<double>(optim::count_nonfinite_grads(params)));
+        const Tensor stats = optim::grad_stats(params, nullptr, static_cast<float>(1.0 / scale));
+        const double bad = plugin_->all_reduce_max(static_cast<double>(stats.to_vector()[1]));
         std::string message;
         info.loss_scale = scale;
         info.skipped = scaler_->update(bad > 0, &message);
@@ -213,33 +386,33 @@ void Trainer::fit(int64_t start_epoch) {
       if (info.skipped) {
         ++skipped_steps_;
       } else {
-        if (cfg_.clip_grad_norm > 0)
-          info.grad_norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
+        if (cfg_.clip_grad_norm > 0) {
+          const Tensor norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
+          row.narrow(2, 1).copy_from(norm.to(device));
+        }
         plugin_->optimizer_step(opt_);
       }
       plugin_->zero_grad(model_, opt_);
       ++global_step_;
-      const double step_loss = plugin_->all_reduce_sum(local_loss);
-      const double step_correct = plugin_->all_reduce_sum(local_correct);
-      CAI_CHECK(std::isfinite(step_loss), "[trainer] loss became {} at epoch {} step {}", step_loss,
-                epoch, s);
-      loss_sum += step_loss;
-      correct_sum += step_correct;
       seen += static_cast<double>(step_samples);
       info.epoch = epoch, info.num_epochs = cfg_.num_epochs;
       info.step_in_epoch = s + 1, info.steps_per_epoch = steps;
       info.global_step = global_step_;
-      info.loss = step_loss / static_cast<double>(step_samples);
-      info.accuracy = step_correct / static_cast<double>(step_samples);
       info.images = step_samples;
+      info.loss = info.accuracy = NAN;
+      info.grad_norm = cfg_.clip_grad_norm > 0 && !info.skipped ? NAN : 0.0;
+      bool wanted = false;
+      for (auto& h : hooks_) wanted = wanted || h->needs_values(*this, info);
+      if (wanted) read_values(values, s, epoch, &info);
       info.epoch_seconds = seconds_since(t0);
       info.images_per_sec = seen / std::max(info.epoch_seconds, 1e-9);
       for (auto& h : hooks_) h->after_step(*this, info);
     }
+    read_values(values, steps - 1, epoch, nullptr);  // the rest of the epoch's rows
     EpochInfo e;
     e.epoch = epoch, e.num_epochs = cfg_.num_epochs, e.global_step = global_step_;
-    e.train_loss = loss_sum / std::max(seen, 1.0);
-    e.train_accuracy = correct_sum / std::max(seen, 1.0);
+    e.train_loss = values.loss / std::max(seen, 1.0);
+    e.train_accuracy = values.correct / std::max(seen, 1.0);
     e.seconds = seconds_since(t0);
     e.images_per_sec = seen / std::max(e.seconds, 1e-9);
     e.lr = opt_.groups().empty() ? 0 : opt_.groups().front().lr;
@@ -255,21 +428,29 @@ void Trainer::fit(int64_t start_epoch) {
 
 EvalResult Trainer::evaluate(data::DataLoader& loader) {
   loader.start_epoch(0);
-  double loss = 0, correct = 0, n = 0;
-  data::Batch b;
   const Device device = model_.device();
-  while (loader.next(b)) {
-    to_device(b, device);
-    const StepMetrics m = plugin_->eval_batch(model_, b);
-    loss += m.loss_sum;
-    correct += m.correct;
+  BatchPrefetcher prefetch(device);
+  Tensor sums = Tensor::zeros({2}, DType::F32, device);  // loss, correct: read once at the end
+  double n = 0;
+  std::vector<data::Batch> cur(1), next(1);
+  bool have = loader.next(next[0]);
+  if (have) prefetch.stage(next);
+  while (have) {
+    std::swap(cur, next);
+    prefetch.use();
+    const StepMetrics m = plugin_->eval_batch(model_, cur[0]);
+    prefetch.done();
+    have = loader.next(next[0]);
+    if (have) prefetch.stage(next);
+    if (m.sums.defined()) ops::add_(sums, m.sums.to(device));
     n += m.samples;
   }
+  const auto v = sums.to_vector();
   EvalResult r;
   n = plugin_->all_reduce_sum(n);
   r.samples = static_cast<int64_t>(n);
-  r.loss = plugin_->all_reduce_sum(loss) / std::max(n, 1.0);
-  r.accuracy = plugin_->all_reduce_sum(correct) / std::max(n, 1.0);
+  r.loss = plugin_->all_reduce_sum(v[0]) / std::max(n, 1.0);
+  r.accuracy = plugin_->all_reduce_sum(v[1]) / std::max(n, 1.0);
   return r;
 }
 
@@ -304,13 +485,27 @@ std::string format_duration(double seconds) {
 ProgressHook::ProgressHook(bool terminal, int64_t interval)
     : terminal_(terminal), interval_(interval) {}
 
+int64_t ProgressHook::every(const StepInfo& s) const {
+  if (interval_ > 0) return interval_;
+  return std::max<int64_t>(1, s.steps_per_epoch / (terminal_ ? 50 : 10));
+}
+
+bool ProgressHook::needs_values(const Trainer&, const StepInfo& s) const {
+  return s.step_in_epoch % every(s) == 0 || s.step_in_epoch == s.steps_per_epoch;
+}
+
 void ProgressHook::after_step(Trainer& t, const StepInfo& s) {
   if (t.plugin().rank() != 0) return;
+  if (s.has_values) loss_ = s.loss, accuracy_ = s.accuracy;
   const double eta =
       s.epoch_seconds / s.step_in_epoch * static_cast<double>(s.steps_per_epoch - s.step_in_epoch);
-  const std::string stats = fmt::format(
-      "{:>4}/{}  {:.0f} img/s  loss {:.4f}  acc {:.3f}  lr {:.2e}  ETA {}", s.step_in_epoch,
-      s.steps_per_epoch, s.images_per_sec, s.loss, s.accuracy, s.lr, format_duration(eta));
+  auto value = [](double v, int digits) {
+    return std::isnan(v) ? std::string("-") : fmt::format("{:.{}f}", v, digits);
+  };
+  const std::string stats =
+      fmt::format("{:>4}/{}  {:.0f} img/s  loss {}  acc {}  lr {:.2e}  ETA {}", s.step_in_epoch,
+                  s.steps_per_epoch, s.images_per_sec, value(loss_, 4), value(accuracy_, 3), s.lr,
+                  format_duration(eta));
   if (terminal_) {
     const bool last = s.step_in_epoch == s.steps_per_epoch;
     if (!last && s.epoch_seconds - last_draw_ < 0.1) return;
@@ -323,15 +518,19 @@ void ProgressHook::after_step(Trainer& t, const StepInfo& s) {
                  static_cast<long long>(s.num_epochs), bar.c_str(), stats.c_str());
     if (last) std::fprintf(stdout, "\n");
     std::fflush(stdout);
-  } else {
-    const int64_t every = interval_ > 0 ? interval_ : std::max<int64_t>(1, s.steps_per_epoch / 10);
-    if (s.step_in_epoch % every == 0 || s.step_in_epoch == s.steps_per_epoch)
-      log::info("epoch {}/{} step {}", s.epoch + 1, s.num_epochs, stats);
+  } else if (s.has_values && needs_values(t, s)) {
+    log::info("epoch {}/{} step {}", s.epoch + 1, s.num_epochs, stats);
   }
+}
+
+bool stdout_is_terminal() {
+  if (const char* v = std::getenv("CAI_STDOUT_TTY"); v && *v) return std::string(v) == "1";
+  return isatty(STDOUT_FILENO) != 0;
 }
 
 void ProgressHook::after_epoch(Trainer&, const EpochInfo&) {
   last_draw_ = -1;
+  loss_ = accuracy_ = NAN;
 }
 
 void LogMetricByEpochHook::after_epoch(Trainer& t, const EpochInfo& e) {
@@ -360,15 +559,20 @@ void MetricsFileHook::before_train(Trainer& t) {
   CAI_CHECK(f.good(), "[metrics] cannot create {}", path_);
 }
 
+bool MetricsFileHook::needs_values(const Trainer&, const StepInfo& s) const {
+  return interval_ > 0 && s.global_step % interval_ == 0;
+}
+
 void MetricsFileHook::after_step(Trainer& t, const StepInfo& s) {
-  if (t.plugin().rank() != 0 || interval_ <= 0 || s.global_step % interval_ != 0) return;
+  if (t.plugin().rank() != 0 || !s.has_values || !needs_values(t, s)) return;
   nlohmann::json j = {{"type", "step"},
                       {"epoch", s.epoch + 1},
                       {"step", s.global_step},
                       {"loss", s.loss},
                       {"accuracy", s.accuracy},
                       {"lr", s.lr},
-                      {"img_per_s", s.images_per_sec}};
+                      {"img_per_s", s.images_per_sec},
+                      {"seconds", s.epoch_seconds}};
   if (s.grad_norm > 0) j["grad_norm"] = s.grad_norm;
   write(j.dump());
 }

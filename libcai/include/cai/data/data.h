@@ -41,6 +41,12 @@ std::shared_ptr<Dataset> load_cifar10(const std::string& dir, bool train);
 // One sub-folder per class (sorted names are classes 0..k-1), PNG/JPEG/BMP files decoded with stb
 // as RGB and resized (bilinear) to image_size × image_size.
 std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size);
+// Random images with fixed labels, for benchmarking the whole training path without I/O: n
+// samples of channels × size × size values uniform in [0, 1), and a label in [0, num_classes),
+// all drawn from philox(seed, sample index, ·), so sample i is the same on every call and
+// every epoch. `name` goes into describe() (e.g. "synthetic train").
+std::shared_ptr<Dataset> synthetic(int64_t n, int64_t channels, int64_t size, int64_t num_classes,
+                                   uint64_t seed, const std::string& name = "synthetic");
 // The first n samples of a dataset (n clamped to its size).
 std::shared_ptr<Dataset> subset(std::shared_ptr<Dataset> base, int64_t n);
 
@@ -51,9 +57,9 @@ struct Normalization {
 Normalization normalization_for(const std::string& dataset);
 
 struct TransformConfig {
-  int64_t resize = 0;        // resize to resize × resize first (bilinear); 0 = keep
-  int64_t random_crop = 0;   // random crop of this size after zero-padding; 0 = none
-  int64_t crop_padding = 0;  // padding on every side before the random crop
+  int64_t resize = 0;            // resize to resize × resize first (bilinear); 0 = keep
+  int64_t random_crop = 0;       // random crop of this size after zero-padding; 0 = none
+  int64_t crop_padding = 0;      // padding on every side before the random crop
   bool horizontal_flip = false;  // flip with probability 1/2
   Normalization normalize;       // empty mean/std = none
   // Output size for an input of h × w.
@@ -107,12 +113,12 @@ struct LoaderConfig {
 };
 
 struct Batch {
-  Tensor images;  // [B, C, H, W] fp32 (CPU)
-  Tensor labels;  // [B] int32
-  int64_t index = 0;                 // batch number within the epoch
-  int64_t sample_offset = 0;         // position of the first sample within the global batch
-  int64_t global_batch_size = 0;     // samples in this step over all ranks
-  std::vector<int64_t> indices;      // dataset indices
+  Tensor images;                  // [B, C, H, W] fp32 (CPU)
+  Tensor labels;                  // [B] int32
+  int64_t index = 0;              // batch number within the epoch
+  int64_t sample_offset = 0;      // position of the first sample within the global batch
+  int64_t global_batch_size = 0;  // samples in this step over all ranks
+  std::vector<int64_t> indices;   // dataset indices
 };
 
 class DataLoader {

@@ -100,6 +100,10 @@ void copy_tokens_(Tensor& dst, int64_t dst_token, const Tensor& src, int64_t src
 Tensor cross_entropy_fwd(const Tensor& logits, const Tensor& labels, float smoothing);
 // d(Σ_i w·loss_i)/dlogits with the same weight w for every sample (w = 1/B for a mean).
 Tensor cross_entropy_bwd(const Tensor& logits, const Tensor& labels, float smoothing, float weight);
+// The trainer's metrics where the logits live: sums[0] += Σ losses, sums[1] += the number of rows
+// whose first maximum of logits is the label. sums: fp32 [2] on the logits' device (no host
+// read); losses from cross_entropy_fwd.
+void loss_metrics_(Tensor& sums, const Tensor& losses, const Tensor& logits, const Tensor& labels);
 
 // Elementwise helpers. add: fp32 when either operand is fp32. add_/axpy_: y fp32, x any float
 // dtype. scale_, fill_, sum_squares, count_nonfinite: fp32.

@@ -131,9 +131,24 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 // sharded over ranks (ZeRO, pipeline stages).
 // `weight` (optional) multiplies each parameter's sum of squares before the reduction: 0 for a
 // copy that another rank already counts (tensor-parallel replicas, DDP replicas).
+// clip_grad_norm reads the norm to the host; clip_grad_norm_async returns it as a 1-element fp32
+// tensor where the gradients live and reads nothing without reduce_sq (one pass of the
+// multi-tensor kernels for the sum of squares, one that computes the factor on the device and
+// scales); with reduce_sq it reads the local sum of squares once (the one host read of the step),
+// reduces it and applies the factor from the reduced value.
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
                       const std::function<double(double)>& reduce_sq = nullptr,
                       const std::function<double(const nn::Parameter&)>& weight = nullptr);
+Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
+                            const std::function<double(double)>& reduce_sq = nullptr,
+                            const std::function<double(const nn::Parameter&)>& weight = nullptr);
+// One pass over the gradients of `params` (multi-tensor kernels on a GPU): multiplies them by
+// `scale` first when scale != 1 (the fp16 unscale), then returns {Σ weight(p)·‖grad‖², number of
+// inf/NaN elements} as an fp32 [2] tensor where the gradients live; nothing is read to the host.
+// Gradients on several devices (never the case in a plugin) give a host tensor.
+Tensor grad_stats(const std::vector<nn::Parameter*>& params,
+                  const std::function<double(const nn::Parameter&)>& weight = nullptr,
+                  float scale = 1.0f);
 double grad_norm(const std::vector<nn::Parameter*>& params);
 
 }  // namespace cai::optim

@@ -50,7 +50,7 @@ class PipelinePlugin : public train::Plugin {
                                       float weight, const train::Criterion& crit,
                                       const nn::ForwardCtx& step_ctx) override;
   train::StepMetrics eval_batch(nn::ViT& model, const data::Batch& batch) override;
-  double clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
+  Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
   void optimizer_step(optim::Optimizer& opt) override;
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;

@@ -3,6 +3,7 @@
 // plug in here), then Trainer::fit runs epochs of steps with gradient accumulation, clipping,
 // evaluation each epoch and hooks (LR scheduler, progress, epoch log, metrics file).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -23,10 +24,16 @@ struct Criterion {
   float label_smoothing = 0.0f;
 };
 
+// What the hooks see after every optimizer step. The counters, lr, loss_scale, skipped and
+// images are always set. loss, accuracy and grad_norm are values of this very step, but they live
+// on the device until read: the trainer reads them (one device-to-host copy of every step's sums
+// since the last read, then a reduction over the ranks) only at the steps where some hook's
+// needs_values() asks for them, and has_values says whether it did. Unread, they are NaN.
 struct StepInfo {
   int64_t epoch = 0, num_epochs = 0;
   int64_t step_in_epoch = 0, steps_per_epoch = 0;  // optimizer steps
   int64_t global_step = 0;
+  bool has_values = false;    // loss, accuracy and grad_norm were read for this step
   double loss = 0;            // mean loss of this step's global batch
   double accuracy = 0;        // top-1 on this step's training samples
   double lr = 0;              // lr used by this step
@@ -35,7 +42,7 @@ struct StepInfo {
   bool skipped = false;       // fp16: the step overflowed and the optimizer step was skipped
   int64_t images = 0;         // images this step, over all ranks
   double images_per_sec = 0;  // over the epoch so far
-  double epoch_seconds = 0;   // elapsed in this epoch
+  double epoch_seconds = 0;   // elapsed in this epoch (at a read step: once the step has run)
 };
 
 struct EpochInfo {
@@ -52,9 +59,15 @@ double sum_of(const Tensor& t);
 // Every parameter of the optimizer's groups.
 std::vector<nn::Parameter*> optimizer_params(const optim::Optimizer& opt);
 
-// Sums over this rank's samples (a pipeline's non-last stages report zeros).
+// This rank's sums over a step's (or an evaluation batch's) samples. `sums` is fp32 [2] (loss
+// sum, correct top-1 predictions) on the model's device, accumulated there by add() without a
+// host read; undefined when this rank computed no loss (a pipeline's non-last stages).
 struct StepMetrics {
-  double loss_sum = 0, correct = 0, samples = 0;
+  Tensor sums;
+  double samples = 0;
+  // Adds a batch: its per-sample losses (ops::cross_entropy_fwd) and its logits [B, K] against
+  // the int32 labels [B].
+  void add(const Tensor& losses, const Tensor& logits, const Tensor& labels);
 };
 
 struct EvalResult {
@@ -69,6 +82,11 @@ class Hook {
   virtual ~Hook() = default;
   virtual void before_train(Trainer&) {}
   virtual void before_epoch(Trainer&, int64_t /*epoch*/) {}
+  // Whether after_step() at this step needs loss, accuracy and grad_norm (counters of `s` set,
+  // values not yet). Reading them waits for the device and reduces over the ranks, so the answer
+  // must depend only on the counters, never on the rank or on time. The default, true, reads
+  // every step; hooks that print or write every n steps say so to keep the step asynchronous.
+  virtual bool needs_values(const Trainer&, const StepInfo&) const { return true; }
   virtual void after_step(Trainer&, const StepInfo&) {}
   virtual void after_epoch(Trainer&, const EpochInfo&) {}
   virtual void after_train(Trainer&) {}
@@ -103,8 +121,10 @@ class Plugin {
   virtual const nn::LayerHooks* eval_hooks() { return nullptr; }
   // After the backward of every micro-batch of a step, before clipping.
   virtual void sync_gradients(nn::ViT&) {}
-  // Global-norm clipping over what this rank's optimizer sees; returns the global norm.
-  virtual double clip_grad_norm(optim::Optimizer& opt, double max_norm);
+  // Global-norm clipping over what this rank's optimizer sees; returns the global norm before
+  // clipping as a 1-element fp32 tensor (optim::clip_grad_norm_async: on the device and unread
+  // when no reduction over ranks is needed, else after one host read).
+  virtual Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm);
   virtual void optimizer_step(optim::Optimizer& opt) { opt.step(); }
   virtual void zero_grad(nn::ViT&, optim::Optimizer& opt) { opt.zero_grad(); }
   // Sum of a metric over the data-parallel ranks.
@@ -172,6 +192,10 @@ class Trainer {
   std::shared_ptr<Plugin> plugin_;
   TrainerConfig cfg_;
   std::vector<std::shared_ptr<Hook>> hooks_;
+  // The epoch's per-step values [steps, 3] (loss sum, correct, grad norm) where the model lives,
+  // their host copy up to read_, and the epoch totals over the ranks up to read_.
+  struct StepValues;
+  void read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info);
   int64_t global_step_ = 0;
   int64_t resume_epoch_ = -1, resume_step_ = 0;
   std::vector<EpochInfo> history_;
@@ -199,6 +223,7 @@ class Booster {
 class LRSchedulerHook : public Hook {
  public:
   LRSchedulerHook(optim::LRScheduler& s, bool by_epoch) : s_(s), by_epoch_(by_epoch) {}
+  bool needs_values(const Trainer&, const StepInfo&) const override { return false; }
   void after_step(Trainer&, const StepInfo&) override;
   void after_epoch(Trainer&, const EpochInfo&) override;
 
@@ -207,31 +232,46 @@ class LRSchedulerHook : public Hook {
   bool by_epoch_;
 };
 
-// A progress bar on a terminal (epoch, step/total, img/s, loss, lr, ETA), redrawn in place;
-// plain lines every `interval` steps otherwise. Prints on rank 0 only.
+// A progress bar on a terminal (epoch, step/total, img/s, loss, lr, ETA), redrawn in place at
+// most every 0.1 s; plain lines every `interval` steps (0: 10 per epoch) otherwise, and always at
+// an epoch's last step. Loss and accuracy are read only at those steps (on a terminal at every
+// interval = steps / 50 by default); the bar shows the latest read ones. Prints on rank 0 only.
+// `terminal` decides bar or lines: see stdout_is_terminal().
 class ProgressHook : public Hook {
  public:
   explicit ProgressHook(bool terminal, int64_t interval = 0);
+  bool needs_values(const Trainer&, const StepInfo&) const override;
   void after_step(Trainer&, const StepInfo&) override;
   void after_epoch(Trainer&, const EpochInfo&) override;
 
  private:
+  int64_t every(const StepInfo& s) const;
   bool terminal_;
   int64_t interval_;
   double last_draw_ = -1;
+  double loss_ = NAN, accuracy_ = NAN;  // the latest values read
 };
+
+// Whether the progress output goes to a terminal: CAI_STDOUT_TTY (set by `colossalai run` for
+// its ranks to "1" or "0": whether the launcher's own stdout is a terminal, since a rank's stdout
+// is a pipe or pty of mpirun's whatever the user's is) when set, else isatty(stdout).
+bool stdout_is_terminal();
 
 // One log line per epoch: train loss/accuracy, eval loss/accuracy, time, img/s, lr.
 class LogMetricByEpochHook : public Hook {
  public:
+  bool needs_values(const Trainer&, const StepInfo&) const override { return false; }
   void after_epoch(Trainer&, const EpochInfo&) override;
 };
 
-// JSON lines for plotting: {"type": "step", ...} every `interval` steps, {"type": "epoch", ...}
-// after each epoch. Written by rank 0. The file is truncated at the start of training.
+// JSON lines for plotting: {"type": "step", ...} every `interval` global steps (loss, accuracy,
+// lr, img/s, seconds into the epoch, grad_norm when clipping; read at those steps only),
+// {"type": "epoch", ...} after each epoch. Written by rank 0. The file is truncated at the start
+// of training.
 class MetricsFileHook : public Hook {
  public:
   MetricsFileHook(std::string path, int64_t interval);
+  bool needs_values(const Trainer&, const StepInfo& s) const override;
   void before_train(Trainer&) override;
   void after_step(Trainer&, const StepInfo&) override;
   void after_epoch(Trainer&, const EpochInfo&) override;
