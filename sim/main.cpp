@@ -4,7 +4,8 @@
 //       --microbatches 8 --fwd-ms 10 --bwd-ms 20 --act-bytes 1e6 --json out.json --trace out.trace
 //   colossalai-sim --cluster hostfiles/clusters/h100-1024.toml --nproc 1024 --data-parallel
 //       --fwd-ms 100 --bwd-ms 200 --grad-bytes 2e9
-//   colossalai-sim --config vit.toml [--set k=v] ...   (the plan's workload: not wired yet)
+//   colossalai-sim --config apps/vit_train/configs/fmnist_tiny.toml [--set k=v] --nproc 2
+//       --cluster hostfiles/clusters/cpu-2.toml --json out.json   (the plan's workload)
 #include <simgrid/engine.h>
 #include <simgrid/version.h>
 
@@ -19,6 +20,7 @@
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
 #include "expand.h"
+#include "from_config.h"
 #include "replay.h"
 #include "report.h"
 
@@ -42,12 +44,7 @@ void write(const std::string& path, const std::string& text) {
 
 int run(const Options& o) {
   using namespace cai::sim;
-  if (!o.config.empty())
-    cai::fail(
-        "[sim] --config {}: the vit_train config -> plan -> workload path is not wired yet; use "
-        "--schedule (pipeline with given stage times) or --data-parallel for now",
-        o.config);
-  CAI_CHECK(!o.schedule.empty() || o.data_parallel,
+  CAI_CHECK(!o.schedule.empty() || o.data_parallel || !o.config.empty(),
             "[sim] nothing to replay: give --schedule gpipe|1f1b|interleaved, --data-parallel or "
             "--config FILE");
   CAI_CHECK(!o.cluster.empty(), "[sim] --cluster FILE is required");
@@ -57,7 +54,15 @@ int run(const Options& o) {
   if (!o.calibration.empty()) ro.calibration = load_calibration(o.calibration);
   const int nproc = o.nproc > 0 ? o.nproc : (o.data_parallel ? c.gpus() : o.stages);
   Workload w;
-  if (!o.schedule.empty()) {
+  std::string plan_line;
+  if (!o.config.empty()) {
+    // The vit_train config on nproc processes, through the analytic plan.
+    const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
+    ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c);
+    w = std::move(cw.workload);
+    plan_line = fmt::format("plan: predicted peak {:.3f} GiB per rank (the largest stage)\n",
+                            static_cast<double>(cw.plan.peak()) / double(1ull << 30));
+  } else if (!o.schedule.empty()) {
     CAI_CHECK(o.stages >= 1 && nproc % o.stages == 0,
               "[sim] --nproc {} is not a multiple of --stages {}", nproc, o.stages);
     cai::schedule::ScheduleOptions so;
@@ -101,7 +106,7 @@ int run(const Options& o) {
   const ReplayResult r = replay(w, c, ro);
   if (!o.json.empty()) write(o.json, result_json(w, r));
   if (!o.trace.empty()) write(o.trace, result_trace(w, r));
-  if (!o.quiet) std::cout << result_summary(w, r);
+  if (!o.quiet) std::cout << result_summary(w, r) << plan_line;
   return 0;
 }
 
@@ -122,7 +127,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--global-batch", o.global_batch,
                  "Samples per step for img/s (default: one per micro-batch per replica)");
-  app.add_option("--config", o.config, "vit_train TOML (the plan's workload: not wired yet)");
+  app.add_option("--config", o.config,
+                 "vit_train TOML: its step on --nproc processes, from the analytic plan");
   app.add_option("--set", o.sets, "Override a config key (section.key=value), with --config");
   app.add_option("--schedule", o.schedule, "Pipeline schedule to replay")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));

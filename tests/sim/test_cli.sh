@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# colossalai-sim end to end: a 1F1B replay writes its JSON and trace; --config says it is not wired;
+# colossalai-sim end to end: a 1F1B replay writes its JSON and trace; --config replays a vit_train
+# config through the plan (data, pipeline and tensor parallel layouts, and its errors);
 # a bad cluster file fails naming the key. Usage: test_cli.sh COLOSSALAI_SIM CLUSTER_DIR
 set -euo pipefail
 sim=$1
@@ -20,8 +21,37 @@ t = json.load(open(sys.argv[2]))
 names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
 assert "F(mb=0,c=0)" in names and "SendAct(mb=0,c=0,->1)" in names, sorted(names)[:10]
 PY
-if "$sim" --cluster "$clusters/h200-4.toml" --config x.toml 2>"$out/err"; then exit 1; fi
-grep -q "not wired yet" "$out/err"
+configs=$(cd "$(dirname "$0")/../../apps/vit_train/configs" && pwd)
+cfg=(--config "$configs/fmnist_tiny.toml" --cluster "$clusters/cpu-2.toml")
+"$sim" "${cfg[@]}" --nproc 1 --json "$out/one.json" >/dev/null
+"$sim" "${cfg[@]}" --nproc 2 --json "$out/dp2.json" >/dev/null
+"$sim" "${cfg[@]}" --nproc 2 --set parallel.tensor.mode=1d --set parallel.tensor.size=2 \
+  --json "$out/tp2.json" >/dev/null
+"$sim" "${cfg[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.num_microbatches=4 \
+  --json "$out/pp2.json" --trace "$out/pp2.trace" >/dev/null
+python3 - "$out" <<'PY'
+import json, sys
+d = sys.argv[1]
+one, dp2, tp2, pp2 = (json.load(open(f"{d}/{n}.json")) for n in ("one", "dp2", "tp2", "pp2"))
+# Data parallel: the same compute per rank, a gradient all-reduce, twice the global batch.
+assert abs(dp2["compute_ms"][0] - one["compute_ms"][0]) < 1e-6 * one["compute_ms"][0], (dp2, one)
+assert dp2["step_ms"] > one["step_ms"] and dp2["img_per_s"] > 1.5 * one["img_per_s"]
+# Tensor parallel: half the layers' work per rank plus its collectives.
+assert tp2["compute_ms"][0] < 0.8 * one["compute_ms"][0], (tp2["compute_ms"], one["compute_ms"])
+assert tp2["comm_ms"][0] > 0
+# Pipeline: two stages with bubbles, half the parameters each.
+assert len(pp2["bubble"]) == 2 and all(b > 0 for b in pp2["bubble"]), pp2["bubble"]
+assert max(pp2["peak_mem_bytes"]) < one["peak_mem_bytes"][0]
+t = json.load(open(f"{d}/pp2.trace"))
+names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
+assert any(n.startswith("blocks.0 attn.qkv") for n in names), sorted(names)[:20]
+print("--config layouts: ok")
+PY
+if "$sim" "${cfg[@]}" --nproc 8 --set parallel.tensor.mode=1d --set parallel.tensor.size=8 \
+  2>"$out/err"; then exit 1; fi
+grep -q "num_heads 4 is not divisible by the tensor-parallel size 8" "$out/err" || { cat "$out/err"; exit 1; }
+if "$sim" --cluster "$clusters/h200-4.toml" --config "$out/missing.toml" 2>"$out/err"; then exit 1; fi
+grep -q "missing.toml" "$out/err"
 sed 's/memory_gib = .*/memory_gib = "big"/' "$clusters/h200-2.toml" >"$out/bad.toml"
 if "$sim" --cluster "$out/bad.toml" --schedule 1f1b --stages 2 2>"$out/err"; then exit 1; fi
 grep -q "bad.toml: gpu.memory_gib = \"big\" is not a number" "$out/err"

@@ -1,0 +1,39 @@
+// A vit_train config on N processes as a simulator workload: the analytic plan (libcai's `plan`,
+// the same model `vit_train --dry-run` prints) gives every layer's FLOPs and bytes per micro-batch
+// and its tensor-parallel collectives, and each rank's gradient reductions and memory; the
+// schedule expansion (expand.h) lays them along the program the executor runs (one stage's
+// 1F1B for pp = 1, the plan's validated pipeline schedule otherwise).
+//
+// Ranks: sim rank = (dp · tp + tp_rank) · stages + stage. Per compute instruction the layers of
+// its virtual stage run as compute ops (roofline time from the cluster and calibration), each
+// followed by its tensor-parallel collectives over the rank's tp group on the compute stream (the
+// executor's compute waits for them; the column-parallel overlap with the weight gradient is not
+// modelled, an upper bound); the last micro-batch's backward issues the plan's data-parallel
+// reductions (DDP buckets, ZeRO reduce-scatter / all-gather) over the dp group on a stream of
+// their own, spread over its layers (overlapping the backward as the runtime's hooks do);
+// ReduceGrads waits for them. Memory: the plan's persistent bytes from the start, each layer's
+// saved activations from its forward to its backward.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "cai/plan/plan.h"
+#include "cluster.h"
+#include "config.h"
+#include "workload.h"
+
+namespace cai::sim {
+
+struct ConfigWorkload {
+  plan::StepPlan plan;
+  Workload workload;
+};
+
+// Throws (naming the value) for a config that does not run on `nproc` processes, as vit_train
+// would, or a cluster with fewer ranks.
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster);
+
+// The calibration entry a plan op is timed with: gemm, attention, layernorm or elementwise.
+std::string op_kind_of(const std::string& op);
+
+}  // namespace cai::sim
