@@ -371,7 +371,9 @@ void validate(const TrainConfig& c, int world) {
     CAI_CHECK(v.in_chans == 3, "[config] model.in_chans = {} but cifar10 images have 3 channels",
               v.in_chans);
   }
-  CAI_CHECK(c.dataset == "synthetic" || !c.explicitly_set.count("data.synthetic_size"),
+  // (A resolved config written by to_toml carries the default: only another value is a mistake.)
+  CAI_CHECK(c.dataset == "synthetic" || !c.explicitly_set.count("data.synthetic_size") ||
+                c.synthetic_size == TrainConfig{}.synthetic_size,
             "[config] data.synthetic_size = {} needs data.dataset = \"synthetic\" (got \"{}\")",
             c.synthetic_size, c.dataset);
   if (c.dataset != "image_folder" && c.dataset != "synthetic")
