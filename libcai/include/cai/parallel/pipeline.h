@@ -1,8 +1,11 @@
 // The pipeline executor: runs a schedule::Schedule (GPipe, 1F1B, interleaved) on real processes
 // as a train::Plugin. Every rank builds the whole ViT and keeps only the layers of its virtual
 // stages (the others' parameters are freed); micro-batches flow between stages with the
-// Communicator's non-blocking sends and blocking receives, exactly the semantics the schedule
-// validator proves deadlock-free. Data parallelism across pipeline replicas (pp × dp) and ZeRO-1
+// Communicator's non-blocking sends (each released as soon as it completes) and receives posted
+// one ahead per kind in program order (a Recv instruction waits for data already in flight): the
+// semantics the schedule validator proves deadlock-free. With tensor parallelism (through
+// HybridParallelPlugin) boundary tensors have the model's residual shape (sequence parallel:
+// this rank's tokens). Data parallelism across pipeline replicas (pp × dp) and ZeRO-1
 // come from a DataParallelPlugin over the data-parallel group, applied to the stage's layers.
 // Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
 // On GPUs (the model moved to its device before setup, an NCCL world communicator) boundary
