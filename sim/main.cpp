@@ -23,6 +23,7 @@
 #include "from_config.h"
 #include "replay.h"
 #include "report.h"
+#include "search.h"
 
 namespace {
 
@@ -33,7 +34,9 @@ struct Options {
   int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
-  bool data_parallel = false, version = false, quiet = false;
+  bool data_parallel = false, version = false, quiet = false, search = false;
+  int top = 10;
+  std::string out;
 };
 
 void write(const std::string& path, const std::string& text) {
@@ -44,6 +47,33 @@ void write(const std::string& path, const std::string& text) {
 
 int run(const Options& o) {
   using namespace cai::sim;
+  if (o.search) {
+    CAI_CHECK(!o.config.empty() && o.nproc > 0 && !o.cluster.empty(),
+              "[sim] --search needs --config FILE, --nproc N and --cluster FILE");
+    const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
+    const SearchResult r = search_layouts(cfg, o.nproc, load_cluster(o.cluster));
+    std::cout << fmt::format(
+        "layout search: {} on {} processes of {}: {} layouts considered, {} refused by "
+        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit (simulated in {:.2f} s)\n",
+        o.config, o.nproc, o.cluster, r.considered, r.invalid, r.too_big,
+        static_cast<double>(load_cluster(o.cluster).gpu.memory_bytes) / double(1ull << 30),
+        r.ranked.size(), r.wall_s);
+    std::cout << fmt::format("{:>4}  {:<58} {:>10} {:>11} {:>8} {:>12}\n", "rank", "layout",
+                             "step ms", "img/s", "bubble", "peak GiB");
+    for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.top; ++i) {
+      const Candidate& c = r.ranked[i];
+      std::cout << fmt::format("{:>4}  {:<58} {:>10.3f} {:>11.1f} {:>8.3f} {:>12.3f}\n", i + 1,
+                               c.layout, c.step_ms, c.img_per_s, c.bubble,
+                               static_cast<double>(c.peak_mem_bytes) / double(1ull << 30));
+    }
+    if (!o.out.empty()) {
+      write(o.out, "# The fastest layout colossalai-sim --search found for " +
+                       std::to_string(o.nproc) + " processes on " + o.cluster + ": " +
+                       r.ranked.front().layout + "\n" + cai::app::to_toml(r.ranked.front().config));
+      std::cout << "best layout written to " << o.out << "\n";
+    }
+    return 0;
+  }
   CAI_CHECK(!o.schedule.empty() || o.data_parallel || !o.config.empty(),
             "[sim] nothing to replay: give --schedule gpipe|1f1b|interleaved, --data-parallel or "
             "--config FILE");
@@ -119,6 +149,11 @@ int main(int argc, char** argv) {
   app.add_option("--cluster", o.cluster, "Cluster description (hostfiles/clusters/*.toml)");
   app.add_option("--nproc", o.nproc, "Ranks (GPUs or CPU processes) the layout runs on");
   app.add_option("--json", o.json, "Write the result JSON here");
+  app.add_flag("--search", o.search,
+               "With --config, --nproc and --cluster: rank every layout that fits by simulated "
+               "throughput");
+  app.add_option("--top", o.top, "--search: how many layouts to print")->capture_default_str();
+  app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
   app.add_option("--trace", o.trace, "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration, "Per-op efficiency profile (JSON)");
   app.add_option("--collectives", o.collectives, "Collective model: bulk (fast) or step (exact)")

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "cai/checkpoint/checkpoint.h"
 #include "cai/core/error.h"
 #include "cai/core/log.h"
 #include "cai/data/data.h"
@@ -14,7 +15,6 @@
 #include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
 #include "cai/dist/nccl.h"
-#include "cai/checkpoint/checkpoint.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     const dist::ProcessMesh mesh(dry_run && nproc > 0 ? nproc : li.world_size,
                                  static_cast<int>(cfg.tensor_size), static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
-    const int64_t nparams = nn::ViT(vc).num_parameters();
+    const int64_t nparams = vc.num_parameters();  // counted, not allocated (6B fits a dry run)
     if (dry_run) {
       const int world = nproc > 0 ? nproc : li.world_size;
       std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
@@ -228,9 +228,10 @@ int main(int argc, char** argv) {
         if (it != w.end() && it->second.shape() != model.parameter(h).full_shape()) skip.insert(h);
       }
       if (!skip.empty())
-        log::info("[checkpoint] {}: its head is {} but the model has {} classes: the head is "
-                  "re-initialised",
-                  init_from, shape_str(w.at("head.weight").shape()), vc.num_classes);
+        log::info(
+            "[checkpoint] {}: its head is {} but the model has {} classes: the head is "
+            "re-initialised",
+            init_from, shape_str(w.at("head.weight").shape()), vc.num_classes);
       checkpoint::load_model_state(model, w, skip);
       log::info("[checkpoint] initialised from {} ({} tensors)", init_from, w.size());
     }

@@ -162,7 +162,10 @@ TEST(Config, ShippedConfigsParse) {
     TrainConfig c;
     ASSERT_NO_THROW(c = load_config(f.path().string(), {})) << f.path();
     const std::string name = f.path().filename().string();
-    if (name == "vit_base_cifar10_hybrid.toml") {  // tensor 1D × pipeline 2
+    if (name == "vit_6b_imagenet.toml") {  // pp 4 × tp 4 × dp 4
+      EXPECT_NO_THROW(validate(c, 64)) << f.path();
+      EXPECT_THROW(validate(c, 8), Error) << f.path();
+    } else if (name == "vit_base_cifar10_hybrid.toml") {  // tensor 1D × pipeline 2
       EXPECT_NO_THROW(validate(c, 4)) << f.path();
       EXPECT_NO_THROW(validate(c, 8)) << f.path();
       EXPECT_THROW(validate(c, 2), Error) << f.path();

@@ -38,6 +38,11 @@ std::vector<std::vector<float>> grads(ViT& m) {
 
 TEST(ViT, ParameterCountsMatchTimm) {
   EXPECT_EQ(ViT(ViTConfig::named("vit_base_patch16_224")).num_parameters(), 86567656);
+  for (const auto& n : ViTConfig::names())  // counted without building the model
+    EXPECT_EQ(ViTConfig::named(n).num_parameters(), ViT(ViTConfig::named(n)).num_parameters()) << n;
+  ViTConfig odd = small_config();
+  odd.mlp_ratio = 1.5, odd.num_classes = 7;
+  EXPECT_EQ(odd.num_parameters(), ViT(odd).num_parameters());
   EXPECT_EQ(ViT(ViTConfig::named("vit_small_patch16_224")).num_parameters(), 22050664);
   EXPECT_EQ(ViT(ViTConfig::named("vit_tiny_patch16_224")).num_parameters(), 5717416);
   EXPECT_THROW(ViTConfig::named("vit_gigantic"), Error);

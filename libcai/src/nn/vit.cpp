@@ -41,6 +41,13 @@ void ViTConfig::validate_tensor_parallel(int tp, bool sequence_parallel) const {
             tp, tp, num_patches() + 1);
 }
 
+int64_t ViTConfig::num_parameters() const {
+  const int64_t d = embed_dim, h = mlp_hidden(), n = num_patches() + 1;
+  const int64_t embed = d * in_chans * patch_size * patch_size + d + d + n * d;
+  const int64_t block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d);
+  return embed + depth * block + 2 * d + (d * num_classes + num_classes);
+}
+
 std::vector<std::string> ViTConfig::names() {
   return {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
           "vit_large_patch16_224", "vit_huge_patch14_224"};

@@ -34,6 +34,8 @@ struct ViTConfig {
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
+  // The parameter count of the whole (unsplit) model, without building it.
+  int64_t num_parameters() const;
   void validate() const;  // throws naming the bad value
   // Whether the model splits over `tp` ranks (heads, hidden and MLP sizes divisible; with
   // sequence parallelism at least tp tokens): throws naming both numbers.
