@@ -183,13 +183,9 @@ Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
   if (size_ == 1) return part;
   const bool widen = !part.is_cuda() && is_half(part.dtype());
   const Tensor in = widen ? part.to(DType::F32) : part;
-  std::vector<int64_t> counts(size_);
+  const std::vector<int64_t> counts = token_counts(b, tokens, f);
   int64_t total = 0;
-  for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(tokens, r);
-    counts[r] = b * (e - a) * f;
-    total += counts[r];
-  }
+  for (int64_t c : counts) total += c;
   Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
   const double tc = profile_start(in);
   comm_bytes_ += total * static_cast<int64_t>(dtype_size(part.dtype()));
@@ -207,6 +203,16 @@ Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
   return widen ? full.to(part.dtype()) : full;
 }
 
+std::vector<int64_t> TensorParallel::token_counts(int64_t batch, int64_t tokens,
+                                                  int64_t features) const {
+  std::vector<int64_t> counts(size_);
+  for (int r = 0; r < size_; ++r) {
+    const auto [a, e] = token_range(tokens, r);
+    counts[r] = batch * (e - a) * features;
+  }
+  return counts;
+}
+
 TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor& full) {
   CAI_CHECK(full.dim() == 3,
             "[tensor_parallel] reduce_scatter_tokens expects [batch, tokens, features], got {}",
@@ -219,13 +225,9 @@ TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor
   }
   const int64_t b = full.size(0), tokens = full.size(1), f = full.size(2);
   const Tensor in = !full.is_cuda() && is_half(full.dtype()) ? full.to(DType::F32) : full;
-  std::vector<int64_t> counts(size_);
+  const std::vector<int64_t> counts = token_counts(b, tokens, f);
   int64_t total = 0;
-  for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(tokens, r);
-    counts[r] = b * (e - a) * f;
-    total += counts[r];
-  }
+  for (int64_t c : counts) total += c;
   Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
@@ -309,10 +311,14 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy) {
   if (!tp || tp->size() == 1)
     return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad);
-  Tensor dx = ops::linear_bwd(x, l.weight.value, dy, nullptr, nullptr, true);
+  // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
+  // would round them again for each).
+  const Tensor w = x.dtype() == DType::F32 ? l.weight.value : l.weight.value.to(x.dtype());
+  const Tensor g = dy.dtype() == x.dtype() ? dy : dy.to(x.dtype());
+  Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
   auto pending =
       tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
-  ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad, false);
+  ops::linear_bwd(x, w, g, &l.weight.grad, &l.bias.grad, false);
   return tp->finish(std::move(pending));
 }
 

@@ -193,14 +193,6 @@ ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) co
   return ctx.key_slice(site, n * hid, tp_rank() * hidden_, hidden_, hid);
 }
 
-Tensor Block::row_out(const Tensor& o, Linear& l) {
-  return row_linear_fwd(tp_, o, l);
-}
-
-Tensor Block::column_bwd(const Tensor& x, Linear& l, const Tensor& dy) {
-  return column_linear_bwd(tp_, x, l, dy);
-}
-
 void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
@@ -214,7 +206,7 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   if (sp()) a.a = tp_->gather_tokens(a.a, n);
   a.qkv = ops::linear_fwd(a.a, qkv.weight.value, &qkv.bias.value);
   a.o = ops::attention_fwd(a.qkv, heads_, &a.probs);
-  Tensor y = row_out(a.o, proj);
+  Tensor y = row_linear_fwd(tp_, a.o, proj);
   if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   a.h = ops::add(x, y);
@@ -236,7 +228,7 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
             "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, c_.embed_dim, x.str());
   auto a = std::make_unique<Acts>();
   run_forward(x, *a, ctx);
-  Tensor y = row_out(a->m, fc2);
+  Tensor y = row_linear_fwd(tp_, a->m, fc2);
   if (ctx.training && c_.drop_rate > 0)
     y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (ctx.training && drop_path_ > 0)
@@ -284,7 +276,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     gf = ops::gelu_bwd(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact);
   }
-  Tensor gb = column_bwd(a.b, fc1, gf);
+  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf);
   Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &ln[0], &ln[1]);
   ops::add_(gh, dy);
 
@@ -295,7 +287,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
-  Tensor ga = column_bwd(a.a, qkv, gq);
+  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &ln[2], &ln[3]);
   ops::add_(gx, gh);
   if (sp()) {

@@ -57,6 +57,32 @@ struct HybridParallelPlugin::Impl {
   void drain() {
     if (tp) tp->drain();
   }
+
+  // Checkpoint gathers, collective over the pipeline and tensor groups.
+  // The owning stage's `part` (of `shape`, on `dev`) on every stage of this pipeline; returns
+  // false when no stage holds it. With one stage: whether this rank holds it.
+  bool from_owner(Tensor& part, const Shape& shape, bool mine, Device dev) {
+    if (mesh.pp_size() == 1) return mine;
+    const int owner =
+        static_cast<int>(pp_comm->all_reduce_scalar(mine ? me.pp : -1, dist::ReduceOp::Max));
+    if (owner < 0) return false;
+    part = mine ? part.clone() : Tensor::zeros(shape, DType::F32, dev);
+    pp_comm->broadcast(part, owner);
+    return true;
+  }
+  // This rank's tensor-parallel part of `p`'s tensor -> the full tensor on the host.
+  Tensor unshard_tp(const Tensor& part, const nn::Parameter& p) {
+    if (!p.shard.sharded()) return part.to(Device::cpu()).clone();
+    const int T = mesh.tp_size();
+    const int64_t n = part.numel();
+    Tensor all = Tensor::empty({n * T}, DType::F32, part.device());
+    tp_comm->all_gather(part.reshape({n}), all, std::vector<int64_t>(T, n));
+    const Tensor host = all.to(Device::cpu());
+    std::vector<Tensor> parts;
+    for (int r = 0; r < T; ++r)
+      parts.push_back(host.narrow(r * n, n).reshape(part.shape()).clone());
+    return nn::unshard(parts, p.shard);
+  }
 };
 
 HybridParallelPlugin::HybridParallelPlugin(dist::Communicator& world, HybridParallelConfig cfg)
@@ -192,7 +218,7 @@ std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT
                                                                          optim::Optimizer& opt) {
   Impl& m = *impl_;
   const bool zero = m.cfg.dp.zero_stage >= 1;
-  const int D = m.mesh.dp_size(), T = m.mesh.tp_size();
+  const int D = m.mesh.dp_size();
   std::map<std::string, Tensor> local;
   for (auto& [k, v] : opt.state_dict()) local[k] = v.to(Device::cpu());
   // The slots ("exp_avg", ...) this optimizer keeps: the same on every rank once it has stepped.
@@ -229,25 +255,9 @@ std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT
       } else {
         part = mine ? it->second.reshape(shape) : Tensor::zeros(shape, DType::F32);
       }
-      if (m.mesh.pp_size() > 1) {
-        const int owner = static_cast<int>(
-            m.pp_comm->all_reduce_scalar(mine ? m.me.pp : -1, dist::ReduceOp::Max));
-        if (owner < 0) continue;  // a parameter without this slot (it never stepped)
-        if (!mine) part = Tensor::zeros(shape, DType::F32);
-        part = part.clone();
-        m.pp_comm->broadcast(part, owner);
-      } else if (!mine) {
-        continue;
-      }
-      if (p->shard.sharded()) {
-        Tensor all = Tensor::empty({n * T}, DType::F32);
-        m.tp_comm->all_gather(part.reshape({n}), all, std::vector<int64_t>(T, n));
-        std::vector<Tensor> parts;
-        for (int r = 0; r < T; ++r) parts.push_back(all.narrow(r * n, n).reshape(shape).clone());
-        out[key] = nn::unshard(parts, p->shard);
-      } else {
-        out[key] = part.clone();
-      }
+      // A parameter without this slot (it never stepped) is left out.
+      if (!m.from_owner(part, shape, mine, Device::cpu())) continue;
+      out[key] = m.unshard_tp(part, *p);
     }
   }
   out["step"] = local.at("step").clone();
@@ -294,30 +304,12 @@ std::map<std::string, Tensor> HybridParallelPlugin::full_state(nn::ViT& model) {
   for (nn::Parameter* p : model.parameters()) {
     const auto it = m.shapes.find(p->name);
     CAI_CHECK(it != m.shapes.end(), "[hybrid] full_state before setup(): {} unknown", p->name);
-    Tensor v = p->value.defined() && p->value.numel() == shape_numel(it->second)
-                   ? p->value
-                   : Tensor::zeros(it->second, DType::F32, m.device);
-    if (m.mesh.pp_size() > 1) {
-      // The stage that owns the layer sends it to the others of its pipeline.
-      const bool mine = p->value.defined() && p->value.numel() == shape_numel(it->second);
-      const int owner =
-          static_cast<int>(m.pp_comm->all_reduce_scalar(mine ? m.me.pp : -1, dist::ReduceOp::Max));
-      CAI_CHECK(owner >= 0, "[hybrid] no pipeline stage holds {}", p->name);
-      if (!mine) v = Tensor::zeros(it->second, DType::F32, m.device);
-      m.pp_comm->broadcast(v, owner);
-    }
-    if (p->shard.sharded()) {
-      const int T = m.mesh.tp_size();
-      Tensor all = Tensor::empty({v.numel() * T}, DType::F32, m.device);
-      m.tp_comm->all_gather(v.reshape({v.numel()}), all, std::vector<int64_t>(T, v.numel()));
-      const Tensor host = all.to(Device::cpu());
-      std::vector<Tensor> parts;
-      for (int r = 0; r < T; ++r)
-        parts.push_back(host.narrow(r * v.numel(), v.numel()).reshape(v.shape()).clone());
-      out[p->name] = nn::unshard(parts, p->shard);
-    } else {
-      out[p->name] = v.to(Device::cpu()).clone();
-    }
+    // The stage that owns the layer sends it to the others of its pipeline.
+    const bool mine = p->value.defined() && p->value.numel() == shape_numel(it->second);
+    Tensor v = mine ? p->value : Tensor();
+    CAI_CHECK(m.from_owner(v, it->second, mine, m.device), "[hybrid] no pipeline stage holds {}",
+              p->name);
+    out[p->name] = m.unshard_tp(v, *p);
   }
   return out;
 }

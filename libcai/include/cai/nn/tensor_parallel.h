@@ -59,6 +59,8 @@ class TensorParallel {
   // Tokens [begin, end) of N that rank r holds under sequence parallelism.
   std::pair<int64_t, int64_t> token_range(int64_t tokens, int r) const;
   std::pair<int64_t, int64_t> my_tokens(int64_t tokens) const { return token_range(tokens, rank_); }
+  // Elements of every rank's tokens of a [batch, tokens, features] tensor, in rank order.
+  std::vector<int64_t> token_counts(int64_t batch, int64_t tokens, int64_t features) const;
   // Columns [begin, end) of `features` that rank r holds (features divisible by the size).
   std::pair<int64_t, int64_t> feature_range(int64_t features, int r) const;
 

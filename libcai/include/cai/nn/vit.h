@@ -79,11 +79,8 @@ class Block : public Layer {
  private:
   struct Acts;
   void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx);
-  // Tensor-parallel pieces (identity without tp): the row-parallel output reduction, the
-  // column-parallel input-gradient reduction overlapped with the weight gradient, the mask keys
-  // of the residual stream (this rank's tokens) and of the MLP hidden layer (this rank's units).
-  Tensor row_out(const Tensor& o, Linear& l);
-  Tensor column_bwd(const Tensor& x, Linear& l, const Tensor& dy);
+  // The mask keys of the residual stream (with sequence parallelism: this rank's tokens) and of
+  // the MLP hidden layer (with tensor parallelism: this rank's units).
   ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site) const;
   ops::RngKey hidden_key(const ForwardCtx& ctx, const std::string& site) const;
   bool sp() const { return tp_ && tp_->size() > 1 && tp_->sequence_parallel(); }
