@@ -55,8 +55,8 @@ grep -q "num_heads 4 is not divisible by the tensor-parallel size 8" "$out/err" 
 grep -q "layouts considered" "$out/search.log"
 [ "$(grep -cE '^ +[0-9]+  dp ' "$out/search.log")" -eq 10 ] || { echo "top 10"; exit 1; }
 # vit_train is built beside colossalai-sim (build/apps).
-"$(dirname "$sim")/vit_train" --config "$out/best.toml" --dry-run --nproc 4 |
-  grep -q "plan: 4 processes"
+dry=$("$(dirname "$sim")/vit_train" --config "$out/best.toml" --dry-run --nproc 4)
+grep -q "plan: 4 processes" <<<"$dry"
 if "$sim" --cluster "$clusters/h200-4.toml" --config "$out/missing.toml" 2>"$out/err"; then exit 1; fi
 grep -q "missing.toml" "$out/err"
 sed 's/memory_gib = .*/memory_gib = "big"/' "$clusters/h200-2.toml" >"$out/bad.toml"
