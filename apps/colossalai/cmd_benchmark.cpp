@@ -122,21 +122,6 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// Weights drawn whole (trunc normal, std .02) and cut, biases zero, LayerNorm weights one: the
-// same values under every layout.
-void init_parameters(const std::vector<nn::Parameter*>& ps) {
-  for (nn::Parameter* p : ps) {
-    Tensor full = Tensor::zeros(p->full_shape());
-    const bool norm = p->name.find("norm") != std::string::npos;
-    const bool weight = p->name.size() > 7 && p->name.substr(p->name.size() - 7) == ".weight";
-    if (norm && weight)
-      ops::fill_(full, 1.0f);
-    else if (weight)
-      rng::trunc_normal_(full, 17, p->init_stream(), 0.0f, 0.02f, -2.0f, 2.0f);
-    p->value.copy_from(p->shard.sharded() ? nn::shard_of(full, p->shard) : full);
-  }
-}
-
 class Worker {
  public:
   Worker(const BenchmarkOptions& o, dist::Communicator& comm, Device dev)
@@ -232,7 +217,7 @@ class Worker {
       l2->collect(ps);
       l2->compute_dtype = dtype_;
     }
-    init_parameters(ps);
+    for (nn::Parameter* p : ps) nn::init_parameter(*p, 17, nn::ViTConfig{});  // timm's rules
     for (nn::Parameter* p : ps) {
       p->value = p->value.to(dev_);
       p->grad = p->grad.to(dev_);

@@ -442,32 +442,34 @@ void ViT::zero_grad() {
 }
 
 void ViT::init(uint64_t seed) {
-  for (Parameter* p : parameters()) {
-    // A tensor-parallel shard: the whole parameter is drawn, then cut.
-    Tensor v = p->shard.sharded() ? Tensor::zeros(p->shard.full) : p->value;
-    const std::string& n = p->name;
-    const uint64_t s = p->init_stream();
-    auto ends_with = [&](const char* suf) {
-      const std::string t(suf);
-      return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
-    };
-    if (n == "cls_token") {
-      rng::normal_(v, seed, s, 0.0f, 1e-6f);
-    } else if (n == "pos_embed") {
-      rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
-    } else if (n.rfind("patch_embed.proj.", 0) == 0) {
-      const int64_t fan_in = c_.in_chans * c_.patch_size * c_.patch_size;
-      const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-      rng::uniform_(v, seed, s, -bound, bound);
-    } else if (n.find("norm") != std::string::npos) {
-      ops::fill_(v, ends_with(".weight") ? 1.0f : 0.0f);
-    } else if (ends_with(".weight")) {
-      rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
-    } else {
-      v.zero_();
-    }
-    if (p->shard.sharded()) p->value.copy_from(shard_of(v, p->shard));
+  for (Parameter* p : parameters()) init_parameter(*p, seed, c_);
+}
+
+void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c) {
+  // A tensor-parallel shard: the whole parameter is drawn, then cut.
+  Tensor v = p.shard.sharded() ? Tensor::zeros(p.shard.full) : p.value;
+  const std::string& n = p.name;
+  const uint64_t s = p.init_stream();
+  auto ends_with = [&](const char* suf) {
+    const std::string t(suf);
+    return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
+  };
+  if (n == "cls_token") {
+    rng::normal_(v, seed, s, 0.0f, 1e-6f);
+  } else if (n == "pos_embed") {
+    rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
+  } else if (n.rfind("patch_embed.proj.", 0) == 0) {
+    const int64_t fan_in = c.in_chans * c.patch_size * c.patch_size;
+    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    rng::uniform_(v, seed, s, -bound, bound);
+  } else if (n.find("norm") != std::string::npos) {
+    ops::fill_(v, ends_with(".weight") ? 1.0f : 0.0f);
+  } else if (ends_with(".weight")) {
+    rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
+  } else {
+    v.zero_();
   }
+  if (p.shard.sharded()) p.value.copy_from(shard_of(v, p.shard));
 }
 
 Tensor ViT::forward(const Tensor& img, std::vector<std::unique_ptr<Cache>>& caches,

@@ -108,6 +108,11 @@ class Head : public Layer {
   TensorParallel* tp_;
 };
 
+// timm's initialisation of one parameter by its name (what ViT::init does for each): drawn whole
+// from (seed, name) and cut when it is a tensor-parallel shard. Also for layers used outside a
+// ViT (colossalai benchmark's ParallelLinear and Block models).
+void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c);
+
 // Callbacks around each layer's forward and backward: where data parallelism starts gradient
 // reductions as soon as a layer's gradients are final, and ZeRO-3 gathers and frees parameters.
 struct LayerHooks {
