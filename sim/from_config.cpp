@@ -67,13 +67,10 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
     part = schedule::partition_uniform(L, 1);
     sched = schedule::make("1f1b", so, part);
   }
-  const int V = P * std::max(1, layout.chunks);
   // Layer index -> its plan (from the stage that holds it).
   std::map<int, const plan::LayerPlan*> layer_plan;
   for (const plan::RankPlan& r : sp.stages)
     for (size_t i = 0; i < r.layers.size(); ++i) layer_plan[r.layers[i]] = &r.layer_plans[i];
-  const Calibration cal = default_calibration();
-  (void)cal;
 
   ExpandOptions eo;
   eo.dp = D * T;  // replicas of each stage's program: dp × tp
@@ -89,8 +86,8 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
     eo.static_mem.push_back(mem);
   }
   const int last_mb = sp.micro_batches - 1;
-  eo.compute = [&, P, T, D, V](const schedule::Instr& in, int rank, int vstage,
-                               Workload& w) -> std::vector<Op> {
+  eo.compute = [&, P, T, D](const schedule::Instr& in, int rank, int vstage,
+                            Workload& w) -> std::vector<Op> {
     const int s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     std::vector<int> tp_ranks, dp_ranks;
     for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
@@ -157,7 +154,6 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
         ops.push_back(std::move(op));
       }
     }
-    (void)V;
     return ops;
   };
   out.workload = expand_schedule(sched, eo);
