@@ -222,6 +222,21 @@ void layernorm_bwd_t(DT, const void*, const float*, const float*, const float*, 
                      void*, float*, float*, int64_t, int64_t, void*) {
   CAI_STUB("layernorm_bwd_t");
 }
+void layernorm_row_sums(const float*, const float*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("layernorm_row_sums");
+}
+void layernorm_split_fwd(const float*, const float*, const float*, const float*, const float*,
+                         float*, float*, int64_t, int64_t, int64_t, float, void*) {
+  CAI_STUB("layernorm_split_fwd");
+}
+void layernorm_split_bwd_sums(const float*, const float*, const float*, const float*, const float*,
+                              float*, float*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("layernorm_split_bwd_sums");
+}
+void layernorm_split_bwd(const float*, const float*, const float*, const float*, const float*,
+                         const float*, float*, int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("layernorm_split_bwd");
+}
 void gelu_fwd_t(DT, const void*, void*, int64_t, void*) {
   CAI_STUB("gelu_fwd_t");
 }

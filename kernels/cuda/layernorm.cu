@@ -337,6 +337,90 @@ unsigned warp_rows_grid(int64_t m) {
   const int64_t g = (m + kLnWarps - 1) / kLnWarps;
   return static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid);
 }
+
+// --- split hidden dimension: one block per row of x[m, f], reductions in double as on the CPU ---
+
+// sums[i] = Σ_j x, or with mean not null Σ_j (x − mean[i])².
+__global__ void layernorm_row_sums_kernel(const float* __restrict__ x,
+                                          const float* __restrict__ mean, float* __restrict__ sums,
+                                          int64_t m, int64_t f) {
+  for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+    const float* xi = x + i * f;
+    double a = 0.0;
+    if (mean) {
+      const double mu = mean[i];
+      for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
+        const double c = xi[j] - mu;
+        a += c * c;
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < f; j += blockDim.x) a += xi[j];
+    }
+    a = block_sum(a);
+    if (threadIdx.x == 0) sums[i] = static_cast<float>(a);
+  }
+}
+
+__global__ void layernorm_split_fwd_kernel(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
+    const float* __restrict__ mean, const float* __restrict__ sqdev, float* __restrict__ y,
+    float* __restrict__ rstd, int64_t m, int64_t f, int64_t features, float eps) {
+  for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+    const double mu = mean[i];
+    const double rs = 1.0 / sqrt(static_cast<double>(sqdev[i]) / static_cast<double>(features) +
+                                 static_cast<double>(eps));
+    const float* xi = x + i * f;
+    float* yi = y + i * f;
+    for (int64_t j = threadIdx.x; j < f; j += blockDim.x)
+      yi[j] = fmaf(static_cast<float>((xi[j] - mu) * rs), gamma[j], beta[j]);
+    if (threadIdx.x == 0) rstd[i] = static_cast<float>(rs);
+  }
+}
+
+// sums[i] = {Σ_j dy·γ, Σ_j dy·γ·x̂}.
+__global__ void layernorm_split_bwd_sums_kernel(const float* __restrict__ x,
+                                                const float* __restrict__ gamma,
+                                                const float* __restrict__ mean,
+                                                const float* __restrict__ rstd,
+                                                const float* __restrict__ dy,
+                                                float* __restrict__ sums, int64_t m, int64_t f) {
+  for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+    const float* xi = x + i * f;
+    const float* dyi = dy + i * f;
+    const double mu = mean[i], rs = rstd[i];
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
+      const double g = static_cast<double>(dyi[j]) * gamma[j];
+      sg += g;
+      sgx += g * ((xi[j] - mu) * rs);
+    }
+    sg = block_sum(sg);
+    sgx = block_sum(sgx);
+    if (threadIdx.x == 0) {
+      sums[2 * i] = static_cast<float>(sg);
+      sums[2 * i + 1] = static_cast<float>(sgx);
+    }
+  }
+}
+
+__global__ void layernorm_split_bwd_kernel(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const float* __restrict__ dy, const float* __restrict__ sums,
+    float* __restrict__ dx, int64_t m, int64_t f, int64_t features) {
+  for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+    const float* xi = x + i * f;
+    const float* dyi = dy + i * f;
+    const double mu = mean[i], rs = rstd[i];
+    const double sg = static_cast<double>(sums[2 * i]) / static_cast<double>(features);
+    const double sgx = static_cast<double>(sums[2 * i + 1]) / static_cast<double>(features);
+    float* dxi = dx + i * f;
+    for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
+      const double xhat = (xi[j] - mu) * rs;
+      const double g = static_cast<double>(dyi[j]) * gamma[j];
+      dxi[j] = static_cast<float>(rs * (g - sg - xhat * sgx));
+    }
+  }
+}
 }  // namespace
 
 void layernorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
@@ -453,6 +537,43 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
       });
     });
   });
+}
+
+void layernorm_row_sums(const float* x, const float* mean, float* sums, int64_t m, int64_t f,
+                        void* stream) {
+  if (m <= 0) return;
+  layernorm_row_sums_kernel<<<row_grid(m), kBlock, 0, as_stream(stream)>>>(x, mean, sums, m, f);
+  CAI_CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_split_fwd(const float* x, const float* gamma, const float* beta, const float* mean,
+                         const float* sqdev, float* y, float* rstd, int64_t m, int64_t f,
+                         int64_t features, float eps, void* stream) {
+  if (m <= 0) return;
+  layernorm_split_fwd_kernel<<<row_grid(m), kBlock, 0, as_stream(stream)>>>(
+      x, gamma, beta, mean, sqdev, y, rstd, m, f, features, eps);
+  CAI_CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_split_bwd_sums(const float* x, const float* gamma, const float* mean,
+                              const float* rstd, const float* dy, float* sums, float* dgamma,
+                              float* dbeta, int64_t m, int64_t f, void* stream) {
+  if (m <= 0) return;
+  layernorm_split_bwd_sums_kernel<<<row_grid(m), kBlock, 0, as_stream(stream)>>>(
+      x, gamma, mean, rstd, dy, sums, m, f);
+  CAI_CUDA_CHECK_LAUNCH();
+  // The column sums are the unsplit backward's over this rank's columns (two-stage, fixed order).
+  if (dgamma || dbeta)
+    layernorm_bwd(x, gamma, mean, rstd, dy, nullptr, dgamma, dbeta, m, f, stream);
+}
+
+void layernorm_split_bwd(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, const float* sums, float* dx, int64_t m, int64_t f,
+                         int64_t features, void* stream) {
+  if (m <= 0) return;
+  layernorm_split_bwd_kernel<<<row_grid(m), kBlock, 0, as_stream(stream)>>>(
+      x, gamma, mean, rstd, dy, sums, dx, m, f, features);
+  CAI_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cai::kernels::cuda

@@ -1,9 +1,12 @@
 // Every CUDA kernel against its CPU reference (fp32: ≤ 1e-5 relative), through the ops layer so
 // the dispatch is tested too; the ViT against timm on the GPU; one optimizer step on the GPU.
 // Runs on a GPU host (scripts/gpu-test); without a GPU every case skips, saying why.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
@@ -80,6 +83,87 @@ TEST_F(Cuda, LayerNorm) {
     expect_close(gdx, dx, "layernorm dx");
     expect_close(gdg, dg, "layernorm dgamma");
     expect_close(gdb, dbt, "layernorm dbeta");
+  }
+}
+
+namespace {
+// x[rows, cols] -> x[:, c0:c0+n] (a 1-D x: its elements [c0, c0+n)), fp32 on the CPU.
+Tensor columns(const Tensor& x, int64_t c0, int64_t n) {
+  const auto v = x.to(Device::cpu()).to_vector();
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  std::vector<float> s;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c0 + n; ++c) s.push_back(v[r * cols + c]);
+  return Tensor::from_vector(s, x.dim() == 1 ? Shape{n} : Shape{rows, n});
+}
+
+// The split LayerNorm over column blocks of width w of x[rows, F] on `dev`, the per-row partials
+// summed over the blocks between the steps (the all-reduce). Returns, in order: mean, sqdev,
+// rstd, the backward's row sums, then per block y, dx, dgamma, dbeta.
+std::vector<Tensor> split_layernorm(Device dev, DType t, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& beta, const Tensor& dy, int64_t w) {
+  const int64_t F = x.size(-1), nb = F / w;
+  auto on = [&](const Tensor& h) { return h.to(dev); };
+  auto sum = [](Tensor& a, const Tensor& b) {
+    if (a.defined())
+      ops::add_(a, b);
+    else
+      a = b.clone();
+  };
+  std::vector<Tensor> xs, dys, gs, bs;
+  for (int64_t k = 0; k < nb; ++k) {
+    xs.push_back(on(columns(x, k * w, w).to(t)));
+    dys.push_back(on(columns(dy, k * w, w).to(t)));
+    gs.push_back(on(columns(gamma, k * w, w)));
+    bs.push_back(on(columns(beta, k * w, w)));
+  }
+  Tensor mean, sqdev, rstd, sums;
+  for (const Tensor& xk : xs) sum(mean, ops::layernorm_row_sums(xk, Tensor()));
+  ops::scale_(mean, 1.0f / static_cast<float>(F));
+  for (const Tensor& xk : xs) sum(sqdev, ops::layernorm_row_sums(xk, mean));
+  std::vector<Tensor> ys, dgs, dbs;
+  for (int64_t k = 0; k < nb; ++k)
+    ys.push_back(ops::layernorm_split_fwd(xs[k], gs[k], bs[k], mean, sqdev, F, 1e-6f, t, &rstd));
+  for (int64_t k = 0; k < nb; ++k) {
+    dgs.push_back(on(Tensor::full({w}, 0.5f)));  // accumulated onto
+    dbs.push_back(on(Tensor::full({w}, -0.25f)));
+    sum(sums, ops::layernorm_split_bwd_sums(xs[k], gs[k], mean, rstd, dys[k], &dgs[k], &dbs[k]));
+  }
+  std::vector<Tensor> r{mean, sqdev, rstd, sums};
+  for (int64_t k = 0; k < nb; ++k) {
+    r.push_back(ys[k]);
+    r.push_back(ops::layernorm_split_bwd(xs[k], gs[k], mean, rstd, dys[k], sums, F));
+    r.push_back(dgs[k]);
+    r.push_back(dbs[k]);
+  }
+  return r;
+}
+}  // namespace
+
+TEST_F(Cuda, LayerNormSplit) {
+  struct S {
+    int64_t m, F, w;
+  };
+  for (S s : {S{4, 12, 4}, S{1, 1, 1}, S{7, 300, 100}, S{394, 768, 192}}) {
+    Tensor x = random_tensor({s.m, s.F}, 1), dy = random_tensor({s.m, s.F}, 4);
+    Tensor g = random_tensor({s.F}, 2), b = random_tensor({s.F}, 3);
+    for (DType t : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(fmt::format("m {} F {} w {} {}", s.m, s.F, s.w, dtype_name(t)));
+      const auto cpu = split_layernorm(Device::cpu(), t, x, g, b, dy, s.w);
+      const auto gpu_r = split_layernorm(kGpu, t, x, g, b, dy, s.w);
+      ASSERT_EQ(cpu.size(), gpu_r.size());
+      const char* stats[] = {"mean", "sqdev", "rstd", "sums"};
+      const char* grads[] = {"y", "dx", "dgamma", "dbeta"};
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        const bool block = i >= 4;
+        const bool half_out = t != DType::F32 && block && (i - 4) % 4 < 2;  // y, dx are in t
+        EXPECT_EQ(gpu_r[i].dtype(), cpu[i].dtype());
+        const std::string what =
+            block ? fmt::format("split layernorm block {} {}", (i - 4) / 4, grads[(i - 4) % 4])
+                  : fmt::format("split layernorm {}", stats[i]);
+        expect_close(gpu_r[i], cpu[i], what.c_str(), half_out ? 1e-2 : 1e-5);
+      }
+    }
   }
 }
 

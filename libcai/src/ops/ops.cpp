@@ -215,6 +215,118 @@ Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, c
 }
 
 // ---------------------------------------------------------------------------------------------
+// LayerNorm over a hidden dimension split across ranks. Half x and dy are converted to fp32 and
+// the fp32 kernels run on either device (on the CPU that is the reference's rounding; results are
+// rounded to their dtype at the end).
+
+namespace {
+// x's features on this rank (f); x must be a float tensor with at least one.
+int64_t split_features(const Tensor& x) {
+  floating("layernorm", x);
+  CAI_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "[layernorm] input {} has no features", x.str());
+  return x.size(-1);
+}
+// A per-row fp32 statistic of x: one value per row, on x's device.
+void check_row_stat(const char* what, const Tensor& t, const Tensor& x) {
+  CAI_CHECK(t.defined() && t.numel() == rows_of(x),
+            "[layernorm] {} {} must hold one value for each of the {} rows of input {}", what,
+            t.str(), rows_of(x), x.str());
+  f32_only("layernorm", t);
+  same_device("layernorm", x, t);
+}
+// gamma (and beta) are this rank's f columns, fp32, on x's device.
+void check_split_params(const Tensor& x, const Tensor& gamma, const Tensor* beta) {
+  const int64_t f = x.size(-1);
+  CAI_CHECK(gamma.defined() && gamma.numel() == f,
+            "[layernorm] weight {} does not match the {} features of input {} on this rank",
+            gamma.str(), f, x.str());
+  f32_only("layernorm", gamma);
+  same_device("layernorm", x, gamma);
+  if (!beta) return;
+  CAI_CHECK(beta->defined() && beta->numel() == f,
+            "[layernorm] bias {} does not match the {} features of input {} on this rank",
+            beta->str(), f, x.str());
+  f32_only("layernorm", *beta);
+  same_device("layernorm", x, *beta);
+}
+void check_features(int64_t features, int64_t f) {
+  CAI_CHECK(features >= f, "[layernorm] {} features in all are fewer than this rank's {}", features,
+            f);
+}
+void check_dy(const Tensor& dy, const Tensor& x) {
+  floating("layernorm", dy);
+  CAI_CHECK(dy.shape() == x.shape(), "[layernorm] grad {} does not match input {}", dy.str(),
+            x.str());
+  same_device("layernorm", x, dy);
+}
+}  // namespace
+
+Tensor layernorm_row_sums(const Tensor& x, const Tensor& mean) {
+  const int64_t f = split_features(x), m = rows_of(x);
+  if (mean.defined()) check_row_stat("mean", mean, x);
+  const Tensor xf = up(x);
+  Tensor sums = Tensor::empty({m}, DType::F32, x.device());
+  CAI_DISPATCH(x, layernorm_row_sums, f32(xf), mean.defined() ? f32(mean) : nullptr, f32m(sums), m,
+               f);
+  return sums;
+}
+
+Tensor layernorm_split_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& mean, const Tensor& sqdev, int64_t features, float eps,
+                           DType out, Tensor* rstd) {
+  const int64_t f = split_features(x), m = rows_of(x);
+  floating_dtype("layernorm", out);
+  check_split_params(x, gamma, &beta);
+  check_row_stat("mean", mean, x);
+  check_row_stat("squared deviation sum", sqdev, x);
+  check_features(features, f);
+  const Tensor xf = up(x);
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor rs = Tensor::empty({m}, DType::F32, x.device());
+  CAI_DISPATCH(x, layernorm_split_fwd, f32(xf), f32(gamma), f32(beta), f32(mean), f32(sqdev),
+               f32m(y), f32m(rs), m, f, features, eps);
+  if (rstd) *rstd = rs;
+  return as(y, out);
+}
+
+Tensor layernorm_split_bwd_sums(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& dy, Tensor* dgamma,
+                                Tensor* dbeta) {
+  const int64_t f = split_features(x), m = rows_of(x);
+  check_dy(dy, x);
+  check_split_params(x, gamma, nullptr);
+  check_row_stat("mean", mean, x);
+  check_row_stat("rstd", rstd, x);
+  check_grad("layernorm", "weight", dgamma, gamma);
+  check_grad("layernorm", "bias", dbeta, gamma);
+  const Tensor xf = up(x), dyf = up(dy);
+  Tensor sums = Tensor::empty({m, 2}, DType::F32, x.device());
+  CAI_DISPATCH(x, layernorm_split_bwd_sums, f32(xf), f32(gamma), f32(mean), f32(rstd), f32(dyf),
+               f32m(sums), opt(dgamma), opt(dbeta), m, f);
+  return sums;
+}
+
+Tensor layernorm_split_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dy, const Tensor& sums,
+                           int64_t features) {
+  const int64_t f = split_features(x), m = rows_of(x);
+  check_dy(dy, x);
+  check_split_params(x, gamma, nullptr);
+  check_row_stat("mean", mean, x);
+  check_row_stat("rstd", rstd, x);
+  CAI_CHECK(sums.defined() && sums.shape() == Shape({m, 2}),
+            "[layernorm] row sums {} must be [{}, 2] for input {}", sums.str(), m, x.str());
+  f32_only("layernorm", sums);
+  same_device("layernorm", x, sums);
+  check_features(features, f);
+  const Tensor xf = up(x), dyf = up(dy);
+  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  CAI_DISPATCH(x, layernorm_split_bwd, f32(xf), f32(gamma), f32(mean), f32(rstd), f32(dyf),
+               f32(sums), f32m(dx), m, f, features);
+  return as(dx, x.dtype());
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU, attention, dropout, drop-path: same dtype in and out; fp32 math.
 
 Tensor gelu_fwd(const Tensor& x, Gelu kind) {

@@ -31,6 +31,30 @@ Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, f
 Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor* dgamma, Tensor* dbeta);
 
+// LayerNorm over features split across ranks (each holds f of F columns of every row); the caller
+// sums each per-row partial over the ranks of a row (all-reduce) between the steps:
+//   s  = layernorm_row_sums(x, Tensor())  // [rows] Σ x                 -> all-reduce; mean = s / F
+//   v  = layernorm_row_sums(x, mean)      // [rows] Σ (x − mean)²       -> all-reduce
+//   y  = layernorm_split_fwd(x, gamma, beta, mean, v, F, eps, out, &rstd)  // rstd = 1/√(v/F + eps)
+//   s2 = layernorm_split_bwd_sums(x, gamma, mean, rstd, dy, &dgamma, &dbeta)
+//        // [rows, 2]: Σ dy·γ, Σ dy·γ·x̂ over this rank's columns -> all-reduce;
+//        // dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy (accumulate; either may be null)
+//   dx = layernorm_split_bwd(x, gamma, mean, rstd, dy, s2, F)
+//        // rstd·(dy·γ − (s2[:,0] + x̂·s2[:,1]) / F), in x's dtype
+// x̂ = (x − mean)·rstd; rows = x.numel() / f, f = x.size(-1). x and dy: fp32, bf16 or fp16;
+// gamma, beta (this rank's f columns), statistics and sums: fp32. y has dtype `out`; rstd
+// ([rows], fp32) is written when not null. With F = f these are layernorm_fwd/layernorm_bwd.
+Tensor layernorm_row_sums(const Tensor& x, const Tensor& mean);
+Tensor layernorm_split_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& mean, const Tensor& sqdev, int64_t features, float eps,
+                           DType out, Tensor* rstd);
+Tensor layernorm_split_bwd_sums(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& dy, Tensor* dgamma,
+                                Tensor* dbeta);
+Tensor layernorm_split_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dy, const Tensor& sums,
+                           int64_t features);
+
 // GELU: the exact erf form (nn.GELU()), or its tanh approximation (nn.GELU(approximate="tanh")).
 enum class Gelu { Exact, Tanh };
 Tensor gelu_fwd(const Tensor& x, Gelu kind = Gelu::Exact);
