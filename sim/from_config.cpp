@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cai/core/error.h"
+#include "cai/nn/tensor_parallel.h"
 #include "expand.h"
 
 namespace cai::sim {
@@ -86,13 +87,24 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
     eo.static_mem.push_back(mem);
   }
   const int last_mb = sp.micro_batches - 1;
-  eo.compute = [&, P, T, D](const schedule::Instr& in, int rank, int vstage,
+  eo.compute = [&, P, T, D, layout](const schedule::Instr& in, int rank, int vstage,
                             Workload& w) -> std::vector<Op> {
     const int s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     std::vector<int> tp_ranks, dp_ranks;
     for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
     for (int k = 0; k < D; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
     const int tp_group = T > 1 ? w.add_group(tp_ranks) : -1;
+    // 2d/2.5d/3d sub-groups (row, col, input, ...) of this rank's tensor group.
+    std::map<std::string, int> sub_groups;
+    auto group_of = [&](const std::string& name) {
+      if (name == "tp") return tp_group;
+      auto it = sub_groups.find(name);
+      if (it != sub_groups.end()) return it->second;
+      std::vector<int> ranks;
+      for (int k : nn::tp_group_members(layout.tp_mode, T, layout.tp_depth, name, t))
+        ranks.push_back(((d * T + k) * P) + s);
+      return sub_groups[name] = w.add_group(ranks);
+    };
     const bool fwd = in.op == schedule::Op::Forward;
     std::vector<int> layers;
     for (int i = 0; i < part.num_layers(vstage); ++i)
@@ -138,8 +150,8 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
           for (int k = 0; k < c.count; ++k)
             ops.push_back(Op::collective(
                 kind_of(c.kind),
-                fmt::format("{} {} {}", lp.name, c.op, plan::collective_name(c.kind)), tp_group,
-                c.bytes, 0));
+                fmt::format("{} {} {}", lp.name, c.op, plan::collective_name(c.kind)),
+                group_of(c.subgroup), c.bytes, 0));
         }
       // This layer's share of the gradient reductions, on stream 3 after its backward.
       const size_t until = (li + 1) * dp_colls.size() / layers.size();

@@ -130,12 +130,6 @@ class Worker {
   Row run(const TpLayout& l) {
     Row row;
     row.layout = l;
-    if (l.mode != "none" && l.mode != "1d") {
-      row.status = "skipped";
-      row.reason = fmt::format(
-          "{} tensor parallelism is not built yet (this build runs none and 1d)", l.mode);
-      return row;
-    }
     // Build on every rank; a shape that does not divide fails the same way everywhere.
     std::string error;
     try {
@@ -174,7 +168,7 @@ class Worker {
  private:
   void build(const TpLayout& l) {
     clear();
-    if (l.mode == "1d") tp_ = std::make_shared<nn::TensorParallel>(comm_, "1d");
+    if (l.mode != "none") tp_ = std::make_shared<nn::TensorParallel>(comm_, l.mode, false, l.depth);
     const int64_t d = o_.dimension;
     if (o_.model == "vit") {
       const TrainConfig cfg = load_config(o_.config, o_.overrides);
@@ -196,10 +190,11 @@ class Worker {
     if (o_.model == "mlp") {
       for (int64_t i = 0; i < o_.layers; ++i) {
         const auto kind = !tp_         ? nn::ParallelLinear::Kind::Whole
+                          : tp_->nd()  ? nn::ParallelLinear::Kind::Nd
                           : i % 2 == 0 ? nn::ParallelLinear::Kind::Column
                                        : nn::ParallelLinear::Kind::Row;
-        layers_.push_back(std::make_unique<nn::ParallelLinear>(fmt::format("layers.{}", i), d, d,
-                                                               kind, tp_.get()));
+        layers_.push_back(std::make_unique<nn::ParallelLinear>(
+            fmt::format("layers.{}", i), d, d, kind, tp_.get(), static_cast<int>(i % 2)));
       }
     } else {  // block
       nn::ViTConfig c;
@@ -224,6 +219,15 @@ class Worker {
     }
     Tensor x = Tensor::empty({o_.batch_size, o_.seq_len, d});
     rng::normal_(x, 5, 7, 0.0f, 1.0f);
+    if (tp_ && tp_->nd()) {
+      // 2d/2.5d/3d: this rank's batch chunk and features of the input (layout 0).
+      const auto [s0, s1] = tp_->batch_range(o_.batch_size, 0);
+      const auto [f0, f1] = tp_->feature_slice(d, 0);
+      const int64_t rows = (s1 - s0) * o_.seq_len;
+      Tensor part = Tensor::empty({rows, f1 - f0, 1});
+      ops::copy_tokens_(part, 0, x.narrow(s0, s1 - s0).reshape({rows, d, 1}), f0, f1 - f0);
+      x = part.reshape({s1 - s0, o_.seq_len, f1 - f0});
+    }
     input_ = x.to(dtype_).to(dev_);
   }
 

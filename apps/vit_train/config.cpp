@@ -108,7 +108,10 @@ std::vector<Field> fields(TrainConfig& c) {
       {"checkpoint.every_epochs", Kind::Int, &c.checkpoint_every_epochs, {}, 0, inf},
       {"checkpoint.keep_last", Kind::Int, &c.checkpoint_keep_last, {}, 0, inf},
       {"checkpoint.max_shard_mb", Kind::Float, &c.checkpoint_max_shard_mb, {}, 1e-3, inf},
-      {"checkpoint.export_dtype", Kind::String, &c.checkpoint_export_dtype, {"fp32", "bf16", "fp16"}},
+      {"checkpoint.export_dtype",
+       Kind::String,
+       &c.checkpoint_export_dtype,
+       {"fp32", "bf16", "fp16"}},
       {"data.synthetic_size", Kind::Int, &c.synthetic_size, {}, 1, inf},
   };
 }
@@ -304,9 +307,6 @@ std::string expand_env(const std::string& s, const std::string& key) {
 void validate(const TrainConfig& c, int world) {
   const nn::ViTConfig v = c.vit();
   v.validate();
-  auto not_yet = [](const std::string& what) {
-    throw NotImplemented(fmt::format("[config] {}: not supported yet in this build", what));
-  };
   if (c.pipeline > 1) {
     CAI_CHECK(c.zero_stage <= 1,
               "[config] parallel.zero_stage = {} with parallel.pipeline = {}: pipeline stages "
@@ -326,24 +326,41 @@ void validate(const TrainConfig& c, int world) {
       c.num_microbatches == 0 || c.microbatch_size == 0,
       "[config] set parallel.num_microbatches ({}) or parallel.microbatch_size ({}), not both",
       c.num_microbatches, c.microbatch_size);
-  if (c.tensor_mode != "none" && c.tensor_mode != "1d")
-    not_yet(
-        fmt::format("parallel.tensor = {{mode = \"{}\", size = {}}} (this build has 1d tensor "
-                    "parallelism; 2d, 2.5d and 3d are planned)",
-                    c.tensor_mode, c.tensor_size));
   CAI_CHECK(c.tensor_size == 1 || c.tensor_mode != "none",
-            "[config] parallel.tensor.size = {} needs parallel.tensor.mode (\"1d\")",
+            "[config] parallel.tensor.size = {} needs parallel.tensor.mode (1d, 2d, 2.5d or 3d)",
             c.tensor_size);
+  CAI_CHECK(c.tensor_depth == 1 || c.tensor_mode == "2.5d",
+            "[config] parallel.tensor.depth = {} applies to mode \"2.5d\" only (mode is \"{}\")",
+            c.tensor_depth, c.tensor_mode);
   CAI_CHECK(!c.sequence_parallel || c.tensor_size > 1,
             "[config] parallel.sequence_parallel = true needs parallel.tensor.size > 1 (got {}): "
             "the sequence is split over the tensor-parallel group",
             c.tensor_size);
-  if (c.tensor_size > 1) {
+  CAI_CHECK(!c.sequence_parallel || c.tensor_mode == "1d",
+            "[config] parallel.sequence_parallel = true needs parallel.tensor.mode = \"1d\" (got "
+            "\"{}\", which splits the batch and the features instead)",
+            c.tensor_mode);
+  if (c.tensor_mode != "none") {
     try {
-      v.validate_tensor_parallel(static_cast<int>(c.tensor_size), c.sequence_parallel);
+      v.validate_tensor_parallel(c.tensor_mode, static_cast<int>(c.tensor_size),
+                                 static_cast<int>(c.tensor_depth), c.sequence_parallel);
     } catch (const Error& e) {
-      fail("[config] parallel.tensor.size = {}: {}", c.tensor_size, e.what());
+      fail("[config] parallel.tensor = {{mode = \"{}\", size = {}{}}}: {}", c.tensor_mode,
+           c.tensor_size,
+           c.tensor_mode == "2.5d" ? fmt::format(", depth = {}", c.tensor_depth) : std::string(),
+           e.what());
     }
+  }
+  if (c.tensor_mode == "2d" || c.tensor_mode == "2.5d" || c.tensor_mode == "3d") {
+    // The batch is split into equal chunks: q (2d), q·depth (2.5d) or q² (3d).
+    const int64_t T = c.tensor_size;
+    int64_t q = 1;
+    while ((c.tensor_mode == "3d" ? q * q * q : q * q * c.tensor_depth) < T) ++q;
+    const int64_t chunks = c.tensor_mode == "3d" ? q * q : q * c.tensor_depth;
+    CAI_CHECK(c.batch_size % chunks == 0,
+              "[config] train.batch_size = {} is not divisible by the {} batch chunks of tensor "
+              "mode {} (size {}): every tensor-parallel rank holds an equal part of the batch",
+              c.batch_size, chunks, c.tensor_mode, T);
   }
   CAI_CHECK(
       !(c.zero_stage > 0 && c.optimizer == "lamb"),
@@ -440,6 +457,8 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   plan::Layout l;
   l.world = world;
   l.tp = static_cast<int>(c.tensor_size);
+  l.tp_mode = c.tensor_mode == "none" || l.tp == 1 ? "1d" : c.tensor_mode;
+  l.tp_depth = l.tp_mode == "2.5d" ? static_cast<int>(c.tensor_depth) : 1;
   l.pp = static_cast<int>(c.pipeline);
   l.sequence_parallel = c.sequence_parallel;
   l.zero_stage = static_cast<int>(c.zero_stage);

@@ -1,7 +1,6 @@
 // vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
-// Unknown keys and bad values are errors naming the key and what is allowed; keys this build
-// cannot honour yet (2d/2.5d/3d tensor parallelism) are "not supported yet" errors, never
-// silently ignored.
+// Unknown keys and bad values are errors naming the key and what is allowed, never silently
+// ignored.
 #pragma once
 #include <cstdint>
 #include <set>

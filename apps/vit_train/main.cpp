@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
       hc.tp_size = static_cast<int>(cfg.tensor_size);
       hc.pp_size = static_cast<int>(cfg.pipeline);
       hc.tp_mode = cfg.tensor_mode;
+      hc.tp_depth = static_cast<int>(cfg.tensor_depth);
       hc.sequence_parallel = cfg.sequence_parallel;
       hc.pipeline = pc;
       hc.dp = dc;

@@ -74,9 +74,29 @@ TEST(Config, BadValuesNameTheKeyAndTheAllowedValues) {
   EXPECT_EQ(parse_config("[model]\nact = \"gelu_tanh\"\n", "t", {}).vit().act, "gelu_tanh");
 }
 
-TEST(Config, UnsupportedFeaturesSaySoInsteadOfBeingIgnored) {
-  expect_error("[parallel]\ntensor = { mode = \"2d\", size = 4 }\n",
-               {"tensor parallelism", "not supported yet"});
+TEST(Config, TensorModesListTheValidSizes) {
+  expect_error("[parallel]\ntensor = { mode = \"2d\", size = 8 }\n",
+               {"mode = \"2d\", size = 8", "square", "valid sizes are 4, 9, 16"});
+  expect_error("[parallel]\ntensor = { mode = \"3d\", size = 4 }\n",
+               {"cube", "valid sizes are 8, 27, 64"});
+  expect_error("[parallel]\ntensor = { mode = \"2.5d\", size = 8, depth = 3 }\n",
+               {"depth = 3", "size / depth to be a square", "valid sizes are 12, 27"});
+  expect_error("[parallel]\ntensor = { mode = \"2d\", size = 4, depth = 2 }\n",
+               {"parallel.tensor.depth = 2", "2.5d"});
+  expect_error("[parallel]\ntensor = { mode = \"2d\", size = 4 }\nsequence_parallel = true\n",
+               {"sequence_parallel", "1d"});
+  expect_error("[train]\nbatch_size = 6\n[parallel]\ntensor = { mode = \"3d\", size = 8 }\n",
+               {"batch_size = 6", "4 batch chunks"});
+  for (const char* ok :
+       {"tensor = { mode = \"2d\", size = 4 }", "tensor = { mode = \"2.5d\", size = 8, depth = 2 }",
+        "tensor = { mode = \"3d\", size = 8 }"})
+    EXPECT_NO_THROW(
+        validate(parse_config(fmt::format("[train]\nbatch_size = 8\n[model]\nnum_heads = 4\n"
+                                          "hidden_size = 64\n[parallel]\n{}\n",
+                                          ok),
+                              "t", {}),
+                 8))
+        << ok;
 }
 
 TEST(Config, PrecisionModes) {
@@ -200,9 +220,11 @@ TEST(Config, TensorParallelSettings) {
   EXPECT_NE(message(heads, 8).find("num_heads 4 is not divisible by the tensor-parallel size 8"),
             std::string::npos)
       << message(heads, 8);
-  TrainConfig mode = c;
+  TrainConfig mode = c;  // size 2 is not a q × q grid
   mode.tensor_mode = "2d";
-  EXPECT_THROW(validate(mode, 2), NotImplemented);
+  mode.sequence_parallel = false;
+  EXPECT_NE(message(mode, 2).find("2d needs a square size"), std::string::npos)
+      << message(mode, 2);
   TrainConfig none = c;
   none.tensor_mode = "none";
   EXPECT_NE(message(none, 2).find("needs parallel.tensor.mode"), std::string::npos);

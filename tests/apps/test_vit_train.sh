@@ -21,7 +21,7 @@ set +e
 err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_hybrid.toml" --set parallel.tensor.mode=2d 2>&1)
 rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "not supported yet" <<<"$err" || { echo "2d tensor mode: $err"; exit 1; }
+[ $rc -eq 2 ] && grep -q "valid sizes are 4, 9" <<<"$err" || { echo "2d tensor mode: $err"; exit 1; }
 set +e
 err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" 2>&1); rc=$?
 set -e

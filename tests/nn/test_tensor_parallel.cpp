@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <thread>
+#include <tuple>
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
@@ -49,7 +50,8 @@ Tensor labels(int64_t b) {
   return Tensor::from_vector(v, {b});
 }
 
-// One forward and backward at step 3, sample offset 6 (masks keyed by global positions).
+// One forward and backward at step 3, sample offset 6 (masks keyed by global positions), of a
+// batch of 4 (2d/2.5d/3d split it into 2 or 4 chunks).
 StepResult step(ViT& m, DType dtype, Device dev) {
   const ViTConfig& c = m.config();
   m.init(11);
@@ -57,7 +59,7 @@ StepResult step(ViT& m, DType dtype, Device dev) {
   m.set_compute_dtype(dtype);
   ForwardCtx ctx{true, 5, 3, 6};
   std::vector<std::unique_ptr<Cache>> caches;
-  const int64_t b = 3;
+  const int64_t b = 4;
   Tensor logits = m.forward(images(c, b).to(dev), caches, ctx);
   StepResult r;
   r.logits = logits.to_vector();
@@ -81,7 +83,7 @@ StepResult single(DType dtype = DType::F32, bool checkpoint = false, Device dev 
 
 // T threads, one shard each; rank 0's logits and loss, gradients and values unsharded.
 StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = false,
-                    Device dev = Device::cpu()) {
+                    Device dev = Device::cpu(), const std::string& mode = "1d", int depth = 1) {
   auto comms = dist::make_fake_group(T);
   std::vector<StepResult> rs(T);
   std::vector<std::vector<std::pair<Parameter, int>>> params(T);  // copies (value, grad, shard)
@@ -90,7 +92,7 @@ StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = 
   for (int r = 0; r < T; ++r)
     threads.emplace_back([&, r] {
       try {
-        auto tp = std::make_shared<TensorParallel>(*comms[r], "1d", sp);
+        auto tp = std::make_shared<TensorParallel>(*comms[r], mode, sp, depth);
         ViTConfig c = tp_config();
         c.checkpoint = checkpoint;
         ViT m(c, tp);
@@ -119,6 +121,15 @@ StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = 
       }
       out.grads[p0.name] = unshard(g, p0.shard);
       out.values[p0.name] = unshard(v, p0.shard);
+      // Ranks holding copies of a part (2.5d depth, features-only cuts) hold the same gradient.
+      for (int r = 1; r < T; ++r)
+        for (int q = 0; q < r; ++q)
+          if (p0.shard.same_part(q, r)) {
+            const auto a = g[q].to_vector(), b = g[r].to_vector();
+            for (size_t k = 0; k < a.size(); ++k)
+              EXPECT_NEAR(a[k], b[k], 1e-6 * (1 + std::abs(a[k])))
+                  << p0.name << " ranks " << q << ", " << r;
+          }
     } else {
       // Whole parameters: every rank must hold the same gradient.
       for (int r = 1; r < T; ++r) {
@@ -167,22 +178,54 @@ TEST(TensorParallel, ShardAndUnshardAreInverse) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
   const Tensor full = Tensor::from_vector(v, {6, 4});
   // qkv-like: 3 groups of 2 rows, split in 2 parts: part 1 holds rows 1, 3, 5.
-  ShardSpec s{0, 3, 1, 2, {6, 4}};
+  ShardSpec s = ShardSpec::split({6, 4}, 0, 3, 1, 2);
   const Tensor p1 = shard_of(full, s);
   EXPECT_EQ(p1.shape(), (Shape{3, 4}));
   EXPECT_EQ(p1.to_vector()[0], 4.0f);   // row 1
   EXPECT_EQ(p1.to_vector()[4], 12.0f);  // row 3
-  s.part = 0;
+  s.rank = 0;
   const Tensor p0 = shard_of(full, s);
   EXPECT_EQ(unshard({p0, p1}, s).to_vector(), v);
   // Columns: dim 1 in 2 parts.
-  ShardSpec c{1, 1, 1, 2, {6, 4}};
+  ShardSpec c = ShardSpec::split({6, 4}, 1, 1, 1, 2);
   const Tensor c1 = shard_of(full, c);
   EXPECT_EQ(c1.shape(), (Shape{6, 2}));
   EXPECT_EQ(c1.to_vector()[0], 2.0f);
-  c.part = 0;
+  c.rank = 0;
   EXPECT_EQ(unshard({shard_of(full, c), c1}, c).to_vector(), v);
   EXPECT_THROW(unshard({p0}, s), Error);
+  // 2d-like blocks over 8 ranks (q 2, depth 2): rows by r % 2, columns by (r / 2) % 2, copies
+  // over r / 4. Rank 3 holds rows 3..5, columns 2..3; rank 7 the same.
+  ShardSpec b;
+  b.full = {6, 4};
+  b.size = 8;
+  b.cuts = {ShardCut{0, 1, 2, 1}, ShardCut{1, 1, 2, 2}};
+  std::vector<Tensor> parts;
+  for (int r = 0; r < 8; ++r) {
+    b.rank = r;
+    parts.push_back(shard_of(full, b));
+  }
+  EXPECT_EQ(parts[3].to_vector(), (std::vector<float>{14, 15, 18, 19, 22, 23}));
+  EXPECT_EQ(parts[7].to_vector(), parts[3].to_vector());
+  EXPECT_TRUE(b.same_part(3, 7));
+  b.rank = 7;
+  EXPECT_FALSE(b.primary());
+  b.rank = 3;
+  EXPECT_TRUE(b.primary());
+  EXPECT_EQ(unshard(parts, b).to_vector(), v);
+  // 3d-like: the same dimension cut twice (by stride 4, then by stride 1).
+  ShardSpec t;
+  t.full = {2, 8};
+  t.size = 8;
+  t.cuts = {ShardCut{1, 1, 2, 4}, ShardCut{1, 1, 2, 1}};
+  const Tensor f2 = Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + 16), {2, 8});
+  parts.clear();
+  for (int r = 0; r < 8; ++r) {
+    t.rank = r;
+    parts.push_back(shard_of(f2, t));
+  }
+  EXPECT_EQ(parts[5].to_vector(), (std::vector<float>{6, 7, 14, 15}));  // (r/4)=1, r%2=1
+  EXPECT_EQ(unshard(parts, t).to_vector(), f2.to_vector());
 }
 
 TEST(TensorParallel, SplitsThatDoNotDivideAreErrorsNamingBoth) {
@@ -197,7 +240,55 @@ TEST(TensorParallel, SplitsThatDoNotDivideAreErrorsNamingBoth) {
   c.num_heads = 4, c.embed_dim = 12, c.mlp_ratio = 1.5;  // hidden 18 over 4
   EXPECT_THROW(c.validate_tensor_parallel(4, false), Error);
   auto comms = dist::make_fake_group(1);
-  EXPECT_THROW(TensorParallel(*comms[0], "2d"), Error);
+  EXPECT_THROW(TensorParallel(*comms[0], "2d"), Error);  // one rank is not a q × q grid
+  EXPECT_THROW(TensorParallel(*comms[0], "4d"), Error);
+  for (const auto& [mode, size, depth, valid] :
+       std::vector<std::tuple<std::string, int, int, std::string>>{
+           {"2d", 8, 1, "4, 9, 16"}, {"3d", 9, 1, "8, 27, 64"}, {"2.5d", 8, 3, "12, 27"}}) {
+    try {
+      TensorParallel::validate_size(mode, size, depth);
+      ADD_FAILURE() << mode << " size " << size << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("valid sizes are " + valid), std::string::npos)
+          << e.what();
+    }
+  }
+  ViTConfig d = tp_config();  // hidden 12: 3d with q 3 cuts inputs in 9 parts
+  EXPECT_THROW(d.validate_tensor_parallel("3d", 27, 1, false), Error);
+  EXPECT_NO_THROW(d.validate_tensor_parallel("3d", 8, 1, false));
+  EXPECT_NO_THROW(d.validate_tensor_parallel("2.5d", 8, 2, false));
+}
+
+TEST(TensorParallel, ModesForASizeAreColossalAIs) {
+  auto names = [](int n) {
+    std::vector<std::string> out;
+    for (const auto& m : TensorParallel::modes_for(n))
+      out.push_back(m.mode == "2.5d" ? fmt::format("2.5d/{}", m.depth) : m.mode);
+    return out;
+  };
+  EXPECT_EQ(names(4), (std::vector<std::string>{"1d", "2d", "2.5d/1"}));
+  EXPECT_EQ(names(8), (std::vector<std::string>{"1d", "2.5d/2", "3d"}));
+  EXPECT_EQ(names(64), (std::vector<std::string>{"1d", "2d", "2.5d/1", "2.5d/4", "2.5d/16", "3d"}));
+  EXPECT_TRUE(names(1).empty());
+}
+
+TEST(TensorParallel, TwoDimensionalModesMatchTheSingleProcess) {
+  const StepResult ref = single();
+  SCOPED_TRACE("2d, 4 ranks");
+  expect_same(ref, parallel(4, false, DType::F32, false, Device::cpu(), "2d"), 1e-5);
+  SCOPED_TRACE("2.5d, 8 ranks, depth 2");
+  expect_same(ref, parallel(8, false, DType::F32, false, Device::cpu(), "2.5d", 2), 1e-5);
+  SCOPED_TRACE("3d, 8 ranks");
+  expect_same(ref, parallel(8, false, DType::F32, false, Device::cpu(), "3d"), 1e-5);
+}
+
+TEST(TensorParallel, TwoDimensionalModesWithCheckpointingAndHalfPrecision) {
+  const StepResult ref_ck = single(DType::F32, true);
+  expect_same(ref_ck, parallel(4, false, DType::F32, true, Device::cpu(), "2d"), 1e-5);
+  expect_same(ref_ck, parallel(8, false, DType::F32, true, Device::cpu(), "3d"), 1e-5);
+  const StepResult ref = single(DType::BF16);
+  expect_same(ref, parallel(4, false, DType::BF16, false, Device::cpu(), "2d"), 2e-2);
+  expect_same(ref, parallel(8, false, DType::BF16, false, Device::cpu(), "3d"), 2e-2);
 }
 
 TEST(TensorParallel, OneDimensionalMatchesTheSingleProcess) {
@@ -246,6 +337,12 @@ TEST_F(TensorParallelGpu, MatchesTheSingleGpuModel) {
   expect_same(ref, parallel(2, true, DType::F32, false, gpu), 1e-5);
   const StepResult ref_ck = single(DType::F32, true, gpu);
   expect_same(ref_ck, parallel(2, true, DType::F32, true, gpu), 1e-5);
+  // 2d, 2.5d and 3d: every nd kernel path (split LayerNorm, weight block copies) on the GPU.
+  expect_same(ref, parallel(4, false, DType::F32, false, gpu, "2d"), 1e-5);
+  expect_same(ref, parallel(8, false, DType::F32, false, gpu, "2.5d", 2), 1e-5);
+  expect_same(ref, parallel(8, false, DType::F32, false, gpu, "3d"), 1e-5);
+  expect_same(single(DType::BF16, false, gpu), parallel(8, false, DType::BF16, false, gpu, "3d"),
+              2e-2);
 }
 
 TEST_F(TensorParallelGpu, HalfPrecisionStaysWithinTheHalfBounds) {

@@ -4,7 +4,8 @@
 // ≈ 1/dp.
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
-//            [--tp T [--sp]] [--device cpu|cuda] [--cpu-offload] [--data DIR]
+//            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
+//            [--cpu-offload] [--data DIR]
 // --tp T: tensor parallelism (1D, --sp: with sequence parallelism) through the
 // HybridParallelPlugin (with --pp and data parallelism over the remaining ranks); the parameters
 // compared are its full_state(): the shards of every rank gathered back to timm's shapes.
@@ -55,6 +56,8 @@ struct PipeArgs {
   int pp = 1, chunks = 1, microbatches = 0, depth = 3;
   std::string style = "1f1b";
   int tp = 1;
+  std::string tp_mode = "1d";
+  int tp_depth = 1;
   bool sp = false;
   std::string precision = "fp32";
 };
@@ -84,6 +87,8 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     hc.tp_size = pa.tp;
     hc.pp_size = pa.pp;
     hc.sequence_parallel = pa.sp;
+    hc.tp_mode = pa.tp_mode;
+    hc.tp_depth = pa.tp_depth;
     hc.pipeline.style = pa.style;
     hc.pipeline.chunks = pa.chunks;
     hc.pipeline.num_microbatches = pa.microbatches;
@@ -204,6 +209,10 @@ int main(int argc, char** argv) {
       pa.style = argv[++i];
     else if (a == "--tp" && i + 1 < argc)
       pa.tp = std::atoi(argv[++i]);
+    else if (a == "--tp-mode" && i + 1 < argc)
+      pa.tp_mode = argv[++i];
+    else if (a == "--tp-depth" && i + 1 < argc)
+      pa.tp_depth = std::atoi(argv[++i]);
     else if (a == "--sp")
       pa.sp = true;
     else if (a == "--precision" && i + 1 < argc)
@@ -279,16 +288,17 @@ int main(int argc, char** argv) {
     // Every rank must agree.
     const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
     std::printf(
-        "[rank %d] %s tp %d%s pp %d (%s, %d chunks) zero %d dp %d accum %d %s: %zu steps, losses "
+        "[rank %d] %s tp %d (%s)%s pp %d (%s, %d chunks) zero %d dp %d accum %d %s: %zu steps, "
+        "losses "
         "%.6f..%.6f, max loss rel err "
         "%.2e, param rel err %.2e, optimizer state %lld B (single %lld B, ratio %.3f), "
         "parameters %lld B (single %lld B, ratio %.3f): %s\n",
-        world->rank(), dev.str().c_str(), pa.tp, pa.sp ? " (sp)" : "", pa.pp, pa.style.c_str(),
-        pa.chunks, zero, W, accum, pa.precision.c_str(), dist.losses.size(), dist.losses.front(),
-        dist.losses.back(), loss_err, param_err, static_cast<long long>(dist.state_bytes),
-        static_cast<long long>(ref.state_bytes), state_ratio,
-        static_cast<long long>(dist.param_bytes), static_cast<long long>(ref.param_bytes),
-        param_ratio, ok ? "OK" : "MISMATCH");
+        world->rank(), dev.str().c_str(), pa.tp, pa.tp_mode.c_str(), pa.sp ? " (sp)" : "", pa.pp,
+        pa.style.c_str(), pa.chunks, zero, W, accum, pa.precision.c_str(), dist.losses.size(),
+        dist.losses.front(), dist.losses.back(), loss_err, param_err,
+        static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
+        state_ratio, static_cast<long long>(dist.param_bytes),
+        static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");
     if (cpu_offload)
       std::printf(
           "[rank %d] cpu_offload: optimizer state on the GPU %lld B, on the host %lld B "

@@ -29,10 +29,23 @@ cfg=(--config "$configs/fmnist_tiny.toml" --cluster "$clusters/cpu-2.toml")
   --json "$out/tp2.json" >/dev/null
 "$sim" "${cfg[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.num_microbatches=4 \
   --json "$out/pp2.json" --trace "$out/pp2.trace" >/dev/null
+# 2d and 3d: the plan's sub-group collectives (row/col, input/weight/output) on their ranks.
+"$sim" "${cfg[@]}" --nproc 4 --set parallel.tensor.mode=2d --set parallel.tensor.size=4 \
+  --json "$out/tp2d.json" --trace "$out/tp2d.trace" >/dev/null
+"$sim" --config "$configs/fmnist_tiny.toml" --cluster "$clusters/dgx-h100-64.toml" --nproc 8 \
+  --set parallel.tensor.mode=3d --set parallel.tensor.size=8 --json "$out/tp3d.json" >/dev/null
 python3 - "$out" <<'PY'
 import json, sys
 d = sys.argv[1]
 one, dp2, tp2, pp2 = (json.load(open(f"{d}/{n}.json")) for n in ("one", "dp2", "tp2", "pp2"))
+for n in ("tp2d", "tp3d"):
+    r = json.load(open(f"{d}/{n}.json"))
+    assert len(r["comm_ms"]) == (4 if n == "tp2d" else 8) and all(c > 0 for c in r["comm_ms"]), r
+tp2d = json.load(open(f"{d}/tp2d.json"))
+assert all(c < one["compute_ms"][0] for c in tp2d["compute_ms"]), tp2d["compute_ms"]
+t = json.load(open(f"{d}/tp2d.trace"))
+names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
+assert any("input block broadcast" in n for n in names), sorted(names)[:20]
 # Data parallel: the same compute per rank, a gradient all-reduce, twice the global batch.
 assert abs(dp2["compute_ms"][0] - one["compute_ms"][0]) < 1e-6 * one["compute_ms"][0], (dp2, one)
 assert dp2["step_ms"] > one["step_ms"] and dp2["img_per_s"] > 1.5 * one["img_per_s"]

@@ -39,32 +39,72 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias) : ha
   if (bias) this->bias = make_parameter(name + ".bias", {out}, false);
 }
 
-namespace {
-Parameter sharded_parameter(const std::string& name, const Shape& full, bool weight_decay, int dim,
-                            int groups, int part, int count) {
-  CAI_CHECK(count >= 1 && part >= 0 && part < count && full[dim] % (groups * count) == 0,
-            "[{}] dimension {} ({}) cannot be split into {} groups × {} parts", name, dim,
-            full[dim], groups, count);
-  Shape s = full;
-  s[dim] /= count;
-  Parameter p = make_parameter(name, s, weight_decay);
-  if (count > 1) p.shard = ShardSpec{dim, groups, part, count, full};
+bool ShardSpec::same_part(int r, int s) const {
+  for (size_t i = 0; i < cuts.size(); ++i)
+    if (part(i, r) != part(i, s)) return false;
+  return true;
+}
+
+bool ShardSpec::primary() const {
+  if (!sharded()) return rank == 0;
+  for (int r = 0; r < rank; ++r)
+    if (same_part(r, rank)) return false;
+  return true;
+}
+
+ShardSpec ShardSpec::split(const Shape& full, int dim, int groups, int part, int count) {
+  ShardSpec s;
+  s.full = full;
+  s.rank = part, s.size = count;
+  if (count > 1) s.cuts.push_back(ShardCut{dim, groups, count, 1});
+  return s;
+}
+
+Shape shard_local_shape(const ShardSpec& spec, int r) {
+  (void)r;  // every rank's part has the same shape (equal cuts)
+  Shape s = spec.full;
+  for (const ShardCut& c : spec.cuts) {
+    CAI_CHECK(c.dim >= 0 && c.dim < static_cast<int>(s.size()) && c.groups >= 1 && c.count >= 1 &&
+                  c.stride >= 1 && s[c.dim] % (c.groups * c.count) == 0,
+              "[tensor_parallel] dimension {} ({} of {}) cannot be split into {} groups × {} parts",
+              c.dim, c.dim < static_cast<int>(s.size()) ? s[c.dim] : -1, shape_str(spec.full),
+              c.groups, c.count);
+    s[c.dim] /= c.count;
+  }
+  return s;
+}
+
+Parameter make_sharded_parameter(const std::string& name, const ShardSpec& spec,
+                                 bool weight_decay) {
+  Parameter p;
+  try {
+    p = make_parameter(name, shard_local_shape(spec), weight_decay);
+  } catch (const Error& e) {
+    fail("[{}] {}", name, e.what());
+  }
+  if (spec.sharded()) p.shard = spec;
   return p;
 }
-}  // namespace
 
 Linear Linear::column(const std::string& name, int64_t in, int64_t out, int part, int count,
                       int groups) {
-  Linear l;
-  l.weight = sharded_parameter(name + ".weight", {out, in}, true, 0, groups, part, count);
-  l.bias = sharded_parameter(name + ".bias", {out}, false, 0, groups, part, count);
-  return l;
+  return sharded(name, in, out, ShardSpec::split({out, in}, 0, groups, part, count),
+                 ShardSpec::split({out}, 0, groups, part, count));
 }
 
 Linear Linear::row(const std::string& name, int64_t in, int64_t out, int part, int count) {
+  return sharded(name, in, out, ShardSpec::split({out, in}, 1, 1, part, count),
+                 ShardSpec::split({out}, 0, 1, 0, 1));
+}
+
+Linear Linear::sharded(const std::string& name, int64_t in, int64_t out, const ShardSpec& weight,
+                       const ShardSpec& bias) {
+  CAI_CHECK(weight.full == (Shape{out, in}) && bias.full == (Shape{out}),
+            "[{}] shard specs {} and {} do not describe a Linear({}, {})", name,
+            shape_str(weight.full), shape_str(bias.full), in, out);
   Linear l;
-  l.weight = sharded_parameter(name + ".weight", {out, in}, true, 1, 1, part, count);
-  l.bias = make_parameter(name + ".bias", {out}, false);
+  l.weight = make_sharded_parameter(name + ".weight", weight, true);
+  l.bias = make_sharded_parameter(name + ".bias", bias, false);
   return l;
 }
 
@@ -76,6 +116,12 @@ void Linear::collect(std::vector<Parameter*>& out) {
 LayerNorm::LayerNorm(const std::string& name, int64_t dim, float e) : eps(e) {
   weight = make_parameter(name + ".weight", {dim}, false);
   bias = make_parameter(name + ".bias", {dim}, false);
+  ops::fill_(weight.value, 1.0f);
+}
+
+LayerNorm::LayerNorm(const std::string& name, const ShardSpec& spec, float e) : eps(e) {
+  weight = make_sharded_parameter(name + ".weight", spec, false);
+  bias = make_sharded_parameter(name + ".bias", spec, false);
   ops::fill_(weight.value, 1.0f);
 }
 

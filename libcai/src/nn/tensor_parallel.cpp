@@ -11,28 +11,73 @@ namespace cai::nn {
 
 namespace {
 
-// The full shape viewed as [outer, groups, count, chunk, inner] along spec.dim.
-struct Cut {
-  int64_t outer = 1, groups = 1, count = 1, chunk = 1, inner = 1;
-};
-
-Cut cut_of(const Shape& full, const ShardSpec& s) {
-  CAI_CHECK(s.dim >= 0 && s.dim < static_cast<int>(full.size()),
-            "[tensor_parallel] shard dimension {} is outside shape {}", s.dim, shape_str(full));
-  Cut c;
-  for (int i = 0; i < s.dim; ++i) c.outer *= full[i];
-  for (size_t i = s.dim + 1; i < full.size(); ++i) c.inner *= full[i];
-  c.groups = s.groups;
-  c.count = s.count;
-  CAI_CHECK(s.groups >= 1 && s.count >= 1 && full[s.dim] % (s.groups * s.count) == 0,
-            "[tensor_parallel] dimension {} of {} ({}) is not divisible by {} groups × {} parts",
-            s.dim, shape_str(full), full[s.dim], s.groups, s.count);
-  c.chunk = full[s.dim] / (s.groups * s.count);
-  return c;
-}
-
 bool is_half(DType t) {
   return t == DType::BF16 || t == DType::F16;
+}
+
+// Per dimension of spec.full, the coordinates rank r's part keeps, in order.
+std::vector<std::vector<int64_t>> kept_coords(const ShardSpec& s, int r) {
+  std::vector<std::vector<int64_t>> k(s.full.size());
+  for (size_t d = 0; d < s.full.size(); ++d) {
+    k[d].resize(s.full[d]);
+    for (int64_t i = 0; i < s.full[d]; ++i) k[d][i] = i;
+  }
+  for (size_t i = 0; i < s.cuts.size(); ++i) {
+    const ShardCut& c = s.cuts[i];
+    CAI_CHECK(c.dim >= 0 && c.dim < static_cast<int>(s.full.size()),
+              "[tensor_parallel] shard dimension {} is outside shape {}", c.dim, shape_str(s.full));
+    std::vector<int64_t>& v = k[c.dim];
+    const int64_t n = static_cast<int64_t>(v.size());
+    CAI_CHECK(c.groups >= 1 && c.count >= 1 && n % (c.groups * c.count) == 0,
+              "[tensor_parallel] dimension {} of {} ({} left) is not divisible by {} groups × {} "
+              "parts",
+              c.dim, shape_str(s.full), n, c.groups, c.count);
+    const int64_t chunk = n / (c.groups * c.count), p = s.part(i, r);
+    std::vector<int64_t> out;
+    out.reserve(n / c.count);
+    for (int64_t g = 0; g < c.groups; ++g)
+      for (int64_t j = 0; j < chunk; ++j) out.push_back(v[(g * c.count + p) * chunk + j]);
+    v = std::move(out);
+  }
+  return k;
+}
+
+// Calls f(full element offset, part element offset, run length) for the runs of rank r's part.
+template <typename F>
+void for_each_run(const ShardSpec& s, int r, F&& f) {
+  const auto k = kept_coords(s, r);
+  const size_t nd = k.size();
+  if (nd == 0) {
+    f(0, 0, 1);
+    return;
+  }
+  std::vector<int64_t> stride(nd, 1);
+  for (size_t d = nd - 1; d-- > 0;) stride[d] = stride[d + 1] * s.full[d + 1];
+  // Runs along the last dimension: consecutive kept coordinates copy together.
+  const std::vector<int64_t>& last = k[nd - 1];
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first coordinate, length)
+  for (size_t j = 0; j < last.size(); ++j) {
+    if (!runs.empty() && runs.back().first + runs.back().second == last[j])
+      ++runs.back().second;
+    else
+      runs.push_back({last[j], 1});
+  }
+  int64_t outer = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) outer *= static_cast<int64_t>(k[d].size());
+  std::vector<size_t> idx(nd, 0);
+  int64_t part_off = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t base = 0;
+    for (size_t d = 0; d + 1 < nd; ++d) base += k[d][idx[d]] * stride[d];
+    for (const auto& [first, len] : runs) {
+      f(base + first, part_off, len);
+      part_off += len;
+    }
+    for (size_t d = nd - 1; d-- > 0;) {
+      if (++idx[d] < k[d].size()) break;
+      idx[d] = 0;
+    }
+  }
 }
 
 }  // namespace
@@ -46,61 +91,368 @@ Shape shard_shape(const Shape& full, int dim, int count) {
 Tensor shard_of(const Tensor& full, const ShardSpec& s) {
   if (!s.sharded()) return full.clone();
   CAI_CHECK(!full.is_cuda(), "[tensor_parallel] shard_of works on CPU tensors, got {}", full.str());
-  const Cut c = cut_of(full.shape(), s);
-  CAI_CHECK(s.part >= 0 && s.part < s.count, "[tensor_parallel] part {} outside {} parts", s.part,
-            s.count);
-  Tensor out = Tensor::empty(shard_shape(full.shape(), s.dim, s.count), full.dtype());
-  const size_t es = dtype_size(full.dtype()), run = static_cast<size_t>(c.chunk * c.inner) * es;
+  CAI_CHECK(full.shape() == s.full, "[tensor_parallel] shard_of: tensor {} is not the full {}",
+            full.str(), shape_str(s.full));
+  CAI_CHECK(s.rank >= 0 && s.rank < s.size, "[tensor_parallel] rank {} outside {} ranks", s.rank,
+            s.size);
+  Tensor out = Tensor::empty(shard_local_shape(s), full.dtype());
+  const size_t es = dtype_size(full.dtype());
   const char* src = static_cast<const char*>(full.raw());
   char* dst = static_cast<char*>(out.raw());
-  for (int64_t o = 0; o < c.outer; ++o)
-    for (int64_t g = 0; g < c.groups; ++g) {
-      const int64_t from = ((o * c.groups + g) * c.count + s.part), to = o * c.groups + g;
-      std::memcpy(dst + to * run, src + from * run, run);
-    }
+  for_each_run(s, s.rank, [&](int64_t from, int64_t to, int64_t len) {
+    std::memcpy(dst + to * es, src + from * es, len * es);
+  });
   return out;
 }
 
 Tensor unshard(const std::vector<Tensor>& parts, const ShardSpec& s) {
   CAI_CHECK(!parts.empty(), "[tensor_parallel] unshard needs the parts");
   if (!s.sharded()) return parts.front().clone();
-  CAI_CHECK(static_cast<int>(parts.size()) == s.count,
-            "[tensor_parallel] unshard of {} needs {} parts, got {}", shape_str(s.full), s.count,
-            parts.size());
-  const Cut c = cut_of(s.full, s);
-  const Shape part_shape = shard_shape(s.full, s.dim, s.count);
+  CAI_CHECK(static_cast<int>(parts.size()) == s.size,
+            "[tensor_parallel] unshard of {} needs {} parts (one per tensor-parallel rank), got {}",
+            shape_str(s.full), s.size, parts.size());
+  const Shape part_shape = shard_local_shape(s);
   Tensor out = Tensor::empty(s.full, parts.front().dtype());
-  const size_t es = dtype_size(out.dtype()), run = static_cast<size_t>(c.chunk * c.inner) * es;
+  const size_t es = dtype_size(out.dtype());
   char* dst = static_cast<char*>(out.raw());
-  for (int p = 0; p < s.count; ++p) {
-    const Tensor& t = parts[p];
+  for (int r = 0; r < s.size; ++r) {
+    bool first = true;  // ranks holding the same part: the lowest one's copy
+    for (int q = 0; q < r && first; ++q) first = !s.same_part(q, r);
+    if (!first) continue;
+    const Tensor& t = parts[r];
     CAI_CHECK(!t.is_cuda() && t.shape() == part_shape && t.dtype() == out.dtype(),
-              "[tensor_parallel] part {} of {} is {}, expected {} on the CPU", p, shape_str(s.full),
+              "[tensor_parallel] part {} of {} is {}, expected {} on the CPU", r, shape_str(s.full),
               t.str(), shape_str(part_shape));
     const char* src = static_cast<const char*>(t.raw());
-    for (int64_t o = 0; o < c.outer; ++o)
-      for (int64_t g = 0; g < c.groups; ++g) {
-        const int64_t from = o * c.groups + g, to = (o * c.groups + g) * c.count + p;
-        std::memcpy(dst + to * run, src + from * run, run);
-      }
+    for_each_run(s, r, [&](int64_t to, int64_t from, int64_t len) {
+      std::memcpy(dst + to * es, src + from * es, len * es);
+    });
   }
   return out;
 }
 
-TensorParallel::TensorParallel(dist::Communicator& tp, std::string mode, bool sequence_parallel)
+const char* tp_group_name(TpGroup g) {
+  switch (g) {
+    case TpGroup::All:
+      return "tp";
+    case TpGroup::Row:
+      return "row";
+    case TpGroup::Col:
+      return "col";
+    case TpGroup::Depth:
+      return "depth";
+    case TpGroup::ColDepth:
+      return "col×depth";
+    case TpGroup::Input:
+      return "input";
+    case TpGroup::Weight:
+      return "weight";
+    case TpGroup::Output:
+      return "output";
+    case TpGroup::InputWeight:
+      return "input×weight";
+    case TpGroup::OutputWeight:
+      return "output×weight";
+  }
+  return "?";
+}
+
+namespace {
+
+int int_root(int n, int k) {  // the integer r with r^k == n, or -1
+  for (int r = 1;; ++r) {
+    int64_t p = 1;
+    for (int i = 0; i < k; ++i) p *= r;
+    if (p == n) return r;
+    if (p > n) return -1;
+  }
+}
+
+std::string valid_sizes(const std::string& mode, int depth) {
+  std::vector<std::string> v;
+  for (int r = 2; v.size() < 5; ++r) {
+    if (mode == "2d") v.push_back(std::to_string(r * r));
+    if (mode == "2.5d") v.push_back(std::to_string(r * r * depth));
+    if (mode == "3d") v.push_back(std::to_string(r * r * r));
+  }
+  return fmt::format("{}, ...", fmt::join(v, ", "));
+}
+
+// The members of group g holding tensor-parallel rank r, in the group's order. Coordinates:
+// 2d/2.5d r = a + q·(b + q·k); 3d r = i + q·(j + q·k) (a, i fastest).
+std::vector<int> members_of(TpGroup g, int r, int q, int size) {
+  const int x = r % q, y = (r / q) % q, z = r / (q * q);
+  std::vector<int> m;
+  auto at = [q](int i, int j, int k) { return i + q * (j + q * k); };
+  const int zs = size / (q * q);
+  switch (g) {
+    case TpGroup::All:
+      for (int s = 0; s < size; ++s) m.push_back(s);
+      break;
+    case TpGroup::Row:     // vary a
+    case TpGroup::Weight:  // vary i
+      for (int i = 0; i < q; ++i) m.push_back(at(i, y, z));
+      break;
+    case TpGroup::Col:    // vary b
+    case TpGroup::Input:  // vary j
+      for (int j = 0; j < q; ++j) m.push_back(at(x, j, z));
+      break;
+    case TpGroup::Depth:   // vary k
+    case TpGroup::Output:  // vary k
+      for (int k = 0; k < zs; ++k) m.push_back(at(x, y, k));
+      break;
+    case TpGroup::ColDepth:  // vary (b, k), index k·q + b
+      for (int k = 0; k < zs; ++k)
+        for (int j = 0; j < q; ++j) m.push_back(at(x, j, k));
+      break;
+    case TpGroup::InputWeight:  // vary (i, j), index i·q + j
+      for (int i = 0; i < q; ++i)
+        for (int j = 0; j < q; ++j) m.push_back(at(i, j, z));
+      break;
+    case TpGroup::OutputWeight:  // vary (i, k), index i·q + k
+      for (int i = 0; i < q; ++i)
+        for (int k = 0; k < zs; ++k) m.push_back(at(i, y, k));
+      break;
+  }
+  return m;
+}
+
+}  // namespace
+
+std::vector<int> tp_group_members(const std::string& mode, int size, int depth,
+                                  const std::string& group, int rank) {
+  TensorParallel::validate_size(mode, size, depth);
+  CAI_CHECK(rank >= 0 && rank < size, "[tensor_parallel] rank {} outside {} ranks", rank, size);
+  const std::vector<TpGroup> all = {TpGroup::All,         TpGroup::Row,        TpGroup::Col,
+                                    TpGroup::Depth,       TpGroup::ColDepth,   TpGroup::Input,
+                                    TpGroup::Weight,      TpGroup::Output,     TpGroup::InputWeight,
+                                    TpGroup::OutputWeight};
+  for (TpGroup g : all)
+    if (group == tp_group_name(g)) {
+      if (g == TpGroup::All) return members_of(g, rank, 1, size);
+      const int q = mode == "3d" ? int_root(size, 3) : int_root(size / depth, 2);
+      CAI_CHECK(mode != "1d", "[tensor_parallel] 1d has no {} group", group);
+      return members_of(g, rank, q, size);
+    }
+  fail("[tensor_parallel] no tensor-parallel group named '{}'", group);
+}
+
+void TensorParallel::validate_size(const std::string& mode, int size, int depth) {
+  CAI_CHECK(mode == "1d" || mode == "2d" || mode == "2.5d" || mode == "3d",
+            "[tensor_parallel] mode '{}' is not one of 1d, 2d, 2.5d, 3d", mode);
+  CAI_CHECK(size >= 1, "[tensor_parallel] size {} must be at least 1", size);
+  CAI_CHECK(depth >= 1, "[tensor_parallel] depth {} must be at least 1", depth);
+  CAI_CHECK(mode == "2.5d" || depth == 1,
+            "[tensor_parallel] depth {} applies to mode 2.5d only (mode is {})", depth, mode);
+  if (mode == "2d")
+    CAI_CHECK(size > 1 && int_root(size, 2) > 1,
+              "[tensor_parallel] 2d needs a square size (q × q ranks), got {}: valid sizes are {}",
+              size, valid_sizes(mode, 1));
+  if (mode == "2.5d")
+    CAI_CHECK(size % depth == 0 && int_root(size / depth, 2) > 1,
+              "[tensor_parallel] 2.5d with depth {} needs size / depth to be a square (q × q × "
+              "depth ranks), got size {}: valid sizes are {}",
+              depth, size, valid_sizes(mode, depth));
+  if (mode == "3d")
+    CAI_CHECK(
+        int_root(size, 3) > 1,
+        "[tensor_parallel] 3d needs a cube size (q × q × q ranks), got {}: valid sizes are {}",
+        size, valid_sizes(mode, 1));
+}
+
+std::vector<TensorParallel::ModeChoice> TensorParallel::modes_for(int size) {
+  std::vector<ModeChoice> out;
+  if (size < 2) return out;
+  out.push_back({"1d", 1});
+  if (int_root(size, 2) > 1) out.push_back({"2d", 1});
+  for (int d = 1; d < size; ++d)
+    if (size % d == 0 && int_root(size / d, 2) > 1) out.push_back({"2.5d", d});
+  if (int_root(size, 3) > 1) out.push_back({"3d", 1});
+  return out;
+}
+
+TensorParallel::TensorParallel(dist::Communicator& tp, std::string mode, bool sequence_parallel,
+                               int depth)
     : comm_(tp),
       mode_(std::move(mode)),
       sequence_parallel_(sequence_parallel),
       size_(tp.size()),
       rank_(tp.rank()) {
-  CAI_CHECK(mode_ == "1d",
-            "[tensor_parallel] mode '{}' is not supported yet (this build has 1d; 2d, 2.5d and 3d "
-            "are planned)",
+  validate_size(mode_, size_, depth);
+  CAI_CHECK(mode_ == "1d" || !sequence_parallel_,
+            "[tensor_parallel] sequence parallelism is a 1d feature; mode {} splits the batch "
+            "and the features instead",
             mode_);
+  if (mode_ == "1d") return;
+  depth_ = depth;
+  q_ = mode_ == "3d" ? int_root(size_, 3) : int_root(size_ / depth_, 2);
+  const int q = q_, r = rank_;
+  std::vector<TpGroup> gs;
+  if (mode_ == "3d") {
+    gs = {TpGroup::Input, TpGroup::Weight, TpGroup::Output, TpGroup::InputWeight,
+          TpGroup::OutputWeight};
+    const int i = r % q, j = (r / q) % q, k = r / (q * q);
+    layouts_[0] = Layout{i * q + j, q * q, k, q, q * q, TpGroup::Output, TpGroup::InputWeight};
+    layouts_[1] = Layout{i * q + k, q * q, j, q, q, TpGroup::Input, TpGroup::OutputWeight};
+  } else {
+    gs = {TpGroup::Row, TpGroup::Col, TpGroup::Depth, TpGroup::ColDepth};
+    const int a = r % q, b = (r / q) % q, k = r / (q * q);
+    layouts_[0] = Layout{k * q + b, q * depth_, a, q, 1, TpGroup::Row, TpGroup::ColDepth};
+    layouts_[1] = layouts_[0];
+  }
+  // Every rank splits every group in the same order (collective over tp).
+  for (TpGroup g : gs) {
+    const std::vector<int> m = members_of(g, r, q, size_);
+    int key = 0;
+    while (m[key] != r) ++key;
+    groups_[g] = comm_.split(m.front(), key,
+                             fmt::format("{}.{}{}", comm_.name(), tp_group_name(g), m.front()));
+  }
 }
 
+TensorParallel::~TensorParallel() = default;
+
 std::string TensorParallel::describe() const {
-  return fmt::format("tp {} ({}{})", size_, mode_, sequence_parallel_ ? ", sequence parallel" : "");
+  if (mode_ == "1d")
+    return fmt::format("tp {} (1d{})", size_, sequence_parallel_ ? ", sequence parallel" : "");
+  if (mode_ == "2.5d") return fmt::format("tp {} (2.5d, q {}, depth {})", size_, q_, depth_);
+  return fmt::format("tp {} ({}, q {})", size_, mode_, q_);
+}
+
+dist::Communicator& TensorParallel::group(TpGroup g) const {
+  if (g == TpGroup::All) return comm_;
+  const auto it = groups_.find(g);
+  CAI_CHECK(it != groups_.end(), "[tensor_parallel] mode {} has no {} group", mode_,
+            tp_group_name(g));
+  return *it->second;
+}
+
+std::pair<int64_t, int64_t> TensorParallel::batch_range(int64_t batch, int orient) const {
+  const Layout& l = layout(orient);
+  CAI_CHECK(batch % l.chunks == 0,
+            "[tensor_parallel] {} splits the batch into {} chunks: a (micro-)batch of {} samples "
+            "is not divisible by {}",
+            mode_, l.chunks, batch, l.chunks);
+  const int64_t n = batch / l.chunks;
+  return {n * l.chunk, n * (l.chunk + 1)};
+}
+
+std::pair<int64_t, int64_t> TensorParallel::feature_slice(int64_t features, int orient) const {
+  const Layout& l = layout(orient);
+  CAI_CHECK(features % l.features == 0,
+            "[tensor_parallel] {} features are not divisible by {}'s {} feature chunks", features,
+            mode_, l.features);
+  const int64_t n = features / l.features;
+  return {n * l.feature, n * (l.feature + 1)};
+}
+
+ShardSpec TensorParallel::feature_spec(const Shape& full, int dim, int orient, int groups) const {
+  const Layout& l = layout(orient);
+  ShardSpec s;
+  s.full = full;
+  s.rank = rank_, s.size = size_;
+  s.cuts.push_back(ShardCut{dim, groups, l.features, l.feature_stride});
+  return s;
+}
+
+std::pair<ShardSpec, ShardSpec> TensorParallel::linear_specs(int64_t in, int64_t out, int orient,
+                                                             int groups) const {
+  CAI_CHECK(nd(), "[tensor_parallel] linear_specs is for 2d, 2.5d and 3d (mode is {})", mode_);
+  const int q = q_;
+  ShardSpec w, b;
+  if (mode_ == "3d") {
+    const Layout& li = layout(orient);
+    const Layout& lo = layout(1 - orient);
+    w = feature_spec({out, in}, 0, 1 - orient, groups);
+    w.cuts.push_back(ShardCut{1, 1, q, li.feature_stride});
+    w.cuts.push_back(ShardCut{1, 1, q, 1});  // the weight index i
+    (void)lo;
+    b = feature_spec({out}, 0, 1 - orient, groups);
+  } else {
+    w = feature_spec({out, in}, 0, 0, groups);  // output features a
+    w.cuts.push_back(ShardCut{1, 1, q, q});     // input features b
+    b = feature_spec({out}, 0, 0, groups);
+  }
+  return {w, b};
+}
+
+void TensorParallel::count(TpGroup g, int64_t bytes) {
+  comm_bytes_ += bytes;
+  CommCount& c = by_group_[tp_group_name(g)];
+  ++c.ops;
+  c.bytes += bytes;
+}
+
+TensorParallel::Pending TensorParallel::all_reduce_start(TpGroup g, const Tensor& t) {
+  dist::Communicator& c = group(g);
+  Pending p;
+  p.dtype = t.dtype();
+  p.result = !t.is_cuda() && is_half(t.dtype()) ? t.to(DType::F32) : t.clone();
+  if (c.size() == 1) return p;
+  const double tc = profile_start(t);
+  count(g, static_cast<int64_t>(t.nbytes()));
+  p.work = c.all_reduce_async(p.result, dist::ReduceOp::Sum);
+  profile_end(p.work.get(), t, tc);
+  return p;
+}
+
+Tensor TensorParallel::all_gather(TpGroup g, const Tensor& part,
+                                  const std::vector<int64_t>& counts) {
+  dist::Communicator& c = group(g);
+  CAI_CHECK(static_cast<int>(counts.size()) == c.size() && counts[c.rank()] == part.numel(),
+            "[tensor_parallel] all_gather over {} ({} members): {} counts, this member's {} "
+            "elements",
+            tp_group_name(g), c.size(), counts.size(), part.numel());
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  Tensor out = Tensor::empty({total}, part.dtype(), part.device());
+  if (c.size() == 1) {
+    out.copy_from(part.reshape({part.numel()}));
+    return out;
+  }
+  const double tc = profile_start(part);
+  count(g, total * static_cast<int64_t>(dtype_size(part.dtype())));
+  auto w = c.all_gather_async(part.reshape({part.numel()}), out, counts);
+  profile_end(w.get(), part, tc);
+  complete(std::move(w));
+  return out;
+}
+
+TensorParallel::Pending TensorParallel::reduce_scatter_start(TpGroup g, const Tensor& staged,
+                                                             const std::vector<int64_t>& counts) {
+  dist::Communicator& c = group(g);
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  CAI_CHECK(static_cast<int>(counts.size()) == c.size() && total == staged.numel(),
+            "[tensor_parallel] reduce_scatter over {} ({} members): {} counts summing to {}, "
+            "input of {} elements",
+            tp_group_name(g), c.size(), counts.size(), total, staged.numel());
+  Pending p;
+  p.dtype = staged.dtype();
+  const Tensor in = !staged.is_cuda() && is_half(staged.dtype()) ? staged.to(DType::F32) : staged;
+  if (c.size() == 1) {
+    p.result = in.reshape({in.numel()}).clone();
+    return p;
+  }
+  p.result = Tensor::empty({counts[c.rank()]}, in.dtype(), in.device());
+  const double tc = profile_start(in);
+  count(g, static_cast<int64_t>(staged.nbytes()));
+  p.work = c.reduce_scatter_async(in.reshape({in.numel()}), p.result, counts, dist::ReduceOp::Sum);
+  profile_end(p.work.get(), in, tc);
+  return p;
+}
+
+TensorParallel::Pending TensorParallel::broadcast_start(TpGroup g, const Tensor& t, int root) {
+  dist::Communicator& c = group(g);
+  Pending p;
+  p.dtype = t.dtype();
+  p.result = t;
+  if (c.size() == 1) return p;
+  const double tc = profile_start(t);
+  count(g, static_cast<int64_t>(t.nbytes()));
+  p.work = c.broadcast_async(p.result, root);
+  profile_end(p.work.get(), t, tc);
+  return p;
 }
 
 std::pair<int64_t, int64_t> TensorParallel::token_range(int64_t tokens, int r) const {
@@ -159,7 +511,7 @@ TensorParallel::Pending TensorParallel::all_reduce_start(const Tensor& t) {
   p.result = !t.is_cuda() && is_half(t.dtype()) ? t.to(DType::F32) : t;
   const double tc = profile_start(t);
   if (size_ > 1) {
-    comm_bytes_ += static_cast<int64_t>(t.nbytes());
+    count(TpGroup::All, static_cast<int64_t>(t.nbytes()));
     p.work = comm_.all_reduce_async(p.result, dist::ReduceOp::Sum);
   }
   profile_end(p.work.get(), t, tc);
@@ -188,7 +540,7 @@ Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
   for (int64_t c : counts) total += c;
   Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
   const double tc = profile_start(in);
-  comm_bytes_ += total * static_cast<int64_t>(dtype_size(part.dtype()));
+  count(TpGroup::All, total * static_cast<int64_t>(dtype_size(part.dtype())));
   auto w = comm_.all_gather_async(in.reshape({in.numel()}), staged, counts);
   profile_end(w.get(), in, tc);
   complete(std::move(w));
@@ -240,7 +592,7 @@ TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor
   p.result = Tensor::empty({b, t1 - t0, f}, in.dtype(), in.device());
   Tensor flat = p.result.reshape({p.result.numel()});
   const double tc = profile_start(in);
-  comm_bytes_ += static_cast<int64_t>(full.nbytes());
+  count(TpGroup::All, static_cast<int64_t>(full.nbytes()));
   p.work = comm_.reduce_scatter_async(staged, flat, counts, dist::ReduceOp::Sum);
   profile_end(p.work.get(), in, tc);
   return p;
@@ -287,7 +639,7 @@ Tensor TensorParallel::gather_features(const Tensor& part) {
   const Tensor in = widen ? part.to(DType::F32) : part;
   Tensor staged = Tensor::empty({rows * f}, in.dtype(), in.device());
   const double tc = profile_start(in);
-  comm_bytes_ += rows * f * static_cast<int64_t>(dtype_size(part.dtype()));
+  count(TpGroup::All, rows * f * static_cast<int64_t>(dtype_size(part.dtype())));
   auto w = comm_.all_gather_async(in.reshape({in.numel()}), staged,
                                   std::vector<int64_t>(size_, rows * n));
   profile_end(w.get(), in, tc);
@@ -329,12 +681,18 @@ struct LinearCache : Cache {
 }  // namespace
 
 ParallelLinear::ParallelLinear(const std::string& name, int64_t in, int64_t out, Kind kind,
-                               TensorParallel* tp)
-    : name_(name), kind_(kind), tp_(tp) {
+                               TensorParallel* tp, int orient)
+    : name_(name), kind_(kind), tp_(tp), orient_(orient) {
   const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   CAI_CHECK(kind == Kind::Whole || !tp || !tp->sequence_parallel(),
             "[{}] ParallelLinear has no sequence-parallel form", name);
-  if (kind == Kind::Column)
+  CAI_CHECK((kind == Kind::Nd) == (tp && tp->nd()) || kind == Kind::Whole,
+            "[{}] ParallelLinear kind Nd is for the 2d, 2.5d and 3d modes (tp is {})", name,
+            tp ? tp->describe() : std::string("none"));
+  if (kind == Kind::Nd) {
+    const auto [w, b] = tp->linear_specs(in, out, orient);
+    lin = Linear::sharded(name, in, out, w, b);
+  } else if (kind == Kind::Column)
     lin = Linear::column(name, in, out, r, T);
   else if (kind == Kind::Row)
     lin = Linear::row(name, in, out, r, T);
@@ -345,8 +703,9 @@ ParallelLinear::ParallelLinear(const std::string& name, int64_t in, int64_t out,
 Tensor ParallelLinear::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
   auto c = std::make_unique<LinearCache>();
   c->x = x;
-  Tensor y = kind_ == Kind::Row ? row_linear_fwd(tp_, x, lin)
-                                : ops::linear_fwd(x, lin.weight.value, &lin.bias.value);
+  Tensor y = kind_ == Kind::Nd    ? nd_linear_fwd(*tp_, x, lin, orient_)
+             : kind_ == Kind::Row ? row_linear_fwd(tp_, x, lin)
+                                  : ops::linear_fwd(x, lin.weight.value, &lin.bias.value);
   cache = std::move(c);
   return y;
 }
@@ -355,7 +714,8 @@ Tensor ParallelLinear::backward(const Tensor& dy, std::unique_ptr<Cache>& cache,
                                 const ForwardCtx&) {
   auto* c = dynamic_cast<LinearCache*>(cache.get());
   CAI_CHECK(c, "[{}] backward called without a matching forward cache", name_);
-  Tensor dx = kind_ == Kind::Column
+  Tensor dx = kind_ == Kind::Nd ? nd_linear_bwd(*tp_, c->x, lin, dy, orient_)
+              : kind_ == Kind::Column
                   ? column_linear_bwd(tp_, c->x, lin, dy)
                   : ops::linear_bwd(c->x, lin.weight.value, dy, &lin.weight.grad, &lin.bias.grad);
   cache.reset();

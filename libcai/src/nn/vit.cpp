@@ -41,6 +41,25 @@ void ViTConfig::validate_tensor_parallel(int tp, bool sequence_parallel) const {
             tp, tp, num_patches() + 1);
 }
 
+void ViTConfig::validate_tensor_parallel(const std::string& mode, int tp, int depth,
+                                         bool sequence_parallel) const {
+  TensorParallel::validate_size(mode, tp, depth);
+  if (mode == "1d") return validate_tensor_parallel(tp, sequence_parallel);
+  int q = 1;
+  while ((mode == "3d" ? q * q * q : q * q * depth) < tp) ++q;
+  const int64_t in_cut = mode == "3d" ? int64_t{q} * q : q;
+  CAI_CHECK(num_heads % q == 0, "[vit] num_heads {} is not divisible by {}'s q = {}", num_heads,
+            mode, q);
+  CAI_CHECK(embed_dim % in_cut == 0,
+            "[vit] hidden size {} is not divisible by {} ({} with q = {} cuts a linear's input "
+            "features into {} parts)",
+            embed_dim, in_cut, mode, q, in_cut);
+  CAI_CHECK(mlp_hidden() % in_cut == 0,
+            "[vit] MLP hidden size {} is not divisible by {} ({} with q = {} cuts a linear's "
+            "input features into {} parts)",
+            mlp_hidden(), in_cut, mode, q, in_cut);
+}
+
 int64_t ViTConfig::num_parameters() const {
   const int64_t d = embed_dim, h = mlp_hidden(), n = num_patches() + 1;
   const int64_t embed = d * in_chans * patch_size * patch_size + d + d + n * d;
@@ -88,11 +107,20 @@ T& cache_as(std::unique_ptr<Cache>& c, const std::string& layer) {
 }  // namespace
 
 Embedding::Embedding(const ViTConfig& c, TensorParallel* tp) : c_(c), tp_(tp) {
-  const int64_t d = c.embed_dim, p = c.patch_size;
+  const int64_t d = c.embed_dim, p = c.patch_size, n = c.num_patches() + 1;
+  if (tp && tp->nd()) {
+    // 2d/2.5d/3d: this rank's features of everything (its feature chunk of layout 0).
+    proj.weight = make_sharded_parameter("patch_embed.proj.weight",
+                                         tp->feature_spec({d, c.in_chans, p, p}, 0, 0), true);
+    proj.bias = make_sharded_parameter("patch_embed.proj.bias", tp->feature_spec({d}, 0, 0), false);
+    cls_token = make_sharded_parameter("cls_token", tp->feature_spec({1, 1, d}, 2, 0), false);
+    pos_embed = make_sharded_parameter("pos_embed", tp->feature_spec({1, n, d}, 2, 0), false);
+    return;
+  }
   proj.weight = make_parameter("patch_embed.proj.weight", {d, c.in_chans, p, p}, true);
   proj.bias = make_parameter("patch_embed.proj.bias", {d}, false);
   cls_token = make_parameter("cls_token", {1, 1, d}, false);
-  pos_embed = make_parameter("pos_embed", {1, c.num_patches() + 1, d}, false);
+  pos_embed = make_parameter("pos_embed", {1, n, d}, false);
 }
 
 Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
@@ -101,11 +129,24 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
             "[embedding] expects images [batch, {}, {}, {}], got {}", c_.in_chans, c_.img_size,
             c_.img_size, img.str());
   auto cc = std::make_unique<EmbedCache>();
+  const bool nd = tp_ && tp_->nd();
+  // 2d/2.5d/3d: this rank's samples (its batch chunk of layout 0) and features.
+  const auto [s0, s1] = nd ? tp_->batch_range(img.size(0), 0) : std::pair<int64_t, int64_t>{0, 0};
+  const Tensor im = nd ? img.narrow(s0, s1 - s0) : img;
   Tensor t =
-      ops::patch_embed_fwd(img, proj.weight.value, proj.bias.value, &cc->patches, compute_dtype);
+      ops::patch_embed_fwd(im, proj.weight.value, proj.bias.value, &cc->patches, compute_dtype);
   Tensor x = ops::cls_pos_fwd(t, cls_token.value, pos_embed.value);
-  if (ctx.training && c_.drop_rate > 0)
-    x = ops::dropout_fwd(x, c_.drop_rate, ctx.key("pos_drop", x.numel() / x.size(0)));
+  if (ctx.training && c_.drop_rate > 0) {
+    if (nd) {
+      ForwardCtx sub = ctx;
+      sub.sample_offset += s0;
+      const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
+      const auto [f0, f1] = tp_->feature_slice(d, 0);
+      x = ops::dropout_fwd(x, c_.drop_rate, sub.key_slice("pos_drop", n * d, f0, f1 - f0, d));
+    } else {
+      x = ops::dropout_fwd(x, c_.drop_rate, ctx.key("pos_drop", x.numel() / x.size(0)));
+    }
+  }
   cache = std::move(cc);
   // Sequence parallel: every rank embeds the whole image and keeps its tokens.
   if (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) x = tp_->slice_tokens(x);
@@ -114,7 +155,10 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
 
 Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& cc = cache_as<EmbedCache>(cache, "embedding");
-  const bool sp = tp_ && tp_->size() > 1 && tp_->sequence_parallel();
+  const bool nd = tp_ && tp_->nd();
+  // Sequence parallel and nd: the gradients of this rank's tokens / samples, summed over the
+  // group (nd: the ranks holding the same features of the other samples).
+  const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;
   // Sequence parallel: this rank's tokens give part of every parameter gradient; the parts are
   // computed into one buffer and summed over the group.
   Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
@@ -132,13 +176,22 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
   } else {
     for (int i = 0; i < 4; ++i) grads[i] = ps[i]->grad;
   }
-  Tensor g = sp ? tp_->pad_tokens(dy, c_.num_patches() + 1) : dy;
-  if (ctx.training && c_.drop_rate > 0)
-    g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
+  Tensor g = sp && !nd ? tp_->pad_tokens(dy, c_.num_patches() + 1) : dy;
+  if (ctx.training && c_.drop_rate > 0) {
+    if (nd) {
+      ForwardCtx sub = ctx;
+      sub.sample_offset += tp_->layout(0).chunk * dy.size(0);
+      const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
+      const auto [f0, f1] = tp_->feature_slice(d, 0);
+      g = ops::dropout_bwd(g, c_.drop_rate, sub.key_slice("pos_drop", n * d, f0, f1 - f0, d));
+    } else {
+      g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
+    }
+  }
   Tensor dt = ops::cls_pos_bwd(g, &grads[0], &grads[1], cc.patches.dtype());
   ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &grads[2], &grads[3]);
   if (sp) {
-    flat = tp_->all_reduce(flat);
+    flat = nd ? tp_->all_reduce(tp_->layout(0).replica_group, flat) : tp_->all_reduce(flat);
     int64_t off = 0;
     for (Parameter* p : ps) {
       ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
@@ -168,6 +221,23 @@ Block::Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel*
     : c_(c), prefix_("blocks." + std::to_string(index)), drop_path_(drop_path), tp_(tp) {
   const int64_t d = c.embed_dim, hid = c.mlp_hidden();
   const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  checkpoint = c.checkpoint;
+  if (tp && tp->nd()) {
+    c.validate_tensor_parallel(tp->mode(), T, tp->depth(), false);
+    auto linear = [&](const std::string& n, int64_t in, int64_t out, int orient, int groups) {
+      const auto [w, b] = tp->linear_specs(in, out, orient, groups);
+      return Linear::sharded(prefix_ + n, in, out, w, b);
+    };
+    norm1 = LayerNorm(prefix_ + ".norm1", tp->feature_spec({d}, 0, 0));
+    qkv = linear(".attn.qkv", d, 3 * d, 0, 3);
+    proj = linear(".attn.proj", d, d, 1, 1);
+    norm2 = LayerNorm(prefix_ + ".norm2", tp->feature_spec({d}, 0, 0));
+    fc1 = linear(".mlp.fc1", d, hid, 0, 1);
+    fc2 = linear(".mlp.fc2", hid, d, 1, 1);
+    heads_ = c.num_heads / tp->q();
+    hidden_ = hid / tp->q();
+    return;
+  }
   if (T > 1) c.validate_tensor_parallel(T, tp->sequence_parallel());
   norm1 = LayerNorm(prefix_ + ".norm1", d);
   qkv = Linear::column(prefix_ + ".attn.qkv", d, 3 * d, r, T, 3);  // whole heads of q, k, v
@@ -177,7 +247,83 @@ Block::Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel*
   fc2 = Linear::row(prefix_ + ".mlp.fc2", hid, d, r, T);
   heads_ = c.num_heads / T;
   hidden_ = hid / T;
-  checkpoint = c.checkpoint;
+}
+
+ForwardCtx Block::chunk_ctx(const ForwardCtx& ctx, int orient, int64_t samples) const {
+  ForwardCtx sub = ctx;
+  sub.sample_offset += tp_->layout(orient).chunk * samples;
+  return sub;
+}
+
+ops::RngKey Block::nd_key(const ForwardCtx& ctx, const std::string& site, int orient,
+                          int64_t samples, int64_t features) const {
+  const int64_t n = c_.num_patches() + 1;
+  const auto [f0, f1] = tp_->feature_slice(features, orient);
+  return chunk_ctx(ctx, orient, samples).key_slice(site, n * features, f0, f1 - f0, features);
+}
+
+void Block::run_forward_nd(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
+  TensorParallel& tp = *tp_;
+  const bool drop = ctx.training && c_.drop_rate > 0;
+  const bool dpath = ctx.training && drop_path_ > 0;
+  const int64_t bs = x.size(0), d = c_.embed_dim;
+  a.x = x;
+  a.a = nd_layernorm_fwd(tp, x, norm1, compute_dtype, &a.mean1, &a.rstd1);
+  a.qkv = nd_linear_fwd(tp, a.a, qkv, 0);
+  a.o = ops::attention_fwd(a.qkv, heads_, &a.probs);
+  Tensor y = nd_linear_fwd(tp, a.o, proj, 1);
+  if (drop)
+    y = ops::dropout_fwd(y, c_.drop_rate, nd_key(ctx, prefix_ + ".attn.proj_drop", 0, bs, d));
+  if (dpath)
+    y = ops::drop_path_fwd(y, drop_path_, chunk_ctx(ctx, 0, bs).key(prefix_ + ".drop_path1", 1));
+  a.h = ops::add(x, y);
+  a.b = nd_layernorm_fwd(tp, a.h, norm2, compute_dtype, &a.mean2, &a.rstd2);
+  a.f = nd_linear_fwd(tp, a.b, fc1, 0);
+  a.m = ops::gelu_fwd(a.f, c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact);
+  if (drop)
+    a.m = ops::dropout_fwd(a.m, c_.drop_rate,
+                           nd_key(ctx, prefix_ + ".mlp.drop1", 1, a.m.size(0), c_.mlp_hidden()));
+  a.full = true;
+}
+
+Tensor Block::backward_nd(const Tensor& dy, Acts& a, const ForwardCtx& ctx) {
+  TensorParallel& tp = *tp_;
+  const bool drop = ctx.training && c_.drop_rate > 0;
+  const bool dpath = ctx.training && drop_path_ > 0;
+  const int64_t bs = dy.size(0), d = c_.embed_dim, dl = norm1.weight.value.numel();
+  // The LayerNorms' gradients of this rank's samples, summed over the replica group at the end.
+  Tensor ln_flat = Tensor::zeros({4 * dl}, DType::F32, dy.device());
+  Tensor ln[4];
+  for (int i = 0; i < 4; ++i) ln[i] = ln_flat.narrow(i * dl, dl);
+  Parameter* ln_params[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
+  const auto kind = c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact;
+
+  Tensor g = dy;
+  if (dpath)
+    g = ops::drop_path_bwd(g, drop_path_, chunk_ctx(ctx, 0, bs).key(prefix_ + ".drop_path2", 1));
+  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, nd_key(ctx, prefix_ + ".mlp.drop2", 0, bs, d));
+  Tensor gm = nd_linear_bwd(tp, a.m, fc2, g, 1);
+  if (drop)
+    gm = ops::dropout_bwd(gm, c_.drop_rate,
+                          nd_key(ctx, prefix_ + ".mlp.drop1", 1, gm.size(0), c_.mlp_hidden()));
+  Tensor gf = ops::gelu_bwd(a.f, gm, kind);
+  Tensor gb = nd_linear_bwd(tp, a.b, fc1, gf, 0);
+  Tensor gh = nd_layernorm_bwd(tp, a.h, norm2, a.mean2, a.rstd2, gb, &ln[0], &ln[1]);
+  ops::add_(gh, dy);
+
+  Tensor gy = gh;
+  if (dpath)
+    gy = ops::drop_path_bwd(gy, drop_path_, chunk_ctx(ctx, 0, bs).key(prefix_ + ".drop_path1", 1));
+  if (drop)
+    gy = ops::dropout_bwd(gy, c_.drop_rate, nd_key(ctx, prefix_ + ".attn.proj_drop", 0, bs, d));
+  Tensor go = nd_linear_bwd(tp, a.o, proj, gy, 1);
+  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
+  Tensor ga = nd_linear_bwd(tp, a.a, qkv, gq, 0);
+  Tensor gx = nd_layernorm_bwd(tp, a.x, norm1, a.mean1, a.rstd1, ga, &ln[2], &ln[3]);
+  ops::add_(gx, gh);
+  ln_flat = tp.all_reduce(tp.layout(0).replica_group, ln_flat);
+  for (int i = 0; i < 4; ++i) ops::add_(ln_params[i]->grad, ln_flat.narrow(i * dl, dl));
+  return gx;
 }
 
 ops::RngKey Block::resid_key(const ForwardCtx& ctx, const std::string& site) const {
@@ -194,6 +340,7 @@ ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) co
 }
 
 void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
+  if (nd()) return run_forward_nd(x, a, ctx);
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
   const int64_t n = c_.num_patches() + 1;
@@ -224,15 +371,27 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
 }
 
 Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
-  CAI_CHECK(x.dim() == 3 && x.size(2) == c_.embed_dim,
-            "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, c_.embed_dim, x.str());
+  const int64_t features = nd() ? c_.embed_dim / tp_->q() : c_.embed_dim;
+  CAI_CHECK(x.dim() == 3 && x.size(2) == features,
+            "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, features, x.str());
   auto a = std::make_unique<Acts>();
   run_forward(x, *a, ctx);
-  Tensor y = row_linear_fwd(tp_, a->m, fc2);
-  if (ctx.training && c_.drop_rate > 0)
-    y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
-  if (ctx.training && drop_path_ > 0)
-    y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
+  Tensor y;
+  if (nd()) {
+    const int64_t bs = x.size(0);
+    y = nd_linear_fwd(*tp_, a->m, fc2, 1);
+    if (ctx.training && c_.drop_rate > 0)
+      y = ops::dropout_fwd(y, c_.drop_rate,
+                           nd_key(ctx, prefix_ + ".mlp.drop2", 0, bs, c_.embed_dim));
+    if (ctx.training && drop_path_ > 0)
+      y = ops::drop_path_fwd(y, drop_path_, chunk_ctx(ctx, 0, bs).key(prefix_ + ".drop_path2", 1));
+  } else {
+    y = row_linear_fwd(tp_, a->m, fc2);
+    if (ctx.training && c_.drop_rate > 0)
+      y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
+    if (ctx.training && drop_path_ > 0)
+      y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
+  }
   Tensor out = ops::add(a->h, y);
   if (checkpoint) {
     // Keep only the input; backward recomputes the rest with the same RNG keys.
@@ -247,6 +406,11 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
 Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& a = cache_as<Acts>(cache, prefix_);
   if (!a.full) run_forward(Tensor(a.x), a, ctx);
+  if (nd()) {
+    Tensor gx = backward_nd(dy, a, ctx);
+    cache.reset();
+    return gx;
+  }
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
   const int64_t n = c_.num_patches() + 1;
@@ -320,17 +484,40 @@ struct HeadCache : Cache {
 }  // namespace
 
 Head::Head(const ViTConfig& c, TensorParallel* tp) : c_(c), tp_(tp) {
+  if (tp && tp->nd()) {
+    // 2d/2.5d/3d: the norm and the classifier's input features cut by layout 0's features.
+    norm = LayerNorm("norm", tp->feature_spec({c.embed_dim}, 0, 0));
+    head = Linear::sharded("head", c.embed_dim, c.num_classes,
+                           tp->feature_spec({c.num_classes, c.embed_dim}, 1, 0),
+                           ShardSpec::split({c.num_classes}, 0, 1, 0, 1));
+    return;
+  }
   norm = LayerNorm("norm", c.embed_dim);
   const int T = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   head = Linear::row("head", c.embed_dim, c.num_classes, r, T);
 }
 
 Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
-  CAI_CHECK(x.dim() == 3 && x.size(2) == c_.embed_dim,
-            "[head] expects tokens [batch, tokens, {}], got {}", c_.embed_dim, x.str());
+  const int64_t features = tp_ && tp_->nd() ? c_.embed_dim / tp_->q() : c_.embed_dim;
+  CAI_CHECK(x.dim() == 3 && x.size(2) == features,
+            "[head] expects tokens [batch, tokens, {}], got {}", features, x.str());
   const bool tp = tp_ && tp_->size() > 1;
   auto hc = std::make_unique<HeadCache>();
   hc->tokens = x.size(1);
+  if (tp && tp_->nd()) {
+    // This rank's samples and features: partial logits summed over the feature group, then
+    // every batch chunk's gathered over the replica group (the whole batch on every rank).
+    const TensorParallel::Layout& l = tp_->layout(0);
+    hc->t = ops::select_token_fwd(x, 0);
+    hc->z = nd_layernorm_fwd(*tp_, hc->t, norm, compute_dtype, &hc->mean, &hc->rstd);
+    Tensor logits = ops::linear_fwd(hc->z, head.weight.value,
+                                    l.feature == 0 ? &head.bias.value : nullptr, DType::F32);
+    logits = tp_->all_reduce(l.feature_group, logits);
+    const int64_t n = logits.numel();
+    Tensor all = tp_->all_gather(l.replica_group, logits, std::vector<int64_t>(l.chunks, n));
+    cache = std::move(hc);
+    return all.reshape({x.size(0) * l.chunks, c_.num_classes});
+  }
   if (tp && tp_->sequence_parallel()) {
     // The class token is rank 0's: shared with the group by a sum with zeros elsewhere.
     hc->t = tp_->rank() == 0 ? ops::select_token_fwd(x, 0)
@@ -354,6 +541,36 @@ Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forwa
 Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
   auto& hc = cache_as<HeadCache>(cache, "head");
   const bool tp = tp_ && tp_->size() > 1;
+  if (tp && tp_->nd()) {
+    // This rank's samples of the logits' gradient; the parameter gradients of those samples
+    // summed over the replica group in one all-reduce.
+    const TensorParallel::Layout& l = tp_->layout(0);
+    const int64_t bs = hc.t.size(0);
+    CAI_CHECK(dy.dim() == 2 && dy.size(0) == bs * l.chunks,
+              "[head] logits gradient {} does not match {} samples", dy.str(), bs * l.chunks);
+    const Tensor dyc = dy.narrow(l.chunk * bs, bs);
+    Parameter* ps[] = {&head.weight, &head.bias, &norm.weight, &norm.bias};
+    int64_t total = 0;
+    for (Parameter* p : ps) total += p->grad.numel();
+    Tensor flat = Tensor::zeros({total}, DType::F32, dy.device());
+    Tensor g[4];
+    int64_t off = 0;
+    for (int i = 0; i < 4; ++i) {
+      g[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
+      off += ps[i]->grad.numel();
+    }
+    Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dyc, &g[0], &g[1]);
+    Tensor gt = nd_layernorm_bwd(*tp_, hc.t, norm, hc.mean, hc.rstd, gz, &g[2], &g[3]);
+    flat = tp_->all_reduce(l.replica_group, flat);
+    off = 0;
+    for (Parameter* p : ps) {
+      ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
+      off += p->grad.numel();
+    }
+    Tensor gx = ops::select_token_bwd(gt, hc.tokens, 0);
+    cache.reset();
+    return gx;
+  }
   Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dy, &head.weight.grad, &head.bias.grad);
   if (tp) gz = tp_->gather_features(gz);
   Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &norm.weight.grad,
@@ -377,7 +594,8 @@ void Head::collect(std::vector<Parameter*>& out) {
 
 ViT::ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp) : c_(c), tp_(std::move(tp)) {
   c.validate();
-  if (tp_) c.validate_tensor_parallel(tp_->size(), tp_->sequence_parallel());
+  if (tp_)
+    c.validate_tensor_parallel(tp_->mode(), tp_->size(), tp_->depth(), tp_->sequence_parallel());
   TensorParallel* t = tp_.get();
   layers_.push_back(std::make_unique<Embedding>(c, t));
   for (int64_t i = 0; i < c.depth; ++i) {
@@ -391,6 +609,11 @@ ViT::ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp) : c_(c), tp_(st
 
 Shape ViT::residual_shape(int64_t batch) const {
   const int64_t n = c_.num_patches() + 1;
+  if (tp_ && tp_->nd()) {
+    const auto [s0, s1] = tp_->batch_range(batch, 0);
+    const auto [f0, f1] = tp_->feature_slice(c_.embed_dim, 0);
+    return {s1 - s0, n, f1 - f0};
+  }
   if (!tp_ || tp_->size() == 1 || !tp_->sequence_parallel()) return {batch, n, c_.embed_dim};
   const auto [t0, t1] = tp_->my_tokens(n);
   return {batch, t1 - t0, c_.embed_dim};

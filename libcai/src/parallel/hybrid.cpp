@@ -18,6 +18,7 @@ struct HybridParallelPlugin::Impl {
   std::unique_ptr<DataParallelPlugin> dp;
   train::Plugin* inner = nullptr;
   std::set<std::string> sharded;        // names of tensor-parallel-sharded parameters
+  std::set<std::string> primary;        // of those, the ones whose part this rank counts once
   std::map<std::string, Shape> shapes;  // every parameter's shape on this rank
   Device device;
 
@@ -34,7 +35,8 @@ struct HybridParallelPlugin::Impl {
     pp_comm = world.split(me.dp * mesh.tp_size() + me.tp, me.pp,
                           fmt::format("pp-state[dp={},tp={}]", me.dp, me.tp));
     if (cfg.tp_size > 1)
-      tp = std::make_shared<nn::TensorParallel>(*tp_comm, cfg.tp_mode, cfg.sequence_parallel);
+      tp = std::make_shared<nn::TensorParallel>(*tp_comm, cfg.tp_mode, cfg.sequence_parallel,
+                                                cfg.tp_depth);
     else
       CAI_CHECK(!cfg.sequence_parallel,
                 "[hybrid] sequence_parallel = true needs a tensor-parallel size above 1 (got {})",
@@ -130,6 +132,7 @@ void HybridParallelPlugin::setup(nn::ViT& model) {
   for (nn::Parameter* p : model.parameters()) {
     m.shapes[p->name] = p->value.shape();
     if (p->shard.sharded()) m.sharded.insert(p->name);
+    if (p->shard.sharded() && p->shard.primary()) m.primary.insert(p->name);
   }
   m.inner->setup(model);
 }
@@ -172,13 +175,15 @@ void HybridParallelPlugin::sync_gradients(nn::ViT& model) {
 
 Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
-  // Every parameter once: tensor-parallel shards are disjoint over tp, whole parameters the same
-  // on every tp rank (tp rank 0 counts them); ZeRO shards are disjoint over dp, DDP gradients the
+  // Every parameter once: tensor-parallel shards are disjoint over tp (2.5d/3d parts held by
+  // several ranks: the lowest counts them), whole parameters the same on every tp rank (tp
+  // rank 0 counts them); ZeRO shards are disjoint over dp, DDP gradients the
   // same on every dp rank (dp rank 0 counts them); pipeline stages hold disjoint layers.
   const bool dp_disjoint = m.cfg.dp.zero_stage >= 1;
   const bool dp_counts = dp_disjoint || m.me.dp == 0;
   auto weight = [&m, dp_counts](const nn::Parameter& p) {
-    return dp_counts && (m.me.tp == 0 || m.sharded.count(p.name) > 0) ? 1.0 : 0.0;
+    const bool counts = m.sharded.count(p.name) ? m.primary.count(p.name) > 0 : m.me.tp == 0;
+    return dp_counts && counts ? 1.0 : 0.0;
   };
   return optim::clip_grad_norm_async(
       train::optimizer_params(opt), max_norm,

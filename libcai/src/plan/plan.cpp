@@ -58,7 +58,9 @@ void Layout::validate(const nn::ViTConfig& m) const {
             zero_stage, pp);
   CAI_CHECK(!cpu_offload || zero_stage >= 1, "[plan] cpu_offload needs zero_stage >= 1");
   CAI_CHECK(!sequence_parallel || tp > 1, "[plan] sequence_parallel needs tp > 1 (got {})", tp);
-  if (tp > 1) m.validate_tensor_parallel(tp, sequence_parallel);
+  if (tp > 1) m.validate_tensor_parallel(tp_mode, tp, tp_depth, sequence_parallel);
+  CAI_CHECK(tp > 1 || (tp_mode == "1d" && tp_depth == 1),
+            "[plan] tensor mode {} (depth {}) needs tp > 1", tp_mode, tp_depth);
   CAI_CHECK(batch >= 1 && gradient_accumulation >= 1,
             "[plan] batch {} and gradient_accumulation {} must be at least 1", batch,
             gradient_accumulation);
@@ -85,6 +87,37 @@ int optimizer_slots(const Layout& l) {
 }
 
 // Parameter sizes per layer on one tensor-parallel rank, in collect() order (nn/vit.cpp).
+// 2d/2.5d/3d: q, the batch chunks and the parts a linear's input features are cut in.
+struct NdDims {
+  int q = 1, chunks = 1, in_cut = 1;
+};
+NdDims nd_dims(const Layout& l) {
+  NdDims n;
+  if (!l.nd()) return n;
+  while ((l.tp_mode == "3d" ? n.q * n.q * n.q : n.q * n.q * l.tp_depth) < l.tp) ++n.q;
+  n.chunks = l.tp_mode == "3d" ? n.q * n.q : n.q * l.tp_depth;
+  n.in_cut = l.tp_mode == "3d" ? n.q * n.q : n.q;
+  return n;
+}
+
+std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, int T);
+
+std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, const Layout& l) {
+  if (!l.nd()) return parameter_numels(c, l.tp);
+  const NdDims nd = nd_dims(l);
+  const int64_t q = nd.q, d = c.embed_dim / q, dfull = c.embed_dim, hid = c.mlp_hidden() / q,
+                hfull = c.mlp_hidden(), n = c.num_patches() + 1;
+  // Weights [out/q, in/in_cut]; biases, norms and the embedding cut on features by q.
+  const int64_t ic = nd.in_cut;
+  std::vector<std::vector<int64_t>> out;
+  out.push_back({d, n * d, d * c.in_chans * c.patch_size * c.patch_size, d});
+  for (int64_t i = 0; i < c.depth; ++i)
+    out.push_back({d, d, 3 * d * (dfull / ic), 3 * d, d * (dfull / ic), d, d, d, hid * (dfull / ic),
+                   hid, d * (hfull / ic), d});
+  out.push_back({d, d, c.num_classes * d, c.num_classes});
+  return out;
+}
+
 std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, int T) {
   const int64_t d = c.embed_dim, hid = c.mlp_hidden(), n = c.num_patches() + 1;
   std::vector<std::vector<int64_t>> out;
@@ -124,6 +157,19 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
   const int64_t hd = c.embed_dim / c.num_heads;
   s.fused = l.gpu && l.precision != DType::F32 && hd >= 8 && hd <= 128 && hd % 8 == 0;
   s.es = l.gpu ? s.e : 4;
+  if (l.nd()) {
+    // 2d/2.5d/3d: this rank's batch chunk and features; no 1d collectives (added apart).
+    const NdDims nd = nd_dims(l);
+    CAI_CHECK(b % nd.chunks == 0,
+              "[plan] tensor mode {} splits a micro-batch into {} chunks: {} samples do not divide",
+              l.tp_mode, nd.chunks, b);
+    s.b = b / nd.chunks;
+    s.tp = s.sp = false;
+    s.nr = s.n;
+    s.d = s.dt = c.embed_dim / nd.q;
+    s.heads = c.num_heads / nd.q;
+    s.hid = c.mlp_hidden() / nd.q;
+  }
   return s;
 }
 
@@ -237,14 +283,15 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.saved = x;  // only the input; backward recomputes the rest
     p.forward_extra = (full - x) + y_out;
     p.backward_extra = (full - x) + bwd;
+    // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
-      if (o.phase == Phase::Forward) {
+      if (o.phase == Phase::Forward && o.op != "mlp.fc2") {
         OpCost r = o;
         r.phase = Phase::Recompute;
         p.ops.push_back(r);
       }
     for (const Collective& k : std::vector<Collective>(p.collectives))
-      if (k.phase == Phase::Forward) {
+      if (k.phase == Phase::Forward && k.op != "mlp.fc2") {
         Collective r = k;
         r.phase = Phase::Recompute;
         p.collectives.push_back(r);
@@ -282,13 +329,123 @@ LayerPlan head_plan(const Shapes& s) {
   return p;
 }
 
+// 2d/2.5d/3d: the collectives each layer issues (nn/tensor_parallel_nd.cpp, nn/vit.cpp) and the
+// linears' FLOPs (a rank multiplies its rows by every input feature: q × the local block's).
+void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout& l,
+            const Shapes& s) {
+  const NdDims nd = nd_dims(l);
+  const int q = nd.q;
+  const bool three = l.tp_mode == "3d";
+  const int64_t e = s.e, bl = s.b, n = s.n, dq = s.d, kq = c.num_classes;
+  auto add = [](LayerPlan& p, CollectiveKind k, const char* g, int size, int64_t bytes,
+                const std::string& op, Phase ph) {
+    Collective col{k, Group::Tp, size, bytes, p.name, op, ph};
+    col.subgroup = g;
+    p.collectives.push_back(col);
+  };
+  const char* feature = three ? "output" : "row";
+  const char* replica = three ? "input×weight" : "col×depth";
+  const int replicas = nd.chunks;
+  auto ln_fwd = [&](LayerPlan& p, int64_t rows, const std::string& op, Phase ph) {
+    add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " mean", ph);
+    add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " variance", ph);
+  };
+  auto ln_bwd = [&](LayerPlan& p, int64_t rows, const std::string& op) {
+    add(p, CollectiveKind::AllReduce, feature, q, rows * 2 * 4, op + " grad sums", Phase::Backward);
+  };
+  // A linear with `rows` rows of `in` / `out` features in all, input in layout `orient`.
+  auto linear = [&](LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
+                    int orient, Phase ph) {
+    const int64_t I = in / q, O = out / q;
+    if (!three) {
+      if (ph != Phase::Backward) {
+        for (int t = 0; t < q; ++t) {
+          add(p, CollectiveKind::Broadcast, "row", q, rows * I * e, op + " input block", ph);
+          add(p, CollectiveKind::Broadcast, "col", q, O * I * e, op + " weight block", ph);
+        }
+        return;
+      }
+      add(p, CollectiveKind::AllGather, "col", q, q * O * I * e, op + " weights", ph);
+      add(p, CollectiveKind::ReduceScatter, "row", q, q * rows * I * e, op + " input grad", ph);
+      add(p, CollectiveKind::AllGather, "row", q, q * rows * I * e, op + " inputs", ph);
+      add(p, CollectiveKind::ReduceScatter, "col", q, q * O * I * 4, op + " weight grad", ph);
+      if (l.tp_depth > 1)
+        add(p, CollectiveKind::AllReduce, "depth", l.tp_depth, O * I * 4, op + " weight grad", ph);
+      add(p, CollectiveKind::AllReduce, "col×depth", replicas, O * 4, op + " bias grad", ph);
+      return;
+    }
+    const char* gin = orient == 0 ? "input" : "output";
+    const char* gout = orient == 0 ? "output" : "input";
+    if (ph != Phase::Backward) {
+      add(p, CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
+      add(p, CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
+      add(p, CollectiveKind::ReduceScatter, gout, q, q * rows * O * e, op + " output", ph);
+      return;
+    }
+    add(p, CollectiveKind::AllGather, gout, q, q * rows * O * e, op + " output grad", ph);
+    add(p, CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
+    add(p, CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
+    add(p, CollectiveKind::ReduceScatter, gin, q, q * rows * I * e, op + " input grad", ph);
+    add(p, CollectiveKind::ReduceScatter, "weight", q, O * I * 4, op + " weight grad", ph);
+    add(p, CollectiveKind::AllReduce, "weight", q, O * 4, op + " bias grad", ph);
+  };
+  const int64_t D = c.embed_dim, H = c.mlp_hidden(), R = bl * n;
+  for (LayerPlan& p : layers) {
+    for (OpCost& o : p.ops)
+      if (o.op == "attn.qkv" || o.op == "attn.proj" || o.op == "mlp.fc1" || o.op == "mlp.fc2" ||
+          o.op == "head")
+        o.flops *= o.op == "head" ? 1 : q;
+    if (p.name == "embedding") {
+      const int64_t numel = dq + n * dq + dq * s.patch + dq;
+      add(p, CollectiveKind::AllReduce, replica, replicas, numel * 4, "parameter gradients",
+          Phase::Backward);
+    } else if (p.name == "head") {
+      ln_fwd(p, bl, "norm", Phase::Forward);
+      add(p, CollectiveKind::AllReduce, feature, q, bl * kq * 4, "head logits", Phase::Forward);
+      add(p, CollectiveKind::AllGather, replica, replicas, replicas * bl * kq * 4, "logits",
+          Phase::Forward);
+      ln_bwd(p, bl, "norm");
+      add(p, CollectiveKind::AllReduce, replica, replicas, (kq * dq + kq + 2 * dq) * 4,
+          "parameter gradients", Phase::Backward);
+    } else {
+      // Forward (and its recomputation under checkpointing) in Block's order.
+      std::vector<Phase> fwd{Phase::Forward};
+      if (c.checkpoint) fwd.push_back(Phase::Recompute);
+      for (Phase ph : fwd) {
+        ln_fwd(p, R, "norm1", ph);
+        linear(p, "attn.qkv", R, D, 3 * D, 0, ph);
+        linear(p, "attn.proj", R, D, D, 1, ph);
+        ln_fwd(p, R, "norm2", ph);
+        linear(p, "mlp.fc1", R, D, H, 0, ph);
+        if (ph == Phase::Forward) linear(p, "mlp.fc2", R, H, D, 1, ph);  // not recomputed
+      }
+      linear(p, "mlp.fc2", R, H, D, 1, Phase::Backward);
+      linear(p, "mlp.fc1", R, D, H, 0, Phase::Backward);
+      ln_bwd(p, R, "norm2");
+      linear(p, "attn.proj", R, D, D, 1, Phase::Backward);
+      linear(p, "attn.qkv", R, D, 3 * D, 0, Phase::Backward);
+      ln_bwd(p, R, "norm1");
+      add(p, CollectiveKind::AllReduce, replica, replicas, 4 * dq * 4, "norm grads",
+          Phase::Backward);
+      // The largest gathered blocks beside the layer's own tensors (fc1 / fc2's inputs and
+      // weights, q copies in a backward).
+      p.forward_extra += 2 * (R * H / q * e + D / q * H / q * e);
+      p.backward_extra += q * (R * H / q * e + D / q * H / q * 4) + R * H / q * e;
+    }
+  }
+}
+
 std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int64_t rows, int r) {
   const Shapes s = shapes_of(c, l, rows, r);
-  const auto numels = parameter_numels(c, l.tp);
+  const auto numels = parameter_numels(c, l);
   std::vector<LayerPlan> out;
   out.push_back(embedding_plan(c, s));
   for (int64_t i = 0; i < c.depth; ++i) out.push_back(block_plan(c, l, s, i));
   out.push_back(head_plan(s));
+  if (l.nd()) {
+    add_nd(out, c, l, s);
+    out.back().output = rows * s.k * 4;  // every rank gets the whole batch's logits
+  }
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].parameter_numels = numels[i];
     for (int64_t v : numels[i]) out[i].parameters += v;
@@ -740,7 +897,7 @@ StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
       p.micro_batch_rows = std::max(
           p.micro_batch_rows, schedule::micro_batch_slice(layout.batch, p.micro_batches, i).second);
     std::vector<int64_t> costs;
-    for (const auto& ps : parameter_numels(model, layout.tp)) {
+    for (const auto& ps : parameter_numels(model, layout)) {
       int64_t n = 0;
       for (int64_t v : ps) n += v;
       costs.push_back(n);

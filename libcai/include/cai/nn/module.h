@@ -12,16 +12,32 @@
 
 namespace cai::nn {
 
-// How a tensor-parallel parameter is cut: dimension `dim` of the full (timm) shape is viewed as
-// `groups` equal groups, each split into `count` contiguous parts; this rank holds part `part` of
-// every group (qkv's [3·D] output rows are 3 groups: each rank keeps whole heads of q, k and v).
-// dim < 0: the parameter is whole (replicated over the tensor-parallel group, if any).
-struct ShardSpec {
-  int dim = -1;
+// How a tensor-parallel parameter is cut. Each cut views dimension `dim` of the (already cut)
+// tensor as `groups` equal groups, each split into `count` contiguous parts, and keeps part
+// (rank / stride) % count of every group, where rank is the tensor-parallel rank (qkv's [3·D]
+// output rows are 3 groups: each rank keeps whole heads of q, k and v). Cuts apply in order; a
+// later cut of the same dimension splits the part further (3D: a weight's input features by
+// the output index, then by the weight index). Ranks whose cuts select the same parts hold
+// copies (2.5D: the depth slices).
+struct ShardCut {
+  int dim = 0;
   int groups = 1;
-  int part = 0, count = 1;
-  Shape full;  // the full shape (set when sharded)
-  bool sharded() const { return dim >= 0 && count > 1; }
+  int count = 1;
+  int stride = 1;
+};
+struct ShardSpec {
+  std::vector<ShardCut> cuts;  // empty: whole (replicated over the tensor-parallel group, if any)
+  int rank = 0, size = 1;      // the tensor-parallel rank holding this part, of `size` ranks
+  Shape full;                  // the full shape (set when sharded)
+  bool sharded() const { return !cuts.empty(); }
+  // Part of cut i that tensor-parallel rank r keeps.
+  int part(size_t i, int r) const { return (r / cuts[i].stride) % cuts[i].count; }
+  // Whether ranks r and s hold the same elements.
+  bool same_part(int r, int s) const;
+  // Whether this rank is the lowest one holding its part (counts the part once in a norm).
+  bool primary() const;
+  // 1D: part `part` of `count` along `dim` (in `groups` groups), rank `part` of `count`.
+  static ShardSpec split(const Shape& full, int dim, int groups, int part, int count);
 };
 
 struct Parameter {
@@ -85,6 +101,9 @@ struct Linear {
   static Linear column(const std::string& name, int64_t in, int64_t out, int part, int count,
                        int groups = 1);
   static Linear row(const std::string& name, int64_t in, int64_t out, int part, int count);
+  // Weight and bias cut by the given specs (2D/2.5D/3D; see TensorParallel::linear_specs).
+  static Linear sharded(const std::string& name, int64_t in, int64_t out, const ShardSpec& weight,
+                        const ShardSpec& bias);
   void collect(std::vector<Parameter*>& out);
 };
 
@@ -93,9 +112,15 @@ struct LayerNorm {
   float eps = 1e-6f;
   LayerNorm() = default;
   LayerNorm(const std::string& name, int64_t dim, float eps = 1e-6f);
+  // Weight and bias cut by `spec` (its full shape [dim]): 2D/2.5D/3D split the features.
+  LayerNorm(const std::string& name, const ShardSpec& spec, float eps = 1e-6f);
   void collect(std::vector<Parameter*>& out);
 };
 
 Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay);
+// A parameter holding the part `spec` selects of a `spec.full` tensor (whole when not sharded).
+Parameter make_sharded_parameter(const std::string& name, const ShardSpec& spec, bool weight_decay);
+// The shape of the part `spec` selects for tensor-parallel rank r (spec.rank by default).
+Shape shard_local_shape(const ShardSpec& spec, int r = -1);
 
 }  // namespace cai::nn

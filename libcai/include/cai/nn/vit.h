@@ -40,6 +40,10 @@ struct ViTConfig {
   // Whether the model splits over `tp` ranks (heads, hidden and MLP sizes divisible; with
   // sequence parallelism at least tp tokens): throws naming both numbers.
   void validate_tensor_parallel(int tp, bool sequence_parallel) const;
+  // The same for a mode of TensorParallel ("1d", "2d", "2.5d", "3d"): 2d/2.5d need heads, hidden
+  // and MLP sizes divisible by q, 3d the input features of every linear by q².
+  void validate_tensor_parallel(const std::string& mode, int tp, int depth,
+                                bool sequence_parallel) const;
   // timm names: vit_tiny_patch16_224, vit_small_patch16_224, vit_base_patch16_224,
   // vit_large_patch16_224, vit_huge_patch14_224 (and vit_huge_patch16_224 as an alias).
   static ViTConfig named(const std::string& name);
@@ -84,7 +88,15 @@ class Block : public Layer {
   ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site) const;
   ops::RngKey hidden_key(const ForwardCtx& ctx, const std::string& site) const;
   bool sp() const { return tp_ && tp_->size() > 1 && tp_->sequence_parallel(); }
+  bool nd() const { return tp_ && tp_->nd(); }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  // 2d/2.5d/3d: the forward and backward with the nd layers, and the mask key of this rank's
+  // part (batch chunk and features) of a [batch, tokens, features] site in layout `orient`.
+  void run_forward_nd(const Tensor& x, Acts& a, const ForwardCtx& ctx);
+  Tensor backward_nd(const Tensor& dy, Acts& a, const ForwardCtx& ctx);
+  ops::RngKey nd_key(const ForwardCtx& ctx, const std::string& site, int orient, int64_t samples,
+                     int64_t features) const;
+  ForwardCtx chunk_ctx(const ForwardCtx& ctx, int orient, int64_t samples) const;
   ViTConfig c_;
   std::string prefix_;
   float drop_path_;

@@ -23,7 +23,8 @@ namespace cai::parallel {
 
 struct HybridParallelConfig {
   int tp_size = 1, pp_size = 1;
-  std::string tp_mode = "1d";
+  std::string tp_mode = "1d";  // 1d | 2d | 2.5d | 3d
+  int tp_depth = 1;            // 2.5d: the depth d (tp_size / d a square)
   bool sequence_parallel = false;
   bool pipeline_executor = false;  // the pipeline executor even with pp 1 (it records traces)
   PipelineConfig pipeline;         // pp_size > 1 (its `dp` member is replaced by `dp` below)

@@ -28,6 +28,8 @@ namespace cai::plan {
 struct Layout {
   int world = 1;  // processes; the data-parallel size is world / (tp · pp)
   int tp = 1, pp = 1;
+  std::string tp_mode = "1d";  // 1d | 2d | 2.5d | 3d (cai/nn/tensor_parallel.h)
+  int tp_depth = 1;            // 2.5d
   bool sequence_parallel = false;
   int zero_stage = 0;  // 0 (DDP), 1, 2, 3
   bool cpu_offload = false;
@@ -52,6 +54,7 @@ struct Layout {
   double allocator_overhead = 0.0;
 
   int dp() const { return world / (tp * pp); }
+  bool nd() const { return tp > 1 && tp_mode != "1d"; }
   void validate(const nn::ViTConfig& model) const;  // throws "[plan] ..." naming the bad values
 };
 
@@ -81,6 +84,9 @@ struct Collective {
   std::string layer, op;  // the layer and the op or phase it belongs to ("mlp.fc2", "bucket 3")
   Phase phase = Phase::Forward;
   int count = 1;  // times per optimizer step (per micro-batch ones: × micro-batches)
+  // Tensor parallel: the sub-group (nn::tp_group_name: "tp" the whole group, "row", "col",
+  // "depth", "col×depth", "input", "weight", "output", "input×weight", "output×weight").
+  std::string subgroup = "tp";
 };
 
 // One layer for one micro-batch on one rank.
