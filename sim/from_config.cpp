@@ -88,7 +88,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
   }
   const int last_mb = sp.micro_batches - 1;
   eo.compute = [&, P, T, D, layout](const schedule::Instr& in, int rank, int vstage,
-                            Workload& w) -> std::vector<Op> {
+                                    Workload& w) -> std::vector<Op> {
     const int s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     std::vector<int> tp_ranks, dp_ranks;
     for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);

@@ -223,8 +223,7 @@ TEST(Config, TensorParallelSettings) {
   TrainConfig mode = c;  // size 2 is not a q × q grid
   mode.tensor_mode = "2d";
   mode.sequence_parallel = false;
-  EXPECT_NE(message(mode, 2).find("2d needs a square size"), std::string::npos)
-      << message(mode, 2);
+  EXPECT_NE(message(mode, 2).find("2d needs a square size"), std::string::npos) << message(mode, 2);
   TrainConfig none = c;
   none.tensor_mode = "none";
   EXPECT_NE(message(none, 2).find("needs parallel.tensor.mode"), std::string::npos);

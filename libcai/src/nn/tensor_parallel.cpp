@@ -223,9 +223,9 @@ std::vector<int> tp_group_members(const std::string& mode, int size, int depth,
                                   const std::string& group, int rank) {
   TensorParallel::validate_size(mode, size, depth);
   CAI_CHECK(rank >= 0 && rank < size, "[tensor_parallel] rank {} outside {} ranks", rank, size);
-  const std::vector<TpGroup> all = {TpGroup::All,         TpGroup::Row,        TpGroup::Col,
-                                    TpGroup::Depth,       TpGroup::ColDepth,   TpGroup::Input,
-                                    TpGroup::Weight,      TpGroup::Output,     TpGroup::InputWeight,
+  const std::vector<TpGroup> all = {TpGroup::All,         TpGroup::Row,      TpGroup::Col,
+                                    TpGroup::Depth,       TpGroup::ColDepth, TpGroup::Input,
+                                    TpGroup::Weight,      TpGroup::Output,   TpGroup::InputWeight,
                                     TpGroup::OutputWeight};
   for (TpGroup g : all)
     if (group == tp_group_name(g)) {

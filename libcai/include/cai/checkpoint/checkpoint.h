@@ -73,9 +73,7 @@ class CheckpointHook : public train::Hook {
   CheckpointHook(CheckpointConfig cfg, optim::LRScheduler* scheduler);
   void after_step(train::Trainer& t, const train::StepInfo& s) override;
   void after_epoch(train::Trainer& t, const train::EpochInfo& e) override;
-  bool needs_values(const train::Trainer&, const train::StepInfo&) const override {
-    return false;
-  }
+  bool needs_values(const train::Trainer&, const train::StepInfo&) const override { return false; }
 
  private:
   CheckpointConfig cfg_;
