@@ -7,6 +7,8 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -232,6 +234,25 @@ const Efficiency& Calibration::of(const std::string& kind) const {
   return it == ops.end() ? fallback : it->second;
 }
 
+double Calibration::seconds_of(const std::string& key, double flops, bool* interpolated) const {
+  const auto it = samples.find(key);
+  if (it == samples.end() || it->second.empty()) return -1;
+  const std::vector<Sample>& v = it->second;
+  if (interpolated) *interpolated = true;
+  for (const Sample& s : v)
+    if (std::abs(s.flops - flops) <= 1e-3 * std::max(s.flops, 1.0)) {
+      if (interpolated) *interpolated = false;
+      return s.seconds;
+    }
+  if (flops <= v.front().flops) return v.front().seconds * flops / v.front().flops;
+  if (flops >= v.back().flops) return v.back().seconds * flops / v.back().flops;
+  size_t i = 1;
+  while (v[i].flops < flops) ++i;
+  const Sample &a = v[i - 1], &b = v[i];
+  const double t = std::log(flops / a.flops) / std::log(b.flops / a.flops);
+  return std::exp(std::log(a.seconds) + t * (std::log(b.seconds) - std::log(a.seconds)));
+}
+
 Calibration default_calibration() {
   Calibration c;
   c.device = "any";
@@ -278,8 +299,29 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else if (k == "ops") {
       CAI_CHECK(v.is_object(), "[calibration] {}: ops is not an object", origin);
       for (auto& [op, e] : v.items()) c.ops[op] = eff(e, "ops." + op);
+    } else if (k == "layer_scale") {  // informative: how the kernels were scaled to layers
+      CAI_CHECK(v.is_object(), "[calibration] {}: layer_scale is not an object", origin);
+    } else if (k == "samples") {
+      CAI_CHECK(v.is_object(), "[calibration] {}: samples is not an object", origin);
+      for (auto& [op, list] : v.items()) {
+        CAI_CHECK(list.is_array(), "[calibration] {}: samples.{} is not a list", origin, op);
+        std::vector<Sample>& out = c.samples[op];
+        for (const json& e : list) {
+          CAI_CHECK(e.is_array() && e.size() == 3 && e[0].is_number() && e[1].is_number() &&
+                        e[2].is_number() && e[0].get<double>() > 0 && e[1].get<double>() >= 0 &&
+                        e[2].get<double>() > 0,
+                    "[calibration] {}: samples.{} entry {} is not [flops > 0, bytes >= 0, "
+                    "seconds > 0]",
+                    origin, op, e.dump());
+          out.push_back({e[0].get<double>(), e[1].get<double>(), e[2].get<double>()});
+        }
+        std::sort(out.begin(), out.end(),
+                  [](const Sample& a, const Sample& b) { return a.flops < b.flops; });
+      }
     } else {
-      fail("[calibration] {}: unknown key '{}': expected device, default, ops", origin, k);
+      fail(
+          "[calibration] {}: unknown key '{}': expected device, default, ops, samples, layer_scale",
+          origin, k);
     }
   }
   return c;

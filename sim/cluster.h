@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace cai::sim {
 
@@ -75,20 +76,34 @@ struct Efficiency {
   double flops = 0.6, bytes = 0.8;
 };
 
+// One timing of a real kernel (`colossalai benchmark --calibrate`): the plan's FLOPs and bytes
+// of the op at that shape, and the measured seconds.
+struct Sample {
+  double flops = 0, bytes = 0, seconds = 0;
+};
+
 struct Calibration {
   std::string device;  // what it was measured on (informative)
   std::string origin;  // file, or "built-in defaults"
   Efficiency fallback;
   std::map<std::string, Efficiency> ops;
+  // Measured kernels per plan op and phase ("attn.qkv|fwd", "attn|bwd", "optimizer|step"; for
+  // the optimizer `flops` holds the elements stepped), sorted by flops.
+  std::map<std::string, std::vector<Sample>> samples;
   // The efficiency of an op kind: its entry, else the fallback (`default` in the file).
   const Efficiency& of(const std::string& kind) const;
+  // Seconds of op `key` doing `flops`: a sample's when one matches (within 0.1%), else
+  // interpolated in log-log between the samples around it (beyond the ends: the nearest sample's
+  // rate); -1 when there is no sample of `key`. *interpolated tells which (may be null).
+  double seconds_of(const std::string& key, double flops, bool* interpolated) const;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
 // attention 0.5/0.8, layernorm/elementwise/optimizer 0.5/0.85, anything else 0.6/0.8.
 Calibration default_calibration();
-// JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...}};
-// every efficiency in (0, 1]; unknown keys are errors ("[calibration] <origin>: ...").
+// JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...},
+// "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...}}; every efficiency in (0, 1],
+// every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);
 Calibration load_calibration(const std::string& path);
 

@@ -168,7 +168,17 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             break;
           }
           case Op::OptimizerStep:
-            push(sim::Op::compute("OptStep", opt.optimizer_s, -1, "optimizer"));
+            if (!opt.optimizer_elements.empty()) {
+              sim::Op o = sim::Op::compute("OptStep", -1.0, -1, "optimizer");
+              o.flops = opt.optimizer_elements.at(st);
+              // AdamW reads p, g, m, v and writes p, m, v; clipping reads g; zero_grad writes it.
+              o.mem_bytes = 36.0 * o.flops;
+              o.op_kind = "optimizer";
+              o.cal_key = "optimizer|step";
+              push(std::move(o));
+            } else {
+              push(sim::Op::compute("OptStep", opt.optimizer_s, -1, "optimizer"));
+            }
             break;
         }
       }

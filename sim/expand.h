@@ -33,6 +33,10 @@ struct ExpandOptions {
   std::vector<double> forward_s{1.0}, backward_s{2.0};
   double backward_input_share = 0.5;  // BackwardInput = share · backward (split_backward)
   double load_s = 0, optimizer_s = 0;
+  // Per stage: the parameter elements its optimizer steps (clipping, the step and zero_grad),
+  // timed by the calibration's "optimizer|step" samples or the memory roofline; when set, it
+  // replaces optimizer_s.
+  std::vector<double> optimizer_elements;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
   int64_t boundary_bytes = -1;
   int dp = 1;                       // pipeline replicas (data parallel)

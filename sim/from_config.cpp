@@ -77,6 +77,9 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
   eo.dp = D * T;  // replicas of each stage's program: dp × tp
   eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
   eo.dtype = sim_dtype(layout.precision);
+  for (int s = 0; s < P; ++s)
+    eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
+                                    (layout.zero_stage >= 1 ? D : 1));
   for (int s = 0; s < P; ++s) {
     const plan::Memory& m = sp.stages[s].memory;
     std::array<int64_t, kMemKinds> mem{};
@@ -135,6 +138,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
         op.flops = c.flops;
         op.mem_bytes = static_cast<double>(c.bytes_read + c.bytes_written);
         op.op_kind = op_kind_of(c.op);
+        op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
         ops.push_back(std::move(op));
       }
       if (!ops.empty() && lp.saved > 0) {

@@ -32,21 +32,36 @@ const char* collective_model_name(CollectiveModel m) {
 }
 
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
-                                                   const Calibration& cal) {
+                                                   const Calibration& cal, TimingSources* sources) {
   const double peak = c.gpu.peak_flops(w.dtype);
   std::vector<std::vector<double>> out(w.ranks.size());
   for (size_t r = 0; r < w.ranks.size(); ++r) {
     out[r].assign(w.ranks[r].ops.size(), 0.0);
+    TimingSources* count = r == 0 ? sources : nullptr;
     for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
       const Op& o = w.ranks[r].ops[i];
       if (o.kind != OpKind::Compute) continue;
       if (o.seconds >= 0) {
         out[r][i] = o.seconds;
-      } else {
-        const Efficiency& e = cal.of(o.op_kind);
-        out[r][i] =
-            std::max(o.flops / (peak * e.flops), o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes));
+        if (count) ++count->given;
+        continue;
       }
+      bool interpolated = false;
+      const double measured =
+          o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
+      if (measured >= 0) {
+        // Interpolation stays within the roofline: never faster than the peak.
+        const double bound = o.op_kind == "optimizer"
+                                 ? o.mem_bytes / c.gpu.memory_bandwidth
+                                 : std::max(o.flops / peak, o.mem_bytes / c.gpu.memory_bandwidth);
+        out[r][i] = interpolated ? std::max(measured, bound) : measured;
+        if (count) ++(interpolated ? count->interpolated : count->measured);
+        continue;
+      }
+      const Efficiency& e = cal.of(o.op_kind);
+      const double f = o.op_kind == "optimizer" ? 0.0 : o.flops / (peak * e.flops);
+      out[r][i] = std::max(f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes));
+      if (count) ++count->roofline;
     }
   }
   return out;
@@ -460,7 +475,8 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
             "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs{}", w.name,
             w.ranks.size(), c.name, c.origin, c.gpus(),
             c.max_ranks_per_gpu > 1 ? fmt::format(" for {} ranks", c.max_ranks()) : "");
-  const auto dur = compute_durations(w, c, opt.calibration);
+  TimingSources timing;
+  const auto dur = compute_durations(w, c, opt.calibration, &timing);
   // Buffered output would be written twice (by the child too) if it were not flushed now.
   std::fflush(stdout);
   std::fflush(stderr);
@@ -499,6 +515,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   res.cluster = c.name;
   res.collectives = opt.collectives;
   res.simgrid_s = v[0];
+  res.timing = timing;
   res.memory_limit = c.gpu.memory_bytes;
   res.ranks.resize(w.ranks.size());
   size_t k = 1;

@@ -50,6 +50,12 @@ struct RankResult {
   std::vector<MemPoint> memory;  // the curve, starting at t = 0 with initial_mem
 };
 
+// How the compute ops of a replay were timed: given durations, calibration samples matched
+// exactly, interpolated between samples, or the roofline with the op kind's efficiency.
+struct TimingSources {
+  int64_t given = 0, measured = 0, interpolated = 0, roofline = 0;
+};
+
 struct ReplayResult {
   std::string cluster;
   CollectiveModel collectives = CollectiveModel::Bulk;
@@ -67,12 +73,16 @@ struct ReplayResult {
   int64_t memory_limit = 0;  // the GPU's usable memory; peak_mem above it does not fit
   double wall_s = 0;         // host time of the whole replay (check, fork, platform, run, metrics)
   double simgrid_s = 0;      // host time inside the SimGrid process (platform + run)
+  TimingSources timing;      // how the compute ops were timed (rank 0's program)
   std::vector<RankResult> ranks;
 };
 
-// Compute durations in seconds per [rank][op] (0 for non-compute ops): `seconds` or the roofline.
+// Compute durations in seconds per [rank][op] (0 for non-compute ops): `seconds`, the
+// calibration's samples of the op's cal_key (never below the roofline at full peak), or the
+// roofline with the op kind's efficiency.
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
-                                                   const Calibration& cal);
+                                                   const Calibration& cal,
+                                                   TimingSources* sources = nullptr);
 
 // Throws "[sim] ..." for an invalid workload (check()), too many ranks for the cluster, a deadlock
 // (naming every rank's first unfinished op) or a failed SimGrid process.

@@ -56,7 +56,12 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
             {"comm_total_ms", commt},
             {"idle_ms", idle},
             {"wall_s", r.wall_s},
-            {"simgrid_s", r.simgrid_s}};
+            {"simgrid_s", r.simgrid_s},
+            {"compute_ops_timed",
+             {{"given", r.timing.given},
+              {"measured", r.timing.measured},
+              {"interpolated", r.timing.interpolated},
+              {"roofline", r.timing.roofline}}}};
   return j.dump(1);
 }
 
@@ -104,6 +109,12 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
   s += fmt::format("  peak memory {:.3f} GiB (largest rank) of {:.1f} GiB{}\n",
                    peak / (1024.0 * 1024 * 1024), r.memory_limit / (1024.0 * 1024 * 1024),
                    peak > r.memory_limit ? ": DOES NOT FIT" : "");
+  const TimingSources& t = r.timing;
+  if (t.measured + t.interpolated > 0)
+    s += fmt::format(
+        "  compute ops of rank 0: {} measured by the calibration, {} interpolated between its "
+        "samples, {} from the roofline, {} given\n",
+        t.measured, t.interpolated, t.roofline, t.given);
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;
 }

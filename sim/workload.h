@@ -67,6 +67,7 @@ struct Op {
   double seconds = -1;              // >= 0: given duration
   double flops = 0, mem_bytes = 0;  // roofline when seconds < 0
   std::string op_kind = "default";  // calibration entry
+  std::string cal_key;              // calibration samples ("attn.qkv|fwd"); empty: none
   // Communication
   int64_t bytes = 0;
   int group = -1;   // collectives: index into Workload::groups (must contain this rank)

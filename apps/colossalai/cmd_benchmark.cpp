@@ -17,6 +17,7 @@
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
+#include "calibrate.h"
 #include "cmd_run.h"
 #include "config.h"
 #include "kernels/device.h"
@@ -408,9 +409,9 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "2.5d, 3d) measured on N ranks started like `colossalai run`");
   add_flags(sub, opts);
   sub->footer(
-      "Layouts this build cannot run (2d, 2.5d, 3d today) and shapes that do not divide are "
-      "listed as skipped or failed with the reason. --simulate, --compare, --search and "
-      "--calibrate need the simulator's workload replay, which is not wired yet.");
+      "Shapes that do not divide are listed as failed with the reason. --calibrate OUT "
+      "--config F times the model's kernels for the simulator (-g 1). --simulate, --compare and "
+      "--search need the simulator's workload replay, which is not wired yet.");
   auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
   worker->group("");  // hidden
   add_flags(worker, opts);
@@ -418,10 +419,11 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
 }
 
 int run_benchmark(const BenchmarkOptions& o) {
-  if (o.simulate || o.search || !o.compare.empty() || !o.calibrate.empty()) {
-    std::cerr << "colossalai benchmark: --simulate, --compare, --search and --calibrate are not "
-                 "available yet: colossalai-sim cannot replay these workloads in this build "
-                 "(measured layouts work: drop the flag)\n";
+  if (!o.calibrate.empty()) return run_calibrate(o);
+  if (o.simulate || o.search || !o.compare.empty()) {
+    std::cerr << "colossalai benchmark: --simulate, --compare and --search are not available yet: "
+                 "colossalai-sim cannot replay these workloads in this build (measured layouts "
+                 "and --calibrate work)\n";
     return 2;
   }
   CAI_CHECK(o.model != "vit" || !o.config.empty(),

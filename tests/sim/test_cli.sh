@@ -60,6 +60,22 @@ names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
 assert any(n.startswith("blocks.0 attn.qkv") for n in names), sorted(names)[:20]
 print("--config layouts: ok")
 PY
+# Calibration: colossalai benchmark --calibrate times the model's kernels (per op, no step
+# figure); the simulator times the ops from it and says so.
+"$(dirname "$sim")/colossalai" benchmark -g 1 --device cpu --calibrate "$out/cal.json" \
+  --config "$configs/fmnist_tiny.toml" --set train.batch_size=8 >"$out/cal.log" 2>&1 ||
+  { cat "$out/cal.log"; exit 1; }
+"$sim" "${cfg[@]}" --nproc 2 --set train.batch_size=8 --calibration "$out/cal.json" \
+  --json "$out/cal_dp2.json" | tee "$out/cal_dp2.txt" | grep -q "measured by the calibration"
+python3 - "$out/cal.json" "$out/cal_dp2.json" <<'PY'
+import json, sys
+cal, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for k in ("attn.qkv|fwd", "attn|bwd", "mlp.fc2|bwd", "norm1|fwd", "optimizer|step"):
+    assert cal["samples"].get(k), k
+t = r["compute_ops_timed"]
+assert t["measured"] > 0 and t["roofline"] == 0, t
+print("calibration: ok")
+PY
 if "$sim" "${cfg[@]}" --nproc 8 --set parallel.tensor.mode=1d --set parallel.tensor.size=8 \
   2>"$out/err"; then exit 1; fi
 grep -q "num_heads 4 is not divisible by the tensor-parallel size 8" "$out/err" || { cat "$out/err"; exit 1; }

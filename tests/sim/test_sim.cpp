@@ -175,6 +175,57 @@ TEST(Calibration, DefaultsFileAndErrors) {
   EXPECT_NEAR(t[0][1], 2.0, 1e-12);
 }
 
+TEST(Calibration, MeasuredSamplesTimeTheOpsTheyMatch) {
+  const Calibration c = parse_calibration(
+      R"({"samples": {"attn.qkv|fwd": [[4e9, 1e6, 0.004], [1e9, 1e6, 0.002]],
+                      "optimizer|step": [[1e6, 3.6e7, 0.001]]},
+          "layer_scale": {"blocks.0|fwd b1": 1.1}})",
+      "cal.json");
+  bool interp = true;
+  EXPECT_DOUBLE_EQ(c.seconds_of("attn.qkv|fwd", 1e9, &interp), 0.002);  // sorted on load
+  EXPECT_FALSE(interp);
+  // Between samples: log-log, so 2e9 FLOPs (halfway in log) takes √(0.002 · 0.004).
+  EXPECT_NEAR(c.seconds_of("attn.qkv|fwd", 2e9, &interp), std::sqrt(0.002 * 0.004), 1e-12);
+  EXPECT_TRUE(interp);
+  EXPECT_NEAR(c.seconds_of("attn.qkv|fwd", 8e9, nullptr), 0.008, 1e-12);  // the last rate
+  EXPECT_DOUBLE_EQ(c.seconds_of("mlp.fc1|fwd", 1e9, nullptr), -1);
+  for (const char* bad : {R"({"samples": {"x|fwd": [[0, 1, 1]]}})",
+                          R"({"samples": {"x|fwd": [[1, 1]]}})", R"({"samples": []})"})
+    EXPECT_THROW(parse_calibration(bad, "c"), cai::Error) << bad;
+  // compute_durations: measured, interpolated (never below the peak roofline), roofline.
+  Workload w;
+  w.ranks.resize(1);
+  Op a = Op::compute("blocks.0 attn.qkv", -1);
+  a.op_kind = "gemm";
+  a.cal_key = "attn.qkv|fwd";
+  a.flops = 1e9;
+  Op b = a;
+  b.flops = 2e9;
+  Op d = a;
+  d.cal_key = "mlp.fc1|fwd";
+  w.ranks[0].ops = {a, b, d};
+  TimingSources src;
+  const auto t = compute_durations(w, test_cluster(1, 1), c, &src);
+  EXPECT_DOUBLE_EQ(t[0][0], 0.002);
+  EXPECT_NEAR(t[0][1], std::sqrt(0.002 * 0.004), 1e-12);
+  EXPECT_GT(t[0][2], 0.0);
+  EXPECT_EQ(src.measured, 1);
+  EXPECT_EQ(src.interpolated, 1);
+  EXPECT_EQ(src.roofline, 1);
+}
+
+TEST(Calibration, EveryShippedProfileLoadsWithSamples) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(CAI_CALIBRATION_DIR)) {
+    if (e.path().extension() != ".json") continue;
+    const Calibration c = load_calibration(e.path().string());
+    EXPECT_FALSE(c.samples.empty()) << e.path();
+    EXPECT_TRUE(c.samples.count("attn.qkv|fwd") && c.samples.count("optimizer|step")) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
 // 2(N-1)/N · S/B + 2(N-1) · α, with B and α of the slowest ring edge.
 TEST(Collectives, RingAllReduceMatchesAnalytic) {
   struct Case {

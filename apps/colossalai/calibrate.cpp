@@ -1,0 +1,354 @@
+#include "calibrate.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "cai/core/error.h"
+#include "cai/core/rng.h"
+#include "cai/nn/module.h"
+#include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
+#include "cai/optim/optimizer.h"
+#include "cai/plan/plan.h"
+#include "config.h"
+#include "kernels/device.h"
+
+namespace cai::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Inputs of the timed kernels: constant values made where they are used (the host RNG would
+// take longer than the kernels for the large shapes; the timings do not depend on the values).
+Tensor randn(const Shape& s, DType t, Device dev, uint64_t stream) {
+  Tensor x = Tensor::full(s, 0.01f * static_cast<float>(1 + stream % 7), dev);
+  return t == DType::F32 ? x : x.to(t);
+}
+
+// Seconds per call of f: warm twice, then repeat until 20 ms or 30 calls (at least 3).
+double time_it(const std::function<void()>& f, Device dev) {
+  auto sync = [&] {
+    if (dev.is_cuda()) kernels::cuda::synchronize();
+  };
+  f();
+  f();
+  sync();
+  int n = 0;
+  const auto t0 = Clock::now();
+  double s = 0;
+  do {
+    f();
+    ++n;
+    sync();
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while ((s < 0.02 || n < 3) && n < 30);
+  return s / n;
+}
+
+// The kernels of one (micro-batch b, tensor-parallel size T) layout of the model.
+class OpTimer {
+ public:
+  OpTimer(const nn::ViTConfig& c, int64_t b, int T, DType ct, Device dev)
+      : c_(c), b_(b), T_(T), ct_(ct), dev_(dev) {
+    n_ = c.num_patches() + 1;
+    d_ = c.embed_dim;
+    dt_ = d_ / T;
+    heads_ = c.num_heads / T;
+    hid_ = c.mlp_hidden() / T;
+    rows_ = b * n_;
+  }
+
+  // Seconds of `op` in `phase` (Forward: its forward, Backward: its backward); < 0 when this
+  // op has no kernel here.
+  double time(const std::string& op, plan::Phase phase) {
+    const bool fwd = phase != plan::Phase::Backward;
+    if (op == "norm1" || op == "norm2") return layernorm({b_, n_, d_}, fwd);
+    if (op == "norm") return layernorm({b_, d_}, fwd);
+    if (op == "attn.qkv") return linear(rows_, d_, 3 * dt_, fwd, ct_);
+    if (op == "attn.proj") return linear(rows_, dt_, d_, fwd, ct_);
+    if (op == "mlp.fc1") return linear(rows_, d_, hid_, fwd, ct_);
+    if (op == "mlp.fc2") return linear(rows_, hid_, d_, fwd, ct_);
+    if (op == "head") return linear(b_, dt_, c_.num_classes, fwd, DType::F32);
+    if (op == "attn") return attention(fwd);
+    if (op == "mlp.act") return gelu(fwd);
+    if (op == "residual") return residual(fwd);
+    if (op == "patch_embed.proj") return patch_embed(fwd);
+    if (op == "cls_pos") return cls_pos(fwd);
+    if (op == "cross_entropy") return cross_entropy(fwd);
+    return -1;
+  }
+
+ private:
+  double layernorm(const Shape& s, bool fwd) {
+    const Tensor x = randn(s, DType::F32, dev_, 1);  // the residual stream is fp32
+    const Tensor g = Tensor::full({s.back()}, 1.0f).to(dev_);
+    const Tensor bb = Tensor::zeros({s.back()}, DType::F32, dev_);
+    Tensor mean, rstd;
+    const Tensor y = ops::layernorm_fwd(x, g, bb, 1e-6f, &mean, &rstd, ct_);
+    if (fwd) return time_it([&] { ops::layernorm_fwd(x, g, bb, 1e-6f, &mean, &rstd, ct_); }, dev_);
+    Tensor dg = Tensor::zeros({s.back()}, DType::F32, dev_), db = dg.clone();
+    return time_it([&] { ops::layernorm_bwd(x, g, mean, rstd, y, &dg, &db); }, dev_);
+  }
+  double linear(int64_t rows, int64_t in, int64_t out, bool fwd, DType out_dtype) {
+    const Tensor x = randn({rows, in}, ct_, dev_, 2);
+    const Tensor w = randn({out, in}, DType::F32, dev_, 3);
+    const Tensor bias = Tensor::zeros({out}, DType::F32, dev_);
+    if (fwd) return time_it([&] { ops::linear_fwd(x, w, &bias, out_dtype); }, dev_);
+    const Tensor dy = randn({rows, out}, out_dtype, dev_, 4);
+    Tensor dw = Tensor::zeros({out, in}, DType::F32, dev_),
+           db = Tensor::zeros({out}, DType::F32, dev_);
+    return time_it([&] { ops::linear_bwd(x, w, dy, &dw, &db); }, dev_);
+  }
+  double attention(bool fwd) {
+    const Tensor qkv = randn({b_, n_, 3 * dt_}, ct_, dev_, 5);
+    Tensor saved;
+    const Tensor o = ops::attention_fwd(qkv, heads_, &saved);
+    if (fwd) return time_it([&] { ops::attention_fwd(qkv, heads_, &saved); }, dev_);
+    return time_it([&] { ops::attention_bwd(qkv, o, saved, o, heads_); }, dev_);
+  }
+  double gelu(bool fwd) {
+    const auto kind = c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact;
+    const Tensor f = randn({rows_, hid_}, ct_, dev_, 6);
+    if (fwd) return time_it([&] { ops::gelu_fwd(f, kind); }, dev_);
+    return time_it([&] { ops::gelu_bwd(f, f, kind); }, dev_);
+  }
+  double residual(bool fwd) {  // the block's two residual adds (fp32)
+    const Tensor x = randn({b_, n_, d_}, DType::F32, dev_, 7);
+    Tensor y = x.clone();
+    if (fwd)
+      return time_it(
+          [&] {
+            ops::add(x, y);
+            ops::add(x, y);
+          },
+          dev_);
+    return time_it(
+        [&] {
+          ops::add_(y, x);
+          ops::add_(y, x);
+        },
+        dev_);
+  }
+  double patch_embed(bool fwd) {
+    const Tensor img = randn({b_, c_.in_chans, c_.img_size, c_.img_size}, DType::F32, dev_, 8);
+    const Tensor w = randn({d_, c_.in_chans, c_.patch_size, c_.patch_size}, DType::F32, dev_, 9);
+    const Tensor bias = Tensor::zeros({d_}, DType::F32, dev_);
+    Tensor patches;
+    const Tensor t = ops::patch_embed_fwd(img, w, bias, &patches, ct_);
+    if (fwd) return time_it([&] { ops::patch_embed_fwd(img, w, bias, &patches, ct_); }, dev_);
+    Tensor dw = Tensor::zeros(w.shape(), DType::F32, dev_), db = bias.clone();
+    return time_it([&] { ops::patch_embed_bwd(patches, w, t, &dw, &db); }, dev_);
+  }
+  double cls_pos(bool fwd) {
+    const Tensor t = randn({b_, c_.num_patches(), d_}, ct_, dev_, 10);
+    const Tensor cls = Tensor::zeros({1, 1, d_}, DType::F32, dev_);
+    const Tensor pos = Tensor::zeros({1, n_, d_}, DType::F32, dev_);
+    const Tensor x = ops::cls_pos_fwd(t, cls, pos);
+    if (fwd) return time_it([&] { ops::cls_pos_fwd(t, cls, pos); }, dev_);
+    Tensor dc = cls.clone(), dp = pos.clone();
+    return time_it([&] { ops::cls_pos_bwd(x, &dc, &dp, ct_); }, dev_);
+  }
+  double cross_entropy(bool fwd) {
+    const Tensor logits = randn({b_, c_.num_classes}, DType::F32, dev_, 12);
+    std::vector<int32_t> l(b_);
+    for (int64_t i = 0; i < b_; ++i) l[i] = static_cast<int32_t>(i % c_.num_classes);
+    const Tensor y = Tensor::from_vector(l, {b_}).to(dev_);
+    if (fwd) return time_it([&] { ops::cross_entropy_fwd(logits, y, 0.1f); }, dev_);
+    return time_it([&] { ops::cross_entropy_bwd(logits, y, 0.1f, 1.0f); }, dev_);
+  }
+
+  nn::ViTConfig c_;
+  int64_t b_;
+  int T_;
+  DType ct_;
+  Device dev_;
+  int64_t n_, d_, dt_, heads_, hid_, rows_;
+};
+
+// Clipping, AdamW and zero_grad over `elements` parameters (in tensors of about 1M elements, as
+// a model's are).
+double time_optimizer(int64_t elements, Device dev) {
+  std::vector<nn::Parameter> ps;
+  const int64_t chunk = 1 << 20;
+  for (int64_t off = 0, i = 0; off < elements; off += chunk, ++i) {
+    const int64_t n = std::min(chunk, elements - off);
+    nn::Parameter p = nn::make_parameter(fmt::format("p{}", i), {n}, true);
+    p.value = p.value.to(dev);
+    p.grad = randn({n}, DType::F32, dev, 20 + i);
+    ps.push_back(std::move(p));
+  }
+  std::vector<nn::Parameter*> ptrs;
+  for (auto& p : ps) ptrs.push_back(&p);
+  optim::AdamW opt(optim::weight_decay_groups(ptrs, 1e-3, 0.05));
+  return time_it(
+      [&] {
+        optim::clip_grad_norm_async(ptrs, 1.0);
+        opt.step();
+        for (nn::Parameter* p : ptrs) p->grad.zero_();
+      },
+      dev);
+}
+
+// The real layers' forward and backward (T = 1): embedding, one block, head; seconds per
+// {layer, phase} for micro-batch b.
+std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev) {
+  const nn::ViTConfig& c = m.config();
+  const int64_t n = c.num_patches() + 1;
+  const Tensor img = randn({b, c.in_chans, c.img_size, c.img_size}, DType::F32, dev, 30);
+  const Tensor x = randn({b, n, c.embed_dim}, DType::F32, dev, 31);
+  nn::ForwardCtx ctx{true, 1, 0, 0};
+  std::map<std::string, double> out;
+  auto& layers = m.layers();
+  const std::pair<std::string, size_t> which[] = {
+      {"embedding", 0}, {"blocks.0", 1}, {"head", layers.size() - 1}};
+  for (const auto& [name, i] : which) {
+    nn::Layer& l = *layers[i];
+    const Tensor& in = i == 0 ? img : x;
+    std::unique_ptr<nn::Cache> cache;
+    const Tensor y = l.forward(in, cache, ctx);
+    const Tensor dy = randn(y.shape(), y.dtype(), dev, 32);
+    cache.reset();
+    const double f = time_it(
+        [&] {
+          std::unique_ptr<nn::Cache> k;
+          l.forward(in, k, ctx);
+        },
+        dev);
+    const double fb = time_it(
+        [&] {
+          std::unique_ptr<nn::Cache> k;
+          l.forward(in, k, ctx);
+          l.backward(dy, k, ctx);
+        },
+        dev);
+    out[name + "|fwd"] = f;
+    out[name + "|bwd"] = std::max(fb - f, 1e-9);
+  }
+  return out;
+}
+
+const char* phase_key(plan::Phase p) {
+  return p == plan::Phase::Backward ? "bwd" : "fwd";
+}
+
+}  // namespace
+
+int run_calibrate(const BenchmarkOptions& o) {
+  CAI_CHECK(!o.config.empty(),
+            "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
+  const TrainConfig cfg = load_config(o.config, o.overrides);
+  const nn::ViTConfig vc = cfg.vit();
+  std::string device = o.device;
+  if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
+  const Device dev = device == "cuda" ? Device::cuda(0) : Device::cpu();
+  if (dev.is_cuda())
+    CAI_CHECK(kernels::cuda::device_count() > 0, "[benchmark] --device cuda but no GPU: {}",
+              kernels::cuda::runtime_info().device_error);
+  const DType ct = dtype_from_name(o.precision);
+  std::string name = "cpu";
+  if (dev.is_cuda()) name = kernels::cuda::runtime_info().devices.at(0).name;
+
+  std::vector<int64_t> batches;
+  for (int64_t b = 1; b < cfg.batch_size; b *= 2) batches.push_back(b);
+  batches.push_back(cfg.batch_size);
+  std::vector<int> tps;
+  for (int T : {1, 2, 4, 8}) {
+    try {
+      if (T > 1) vc.validate_tensor_parallel(T, false);
+      tps.push_back(T);
+    } catch (const Error&) {
+    }
+  }
+  const auto t0 = Clock::now();
+  nn::ViT model(vc);  // the real layers, timed whole per batch size
+  model.init(5);
+  if (dev.is_cuda()) model.to(dev);
+  model.set_compute_dtype(ct);
+  std::map<std::string, std::vector<std::array<double, 3>>> samples;
+  std::map<std::string, std::set<double>> seen;
+  int timed = 0;
+  // Per batch size: the real layers' times over the sum of their ops' isolated times (T = 1),
+  // which scales every op of the layer at that batch size (allocation, caches and dispatch
+  // inside a real layer; no whole-step figure).
+  std::map<std::pair<int64_t, std::string>, double> layer_scale;
+  for (int T : tps)
+    for (int64_t b : batches) {
+      std::map<std::string, double> layer_s, ops_s;  // {layer|phase}
+      plan::Layout l;
+      l.world = T, l.tp = T, l.batch = b;
+      l.precision = ct;
+      l.gpu = dev.is_cuda();
+      const plan::StepPlan p = plan::make_plan(vc, l);
+      OpTimer timer(vc, b, T, ct, dev);
+      if (T == 1) layer_s = time_layers(model, b, dev);
+      struct Timed {
+        std::string key, layer;
+        double flops, bytes, seconds;
+      };
+      std::vector<Timed> these;
+      for (const plan::LayerPlan& lp : p.stages.at(0).layer_plans) {
+        if (lp.name.rfind("blocks.", 0) == 0 && lp.name != "blocks.0") continue;  // alike
+        for (const plan::OpCost& op : lp.ops) {
+          if (op.phase != plan::Phase::Forward && op.phase != plan::Phase::Backward) continue;
+          const std::string key = op.op + "|" + phase_key(op.phase);
+          const std::string layer =
+              (op.layer == "loss" ? "loss" : lp.name) + "|" + phase_key(op.phase);
+          const bool fresh = seen[key].insert(op.flops).second;
+          if (!fresh && T > 1) continue;
+          const double s = timer.time(op.op, op.phase);
+          if (s < 0) continue;
+          ops_s[layer] += s;
+          if (fresh)
+            these.push_back(
+                {key, layer, op.flops, static_cast<double>(op.bytes_read + op.bytes_written), s});
+        }
+      }
+      if (T == 1)
+        for (const auto& [layer, s] : layer_s)
+          if (ops_s[layer] > 0) layer_scale[{b, layer}] = s / ops_s[layer];
+      for (const Timed& t : these) {
+        const auto it = layer_scale.find({b, t.layer});
+        const double scale = it == layer_scale.end() ? 1.0 : it->second;
+        samples[t.key].push_back({t.flops, t.bytes, t.seconds * scale});
+        ++timed;
+      }
+      std::cerr << fmt::format("[calibrate] tp {} batch {}: {} kernels timed so far\n", T, b,
+                               timed);
+    }
+  const int64_t params = vc.num_parameters();
+  for (int64_t n = 10000; n < params; n *= 10)
+    samples["optimizer|step"].push_back({double(n), 36.0 * n, time_optimizer(n, dev)});
+  samples["optimizer|step"].push_back({double(params), 36.0 * params, time_optimizer(params, dev)});
+
+  nlohmann::json j;
+  nlohmann::json scales = nlohmann::json::object();
+  for (const auto& [k, v] : layer_scale) scales[fmt::format("{} b{}", k.second, k.first)] = v;
+  j["layer_scale"] = scales;
+  j["device"] = fmt::format("{} ({}, {}), measured by colossalai benchmark --calibrate", name,
+                            device, o.precision);
+  nlohmann::json js = nlohmann::json::object();
+  for (auto& [k, v] : samples) {
+    std::sort(v.begin(), v.end());
+    js[k] = v;
+  }
+  j["samples"] = js;
+  std::ofstream f(o.calibrate);
+  CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
+  f << j.dump(1) << "\n";
+  std::cout << fmt::format(
+      "calibration: {} kernels of {} ({} batch sizes × tp {}) and {} optimizer sizes on {} in "
+      "{:.1f} s -> {}\n",
+      timed, o.config, batches.size(), fmt::join(tps, "/"), samples["optimizer|step"].size(), name,
+      std::chrono::duration<double>(Clock::now() - t0).count(), o.calibrate);
+  return 0;
+}
+
+}  // namespace cai::app
