@@ -318,6 +318,15 @@ int main(int argc, char** argv) {
     ips /= static_cast<double>(trainer->history().size());
     log::info("finished: test accuracy {:.2f}% after {} epochs in {} ({:.0f} img/s training)",
               100 * last.eval_accuracy, cfg.num_epochs, train::format_duration(secs), ips);
+    // This process's peak: the bytes of live tensors on its device (what the plan predicts) and,
+    // on a GPU, what the caching allocator held.
+    const int64_t tensors = peak_memory(device.type);
+    log::info("peak memory of this process: {} bytes of tensors ({:.1f} MiB){}", tensors,
+              tensors / 1048576.0,
+              device.is_cuda()
+                  ? fmt::format(", device allocator {:.1f} MiB",
+                                kernels::cuda::allocator_stats(device.index).peak / 1048576.0)
+                  : std::string());
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);
       const int m = pipe->micro_batches_for(cfg.batch_size);
