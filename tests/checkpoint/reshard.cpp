@@ -2,7 +2,7 @@
 // saves after step 2; layout B (any other dp × pp × tp, ZeRO stage, sequence parallelism) loads it
 // into a fresh model and optimizer and trains steps 3 and 4; both must follow the single-process
 // run (losses of every step and the gathered parameters, fp32, ≤ 1e-5 relative).
-//   mpirun -np W test_checkpoint_reshard --dir D --save tp,pp,zero,sp --load tp,pp,zero,sp
+//   mpirun -np W test_checkpoint_reshard --dir D --save tp,pp,zero,sp[,mode] --load ...
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -24,8 +24,9 @@ namespace {
 
 struct Layout {
   int tp = 1, pp = 1, zero = 0, sp = 0;
+  std::string mode = "1d";  // tensor-parallel mode (1d, 2d, 2.5d, 3d)
   std::string str() const {
-    return fmt::format("tp {}{} pp {} zero {}", tp, sp ? " (sp)" : "", pp, zero);
+    return fmt::format("tp {} ({}){} pp {} zero {}", tp, mode, sp ? " (sp)" : "", pp, zero);
   }
 };
 
@@ -34,7 +35,8 @@ Layout parse_layout(const std::string& s) {
   char c;
   std::istringstream in(s);
   in >> l.tp >> c >> l.pp >> c >> l.zero >> c >> l.sp;
-  CAI_CHECK(!in.fail(), "bad layout '{}': expected tp,pp,zero,sp", s);
+  CAI_CHECK(!in.fail(), "bad layout '{}': expected tp,pp,zero,sp[,mode]", s);
+  if (in >> c && c == ',') in >> l.mode;
   return l;
 }
 
@@ -59,6 +61,7 @@ Result run(dist::Communicator* comm, const Layout& l, const std::string& save_di
     hc.tp_size = l.tp;
     hc.pp_size = l.pp;
     hc.sequence_parallel = l.sp != 0;
+    hc.tp_mode = l.mode;
     hc.pipeline.num_microbatches = 2;
     hc.dp.zero_stage = l.zero;
     hc.dp.ddp_bucket_cap_mb = 0.01;
