@@ -323,9 +323,22 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
       c.microbatch_size = 0;
       changed = true;
     }
-    changed |= int_knob("tp", "tensor size (1d)", c.tensor_size, 1, 64, drawn);
+    changed |= int_knob("tp", "tensor size", c.tensor_size, 1, 64, drawn);
+    ImGui::TextUnformatted("tensor mode");
+    for (const char* s : {"1d", "2d", "2.5d", "3d"}) {
+      ImGui::SameLine();
+      if (ImGui::RadioButton(s, c.tensor_mode == s || (c.tensor_mode == "none" && s == "1d"))) {
+        c.tensor_mode = s;
+        if (c.tensor_mode != "2.5d") c.tensor_depth = 1;
+        changed = true;
+      }
+      drawn.widgets[std::string("tensor_mode.") + s] = item_rect();
+    }
+    if (c.tensor_mode == "2.5d")
+      changed |= int_knob("tdepth", "2.5d depth", c.tensor_depth, 1, 64, drawn);
+    // Size 1 is no tensor parallelism; a size above 1 needs a mode (1d unless one was picked).
     if (c.tensor_size > 1 && c.tensor_mode == "none") c.tensor_mode = "1d";
-    if (c.tensor_size == 1 && c.tensor_mode == "1d") c.tensor_mode = "none";
+    if (c.tensor_size == 1) c.tensor_mode = "none", c.tensor_depth = 1;
     changed |= int_knob("zero", "ZeRO stage", c.zero_stage, 0, 3, drawn);
     changed |= int_knob("batch", "batch per replica", c.batch_size, 1, 1 << 20, drawn);
     ImGui::Text("data parallel: %d",
