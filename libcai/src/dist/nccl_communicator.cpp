@@ -9,6 +9,14 @@
 // referenced by the Work until its completion event has been seen, because the caching
 // allocator knows no streams and would hand a freed block to the next kernel at once.
 //
+// Faults: a watchdog thread per communicator polls every channel's ncclCommGetAsyncError and the
+// completion events of the operations in flight; an NCCL error, or an operation still running
+// past the collective timeout, aborts the channel's NCCL communicator (its kernels return, so no
+// device synchronisation hangs) and records why, naming the operation, the group and the rank;
+// the next test(), wait() or operation on it throws that message. ncclCommInitRank runs on a
+// helper thread, bounded by the same timeout (a peer that never joins is named instead of
+// hanging the job).
+//
 // Point to point: one 2-rank NCCL communicator and stream per declared (source, destination)
 // pair. On a single NCCL communicator every operation is serialised, so a send of a large
 // activation could wait for a receive that the peer has queued behind its own send of a
@@ -16,10 +24,15 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "cai/core/error.h"
@@ -77,10 +90,11 @@ bool poll(Done done, double seconds) {
   return true;
 }
 
-// One NCCL communicator and the stream its operations run on. Shared by the communicator and
-// its outstanding Work handles.
+// One NCCL communicator and the stream its operations run on. Shared by the communicator, its
+// outstanding Work handles and its watchdog.
 struct Channel {
-  Channel(int dev, double timeout_s) : device((activate(dev), dev)), timeout(timeout_s) {}
+  Channel(int dev, double timeout_s, std::string label)
+      : device((activate(dev), dev)), timeout(timeout_s), label(std::move(label)) {}
   ~Channel() {
     if (!comm) return;
     cudaSetDevice(device);
@@ -98,61 +112,207 @@ struct Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  void abort() {
+  // Aborts the NCCL communicator once (the watchdog and the host may both get here); `why`
+  // becomes the error every later use reports.
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> l(mu);
+    if (error.empty()) error = why;
     if (comm) ncclCommAbort(comm);
     comm = nullptr;
     aborted = true;
   }
+  std::string why() {
+    std::lock_guard<std::mutex> l(mu);
+    return error;
+  }
+  // An asynchronous NCCL error on this communicator ("" when none).
+  std::string async_error() {
+    std::lock_guard<std::mutex> l(mu);
+    if (!comm) return "";
+    ncclResult_t e = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &e) != ncclSuccess || e == ncclSuccess || e == ncclInProgress)
+      return "";
+    return ncclGetErrorString(e);
+  }
+  // Operations in flight, for the watchdog: completion event, deadline, description.
+  struct InFlight {
+    std::shared_ptr<cuda::Event> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::string what;
+  };
+  void track(std::shared_ptr<cuda::Event> done, const std::string& what) {
+    std::lock_guard<std::mutex> l(mu);
+    in_flight.push_back(
+        {std::move(done),
+         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::duration<double>(timeout)),
+         what});
+  }
 
   int device;
   double timeout;
+  std::string label;    // "group 'tp[dp=0,pp=0]' (rank 1 of 2)"
   cuda::Stream stream;  // created on `device` (made current above)
   ncclComm_t comm = nullptr;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::string error;
+  std::deque<InFlight> in_flight;
 };
+
+// Polls a communicator's channels until stopped (see the file comment).
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void watch(const std::shared_ptr<Channel>& ch) {
+    std::lock_guard<std::mutex> l(mu_);
+    channels_.push_back(ch);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stop_) {
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+      if (stop_) break;
+      std::vector<std::shared_ptr<Channel>> live;
+      for (auto& w : channels_)
+        if (auto ch = w.lock()) live.push_back(ch);
+      l.unlock();
+      for (auto& ch : live) check(*ch);
+      l.lock();
+      channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
+                                     [](const std::weak_ptr<Channel>& w) { return w.expired(); }),
+                      channels_.end());
+    }
+  }
+  static void check(Channel& ch) {
+    if (ch.aborted) return;
+    const std::string e = ch.async_error();
+    if (!e.empty()) {
+      ch.abort(fmt::format("[nccl] {}: NCCL reported an error ({}); the communicator was aborted",
+                           ch.label, e));
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::string late;
+    {
+      std::lock_guard<std::mutex> l(ch.mu);
+      while (!ch.in_flight.empty() && ch.in_flight.front().done->query()) ch.in_flight.pop_front();
+      for (const auto& f : ch.in_flight)
+        if (now > f.deadline && !f.done->query()) {
+          late = f.what;
+          break;
+        }
+    }
+    if (!late.empty())
+      ch.abort(fmt::format(
+          "[nccl] {} did not complete within {} s: a peer has died or hung (the watchdog aborted "
+          "the NCCL communicator; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
+          late, ch.timeout));
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::weak_ptr<Channel>> channels_;
+  std::thread thread_;
+};
+
+// ncclCommInitRank on a helper thread, bounded by the channel's timeout. On timeout the thread is
+// left behind (blocked in NCCL until the process ends) and the error names the group and rank.
+void init_comm(Channel& ch, int nranks, const ncclUniqueId& id, int rank) {
+  struct State {
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclSuccess;
+    std::string cuda_error;
+  };
+  auto st = std::make_shared<State>();
+  std::promise<void> done;
+  auto fut = done.get_future();
+  const int device = ch.device;
+  std::thread t([st, id, nranks, rank, device, p = std::move(done)]() mutable {
+    if (cudaSetDevice(device) != cudaSuccess) st->cuda_error = "cudaSetDevice failed";
+    st->result = ncclCommInitRank(&st->comm, nranks, id, rank);
+    p.set_value();
+  });
+  if (fut.wait_for(std::chrono::duration<double>(ch.timeout)) != std::future_status::ready) {
+    t.detach();
+    fail(
+        "[nccl] initialising the NCCL communicator of {} did not finish within {} s: a peer did "
+        "not join (it died or never reached this group's first collective); set "
+        "CAI_COLLECTIVE_TIMEOUT to change the limit",
+        ch.label, ch.timeout);
+  }
+  t.join();
+  CAI_CHECK(st->cuda_error.empty() && st->result == ncclSuccess,
+            "[nccl] ncclCommInitRank for {} failed: {}", ch.label,
+            st->cuda_error.empty() ? ncclGetErrorString(st->result) : st->cuda_error);
+  ch.comm = st->comm;
+}
 
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<Channel> ch, std::string what, double timeout)
-      : ch_(std::move(ch)), what_(std::move(what)), timeout_(timeout) {}
+      : done(std::make_shared<cuda::Event>()),
+        ch_(std::move(ch)),
+        what_(std::move(what)),
+        timeout_(timeout) {}
   ~NcclWork() override {
     if (done_ || !ch_->comm) return;
     // Dropped before completion: the buffers must outlive the NCCL kernel.
     try {
-      if (!poll([&] { return done.query(); }, timeout_)) ch_->abort();
+      if (!poll([&] { return done->query() || ch_->aborted.load(); }, timeout_))
+        ch_->abort(fmt::format("[nccl] {} was dropped unfinished after {} s", what_, timeout_));
     } catch (const Error&) {
     }
   }
 
   bool test() override {
     if (done_) return true;
-    CAI_CHECK(!ch_->aborted, "[nccl] {}: the communicator was aborted after an earlier timeout",
-              what_);
-    done_ = done.query();
+    throw_if_aborted();
+    const std::string e = ch_->async_error();
+    if (!e.empty()) {
+      ch_->abort(fmt::format("[nccl] {}: NCCL reported an error ({}); the communicator was aborted",
+                             what_, e));
+      throw_if_aborted();
+    }
+    done_ = done->query();
     if (done_) keep.clear();
     return done_;
   }
   void wait() override {
     if (poll([&] { return test(); }, timeout_)) return;
-    ch_->abort();
-    fail(
-        "[nccl] {} did not complete within {} s: a peer has died or hung (the NCCL communicator "
-        "was aborted; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
-        what_, timeout_);
+    ch_->abort(
+        fmt::format("[nccl] {} did not complete within {} s: a peer has died or hung (the NCCL "
+                    "communicator was aborted; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
+                    what_, timeout_));
+    fail("{}", ch_->why());
   }
 
   void wait_on_device() override {
-    CAI_CHECK(!ch_->aborted, "[nccl] {}: the communicator was aborted after an earlier timeout",
-              what_);
+    throw_if_aborted();
     if (done_) return;
     activate(ch_->device);
-    CAI_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, done.get(), 0));
+    CAI_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, done->get(), 0));
   }
 
-  cuda::Event done;          // recorded on the channel's stream after the NCCL call
-  std::vector<Tensor> keep;  // user tensors and staging buffers, alive until completion
+  std::shared_ptr<cuda::Event> done;  // recorded on the channel's stream after the NCCL call
+  std::vector<Tensor> keep;           // user tensors and staging buffers, alive until completion
 
  private:
+  void throw_if_aborted() {
+    if (ch_->aborted)
+      fail("[nccl] {}: the communicator was aborted earlier: {}", what_, ch_->why());
+  }
   std::shared_ptr<Channel> ch_;
   std::string what_;
   double timeout_;
@@ -400,8 +560,11 @@ class NcclCommunicator : public Communicator {
       }
       ncclUniqueId id;
       std::memcpy(&id, ids.data<int32_t>() + i * kIdWords, sizeof(id));
-      auto ch = std::make_shared<Channel>(device_, timeout_);
-      CAI_CUDA_CHECK(ncclCommInitRank(&ch->comm, 2, id, rank() == src ? 0 : 1));
+      auto ch = std::make_shared<Channel>(device_, timeout_,
+                                          fmt::format("group '{}' pair {} -> {} (rank {} of {})",
+                                                      name(), src, dst, rank(), size()));
+      init_comm(*ch, 2, id, rank() == src ? 0 : 1);
+      watchdog().watch(ch);
       // NCCL connects a peer at its first send/recv, blocking the host until the peer's matching
       // call: do that now, while both members are at this pair, so that later sends return at
       // once whatever the peer is doing.
@@ -454,10 +617,8 @@ class NcclCommunicator : public Communicator {
   // to point never builds one.
   std::shared_ptr<Channel> collective_channel() {
     if (main_) {
-      CAI_CHECK(!main_->aborted,
-                "[nccl] group '{}' (rank {}): the communicator was aborted after an earlier "
-                "timeout",
-                name(), rank());
+      CAI_CHECK(!main_->aborted, "[nccl] group '{}' (rank {}): the communicator was aborted: {}",
+                name(), rank(), main_->why());
       return main_;
     }
     Tensor id_words = Tensor::zeros({kIdWords}, DType::I32);
@@ -469,8 +630,10 @@ class NcclCommunicator : public Communicator {
     host_->broadcast(id_words, 0);
     ncclUniqueId id;
     std::memcpy(&id, id_words.raw(), sizeof(id));
-    auto ch = std::make_shared<Channel>(device_, timeout_);
-    CAI_CUDA_CHECK(ncclCommInitRank(&ch->comm, size(), id, rank()));
+    auto ch = std::make_shared<Channel>(
+        device_, timeout_, fmt::format("group '{}' (rank {} of {})", name(), rank(), size()));
+    init_comm(*ch, size(), id, rank());
+    watchdog().watch(ch);
     main_ = ch;
     return main_;
   }
@@ -486,9 +649,8 @@ class NcclCommunicator : public Communicator {
               "(collective, before the first send; NCCL matches messages per pair, in order)",
               op, name(), src, dst);
     CAI_CHECK(!it->second->aborted,
-              "[nccl] {} on group '{}' ({} -> {}): the channel was aborted after an earlier "
-              "timeout",
-              op, name(), src, dst);
+              "[nccl] {} on group '{}' ({} -> {}): the channel was aborted: {}", op, name(), src,
+              dst, it->second->why());
     return it->second;
   }
 
@@ -501,8 +663,9 @@ class NcclCommunicator : public Communicator {
     ready_->record(cudaStreamLegacy);
     ch->stream.wait(ready_->get());
     issue(ch->stream.get());
-    auto w = std::make_unique<NcclWork>(ch, std::move(what), timeout_);
-    w->done.record(ch->stream.get());
+    auto w = std::make_unique<NcclWork>(ch, what, timeout_);
+    w->done->record(ch->stream.get());
+    ch->track(w->done, what);
     w->keep = std::move(keep);
     return w;
   }
@@ -514,6 +677,11 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<Channel> main_;
   std::map<std::pair<int, int>, std::shared_ptr<Channel>> pairs_;  // (src, dst) -> channel
   std::unique_ptr<PinnedDouble> scalar_host_;
+  std::unique_ptr<Watchdog> watchdog_;  // started with the first NCCL communicator
+  Watchdog& watchdog() {
+    if (!watchdog_) watchdog_ = std::make_unique<Watchdog>();
+    return *watchdog_;
+  }
 };
 
 }  // namespace
