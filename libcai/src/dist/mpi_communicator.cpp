@@ -59,6 +59,25 @@ void host_only(const Tensor& t, const char* op) {
 class MpiWork : public Work {
  public:
   MpiWork(std::string what, double timeout) : what_(std::move(what)), timeout_(timeout) {}
+  ~MpiWork() override {
+    if (done_ || requests.empty()) return;
+    int finalized = 0, flag = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                    MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
+        flag)
+      return;
+    // Timed out (the caller threw) or dropped unfinished: MPI may still write into the buffers
+    // and read the counts, and a collective request cannot be cancelled. They stay allocated for
+    // the life of the process instead of being freed under MPI.
+    struct Leftover {
+      std::vector<MPI_Request> requests;
+      std::vector<Tensor> keep;
+      std::vector<int> counts, displs;
+    };
+    (void)new Leftover{std::move(requests), std::move(keep), std::move(counts), std::move(displs)};
+  }
   std::vector<MPI_Request> requests;
   std::vector<Tensor> keep;  // buffers alive until completion
   std::vector<int> counts, displs;
