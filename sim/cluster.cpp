@@ -95,7 +95,7 @@ class Section {
     const toml::node* n = get(k, "a number (" + what + ")");
     std::optional<double> v = n->is_integer() ? std::optional<double>(double(*n->value<int64_t>()))
                                               : n->value_exact<double>();
-    if (!v) bad(k, *n, "a number (" + what + ")");
+    if (!v || !std::isfinite(*v)) bad(k, *n, "a finite number (" + what + ")");
     if (lo_open ? !(*v > lo) : !(*v >= lo))
       fail("[cluster] {}: {} = {} must be {} {}", origin_, key(k), show(*n),
            lo_open ? ">" : ">=", lo);
@@ -191,7 +191,10 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   c.gpu.flops_bf16 = tf.number("bf16", "dense peak TFLOP/s", 0) * kTera;
   c.gpu.flops_fp16 = tf.number("fp16", "dense peak TFLOP/s", 0) * kTera;
   tf.finish();
-  c.gpu.memory_bytes = static_cast<int64_t>(g.number("memory_gib", "usable GiB", 0) * kGiB);
+  const double memory_gib = g.number("memory_gib", "usable GiB", 0);
+  if (memory_gib > 1e9)  // beyond int64 bytes near 2^33 GiB; an exabyte is plenty
+    fail("[cluster] {}: gpu.memory_gib = {} must be <= 1e9", origin, memory_gib);
+  c.gpu.memory_bytes = static_cast<int64_t>(memory_gib * kGiB);
   c.gpu.memory_bandwidth = g.number("memory_bandwidth_tbytes_per_s", "TB/s", 0) * kTera;
   g.finish();
 
@@ -269,7 +272,7 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     fail("[calibration] {}: not JSON: {}", origin, e.what());
   }
   CAI_CHECK(j.is_object(), "[calibration] {}: expected a JSON object at the top", origin);

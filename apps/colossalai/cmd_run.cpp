@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
@@ -107,7 +108,8 @@ std::vector<HostEntry> parse_hostfile(const std::string& text, const std::string
     HostEntry e{name, ln, -1};
     while (words >> word) {
       long slots = 0;
-      CAI_CHECK(word.rfind("slots=", 0) == 0 && parse_int(word.substr(6), &slots) && slots >= 1,
+      CAI_CHECK(word.rfind("slots=", 0) == 0 && parse_int(word.substr(6), &slots) && slots >= 1 &&
+                    slots <= std::numeric_limits<int>::max(),
                 "[run] hostfile {} line {}: unexpected '{}' after host {} (only slots=N may "
                 "follow a host)",
                 path, ln, word, name);

@@ -140,6 +140,14 @@ TEST(Hostfile, BadLines) {
   expect_error([] { parse_hostfile("a slots=0\n", "h"); }, {"slots=0"});
 }
 
+// Found by the fuzzer (issue 16): slots=2^32 was cut to int and read as 0 (2^32-1 as -1, "not
+// given").
+TEST(Hostfile, SlotsBeyondIntAreErrors) {
+  expect_error([] { parse_hostfile("a slots=4294967296\n", "h"); }, {"line 1", "slots=4294967296"});
+  expect_error([] { parse_hostfile("a slots=4294967295\n", "h"); }, {"slots=4294967295"});
+  EXPECT_EQ(parse_hostfile("a slots=2147483647\n", "h")[0].slots, 2147483647);
+}
+
 TEST_F(TempDir, HostfileFromDiskAndMissingFile) {
   const auto p = write("hosts", "n1\nn2\n");
   EXPECT_EQ(names(read_hostfile(p)), (std::vector<std::string>{"n1", "n2"}));

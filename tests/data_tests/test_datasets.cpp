@@ -426,6 +426,20 @@ TEST(ImageFolder, ClassesFromSortedFoldersAndResize) {
   EXPECT_NE(msg.find("z.jpg"), std::string::npos) << msg;
 }
 
+// Found by the fuzzer (issue 16): a few header bytes announcing 30000x30000 made stb allocate
+// gigabytes (and spend seconds) before finding the pixels missing.
+TEST(ImageFolder, HugeDimensionsAreRefusedBeforeDecoding) {
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/big.png", std::ios::binary) << "P6\n30000 30000\n255\n"
+                                                   << std::string(64, 'x');
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("30000x30000 pixels"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "a/big.png"), std::string::npos) << msg;
+}
+
 TEST(ImageFolder, EmptyFoldersAreErrors) {
   TempDir d;
   std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });

@@ -165,6 +165,16 @@ TEST(ExplorerModel, MalformedFilesAreErrorsNamingTheFile) {
   EXPECT_TRUE(m.take_new_errors().empty());
 }
 
+// Found by the fuzzer (issue 16): a number beyond double's range made nlohmann::json throw
+// out_of_range, which escaped parse_trace / load_metrics as a non-cai::Error.
+TEST(ExplorerModel, NumberBeyondDoubleIsCaiError) {
+  EXPECT_THROW(parse_trace(R"({"traceEvents": [{"ph": "X", "ts": 1e309}]})", "t.json"), cai::Error);
+  ExplorerModel m = pipeline_model(2, 4, "1f1b");
+  EXPECT_FALSE(m.open_metrics(temp_file("big.jsonl", "{\"type\": \"step\", \"loss\": 1e999}\n")));
+  ASSERT_EQ(m.errors.size(), 1u);
+  EXPECT_NE(m.errors[0].find("line 1: not JSON"), std::string::npos) << m.errors[0];
+}
+
 // A trace in vit_train's format (cai::trace::Recorder, one track per rank, "step" spans and
 // memory counters), made from the replay: the explorer reads back the same spans and bubbles.
 TEST(ExplorerModel, ReadsVitTrainTraceFormat) {

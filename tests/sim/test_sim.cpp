@@ -108,6 +108,22 @@ TEST(ClusterFiles, EveryShippedFileLoads) {
   EXPECT_DOUBLE_EQ(dgx.intra.bandwidth, 450e9);
 }
 
+// Found by the fuzzer (issue 16): memory_gib = 2^63 (or inf) overflowed the int64 byte count
+// (undefined behaviour, a negative memory in practice).
+TEST(ClusterFiles, MemoryBeyondInt64AndInfinitiesAreErrors) {
+  const std::string good = test_cluster_text(2, 4);
+  for (const std::string v : {"9223372036854775807", "4611686018427387904", "inf", "1e300"}) {
+    std::string s = good;
+    const size_t p = s.find("memory_gib = 16\n");
+    ASSERT_NE(p, std::string::npos);
+    s.replace(p, 15, "memory_gib = " + v);
+    EXPECT_THROW(parse_cluster(s, "big.toml"), cai::Error) << v;
+  }
+  std::string s = good;
+  s.replace(s.find("bandwidth_gbytes_per_s = "), 25, "bandwidth_gbytes_per_s = inf #");
+  EXPECT_THROW(parse_cluster(s, "inf.toml"), cai::Error);
+}
+
 TEST(ClusterFiles, BadFilesNameTheFileAndTheKey) {
   const std::string good = test_cluster_text(2, 4);
   auto replace = [&](const std::string& from, const std::string& to) {
@@ -173,6 +189,18 @@ TEST(Calibration, DefaultsFileAndErrors) {
   const auto t = compute_durations(w, test_cluster(1, 1), c);
   EXPECT_NEAR(t[0][0], 1.0, 1e-12);
   EXPECT_NEAR(t[0][1], 2.0, 1e-12);
+}
+
+// Found by the fuzzer (issue 16): a number beyond double's range made nlohmann::json throw
+// out_of_range, which escaped as a non-cai::Error.
+TEST(Calibration, NumberBeyondDoubleIsCaiError) {
+  try {
+    parse_calibration(R"({"default": {"flops": 1e309}})", "big.json");
+    FAIL() << "no error";
+  } catch (const cai::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[calibration] big.json: not JSON"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Calibration, MeasuredSamplesTimeTheOpsTheyMatch) {

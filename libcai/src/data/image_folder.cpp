@@ -30,6 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int64_t kMaxPixels = int64_t{1} << 24;  // 4096x4096
+
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
   for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -54,6 +56,11 @@ class ImageFolderDataset final : public Dataset {
     CAI_CHECK(i >= 0 && i < size(), "[image_folder] sample {} out of range for {}", i, describe());
     const std::string& path = files_[static_cast<size_t>(i)];
     int w = 0, h = 0, comp = 0;
+    // The header's size first: a few bytes can announce 30000x30000, which stb would allocate
+    // (and spend seconds on) before finding the data missing.
+    if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
+      fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
+           w, h, kMaxPixels);
     // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
     stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
     if (!px) fail("[image_folder] cannot decode {}: {}", path, stbi_failure_reason());
