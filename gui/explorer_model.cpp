@@ -136,6 +136,16 @@ int parse_int_after(const std::string& s, const std::string& key, int fallback) 
   }
 }
 
+// A micro-batch or chunk index in an instruction name ("F12.1"): digits at p, at most 10^6.
+int small_index(const std::string& name, size_t p) {
+  int64_t v = 0;
+  for (; p < name.size() && std::isdigit(static_cast<unsigned char>(name[p])); ++p) {
+    v = v * 10 + (name[p] - '0');
+    CAI_CHECK(v <= 1000000, "[gui] instruction '{}' has an index beyond 1000000", name);
+  }
+  return static_cast<int>(v);
+}
+
 }  // namespace
 
 const char* category_name(Category c) {
@@ -347,9 +357,9 @@ Span span_from_name(const std::string& name, const std::string& cat) {
   } else if ((starts("F") || starts("B")) && name.size() > 1 && std::isdigit(name[1])) {
     // Short form "F3.1": micro-batch 3, chunk 1.
     s.category = name[0] == 'F' ? Category::Forward : Category::Backward;
-    s.mb = std::atoi(name.c_str() + 1);
+    s.mb = small_index(name, 1);
     const auto dot = name.find('.');
-    s.chunk = dot == std::string::npos ? 0 : std::atoi(name.c_str() + dot + 1);
+    s.chunk = dot == std::string::npos ? 0 : small_index(name, dot + 1);
     return s;
   } else if (cat == "comm") {
     s.category = Category::Comm;
@@ -410,6 +420,9 @@ RecordedTrace parse_trace(const std::string& text, const std::string& path) {
           e["args"]["name"].is_string()) {
         tr.label = e["args"]["name"].get<std::string>();
         tr.stage = parse_int_after(tr.label, "pp ", tid);
+        CAI_CHECK(tr.stage >= 0 && tr.stage < 1000000,
+                  "[gui] trace {}: track {} ('{}') names pipeline stage {}; expected 0..999999",
+                  path, tid, tr.label, tr.stage);
       }
     } else if (ph == "X") {
       const std::string name = str("name");

@@ -440,6 +440,23 @@ TEST(ImageFolder, HugeDimensionsAreRefusedBeforeDecoding) {
   EXPECT_NE(msg.find(d / "a/big.png"), std::string::npos) << msg;
 }
 
+TEST(ImageFolder, PngChunkLengthBeyondTheFileIsRefused) {
+  // The fuzzer's case: a 5x4 PNG whose IDAT chunk declares 0x7800002c bytes (stb would grow its
+  // buffer to about 2 GB before reading).
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  const unsigned char png[] = {0x89, 'P', 'N', 'G',  0x0d, 0x0a, 0x1a, 0x0a, 0,    0,    0,
+                               13,   'I', 'H', 'D',  'R',  0,    0,    0,    5,    0,    0,
+                               0,    4,   8,   2,    0,    0,    0,    0xc9, 0x51, 0x62, 0x17,
+                               0x78, 0,   0,   0x2c, 'I',  'D',  'A',  'T',  0,    0x5e, 0x63};
+  std::ofstream(d / "a/chunk.png", std::ios::binary)
+      .write(reinterpret_cast<const char*>(png), sizeof png);
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("PNG chunk at byte 33 declares 2013265964 bytes"), std::string::npos) << msg;
+}
+
 TEST(ImageFolder, EmptyFoldersAreErrors) {
   TempDir d;
   std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });

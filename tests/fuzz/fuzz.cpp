@@ -334,7 +334,7 @@ Result run(const Target& t, uint64_t count, uint64_t seed, const std::string& cr
     std::string error;
     bool accepted = false;
     const auto a = std::chrono::steady_clock::now();
-    alloc_guard_arm(limit);
+    alloc_guard_arm(t.max_alloc ? t.max_alloc : limit);
     try {
       t.run(input);
       accepted = true;

@@ -20,7 +20,8 @@ struct Target {
   std::vector<std::string> seeds;
   // Parses one input: returns when accepted, throws cai::Error when rejected.
   std::function<void(const std::string&)> run;
-  bool text = true;  // token edits (numbers, brackets, lines) besides the byte-level mutations
+  bool text = true;      // token edits (numbers, brackets, lines) besides the byte-level mutations
+  size_t max_alloc = 0;  // the largest allocation allowed for one input (0: the run's limit)
 };
 
 // xoshiro256** seeded through splitmix64: the same stream on every platform.

@@ -165,6 +165,9 @@ Target image_target(const std::string& tmp) {
   std::string ppm = "P6\n5 4\n255\n" + std::string(rgb.begin(), rgb.end());
   Target t;
   t.name = "image";
+  // stb refuses a side beyond 8192 (STBI_MAX_DIMENSIONS in image_folder.cpp): such an image
+  // legitimately takes up to ~650 MB while decoding, so this target allows 1 GiB.
+  t.max_alloc = size_t{1} << 30;
   t.text = false;
   t.seeds = {png, png_gray, bmp, jpg, tga, ppm};
   const std::string file = dir + "/class_a/x.png";

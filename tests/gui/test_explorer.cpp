@@ -175,6 +175,18 @@ TEST(ExplorerModel, NumberBeyondDoubleIsCaiError) {
   EXPECT_NE(m.errors[0].find("line 1: not JSON"), std::string::npos) << m.errors[0];
 }
 
+TEST(ExplorerModel, HugeStageAndMicroBatchIndicesAreErrors) {
+  // A stage label of 2^31 - 1 would size the per-stage tables; an index beyond int was UB.
+  const std::string stage =
+      R"J({"traceEvents": [{"ph": "M", "tid": 0, "name": "thread_name", "args": {"name":
+      "rank 0 (pp 2147483647, dp 0)"}}, {"ph": "X", "tid": 0, "ts": 0, "dur": 1, "name":
+      "F(mb=0,c=0)", "cat": "compute"}]})J";
+  EXPECT_THROW(parse_trace(stage, "t.json"), cai::Error);
+  const std::string mb = R"J({"traceEvents": [{"ph": "X", "tid": 0, "ts": 0, "dur": 1,
+      "name": "F99999999999", "cat": "compute"}]})J";
+  EXPECT_THROW(parse_trace(mb, "t.json"), cai::Error);
+}
+
 // A trace in vit_train's format (cai::trace::Recorder, one track per rank, "step" spans and
 // memory counters), made from the replay: the explorer reads back the same spans and bubbles.
 TEST(ExplorerModel, ReadsVitTrainTraceFormat) {

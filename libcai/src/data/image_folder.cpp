@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -22,6 +23,9 @@
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_NO_HDR
 #define STBI_NO_LINEAR
+// Every stb decoder refuses a side beyond this before allocating (some formats' headers are not
+// readable by stbi_info, so the pixel-count check below cannot see them first).
+#define STBI_MAX_DIMENSIONS 8192
 #include <stb_image.h>
 #pragma GCC diagnostic pop
 
@@ -31,6 +35,35 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kMaxPixels = int64_t{1} << 24;  // 4096x4096
+
+// PNG: every chunk's length must fit in what is left of the file (stb grows its buffer to the
+// declared IDAT length before reading it: a 101-byte file could ask for 2 GB).
+void check_png_chunks(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return;  // stb reports it
+  unsigned char sig[8];
+  const bool png = std::fread(sig, 1, 8, f) == 8 && sig[0] == 0x89 && sig[1] == 'P' &&
+                   sig[2] == 'N' && sig[3] == 'G';
+  std::fseek(f, 0, SEEK_END);
+  const long total = std::ftell(f);
+  long pos = 8;
+  std::string error;
+  while (png && pos + 8 <= total) {
+    unsigned char h[8];
+    std::fseek(f, pos, SEEK_SET);
+    if (std::fread(h, 1, 8, f) != 8) break;
+    const uint64_t len =
+        (uint64_t{h[0]} << 24) | (uint64_t{h[1]} << 16) | (uint64_t{h[2]} << 8) | h[3];
+    if (static_cast<int64_t>(len) > total - pos - 12) {
+      error = fmt::format("PNG chunk at byte {} declares {} bytes, but the file has {} left", pos,
+                          len, total - pos - 12);
+      break;
+    }
+    pos += 12 + static_cast<long>(len);
+  }
+  std::fclose(f);
+  if (!error.empty()) fail("[image_folder] {}: {}", path, error);
+}
 
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
@@ -61,6 +94,7 @@ class ImageFolderDataset final : public Dataset {
     if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
       fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
            w, h, kMaxPixels);
+    check_png_chunks(path);
     // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
     stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
     if (!px) fail("[image_folder] cannot decode {}: {}", path, stbi_failure_reason());
