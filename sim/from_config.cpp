@@ -6,6 +6,7 @@
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
 #include "expand.h"
+#include "replay.h"
 
 namespace cai::sim {
 
@@ -44,8 +45,8 @@ DType sim_dtype(cai::DType t) {
 
 }  // namespace
 
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
-                                    const Cluster& cluster) {
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                                    bool fold) {
   app::validate(cfg, nproc);
   const nn::ViTConfig vc = cfg.vit();
   plan::Layout layout = app::plan_layout(cfg, nproc);
@@ -73,8 +74,16 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
   for (const plan::RankPlan& r : sp.stages)
     for (size_t i = 0; i < r.layers.size(); ++i) layer_plan[r.layers[i]] = &r.layer_plans[i];
 
+  // Identical data-parallel replicas (T · P consecutive ranks each, exchanging only through the
+  // dp rings) fold into copies of Dk replicas (replay.h: replicas_per_copy).
+  bool foldable = fold;
+  for (const plan::RankPlan& r : sp.stages)
+    for (const plan::Collective& c : r.collectives)
+      if (c.group == plan::Group::Dp && c.kind == plan::CollectiveKind::Broadcast) foldable = false;
+  const int Dk = foldable ? replicas_per_copy(cluster, T * P, D) : D;
+  const int copies = D / Dk;
   ExpandOptions eo;
-  eo.dp = D * T;  // replicas of each stage's program: dp × tp
+  eo.dp = Dk * T;  // replicas of each stage's program: dp × tp (of one copy)
   eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
   eo.dtype = sim_dtype(layout.precision);
   for (int s = 0; s < P; ++s) {
@@ -87,12 +96,12 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
     eo.static_mem.push_back(mem);
   }
   const int last_mb = sp.micro_batches - 1;
-  eo.compute = [&, P, T, D, layout](const schedule::Instr& in, int rank, int vstage,
-                                    Workload& w) -> std::vector<Op> {
+  eo.compute = [&, P, T, D, Dk, copies, layout](const schedule::Instr& in, int rank, int vstage,
+                                                Workload& w) -> std::vector<Op> {
     const int s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     std::vector<int> tp_ranks, dp_ranks;
     for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
-    for (int k = 0; k < D; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
+    for (int k = 0; k < Dk; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
     const int tp_group = T > 1 ? w.add_group(tp_ranks) : -1;
     // 2d/2.5d/3d sub-groups (row, col, input, ...) of this rank's tensor group.
     std::map<std::string, int> sub_groups;
@@ -118,7 +127,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
       for (const plan::Collective& c : sp.stages[s].collectives)
         if (c.group == plan::Group::Dp)
           for (int k = 0; k < c.count; ++k) dp_colls.push_back(&c);
-    const int dp_group = dp_colls.empty() ? -1 : w.add_group(dp_ranks);
+    const int dp_group = dp_colls.empty() ? -1 : w.add_group(dp_ranks, copies > 1);
     size_t next_dp = 0;
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan.at(layers[li]);
@@ -169,6 +178,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
     return ops;
   };
   out.workload = expand_schedule(sched, eo);
+  out.workload.copies = copies;
   out.workload.name =
       fmt::format("{} on {} processes ({})", cfg.model_name.empty() ? "vit" : cfg.model_name, nproc,
                   sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");

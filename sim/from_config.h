@@ -30,8 +30,12 @@ struct ConfigWorkload {
 };
 
 // Throws (naming the value) for a config that does not run on `nproc` processes, as vit_train
-// would, or a cluster with fewer ranks.
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster);
+// would, or a cluster with fewer ranks. `fold`: list one copy of the identical data-parallel
+// replicas where the platform allows it (replay.h: replicas_per_copy; Workload::copies), so the
+// replay simulates T · P ranks (or the few replicas that fill whole nodes) instead of nproc;
+// false lists every rank (the step-by-step collective model needs that).
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                                    bool fold = true);
 
 // The calibration entry a plan op is timed with: gemm, attention, layernorm or elementwise.
 std::string op_kind_of(const std::string& op);

@@ -34,7 +34,7 @@ struct Options {
   int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
-  bool data_parallel = false, version = false, quiet = false, search = false;
+  bool data_parallel = false, version = false, quiet = false, search = false, no_fold = false;
   int top = 10;
   std::string out;
 };
@@ -83,12 +83,15 @@ int run(const Options& o) {
   ro.collectives = parse_collective_model(o.collectives);
   if (!o.calibration.empty()) ro.calibration = load_calibration(o.calibration);
   const int nproc = o.nproc > 0 ? o.nproc : (o.data_parallel ? c.gpus() : o.stages);
+  // Identical data-parallel replicas are simulated once (replay.h: replicas_per_copy) unless
+  // --no-fold or the step-by-step model asks for every rank.
+  const bool fold = !o.no_fold && ro.collectives == CollectiveModel::Bulk;
   Workload w;
   std::string plan_line;
   if (!o.config.empty()) {
     // The vit_train config on nproc processes, through the analytic plan.
     const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
-    ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c);
+    ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c, fold);
     w = std::move(cw.workload);
     plan_line = fmt::format("plan: predicted peak {:.3f} GiB per rank (the largest stage)\n",
                             static_cast<double>(cw.plan.peak()) / double(1ull << 30));
@@ -107,10 +110,12 @@ int run(const Options& o) {
     eo.forward_s = {o.fwd_ms * 1e-3 / o.chunks};
     eo.backward_s = {o.bwd_ms * 1e-3 / o.chunks};
     eo.optimizer_s = o.optimizer_ms * 1e-3;
-    eo.dp = nproc / o.stages;
+    const int dp = nproc / o.stages;
+    eo.dp = fold ? replicas_per_copy(c, o.stages, dp) : dp;
+    eo.copies = dp / eo.dp;
     if (o.grad_bytes > 0) eo.grad_bytes = {static_cast<int64_t>(o.grad_bytes)};
     eo.activation_bytes = {static_cast<int64_t>(o.act_bytes)};
-    eo.global_batch = o.global_batch > 0 ? o.global_batch : int64_t(so.micro_batches) * eo.dp;
+    eo.global_batch = o.global_batch > 0 ? o.global_batch : int64_t(so.micro_batches) * dp;
     eo.dtype = parse_dtype(o.dtype);
     w = expand_schedule(s, eo);
   } else {
@@ -118,11 +123,13 @@ int run(const Options& o) {
     w.name = fmt::format("data parallel ×{}", nproc);
     w.dtype = parse_dtype(o.dtype);
     w.global_batch = o.global_batch > 0 ? o.global_batch : nproc;
-    std::vector<int> all(nproc);
-    for (int r = 0; r < nproc; ++r) all[r] = r;
-    const int world = w.add_group(all);
-    w.ranks.resize(nproc);
-    for (int r = 0; r < nproc; ++r) {
+    const int listed = fold ? replicas_per_copy(c, 1, nproc) : nproc;
+    w.copies = nproc / listed;
+    std::vector<int> all(listed);
+    for (int r = 0; r < listed; ++r) all[r] = r;
+    const int world = w.add_group(all, w.copies > 1);
+    w.ranks.resize(listed);
+    for (int r = 0; r < listed; ++r) {
       auto& ops = w.ranks[r].ops;
       ops.push_back(Op::compute("F(mb=0,c=0)", o.fwd_ms * 1e-3, 0));
       ops.push_back(Op::compute("B(mb=0,c=0)", o.bwd_ms * 1e-3, 0));
@@ -178,6 +185,9 @@ int main(int argc, char** argv) {
   app.add_flag("--data-parallel", o.data_parallel,
                "Replay a data-parallel step: forward, backward, all-reduce of --grad-bytes");
   app.add_flag("--quiet", o.quiet, "No summary on stdout");
+  app.add_flag("--no-fold", o.no_fold,
+               "Simulate every data-parallel replica (default: one copy of the identical "
+               "replicas that fill whole nodes, the same result; docs/SIMULATOR.md)");
   CLI11_PARSE(app, argc, argv);
   if (o.version) {
     int major = 0, minor = 0, patch = 0;

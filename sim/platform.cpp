@@ -15,24 +15,31 @@ namespace cai::sim {
 std::vector<std::string> simgrid_args() {
   return {"--log=root.thresh:critical", "--log=xbt_cfg.thresh:critical",
           "--cfg=network/model:CM02",   "--cfg=network/crosstraffic:0",
-          "--cfg=network/TCP-gamma:0",  "--cfg=contexts/factory:raw"};
+          "--cfg=network/TCP-gamma:0",  "--cfg=contexts/factory:raw",
+          "--cfg=surf/precision:1e-13"};
 }
 
-Platform build_platform(const Cluster& c, int nproc, DType dtype) {
+Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
   CAI_CHECK(nproc >= 1 && nproc <= c.max_ranks(),
             "[sim] {} ranks on cluster '{}' ({}): it has {} GPUs ({} nodes × {}){}", nproc, c.name,
             c.origin, c.gpus(), c.nodes, c.gpus_per_node,
             c.max_ranks_per_gpu > 1 ? fmt::format(", {} ranks per GPU", c.max_ranks_per_gpu) : "");
+  CAI_CHECK(copies == 1 ||
+                (nproc % c.gpus_per_node == 0 && static_cast<int64_t>(nproc) * copies <= c.gpus()),
+            "[sim] {} copies of {} ranks on cluster '{}' ({}): copies need whole nodes of {} GPUs "
+            "and at most {} GPUs in all",
+            copies, nproc, c.name, c.origin, c.gpus_per_node, c.gpus());
   const double speed = c.gpu.peak_flops(dtype);
   const int used = std::min(nproc, c.gpus());  // GPUs in use; rank r runs on GPU r mod used
   const int nodes = (used + c.gpus_per_node - 1) / c.gpus_per_node;
+  const bool nics = nodes > 1 || copies > 1;
   Platform p;
   p.hosts.reserve(nproc);
   auto* root = sg4::create_star_zone(c.name);
   // Every link is created in the root zone before any node zone exists: SimGrid 3.32 checks a new
   // link's name against every zone (and a new host's against every zone too), so creating links
   // inside 2,048 node zones made platform building quadratic (30 s at 16,384 GPUs).
-  std::vector<sg4::Link*> gpu_links(used), nic_links(nodes > 1 ? nodes : 0);
+  std::vector<sg4::Link*> gpu_links(used), nic_links(nics ? nodes : 0);
   for (int r = 0; r < used; ++r)
     gpu_links[r] = root->create_split_duplex_link(
                            fmt::format("node{}-gpu{}-{}", r / c.gpus_per_node, r % c.gpus_per_node,
@@ -65,9 +72,25 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype) {
       p.node_of.push_back(n);
     }
     nz->seal();
-    if (nodes > 1)
+    if (nics)
       root->add_route(nz->get_netpoint(), nullptr, gw, nullptr,
                       {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
+  }
+  // The next copy's GPUs: shadow zones over the same links (no actor runs on them).
+  for (int n = 0; copies > 1 && n < nodes; ++n) {
+    auto* nz = sg4::create_star_zone(fmt::format("node{}-next", n));
+    nz->set_parent(root);
+    auto* gw = nz->create_router(fmt::format("node{}-next-gw", n));
+    for (int g = 0; g < c.gpus_per_node; ++g) {
+      const int r = n * c.gpus_per_node + g;
+      auto* h = nz->create_host(fmt::format("node{}-next-gpu{}", n, g), speed)->seal();
+      nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
+                    {{gpu_links[r], sg4::LinkInRoute::Direction::UP}}, true);
+      p.next.push_back(h);
+    }
+    nz->seal();
+    root->add_route(nz->get_netpoint(), nullptr, gw, nullptr,
+                    {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
   }
   root->seal();
   for (int r = used; r < nproc; ++r) {

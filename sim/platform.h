@@ -23,14 +23,23 @@ namespace cai::sim {
 struct Platform {
   std::vector<simgrid::s4u::Host*> hosts;  // per rank
   std::vector<int> node_of;                // per rank
+  // With copies: per rank, its GPU in the next copy of the job. A host of a shadow node zone
+  // whose routes use the same links as the rank's own GPU and node (GPU link, then the node's
+  // NICs), so a transfer to it crosses the rank's node's NIC link up and down: by the copies'
+  // symmetry, the load the next copy's NIC and GPU links carry is this copy's.
+  std::vector<simgrid::s4u::Host*> next;
 };
 
 // Builds the zones for the first `nproc` GPUs of `c`; throws "[sim] ..." when nproc exceeds the
-// cluster's GPUs. Speeds in FLOP/s of `dtype`.
-Platform build_platform(const Cluster& c, int nproc, DType dtype);
+// cluster's GPUs. Speeds in FLOP/s of `dtype`. `copies`: the job holds that many copies of these
+// nproc ranks (Workload::copies); > 1 needs whole nodes (nproc a multiple of gpus_per_node, no
+// rank sharing a GPU) and builds `next` and the NIC links even for one node.
+Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies = 1);
 
 // The SimGrid configuration every replay uses (SIMGRID.md): CM02 network model without its LV08
-// factors, no cross-traffic, no TCP window cap, raw contexts, quiet logs.
+// factors, no cross-traffic, no TCP window cap, raw contexts, quiet logs, and a timing precision
+// of 1e-13 s instead of 1e-9 (each executed op otherwise ended up to a nanosecond off, which
+// thousands of ops per rank turned into microseconds through the links' sharing).
 std::vector<std::string> simgrid_args();
 
 }  // namespace cai::sim

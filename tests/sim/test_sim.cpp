@@ -1,6 +1,7 @@
 // The simulator: cluster files, collectives against their analytic times, bulk against
 // step-by-step, the replay engine's stream/dependency semantics, schedule replays against the
-// validator, memory curves, errors.
+// validator, memory curves, errors; folded copies and merged compute runs against the replay of
+// every rank and op.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
 #include "expand.h"
+#include "from_config.h"
 #include "replay.h"
 #include "report.h"
 
@@ -444,4 +446,115 @@ TEST(Replay, ExpansionHookPerLayerOpsAndBuckets) {
     EXPECT_NEAR(sp[bucket].end - sp[bucket].start, 2 * 0.5 * 1e10 / 100e9 + 2 * 10e-6, 1e-6);
     EXPECT_GE(sp[reduce].start, sp[bucket].end - 1e-12);  // ReduceGrads waits for it
   }
+}
+
+namespace {
+
+// Gradient all-reduce of a data-parallel step: compute, `bytes` over the group, compute.
+Workload data_parallel(int listed, int copies, int64_t bytes) {
+  Workload w;
+  w.copies = copies;
+  std::vector<int> all(listed);
+  for (int r = 0; r < listed; ++r) all[r] = r;
+  const int g = w.add_group(all, copies > 1);
+  w.ranks.resize(listed);
+  for (int r = 0; r < listed; ++r) {
+    w.ranks[r].ops.push_back(Op::compute("B", 0.001 * (1 + r % 2)));  // alike in every copy
+    w.ranks[r].ops.push_back(Op::collective(OpKind::AllReduce, "grads", g, bytes, 0));
+    w.ranks[r].ops.push_back(Op::compute("OptStep", 0.0005, -1, "optimizer"));
+  }
+  return w;
+}
+
+cai::app::TrainConfig fmnist(const std::vector<std::string>& sets) {
+  return cai::app::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
+}
+
+}  // namespace
+
+TEST(Fold, ReplicasPerCopy) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  EXPECT_EQ(replicas_per_copy(dgx, 16, 4), 1);  // pp 4 × tp 4: two nodes per replica
+  EXPECT_EQ(replicas_per_copy(dgx, 1, 64), 8);  // data parallel: a node per copy
+  EXPECT_EQ(replicas_per_copy(dgx, 2, 16), 4);
+  EXPECT_EQ(replicas_per_copy(dgx, 6, 10), 10);  // no whole nodes: not folded
+  EXPECT_EQ(replicas_per_copy(dgx, 64, 1), 1);
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  EXPECT_EQ(replicas_per_copy(cpu, 1, 4), 4);  // ranks sharing cores: never folded
+  EXPECT_EQ(replicas_per_copy(cpu, 1, 2), 2);  // one node holds the job
+}
+
+// One copy with its rings to the next copy gives the whole job's times: data parallel over 4
+// nodes (NIC-bound rings), a pipeline's dp rings, and vit_train configs through the plan.
+TEST(Fold, CopiesReplayLikeEveryRank) {
+  const Cluster c = test_cluster(4, 2);
+  for (int64_t bytes : {int64_t(4096), int64_t(100) << 20}) {
+    const double whole = replay(data_parallel(8, 1, bytes), c).step_s;
+    const ReplayResult folded = replay(data_parallel(2, 4, bytes), c);
+    EXPECT_NEAR(folded.step_s / whole, 1.0, 1e-9) << bytes;
+    const double analytic = 0.002 + 2.0 * 7 / 8 * bytes / 25e9 + 2 * 7 * 30e-6 + 0.0005;
+    EXPECT_NEAR(folded.step_s / analytic, 1.0, 1e-3) << bytes;
+    const auto j = nlohmann::json::parse(result_json(data_parallel(2, 4, bytes), folded));
+    EXPECT_EQ(j["nproc"], 8);
+    EXPECT_EQ(j["simulated_ranks"], 2);
+    EXPECT_EQ(j["compute_ms"].size(), 8u);
+  }
+  // 1F1B over 2 stages × dp 4, gradients all-reduced per stage (2 ranks per replica, 1 per node).
+  cai::schedule::ScheduleOptions so;
+  so.stages = 2;
+  so.micro_batches = 4;
+  const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(2, 2));
+  ExpandOptions eo;
+  eo.forward_s = {0.01};
+  eo.backward_s = {0.02};
+  eo.boundary_bytes = 50 << 20;
+  eo.grad_bytes = {200 << 20};
+  eo.dp = 4;
+  const double whole = replay(expand_schedule(s, eo), c).step_s;
+  eo.dp = replicas_per_copy(c, 2, 4);
+  eo.copies = 4 / eo.dp;
+  ASSERT_EQ(eo.copies, 4);
+  EXPECT_NEAR(replay(expand_schedule(s, eo), c).step_s / whole, 1.0, 1e-9);
+  // The plan's workloads: dp 8 × tp 2 and dp 4 × pp 2 × tp 2 (ZeRO 1) on 16 GPUs of 2 nodes.
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2"},
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.pipeline=2",
+       "parallel.num_microbatches=4", "parallel.zero_stage=1", "train.batch_size=32"}};
+  for (const auto& sets : layouts) {
+    const auto cfg = fmnist(sets);
+    const ConfigWorkload all = workload_from_config(cfg, 16, dgx, false);
+    const ConfigWorkload one = workload_from_config(cfg, 16, dgx, true);
+    ASSERT_EQ(all.workload.copies, 1);
+    ASSERT_GT(one.workload.copies, 1);
+    ASSERT_EQ(one.workload.job_ranks(), 16);
+    const ReplayResult a = replay(all.workload, dgx), b = replay(one.workload, dgx);
+    EXPECT_NEAR(b.step_s / a.step_s, 1.0, 1e-9) << sets.size();
+    for (size_t r = 0; r < b.ranks.size(); ++r) {
+      EXPECT_NEAR(b.ranks[r].end_s, a.ranks[r].end_s, 1e-12);
+      EXPECT_EQ(b.ranks[r].peak_mem, a.ranks[r].peak_mem);
+    }
+  }
+  // Only the bulk model replays copies.
+  ReplayOptions step;
+  step.collectives = CollectiveModel::Step;
+  EXPECT_THROW(replay(data_parallel(2, 4, 4096), c, step), cai::Error);
+}
+
+// Runs of compute ops merged into one activity give the spans op-by-op execution gives.
+TEST(Replay, MergedComputeRunsGiveTheSameSpans) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg =
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.pipeline=2",
+              "parallel.num_microbatches=4", "train.batch_size=64"});
+  const Workload w = workload_from_config(cfg, 8, dgx, false).workload;
+  ReplayOptions each;
+  each.merge_compute = false;
+  const ReplayResult a = replay(w, dgx, each), b = replay(w, dgx);
+  EXPECT_NEAR(b.step_s / a.step_s, 1.0, 1e-9);
+  for (size_t r = 0; r < w.ranks.size(); ++r)
+    for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
+      EXPECT_NEAR(b.ranks[r].spans[i].start, a.ranks[r].spans[i].start, 1e-10) << r << " " << i;
+      EXPECT_NEAR(b.ranks[r].spans[i].end, a.ranks[r].spans[i].end, 1e-10) << r << " " << i;
+    }
 }
