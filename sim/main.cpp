@@ -35,6 +35,7 @@ struct Options {
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
   bool data_parallel = false, version = false, quiet = false, search = false, no_fold = false;
+  bool exhaustive = false;
   int top = 10;
   std::string out;
 };
@@ -51,19 +52,29 @@ int run(const Options& o) {
     CAI_CHECK(!o.config.empty() && o.nproc > 0 && !o.cluster.empty(),
               "[sim] --search needs --config FILE, --nproc N and --cluster FILE");
     const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
-    const SearchResult r = search_layouts(cfg, o.nproc, load_cluster(o.cluster));
+    const Cluster cluster = load_cluster(o.cluster);
+    SearchOptions so;
+    so.keep = std::max(o.top, 1);
+    so.exhaustive = o.exhaustive;
+    if (!o.calibration.empty()) so.replay.calibration = load_calibration(o.calibration);
+    const SearchResult r = search_layouts(cfg, o.nproc, cluster, so);
     std::cout << fmt::format(
         "layout search: {} on {} processes of {}: {} layouts considered, {} refused by "
-        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit (simulated in {:.2f} s)\n",
+        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit: {} simulated{} ({:.2f} s)\n",
         o.config, o.nproc, o.cluster, r.considered, r.invalid, r.too_big,
-        static_cast<double>(load_cluster(o.cluster).gpu.memory_bytes) / double(1ull << 30),
-        r.ranked.size(), r.wall_s);
-    std::cout << fmt::format("{:>4}  {:<58} {:>10} {:>11} {:>8} {:>12}\n", "rank", "layout",
-                             "step ms", "img/s", "bubble", "peak GiB");
+        static_cast<double>(cluster.gpu.memory_bytes) / double(1ull << 30), r.simulated + r.bounded,
+        r.simulated,
+        r.bounded > 0 ? fmt::format(", {} left out: their lower bound is not below the {}th best "
+                                    "(--exhaustive simulates them)",
+                                    r.bounded, so.keep)
+                      : "",
+        r.wall_s);
+    std::cout << fmt::format("{:>4}  {:<62} {:>10} {:>11} {:>8} {:>9} {:>9}\n", "rank", "layout",
+                             "step ms", "img/s", "bubble", "bound ms", "peak GiB");
     for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.top; ++i) {
       const Candidate& c = r.ranked[i];
-      std::cout << fmt::format("{:>4}  {:<58} {:>10.3f} {:>11.1f} {:>8.3f} {:>12.3f}\n", i + 1,
-                               c.layout, c.step_ms, c.img_per_s, c.bubble,
+      std::cout << fmt::format("{:>4}  {:<62} {:>10.3f} {:>11.1f} {:>8.3f} {:>9.3f} {:>9.3f}\n",
+                               i + 1, c.layout, c.step_ms, c.img_per_s, c.bubble, c.bound_ms,
                                static_cast<double>(c.peak_mem_bytes) / double(1ull << 30));
     }
     if (!o.out.empty()) {
@@ -159,7 +170,11 @@ int main(int argc, char** argv) {
   app.add_flag("--search", o.search,
                "With --config, --nproc and --cluster: rank every layout that fits by simulated "
                "throughput");
-  app.add_option("--top", o.top, "--search: how many layouts to print")->capture_default_str();
+  app.add_option("--top", o.top, "--search: how many layouts to print (and rank exactly)")
+      ->capture_default_str();
+  app.add_flag("--exhaustive", o.exhaustive,
+               "--search: simulate every layout that fits (default: stop once the plan's lower "
+               "bound of the others cannot beat the --top-th best)");
   app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
   app.add_option("--trace", o.trace, "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration, "Per-op efficiency profile (JSON)");

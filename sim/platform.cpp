@@ -19,6 +19,44 @@ std::vector<std::string> simgrid_args() {
           "--cfg=surf/precision:1e-13"};
 }
 
+RouteCost route_cost(const Cluster& c, int nproc, int a, int b) {
+  const int used = std::min(nproc, c.gpus());
+  const int ga = a % used, gb = b % used;
+  if (ga == gb) return {c.intra.latency, c.intra.bandwidth};  // loopback of a shared GPU
+  if (ga / c.gpus_per_node == gb / c.gpus_per_node) return {c.intra.latency, c.intra.bandwidth};
+  return {c.intra.latency + c.inter.latency,
+          std::min(c.intra.bandwidth, c.inter.nic_bandwidth * c.inter.nics_per_node)};
+}
+
+double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t bytes,
+                              const std::vector<int>& ring, int root_pos) {
+  const int n = static_cast<int>(ring.size());
+  if (n <= 1) return 0;
+  const double chunk = static_cast<double>(bytes) / n;
+  auto edge = [&](int k) {  // k -> k + 1 along the ring (or the chain from the root)
+    const int from = (k + root_pos) % n, to = (k + 1 + root_pos) % n;
+    return route_cost(c, nproc, ring[from], ring[to]);
+  };
+  if (kind == OpKind::Broadcast) {  // replay.cpp's bulk chain: n chunks
+    double fill = 0, lat_max = 0, flows = 0;
+    for (int k = 0; k + 1 < n; ++k) {
+      const RouteCost e = edge(k);
+      fill += e.latency + chunk / e.bandwidth;
+      lat_max = std::max(lat_max, e.latency);
+      flows = std::max(flows, e.latency + (n - 1) * chunk / e.bandwidth);
+    }
+    return flows + fill + (n - 2) * lat_max;
+  }
+  const int steps = kind == OpKind::AllReduce ? 2 * (n - 1) : n - 1;
+  double flows = 0, lat_max = 0;
+  for (int k = 0; k < n; ++k) {
+    const RouteCost e = edge(k);
+    flows = std::max(flows, e.latency + steps * chunk / e.bandwidth);
+    lat_max = std::max(lat_max, e.latency);
+  }
+  return flows + (steps - 1) * lat_max;
+}
+
 Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
   CAI_CHECK(nproc >= 1 && nproc <= c.max_ranks(),
             "[sim] {} ranks on cluster '{}' ({}): it has {} GPUs ({} nodes × {}){}", nproc, c.name,

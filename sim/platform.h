@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cluster.h"
+#include "workload.h"
 
 namespace simgrid::s4u {
 class Host;
@@ -35,6 +36,21 @@ struct Platform {
 // nproc ranks (Workload::copies); > 1 needs whole nodes (nproc a multiple of gpus_per_node, no
 // rank sharing a GPU) and builds `next` and the NIC links even for one node.
 Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies = 1);
+
+// Uncontended latency (s) and bottleneck bandwidth (bytes/s) of the route build_platform lays
+// between ranks a and b of nproc (no SimGrid needed): the loopback of a shared GPU, two GPU links
+// inside a node, or GPU, NIC, NIC, GPU links between nodes. The layout search bounds step times
+// with it; a test holds it against the replay.
+struct RouteCost {
+  double latency = 0, bandwidth = 0;
+};
+RouteCost route_cost(const Cluster& c, int nproc, int a, int b);
+
+// A lower bound on the time the bulk collective model gives a collective of `kind` over `ring`
+// (ranks in ring order, `copies` × as many in the job's ring when it spans copies) of `bytes`:
+// its time alone on the platform when no two of its flows share a link, less otherwise.
+double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t bytes,
+                              const std::vector<int>& ring, int root_pos);
 
 // The SimGrid configuration every replay uses (SIMGRID.md): CM02 network model without its LV08
 // factors, no cross-traffic, no TCP window cap, raw contexts, quiet logs, and a timing precision

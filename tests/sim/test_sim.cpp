@@ -14,8 +14,10 @@
 #include "cluster.h"
 #include "expand.h"
 #include "from_config.h"
+#include "platform.h"
 #include "replay.h"
 #include "report.h"
+#include "search.h"
 
 using namespace cai::sim;
 namespace fs = std::filesystem;
@@ -557,4 +559,45 @@ TEST(Replay, MergedComputeRunsGiveTheSameSpans) {
       EXPECT_NEAR(b.ranks[r].spans[i].start, a.ranks[r].spans[i].start, 1e-10) << r << " " << i;
       EXPECT_NEAR(b.ranks[r].spans[i].end, a.ranks[r].spans[i].end, 1e-10) << r << " " << i;
     }
+}
+
+// The bound's collective times are the bulk replay's when the flows share no link.
+TEST(Bound, CollectiveLowerBoundIsTheUncontendedReplay) {
+  for (auto [nodes, gpn] : {std::pair{1, 4}, std::pair{2, 2}, std::pair{4, 1}}) {
+    const Cluster c = test_cluster(nodes, gpn);
+    const int n = nodes * gpn;
+    std::vector<int> ring(n);
+    for (int r = 0; r < n; ++r) ring[r] = r;
+    for (OpKind k :
+         {OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::Broadcast})
+      for (int64_t S : {int64_t(4096), int64_t(64) << 20}) {
+        const double sim = simulate(one_collective(k, n, S), c, CollectiveModel::Bulk);
+        EXPECT_NEAR(collective_lower_bound(c, n, k, S, ring, 0) / sim, 1.0, 1e-9)
+            << op_kind_name(k) << " " << nodes << "×" << gpn << " " << S;
+      }
+  }
+}
+
+// Every layout's bound is at most its simulated step, and the bounded search ranks its first
+// places as simulating every layout does.
+TEST(Bound, SearchKeepsTheExhaustiveRanking) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg = fmnist({});
+  SearchOptions all;
+  all.exhaustive = true;
+  const SearchResult every = search_layouts(cfg, 8, dgx, all);
+  ASSERT_GT(every.ranked.size(), 20u);
+  for (const Candidate& c : every.ranked) EXPECT_LE(c.bound_ms, c.step_ms * (1 + 1e-9)) << c.layout;
+  bool nd = false;
+  for (const Candidate& c : every.ranked) nd = nd || c.config.tensor_mode == "3d";
+  EXPECT_TRUE(nd) << "tp 3d 8 is one of the layouts";
+  SearchOptions top;
+  top.keep = 5;
+  const SearchResult bounded = search_layouts(cfg, 8, dgx, top);
+  EXPECT_LT(bounded.simulated, every.simulated);
+  EXPECT_EQ(bounded.simulated + bounded.bounded, every.simulated);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(bounded.ranked[i].layout, every.ranked[i].layout);
+    EXPECT_EQ(bounded.ranked[i].step_ms, every.ranked[i].step_ms);
+  }
 }
