@@ -92,6 +92,11 @@ class ConfigProgram {
   int T() const { return T_; }
   int D() const { return D_; }
   int listed_dp() const { return listed_dp_; }
+  // The mesh rank (= GPU) of sim rank r.
+  int mesh_rank(int r) const {
+    const int s = r % P_, replica = r / P_, t = replica % T_, d = replica / T_;
+    return d * P_ * T_ + s * T_ + t;
+  }
   void set_listed_dp(int k) { listed_dp_ = k; }
   // No broadcast over the dp group (one root would make the copies differ).
   bool foldable() const {
@@ -238,11 +243,14 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, cons
   out.workload.name =
       fmt::format("{} on {} processes ({})", cfg.model_name.empty() ? "vit" : cfg.model_name, nproc,
                   sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
-  // Label the ranks as the executor's traces do (mesh coordinates).
+  // Label and place the ranks as the launcher does: mesh rank = GPU (tensor-parallel ranks
+  // consecutive, then stages, data parallel outermost).
+  out.workload.gpus.resize(out.workload.ranks.size());
   for (int r = 0; r < static_cast<int>(out.workload.ranks.size()); ++r) {
     const int s = r % P, replica = r / P, t = replica % T, d = replica / T;
     out.workload.ranks[r].label =
-        fmt::format("rank {} (pp {}, dp {}, tp {})", d * P * T + s * T + t, s, d, t);
+        fmt::format("rank {} (pp {}, dp {}, tp {})", prog.mesh_rank(r), s, d, t);
+    out.workload.gpus[r] = prog.mesh_rank(r);
   }
   out.plan = prog.plan();
   return out;
@@ -267,9 +275,13 @@ double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& c
     for (size_t i = 0; i < w.ranks[0].ops.size(); ++i) {
       const Op& o = w.ranks[0].ops[i];
       if ((o.stream == 0) != stream0) continue;
-      t += o.kind == OpKind::Compute
-               ? dur[0][i]
-               : collective_lower_bound(cluster, nproc, o.kind, o.bytes, w.groups[o.group], 0);
+      if (o.kind == OpKind::Compute) {
+        t += dur[0][i];
+        continue;
+      }
+      std::vector<int> ring;
+      for (int r : w.groups[o.group]) ring.push_back(prog.mesh_rank(r));
+      t += collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
     }
     return t;
   };

@@ -57,7 +57,8 @@ double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t 
   return flows + (steps - 1) * lat_max;
 }
 
-Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
+Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies,
+                        const std::vector<int>& gpu_of) {
   CAI_CHECK(nproc >= 1 && nproc <= c.max_ranks(),
             "[sim] {} ranks on cluster '{}' ({}): it has {} GPUs ({} nodes × {}){}", nproc, c.name,
             c.origin, c.gpus(), c.nodes, c.gpus_per_node,
@@ -68,11 +69,12 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
             "and at most {} GPUs in all",
             copies, nproc, c.name, c.origin, c.gpus_per_node, c.gpus());
   const double speed = c.gpu.peak_flops(dtype);
-  const int used = std::min(nproc, c.gpus());  // GPUs in use; rank r runs on GPU r mod used
+  const int used = std::min(nproc, c.gpus());  // GPUs in use; slot g is GPU g mod used
   const int nodes = (used + c.gpus_per_node - 1) / c.gpus_per_node;
   const bool nics = nodes > 1 || copies > 1;
   Platform p;
-  p.hosts.reserve(nproc);
+  std::vector<sg4::Host*> gpu_hosts, next_hosts;  // per GPU slot below `used`
+  std::vector<int> gpu_node;
   auto* root = sg4::create_star_zone(c.name);
   // Every link is created in the root zone before any node zone exists: SimGrid 3.32 checks a new
   // link's name against every zone (and a new host's against every zone too), so creating links
@@ -106,8 +108,8 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
         nz->add_route(h->get_netpoint(), h->get_netpoint(), nullptr, nullptr,
                       {sg4::LinkInRoute(lb)}, false);
       }
-      p.hosts.push_back(h);
-      p.node_of.push_back(n);
+      gpu_hosts.push_back(h);
+      gpu_node.push_back(n);
     }
     nz->seal();
     if (nics)
@@ -124,16 +126,18 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies) {
       auto* h = nz->create_host(fmt::format("node{}-next-gpu{}", n, g), speed)->seal();
       nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
                     {{gpu_links[r], sg4::LinkInRoute::Direction::UP}}, true);
-      p.next.push_back(h);
+      next_hosts.push_back(h);
     }
     nz->seal();
     root->add_route(nz->get_netpoint(), nullptr, gw, nullptr,
                     {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
   }
   root->seal();
-  for (int r = used; r < nproc; ++r) {
-    p.hosts.push_back(p.hosts[r % used]);
-    p.node_of.push_back(p.node_of[r % used]);
+  for (int r = 0; r < nproc; ++r) {
+    const int g = (gpu_of.empty() ? r : gpu_of.at(r)) % used;
+    p.hosts.push_back(gpu_hosts[g]);
+    p.node_of.push_back(gpu_node[g]);
+    if (copies > 1) p.next.push_back(next_hosts[g]);
   }
   return p;
 }

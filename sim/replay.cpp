@@ -123,7 +123,7 @@ struct Replayer {
     awaited.resize(R);
     needed_elsewhere.resize(R);
     exclusive.assign(R, 1);
-    // GPU of rank r: r mod GPUs (build_platform); count the actors computing on each.
+    // GPU of rank r: its slot mod GPUs (build_platform); count the actors computing on each.
     const size_t gpus = std::min<size_t>(R, static_cast<size_t>(c.gpus()));
     std::vector<int> computing(gpus, 0);
     for (size_t r = 0; r < R; ++r) {
@@ -141,9 +141,10 @@ struct Replayer {
             std::find(streams.begin(), streams.end(), ops[i].stream) == streams.end())
           streams.push_back(ops[i].stream);
       }
-      computing[r % gpus] += static_cast<int>(streams.size());
+      computing[w.gpu_of(static_cast<int>(r)) % gpus] += static_cast<int>(streams.size());
     }
-    for (size_t r = 0; r < R; ++r) exclusive[r] = merge && computing[r % gpus] <= 1;
+    for (size_t r = 0; r < R; ++r)
+      exclusive[r] = merge && computing[w.gpu_of(static_cast<int>(r)) % gpus] <= 1;
   }
 
   void wait_deps(int r, const Op& o) {
@@ -432,7 +433,7 @@ bool write_all(int fd, const void* buf, size_t n) {
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
     Replayer rp(w, m, c, dur, opt.collectives, opt.merge_compute);
-    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies);
+    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();
     const std::string stuck = rp.unfinished();

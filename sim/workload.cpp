@@ -121,6 +121,16 @@ Matching check_and_match(const Workload& w) {
   const int R = static_cast<int>(w.ranks.size());
   CAI_CHECK(R >= 1, "[sim] workload '{}' has no ranks", w.name);
   CAI_CHECK(w.copies >= 1, "[sim] workload '{}' has {} copies", w.name, w.copies);
+  if (!w.gpus.empty()) {
+    CAI_CHECK(static_cast<int>(w.gpus.size()) == R,
+              "[sim] workload '{}' places {} ranks on GPUs but has {}", w.name, w.gpus.size(), R);
+    std::vector<char> seen(R, 0);
+    for (int g : w.gpus) {
+      CAI_CHECK(g >= 0 && g < R && !seen[g],
+                "[sim] workload '{}': GPU slot {} is out of [0, {}) or given twice", w.name, g, R);
+      seen[g] = 1;
+    }
+  }
   CAI_CHECK(w.across_copies.size() <= w.groups.size(),
             "[sim] workload '{}' flags {} groups as spanning copies but has {} groups", w.name,
             w.across_copies.size(), w.groups.size());

@@ -107,7 +107,13 @@ struct Workload {
   // the listed ranks only; see replay.h for when that is exact.
   int copies = 1;
   std::vector<char> across_copies;  // per group (missing entries: 0)
-  int stages() const;               // 1 + the largest RankProgram::stage
+  // Placement: per listed rank, the GPU slot it runs on (a permutation of 0..ranks-1; slot g is
+  // GPU g of the cluster, or g mod GPUs when ranks share GPUs). Empty: rank r on slot r. Lets a
+  // producer number ranks its own way while they sit where the launcher puts them (vit_train's
+  // mesh rank = GPU).
+  std::vector<int> gpus;
+  int gpu_of(int rank) const { return gpus.empty() ? rank : gpus[rank]; }
+  int stages() const;  // 1 + the largest RankProgram::stage
   int job_ranks() const { return static_cast<int>(ranks.size()) * copies; }
   bool spans_copies(int group) const {
     return group >= 0 && group < static_cast<int>(across_copies.size()) && across_copies[group];

@@ -601,3 +601,32 @@ TEST(Bound, SearchKeepsTheExhaustiveRanking) {
     EXPECT_EQ(bounded.ranked[i].step_ms, every.ranked[i].step_ms);
   }
 }
+
+// vit_train's ranks sit on the GPU of their mesh rank (tensor-parallel ranks consecutive, then
+// stages, data parallel outermost), whatever order the workload numbers them in: a tensor group
+// is one node's NVLink, not a ring across nodes.
+TEST(Placement, ConfigRanksSitOnTheirMeshGpus) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg =
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=4", "parallel.pipeline=4",
+              "parallel.num_microbatches=4", "train.batch_size=64"});
+  const Workload w = workload_from_config(cfg, 16, dgx, false).workload;
+  ASSERT_EQ(w.gpus.size(), 16u);
+  int tp_collectives = 0;
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    const int s = static_cast<int>(r) % 4, t = static_cast<int>(r) / 4;
+    EXPECT_EQ(w.gpus[r], s * 4 + t);
+    for (const Op& o : w.ranks[r].ops)
+      if (is_collective(o.kind) && o.stream == 0) {
+        ++tp_collectives;
+        std::vector<int> g;
+        for (int m : w.groups[o.group]) g.push_back(w.gpu_of(m));
+        EXPECT_EQ(*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end()), 3);
+      }
+  }
+  EXPECT_GT(tp_collectives, 0);
+  // Numbered as the workload does, a tensor ring would cross the two nodes: slower.
+  Workload strided = w;
+  strided.gpus.clear();
+  EXPECT_LT(replay(w, dgx).step_s, replay(strided, dgx).step_s);
+}
