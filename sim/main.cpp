@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench_layouts.h"
 #include "cai/core/error.h"
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
@@ -35,7 +36,10 @@ struct Options {
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
   bool data_parallel = false, version = false, quiet = false, search = false, no_fold = false;
-  bool exhaustive = false;
+  bool exhaustive = false, benchmark_layouts = false;
+  std::string model = "vit", precision = "fp32", device;
+  std::vector<std::string> layouts;
+  int64_t batch = 8, seq_len = 512, dimension = 1024, layers = 2;
   int top = 10;
   std::string out;
 };
@@ -48,6 +52,30 @@ void write(const std::string& path, const std::string& text) {
 
 int run(const Options& o) {
   using namespace cai::sim;
+  if (o.benchmark_layouts) {
+    CAI_CHECK(o.nproc > 0 && !o.cluster.empty(),
+              "[sim] --benchmark-layouts needs --nproc N and --cluster FILE");
+    BenchOptions bo;
+    bo.gpus = o.nproc;
+    bo.model = o.model;
+    bo.config = o.config;
+    bo.sets = o.sets;
+    bo.batch = o.batch;
+    bo.seq_len = o.seq_len;
+    bo.dimension = o.dimension;
+    bo.layers = o.layers;
+    bo.precision = o.precision;
+    bo.device = o.device;
+    for (const auto& l : o.layouts) bo.layouts.push_back(parse_bench_layout(l, o.nproc));
+    const Calibration cal =
+        o.calibration.empty() ? default_calibration() : load_calibration(o.calibration);
+    const std::string j = benchmark_layouts_json(bo, load_cluster(o.cluster), cal);
+    if (o.json.empty())
+      std::cout << j << "\n";
+    else
+      write(o.json, j + "\n");
+    return 0;
+  }
   if (o.search) {
     CAI_CHECK(!o.config.empty() && o.nproc > 0 && !o.cluster.empty(),
               "[sim] --search needs --config FILE, --nproc N and --cluster FILE");
@@ -197,6 +225,24 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer-ms", o.optimizer_ms, "Optimizer step, ms");
   app.add_option("--act-bytes", o.act_bytes, "Boundary activation bytes per micro-batch");
   app.add_option("--grad-bytes", o.grad_bytes, "Gradient bytes all-reduced over data parallel");
+  app.add_flag("--benchmark-layouts", o.benchmark_layouts,
+               "colossalai benchmark --simulate: simulate every tensor layout of --nproc GPUs "
+               "(dp = nproc / tensor size) and write the rows as JSON (--json, else stdout)");
+  app.add_option("--model", o.model, "--benchmark-layouts: vit (--config), block or mlp")
+      ->check(CLI::IsMember({"vit", "block", "mlp"}));
+  app.add_option("--batch", o.batch, "--benchmark-layouts: samples per data-parallel rank")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "--benchmark-layouts: tokens (block, mlp)");
+  app.add_option("--dimension", o.dimension, "--benchmark-layouts: hidden size (block, mlp)");
+  app.add_option("--layers", o.layers, "--benchmark-layouts: layers (block, mlp)");
+  app.add_option("--precision", o.precision, "--benchmark-layouts: compute dtype")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--device", o.device,
+                 "--benchmark-layouts: cpu or cuda (default: cpu on a shared-memory cluster)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--layout", o.layouts,
+                 "--benchmark-layouts: MODE[:SIZE[:DEPTH]] (repeatable; default: none and every "
+                 "mode of --nproc)");
   app.add_flag("--data-parallel", o.data_parallel,
                "Replay a data-parallel step: forward, backward, all-reduce of --grad-bytes");
   app.add_flag("--quiet", o.quiet, "No summary on stdout");
