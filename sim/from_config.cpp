@@ -57,8 +57,7 @@ class ConfigProgram {
  public:
   ConfigProgram(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
                 const plan::StepPlan* plan)
-      : layout_(app::plan_layout(cfg, nproc)) {
-    app::validate(cfg, nproc);
+      : layout_(validated_layout(cfg, nproc)) {
     CAI_CHECK(nproc <= cluster.max_ranks(),
               "[sim] {} processes do not fit cluster {} ({} GPUs × {} ranks each)", nproc,
               cluster.name, cluster.gpus(), cluster.max_ranks_per_gpu);
@@ -195,6 +194,11 @@ class ConfigProgram {
   }
 
  private:
+  // vit_train's checks (and their messages) before the plan's.
+  static plan::Layout validated_layout(const app::TrainConfig& cfg, int nproc) {
+    app::validate(cfg, nproc);
+    return app::plan_layout(cfg, nproc);
+  }
   struct Groups {
     bool made = false;
     int tp = -1, dp = -1;
