@@ -29,7 +29,8 @@ T per(const std::vector<T>& v, int i, int n, const char* what, T none) {
 Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) {
   using schedule::Op;
   const int P = s.stages, V = s.virtual_stages();
-  CAI_CHECK(opt.dp >= 1, "[sim] expand: dp = {} must be >= 1", opt.dp);
+  CAI_CHECK(opt.dp >= 1 && opt.copies >= 1, "[sim] expand: dp = {} and copies = {} must be >= 1",
+            opt.dp, opt.copies);
   CAI_CHECK(static_cast<int>(s.programs.size()) == P,
             "[sim] expand: schedule '{}' has {} programs for {} stages", s.name, s.programs.size(),
             P);
@@ -43,6 +44,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
   w.name = fmt::format("{} p={} m={} v={} dp={}", s.name, P, s.micro_batches, s.chunks, opt.dp);
   w.dtype = opt.dtype;
   w.global_batch = opt.global_batch;
+  w.copies = opt.copies;
   w.ranks.resize(static_cast<size_t>(P) * opt.dp);
   const auto gbytes = [&](int st) { return per<int64_t>(opt.grad_bytes, st, P, "grad_bytes", 0); };
   for (int d = 0; d < opt.dp; ++d)
@@ -155,10 +157,11 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
           }
           case Op::ReduceGrads: {
             sim::Op o;
-            if (opt.dp > 1 && gbytes(st) > 0) {
+            if (opt.dp * opt.copies > 1 && gbytes(st) > 0) {
               std::vector<int> group;
               for (int k = 0; k < opt.dp; ++k) group.push_back(k * P + st);
-              o = sim::Op::collective(OpKind::AllReduce, name, w.add_group(group), gbytes(st), 0);
+              o = sim::Op::collective(OpKind::AllReduce, name, w.add_group(group, opt.copies > 1),
+                                      gbytes(st), 0);
             } else {
               o = sim::Op::compute(name, 0.0);
             }

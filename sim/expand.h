@@ -39,7 +39,10 @@ struct ExpandOptions {
   std::vector<double> optimizer_elements;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
   int64_t boundary_bytes = -1;
-  int dp = 1;                       // pipeline replicas (data parallel)
+  int dp = 1;  // pipeline replicas (data parallel)
+  // The job is `copies` copies of these dp replicas (Workload::copies): ReduceGrads' all-reduce
+  // rings go on through every copy (dp · copies members).
+  int copies = 1;
   std::vector<int64_t> grad_bytes;  // per stage, all-reduced over dp at ReduceGrads (empty: none)
   // Memory: what each stage holds from the start (size stages, or empty), and the activations one
   // micro-batch keeps per virtual stage from its Forward to its Backward (size V, one, or empty).

@@ -6,6 +6,8 @@
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
 #include "expand.h"
+#include "platform.h"
+#include "replay.h"
 
 namespace cai::sim {
 
@@ -44,87 +46,106 @@ DType sim_dtype(cai::DType t) {
 
 }  // namespace
 
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
-                                    const Cluster& cluster) {
-  app::validate(cfg, nproc);
-  const nn::ViTConfig vc = cfg.vit();
-  plan::Layout layout = app::plan_layout(cfg, nproc);
-  ConfigWorkload out;
-  out.plan = plan::make_plan(vc, layout);
-  const plan::StepPlan& sp = out.plan;
-  const int P = layout.pp, T = layout.tp, D = sp.dp;
-  CAI_CHECK(nproc <= cluster.max_ranks(),
-            "[sim] {} processes do not fit cluster {} ({} GPUs × {} ranks each)", nproc,
-            cluster.name, cluster.gpus(), cluster.max_ranks_per_gpu);
-  // The program: the plan's pipeline schedule, or one stage running its micro-batches 1F1B
-  // (forward then backward per batch, as the data-parallel executor does).
-  schedule::Schedule sched = sp.schedule;
-  schedule::Partition part = sp.partition;
-  const int L = static_cast<int>(vc.depth) + 2;
-  if (P == 1) {
-    schedule::ScheduleOptions so;
-    so.stages = 1;
-    so.micro_batches = sp.micro_batches;
-    part = schedule::partition_uniform(L, 1);
-    sched = schedule::make("1f1b", so, part);
-  }
-  // Layer index -> its plan (from the stage that holds it).
-  std::map<int, const plan::LayerPlan*> layer_plan;
-  for (const plan::RankPlan& r : sp.stages)
-    for (size_t i = 0; i < r.layers.size(); ++i) layer_plan[r.layers[i]] = &r.layer_plans[i];
+namespace {
 
-  ExpandOptions eo;
-  eo.dp = D * T;  // replicas of each stage's program: dp × tp
-  eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
-  eo.dtype = sim_dtype(layout.precision);
-  for (int s = 0; s < P; ++s)
-    eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
-                                    (layout.zero_stage >= 1 ? D : 1));
-  for (int s = 0; s < P; ++s) {
-    const plan::Memory& m = sp.stages[s].memory;
-    std::array<int64_t, kMemKinds> mem{};
-    mem[static_cast<int>(MemKind::Parameters)] = m.parameters + m.shards;
-    mem[static_cast<int>(MemKind::Gradients)] = m.gradients;
-    mem[static_cast<int>(MemKind::Optimizer)] = m.optimizer_state;
-    mem[static_cast<int>(MemKind::Buffers)] = m.buffers;
-    eo.static_mem.push_back(mem);
+// A config's step on nproc processes as the executor runs it: the plan, the program every stage
+// runs, and the ops of each compute instruction (layers, tensor-parallel collectives, the
+// data-parallel reductions of the last backward). Sim rank = (dp · tp + tp_rank) · stages + stage;
+// the first `listed_dp` data-parallel replicas are listed, their dp rings spanning the copies
+// when listed_dp < dp.
+class ConfigProgram {
+ public:
+  ConfigProgram(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                const plan::StepPlan* plan)
+      : layout_(validated_layout(cfg, nproc)) {
+    CAI_CHECK(nproc <= cluster.max_ranks(),
+              "[sim] {} processes do not fit cluster {} ({} GPUs × {} ranks each)", nproc,
+              cluster.name, cluster.gpus(), cluster.max_ranks_per_gpu);
+    const nn::ViTConfig vc = cfg.vit();
+    plan_ = plan ? *plan : plan::make_plan(vc, layout_);
+    P_ = layout_.pp;
+    T_ = layout_.tp;
+    D_ = plan_.dp;
+    listed_dp_ = D_;
+    // The program: the plan's pipeline schedule, or one stage running its micro-batches 1F1B
+    // (forward then backward per batch, as the data-parallel executor does).
+    sched_ = plan_.schedule;
+    part_ = plan_.partition;
+    if (P_ == 1) {
+      schedule::ScheduleOptions so;
+      so.stages = 1;
+      so.micro_batches = plan_.micro_batches;
+      part_ = schedule::partition_uniform(static_cast<int>(vc.depth) + 2, 1);
+      sched_ = schedule::make("1f1b", so, part_);
+    }
+    // Layer index -> its plan (from the stage that holds it).
+    for (const plan::RankPlan& r : plan_.stages)
+      for (size_t i = 0; i < r.layers.size(); ++i) layer_plan_[r.layers[i]] = &r.layer_plans[i];
   }
-  const int last_mb = sp.micro_batches - 1;
-  eo.compute = [&, P, T, D, layout](const schedule::Instr& in, int rank, int vstage,
-                                    Workload& w) -> std::vector<Op> {
-    const int s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
-    std::vector<int> tp_ranks, dp_ranks;
-    for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
-    for (int k = 0; k < D; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
-    const int tp_group = T > 1 ? w.add_group(tp_ranks) : -1;
+
+  const plan::StepPlan& plan() const { return plan_; }
+  const plan::Layout& layout() const { return layout_; }
+  const schedule::Schedule& schedule() const { return sched_; }
+  const schedule::Partition& partition() const { return part_; }
+  int P() const { return P_; }
+  int T() const { return T_; }
+  int D() const { return D_; }
+  int listed_dp() const { return listed_dp_; }
+  // The mesh rank (= GPU) of sim rank r.
+  int mesh_rank(int r) const {
+    const int s = r % P_, replica = r / P_, t = replica % T_, d = replica / T_;
+    return d * P_ * T_ + s * T_ + t;
+  }
+  void set_listed_dp(int k) { listed_dp_ = k; }
+  // No broadcast over the dp group (one root would make the copies differ).
+  bool foldable() const {
+    for (const plan::RankPlan& r : plan_.stages)
+      for (const plan::Collective& c : r.collectives)
+        if (c.group == plan::Group::Dp && c.kind == plan::CollectiveKind::Broadcast) return false;
+    return true;
+  }
+
+  // The ops of a Forward or Backward of virtual stage `vstage` for micro-batch `mb` on sim rank
+  // `rank`; groups are registered in `w` (one Workload per ConfigProgram: the ids are cached).
+  std::vector<Op> ops(bool fwd, int mb, int chunk, int rank, int vstage, Workload& w) {
+    const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
+    Groups& g = groups_[rank];
+    if (!g.made) {
+      g.made = true;
+      std::vector<int> tp_ranks;
+      for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
+      g.tp = T > 1 ? w.add_group(tp_ranks) : -1;
+    }
     // 2d/2.5d/3d sub-groups (row, col, input, ...) of this rank's tensor group.
-    std::map<std::string, int> sub_groups;
     auto group_of = [&](const std::string& name) {
-      if (name == "tp") return tp_group;
-      auto it = sub_groups.find(name);
-      if (it != sub_groups.end()) return it->second;
+      if (name == "tp") return g.tp;
+      auto it = g.sub.find(name);
+      if (it != g.sub.end()) return it->second;
       std::vector<int> ranks;
-      for (int k : nn::tp_group_members(layout.tp_mode, T, layout.tp_depth, name, t))
+      for (int k : nn::tp_group_members(layout_.tp_mode, T, layout_.tp_depth, name, t))
         ranks.push_back(((d * T + k) * P) + s);
-      return sub_groups[name] = w.add_group(ranks);
+      return g.sub[name] = w.add_group(ranks);
     };
-    const bool fwd = in.op == schedule::Op::Forward;
     std::vector<int> layers;
-    for (int i = 0; i < part.num_layers(vstage); ++i)
-      layers.push_back(part.first_layer(vstage) + i);
+    for (int i = 0; i < part_.num_layers(vstage); ++i)
+      layers.push_back(part_.first_layer(vstage) + i);
     if (!fwd) std::reverse(layers.begin(), layers.end());
     std::vector<Op> ops;
     // The data-parallel reductions go out during the last backward of the step (chunk 0 is the
     // last a rank runs), spread over its layers as the hooks launch buckets.
     std::vector<const plan::Collective*> dp_colls;
-    if (!fwd && in.mb == last_mb && in.chunk == 0 && D > 1)
-      for (const plan::Collective& c : sp.stages[s].collectives)
+    if (!fwd && mb == plan_.micro_batches - 1 && chunk == 0 && D_ > 1)
+      for (const plan::Collective& c : plan_.stages[s].collectives)
         if (c.group == plan::Group::Dp)
           for (int k = 0; k < c.count; ++k) dp_colls.push_back(&c);
-    const int dp_group = dp_colls.empty() ? -1 : w.add_group(dp_ranks);
+    if (!dp_colls.empty() && g.dp < 0) {
+      std::vector<int> dp_ranks;
+      for (int k = 0; k < listed_dp_; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
+      g.dp = w.add_group(dp_ranks, listed_dp_ < D_);
+    }
     size_t next_dp = 0;
     for (size_t li = 0; li < layers.size(); ++li) {
-      const plan::LayerPlan& lp = *layer_plan.at(layers[li]);
+      const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
       for (const plan::OpCost& c : lp.ops) {
         const bool mine =
             fwd ? c.phase == plan::Phase::Forward
@@ -134,7 +155,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
         op.kind = OpKind::Compute;
         op.name = fmt::format("{} {}{}", lp.name, c.op, fwd ? "" : " bwd");
         op.category = "compute";
-        op.mb = in.mb;
+        op.mb = mb;
         op.flops = c.flops;
         op.mem_bytes = static_cast<double>(c.bytes_read + c.bytes_written);
         op.op_kind = op_kind_of(c.op);
@@ -145,7 +166,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
         // The layer's cache: kept from its forward to its backward.
         ops.back().mem_end.push_back({MemKind::Activations, fwd ? lp.saved : -lp.saved});
       }
-      if (tp_group >= 0)
+      if (g.tp >= 0)
         for (const plan::Collective& c : lp.collectives) {
           const bool mine =
               fwd ? c.phase == plan::Phase::Forward
@@ -164,25 +185,141 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc,
         Op op = Op::collective(
             kind_of(c.kind),
             fmt::format("{} {}", c.op.empty() ? c.layer : c.op, plan::collective_name(c.kind)),
-            dp_group, c.bytes, 3);
+            g.dp, c.bytes, 3);
         op.category = "reduce";
         if (!ops.empty()) op.deps.push_back(static_cast<int>(ops.size()) - 1);
         ops.push_back(std::move(op));
       }
     }
     return ops;
+  }
+
+ private:
+  // vit_train's checks (and their messages) before the plan's.
+  static plan::Layout validated_layout(const app::TrainConfig& cfg, int nproc) {
+    app::validate(cfg, nproc);
+    return app::plan_layout(cfg, nproc);
+  }
+  struct Groups {
+    bool made = false;
+    int tp = -1, dp = -1;
+    std::map<std::string, int> sub;
   };
-  out.workload = expand_schedule(sched, eo);
+  plan::Layout layout_;
+  plan::StepPlan plan_;
+  int P_ = 1, T_ = 1, D_ = 1, listed_dp_ = 1;
+  schedule::Schedule sched_;
+  schedule::Partition part_;
+  std::map<int, const plan::LayerPlan*> layer_plan_;
+  std::map<int, Groups> groups_;
+};
+
+}  // namespace
+
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                                    bool fold, const plan::StepPlan* plan) {
+  ConfigProgram prog(cfg, nproc, cluster, plan);
+  const plan::StepPlan& sp = prog.plan();
+  const plan::Layout& layout = prog.layout();
+  const int P = prog.P(), T = prog.T(), D = prog.D();
+  // Identical data-parallel replicas (T · P consecutive ranks each, exchanging only through the
+  // dp rings) fold into copies of Dk replicas (replay.h: replicas_per_copy).
+  const int Dk = fold && prog.foldable() ? replicas_per_copy(cluster, T * P, D) : D;
+  prog.set_listed_dp(Dk);
+  ExpandOptions eo;
+  eo.dp = Dk * T;  // replicas of each stage's program: dp × tp (of one copy)
+  eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
+  eo.dtype = sim_dtype(layout.precision);
+  for (int s = 0; s < P; ++s)
+    eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
+                                    (layout.zero_stage >= 1 ? D : 1));
+  for (int s = 0; s < P; ++s) {
+    const plan::Memory& m = sp.stages[s].memory;
+    std::array<int64_t, kMemKinds> mem{};
+    mem[static_cast<int>(MemKind::Parameters)] = m.parameters + m.shards;
+    mem[static_cast<int>(MemKind::Gradients)] = m.gradients;
+    mem[static_cast<int>(MemKind::Optimizer)] = m.optimizer_state;
+    mem[static_cast<int>(MemKind::Buffers)] = m.buffers;
+    eo.static_mem.push_back(mem);
+  }
+  eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, Workload& w) {
+    return prog.ops(in.op == schedule::Op::Forward, in.mb, in.chunk, rank, vstage, w);
+  };
+  ConfigWorkload out;
+  out.workload = expand_schedule(prog.schedule(), eo);
+  out.workload.copies = D / Dk;
   out.workload.name =
       fmt::format("{} on {} processes ({})", cfg.model_name.empty() ? "vit" : cfg.model_name, nproc,
                   sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
-  // Label the ranks as the executor's traces do (mesh coordinates).
+  // Label and place the ranks as the launcher does: mesh rank = GPU (tensor-parallel ranks
+  // consecutive, then stages, data parallel outermost).
+  out.workload.gpus.resize(out.workload.ranks.size());
   for (int r = 0; r < static_cast<int>(out.workload.ranks.size()); ++r) {
     const int s = r % P, replica = r / P, t = replica % T, d = replica / T;
     out.workload.ranks[r].label =
-        fmt::format("rank {} (pp {}, dp {}, tp {})", d * P * T + s * T + t, s, d, t);
+        fmt::format("rank {} (pp {}, dp {}, tp {})", prog.mesh_rank(r), s, d, t);
+    out.workload.gpus[r] = prog.mesh_rank(r);
   }
+  out.plan = prog.plan();
   return out;
+}
+
+double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                        const Calibration& cal, const plan::StepPlan* plan) {
+  ConfigProgram prog(cfg, nproc, cluster, plan);
+  const int P = prog.P(), m = prog.plan().micro_batches;
+  const schedule::Schedule& sched = prog.schedule();
+  const int V = sched.virtual_stages();
+  // One rank per stage (tp 0, dp 0): its compute and stream-0 collectives of one micro-batch per
+  // virtual stage, timed as the replay times them, and its data-parallel reductions.
+  Workload w;
+  w.dtype = sim_dtype(prog.layout().precision);
+  w.ranks.resize(1);
+  std::vector<double> fwd(V, 0.0), bwd(V, 0.0), dp(P, 0.0);
+  auto time_of = [&](std::vector<Op> ops, bool stream0) {
+    w.ranks[0].ops = std::move(ops);
+    const auto dur = compute_durations(w, cluster, cal);
+    double t = 0;
+    for (size_t i = 0; i < w.ranks[0].ops.size(); ++i) {
+      const Op& o = w.ranks[0].ops[i];
+      if ((o.stream == 0) != stream0) continue;
+      if (o.kind == OpKind::Compute) {
+        t += dur[0][i];
+        continue;
+      }
+      std::vector<int> ring;
+      for (int r : w.groups[o.group]) ring.push_back(prog.mesh_rank(r));
+      t += collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
+    }
+    return t;
+  };
+  for (int s = 0; s < P; ++s) {
+    for (int c = 0; c < sched.chunks; ++c) {
+      const int v = sched.virtual_stage(s, c);
+      fwd[v] = time_of(prog.ops(true, 0, c, s, v, w), true);
+      bwd[v] = time_of(prog.ops(false, 0, c, s, v, w), true);
+    }
+    dp[s] = time_of(prog.ops(false, m - 1, 0, s, sched.virtual_stage(s, 0), w), false);
+  }
+  // Stage s starts its first forward after the first micro-batch's forward went through the
+  // stages before it, runs every micro-batch's forward and backward on its stream 0, and the
+  // stages before it run their last backward after its own; its data-parallel reductions (on
+  // their stream, in order) start after its last backward started and end before the step.
+  double bound = 0;
+  double fill = 0, drain = 0;
+  for (int s = 0; s < P; ++s) {
+    double per_mb = 0;
+    for (int c = 0; c < sched.chunks; ++c) {
+      const int v = sched.virtual_stage(s, c);
+      per_mb += fwd[v] + bwd[v];
+    }
+    const double last_bwd = bwd[sched.virtual_stage(s, 0)];
+    bound = std::max(bound, fill + m * per_mb + drain);
+    bound = std::max(bound, fill + m * per_mb - last_bwd + dp[s]);
+    fill += fwd[sched.virtual_stage(s, 0)];
+    drain += bwd[sched.virtual_stage(s, 0)];
+  }
+  return bound;
 }
 
 }  // namespace cai::sim

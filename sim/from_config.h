@@ -30,8 +30,23 @@ struct ConfigWorkload {
 };
 
 // Throws (naming the value) for a config that does not run on `nproc` processes, as vit_train
-// would, or a cluster with fewer ranks.
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster);
+// would, or a cluster with fewer ranks. `fold`: list one copy of the identical data-parallel
+// replicas where the platform allows it (replay.h: replicas_per_copy; Workload::copies), so the
+// replay simulates T · P ranks (or the few replicas that fill whole nodes) instead of nproc;
+// false lists every rank (the step-by-step collective model needs that).
+// `plan`: the config's plan when the caller made it already (make_plan of plan_layout).
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                                    bool fold = true, const plan::StepPlan* plan = nullptr);
+
+// A lower bound on the step time replay() gives workload_from_config's workload under the bulk
+// collective model, without building or replaying it: per pipeline stage, the first micro-batch's
+// forward through the stages before it, every micro-batch's forward and backward on the compute
+// stream (compute timed as the replay times it, tensor-parallel collectives at their uncontended
+// bulk time), the stages before it's last backwards after it; or the compute before its last
+// backward plus its data-parallel reductions back to back. Contention, bubbles from uneven stages
+// and receive waits are left out, so the replay is never faster. For the layout search.
+double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                        const Calibration& cal, const plan::StepPlan* plan = nullptr);
 
 // The calibration entry a plan op is timed with: gemm, attention, layernorm or elementwise.
 std::string op_kind_of(const std::string& op);

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench_layouts.h"
 #include "cai/core/error.h"
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
@@ -34,7 +35,11 @@ struct Options {
   int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
-  bool data_parallel = false, version = false, quiet = false, search = false;
+  bool data_parallel = false, version = false, quiet = false, search = false, no_fold = false;
+  bool exhaustive = false, benchmark_layouts = false;
+  std::string model = "vit", precision = "fp32", device;
+  std::vector<std::string> layouts;
+  int64_t batch = 8, seq_len = 512, dimension = 1024, layers = 2;
   int top = 10;
   std::string out;
 };
@@ -47,23 +52,57 @@ void write(const std::string& path, const std::string& text) {
 
 int run(const Options& o) {
   using namespace cai::sim;
+  if (o.benchmark_layouts) {
+    CAI_CHECK(o.nproc > 0 && !o.cluster.empty(),
+              "[sim] --benchmark-layouts needs --nproc N and --cluster FILE");
+    BenchOptions bo;
+    bo.gpus = o.nproc;
+    bo.model = o.model;
+    bo.config = o.config;
+    bo.sets = o.sets;
+    bo.batch = o.batch;
+    bo.seq_len = o.seq_len;
+    bo.dimension = o.dimension;
+    bo.layers = o.layers;
+    bo.precision = o.precision;
+    bo.device = o.device;
+    for (const auto& l : o.layouts) bo.layouts.push_back(parse_bench_layout(l, o.nproc));
+    const Calibration cal =
+        o.calibration.empty() ? default_calibration() : load_calibration(o.calibration);
+    const std::string j = benchmark_layouts_json(bo, load_cluster(o.cluster), cal);
+    if (o.json.empty())
+      std::cout << j << "\n";
+    else
+      write(o.json, j + "\n");
+    return 0;
+  }
   if (o.search) {
     CAI_CHECK(!o.config.empty() && o.nproc > 0 && !o.cluster.empty(),
               "[sim] --search needs --config FILE, --nproc N and --cluster FILE");
     const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
-    const SearchResult r = search_layouts(cfg, o.nproc, load_cluster(o.cluster));
+    const Cluster cluster = load_cluster(o.cluster);
+    SearchOptions so;
+    so.keep = std::max(o.top, 1);
+    so.exhaustive = o.exhaustive;
+    if (!o.calibration.empty()) so.replay.calibration = load_calibration(o.calibration);
+    const SearchResult r = search_layouts(cfg, o.nproc, cluster, so);
     std::cout << fmt::format(
         "layout search: {} on {} processes of {}: {} layouts considered, {} refused by "
-        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit (simulated in {:.2f} s)\n",
+        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit: {} simulated{} ({:.2f} s)\n",
         o.config, o.nproc, o.cluster, r.considered, r.invalid, r.too_big,
-        static_cast<double>(load_cluster(o.cluster).gpu.memory_bytes) / double(1ull << 30),
-        r.ranked.size(), r.wall_s);
-    std::cout << fmt::format("{:>4}  {:<58} {:>10} {:>11} {:>8} {:>12}\n", "rank", "layout",
-                             "step ms", "img/s", "bubble", "peak GiB");
+        static_cast<double>(cluster.gpu.memory_bytes) / double(1ull << 30), r.simulated + r.bounded,
+        r.simulated,
+        r.bounded > 0 ? fmt::format(", {} left out: their lower bound is not below the {}th best "
+                                    "(--exhaustive simulates them)",
+                                    r.bounded, so.keep)
+                      : "",
+        r.wall_s);
+    std::cout << fmt::format("{:>4}  {:<62} {:>10} {:>11} {:>8} {:>9} {:>9}\n", "rank", "layout",
+                             "step ms", "img/s", "bubble", "bound ms", "peak GiB");
     for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.top; ++i) {
       const Candidate& c = r.ranked[i];
-      std::cout << fmt::format("{:>4}  {:<58} {:>10.3f} {:>11.1f} {:>8.3f} {:>12.3f}\n", i + 1,
-                               c.layout, c.step_ms, c.img_per_s, c.bubble,
+      std::cout << fmt::format("{:>4}  {:<62} {:>10.3f} {:>11.1f} {:>8.3f} {:>9.3f} {:>9.3f}\n",
+                               i + 1, c.layout, c.step_ms, c.img_per_s, c.bubble, c.bound_ms,
                                static_cast<double>(c.peak_mem_bytes) / double(1ull << 30));
     }
     if (!o.out.empty()) {
@@ -83,12 +122,15 @@ int run(const Options& o) {
   ro.collectives = parse_collective_model(o.collectives);
   if (!o.calibration.empty()) ro.calibration = load_calibration(o.calibration);
   const int nproc = o.nproc > 0 ? o.nproc : (o.data_parallel ? c.gpus() : o.stages);
+  // Identical data-parallel replicas are simulated once (replay.h: replicas_per_copy) unless
+  // --no-fold or the step-by-step model asks for every rank.
+  const bool fold = !o.no_fold && ro.collectives == CollectiveModel::Bulk;
   Workload w;
   std::string plan_line;
   if (!o.config.empty()) {
     // The vit_train config on nproc processes, through the analytic plan.
     const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
-    ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c);
+    ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c, fold);
     w = std::move(cw.workload);
     plan_line = fmt::format("plan: predicted peak {:.3f} GiB per rank (the largest stage)\n",
                             static_cast<double>(cw.plan.peak()) / double(1ull << 30));
@@ -107,10 +149,12 @@ int run(const Options& o) {
     eo.forward_s = {o.fwd_ms * 1e-3 / o.chunks};
     eo.backward_s = {o.bwd_ms * 1e-3 / o.chunks};
     eo.optimizer_s = o.optimizer_ms * 1e-3;
-    eo.dp = nproc / o.stages;
+    const int dp = nproc / o.stages;
+    eo.dp = fold ? replicas_per_copy(c, o.stages, dp) : dp;
+    eo.copies = dp / eo.dp;
     if (o.grad_bytes > 0) eo.grad_bytes = {static_cast<int64_t>(o.grad_bytes)};
     eo.activation_bytes = {static_cast<int64_t>(o.act_bytes)};
-    eo.global_batch = o.global_batch > 0 ? o.global_batch : int64_t(so.micro_batches) * eo.dp;
+    eo.global_batch = o.global_batch > 0 ? o.global_batch : int64_t(so.micro_batches) * dp;
     eo.dtype = parse_dtype(o.dtype);
     w = expand_schedule(s, eo);
   } else {
@@ -118,11 +162,13 @@ int run(const Options& o) {
     w.name = fmt::format("data parallel ×{}", nproc);
     w.dtype = parse_dtype(o.dtype);
     w.global_batch = o.global_batch > 0 ? o.global_batch : nproc;
-    std::vector<int> all(nproc);
-    for (int r = 0; r < nproc; ++r) all[r] = r;
-    const int world = w.add_group(all);
-    w.ranks.resize(nproc);
-    for (int r = 0; r < nproc; ++r) {
+    const int listed = fold ? replicas_per_copy(c, 1, nproc) : nproc;
+    w.copies = nproc / listed;
+    std::vector<int> all(listed);
+    for (int r = 0; r < listed; ++r) all[r] = r;
+    const int world = w.add_group(all, w.copies > 1);
+    w.ranks.resize(listed);
+    for (int r = 0; r < listed; ++r) {
       auto& ops = w.ranks[r].ops;
       ops.push_back(Op::compute("F(mb=0,c=0)", o.fwd_ms * 1e-3, 0));
       ops.push_back(Op::compute("B(mb=0,c=0)", o.bwd_ms * 1e-3, 0));
@@ -152,7 +198,11 @@ int main(int argc, char** argv) {
   app.add_flag("--search", o.search,
                "With --config, --nproc and --cluster: rank every layout that fits by simulated "
                "throughput");
-  app.add_option("--top", o.top, "--search: how many layouts to print")->capture_default_str();
+  app.add_option("--top", o.top, "--search: how many layouts to print (and rank exactly)")
+      ->capture_default_str();
+  app.add_flag("--exhaustive", o.exhaustive,
+               "--search: simulate every layout that fits (default: stop once the plan's lower "
+               "bound of the others cannot beat the --top-th best)");
   app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
   app.add_option("--trace", o.trace, "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration, "Per-op efficiency profile (JSON)");
@@ -175,9 +225,30 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer-ms", o.optimizer_ms, "Optimizer step, ms");
   app.add_option("--act-bytes", o.act_bytes, "Boundary activation bytes per micro-batch");
   app.add_option("--grad-bytes", o.grad_bytes, "Gradient bytes all-reduced over data parallel");
+  app.add_flag("--benchmark-layouts", o.benchmark_layouts,
+               "colossalai benchmark --simulate: simulate every tensor layout of --nproc GPUs "
+               "(dp = nproc / tensor size) and write the rows as JSON (--json, else stdout)");
+  app.add_option("--model", o.model, "--benchmark-layouts: vit (--config), block or mlp")
+      ->check(CLI::IsMember({"vit", "block", "mlp"}));
+  app.add_option("--batch", o.batch, "--benchmark-layouts: samples per data-parallel rank")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "--benchmark-layouts: tokens (block, mlp)");
+  app.add_option("--dimension", o.dimension, "--benchmark-layouts: hidden size (block, mlp)");
+  app.add_option("--layers", o.layers, "--benchmark-layouts: layers (block, mlp)");
+  app.add_option("--precision", o.precision, "--benchmark-layouts: compute dtype")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--device", o.device,
+                 "--benchmark-layouts: cpu or cuda (default: cpu on a shared-memory cluster)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--layout", o.layouts,
+                 "--benchmark-layouts: MODE[:SIZE[:DEPTH]] (repeatable; default: none and every "
+                 "mode of --nproc)");
   app.add_flag("--data-parallel", o.data_parallel,
                "Replay a data-parallel step: forward, backward, all-reduce of --grad-bytes");
   app.add_flag("--quiet", o.quiet, "No summary on stdout");
+  app.add_flag("--no-fold", o.no_fold,
+               "Simulate every data-parallel replica (default: one copy of the identical "
+               "replicas that fill whole nodes, the same result; docs/SIMULATOR.md)");
   CLI11_PARSE(app, argc, argv);
   if (o.version) {
     int major = 0, minor = 0, patch = 0;

@@ -31,6 +31,15 @@ const char* collective_model_name(CollectiveModel m) {
   return m == CollectiveModel::Bulk ? "bulk" : "step";
 }
 
+int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas) {
+  if (ranks_per_replica < 1 || replicas <= 1) return std::max(replicas, 1);
+  if (static_cast<int64_t>(ranks_per_replica) * replicas > c.gpus()) return replicas;
+  for (int k = 1; k < replicas; ++k)
+    if (replicas % k == 0 && (static_cast<int64_t>(k) * ranks_per_replica) % c.gpus_per_node == 0)
+      return k;
+  return replicas;
+}
+
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
                                                    const Calibration& cal, TimingSources* sources) {
   const double peak = c.gpu.peak_flops(w.dtype);
@@ -98,15 +107,26 @@ struct Replayer {
   Platform p;
   std::vector<std::vector<double>> start, end;
   std::vector<std::vector<char>> done;
+  // Per [rank][op]: how many actors wait for it now (finish() signals only then), and whether an
+  // op of another stream depends on it (a run of compute ops must end there, see stream()).
+  std::vector<std::vector<int>> awaited;
+  std::vector<std::vector<char>> needed_elsewhere;
+  // Per rank: its compute ops may run as sleeps, several in one: no other actor computes on its
+  // GPU (ranks sharing a GPU, or compute ops on two streams of a rank, share the host's speed).
+  std::vector<char> exclusive;
   std::vector<sg4::MutexPtr> mutex;
   std::vector<sg4::ConditionVariablePtr> cv;
-  std::unordered_map<int64_t, sg4::BarrierPtr> barriers;
+  struct Meeting {  // a bulk collective's members so far
+    int arrived = 0;
+    std::vector<sg4::SemaphorePtr> waiting;
+  };
+  std::vector<Meeting> meetings;  // per collective instance
   std::unordered_map<int, double> group_latency;
   std::unordered_map<int, std::pair<double, double>> chain_cache;
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
-           const std::vector<std::vector<double>>& d, CollectiveModel mo)
+           const std::vector<std::vector<double>>& d, CollectiveModel mo, bool merge)
       : w(w_), m(m_), c(c_), dur(d), model(mo) {
     const size_t R = w.ranks.size();
     start.resize(R);
@@ -114,11 +134,32 @@ struct Replayer {
     done.resize(R);
     mutex.resize(R);
     cv.resize(R);
+    meetings.resize(m.instances.size());
+    awaited.resize(R);
+    needed_elsewhere.resize(R);
+    exclusive.assign(R, 1);
+    // GPU of rank r: its slot mod GPUs (build_platform); count the actors computing on each.
+    const size_t gpus = std::min<size_t>(R, static_cast<size_t>(c.gpus()));
+    std::vector<int> computing(gpus, 0);
     for (size_t r = 0; r < R; ++r) {
-      start[r].assign(w.ranks[r].ops.size(), -1.0);
-      end[r].assign(w.ranks[r].ops.size(), -1.0);
-      done[r].assign(w.ranks[r].ops.size(), 0);
+      const auto& ops = w.ranks[r].ops;
+      start[r].assign(ops.size(), -1.0);
+      end[r].assign(ops.size(), -1.0);
+      done[r].assign(ops.size(), 0);
+      awaited[r].assign(ops.size(), 0);
+      needed_elsewhere[r].assign(ops.size(), 0);
+      std::vector<int> streams;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        for (int d : ops[i].deps)
+          if (ops[d].stream != ops[i].stream) needed_elsewhere[r][d] = 1;
+        if (ops[i].kind == OpKind::Compute && dur[r][i] > 0 &&
+            std::find(streams.begin(), streams.end(), ops[i].stream) == streams.end())
+          streams.push_back(ops[i].stream);
+      }
+      computing[w.gpu_of(static_cast<int>(r)) % gpus] += static_cast<int>(streams.size());
     }
+    for (size_t r = 0; r < R; ++r)
+      exclusive[r] = merge && computing[w.gpu_of(static_cast<int>(r)) % gpus] <= 1;
   }
 
   void wait_deps(int r, const Op& o) {
@@ -128,24 +169,20 @@ struct Replayer {
         mutex[r] = sg4::Mutex::create();
         cv[r] = sg4::ConditionVariable::create();
       }
+      ++awaited[r][d];  // before the lock, which may yield: finish() sees it
       std::unique_lock<sg4::Mutex> lock(*mutex[r]);
       cv[r]->wait(lock, [&] { return done[r][d] != 0; });
+      --awaited[r][d];
     }
   }
 
   void finish(int r, int i) {
     end[r][i] = sg4::Engine::get_clock();
     done[r][i] = 1;
-    if (cv[r]) {
+    if (awaited[r][i] > 0) {
       std::unique_lock<sg4::Mutex> lock(*mutex[r]);
       cv[r]->notify_all();
     }
-  }
-
-  sg4::BarrierPtr barrier(int64_t key, int n) {
-    auto it = barriers.find(key);
-    if (it == barriers.end()) it = barriers.emplace(key, sg4::Barrier::create(n)).first;
-    return it->second;
   }
 
   // Latency and bottleneck bandwidth of the route a -> b, without contention.
@@ -157,14 +194,30 @@ struct Replayer {
     return {lat, bw};
   }
 
+  // Whether group g's ring goes on through the next copies of the job.
+  bool wraps(int g) const { return w.copies > 1 && w.spans_copies(g); }
+
+  // The host member q of group g sends to in its ring: the next member, or after the last listed
+  // member of a ring spanning the copies, the first member's GPU in the next copy.
+  sg4::Host* successor(int g, int q) const {
+    const auto& G = w.groups[g];
+    const int m = static_cast<int>(G.size());
+    if (q + 1 < m) return p.hosts[G[q + 1]];
+    return wraps(g) ? p.next[G[0]] : p.hosts[G[0]];
+  }
+
   // Largest route latency over the ring's edges: the per-step latency of the slowest edge.
   double latency_of(int g) {
     auto it = group_latency.find(g);
     if (it != group_latency.end()) return it->second;
     const auto& G = w.groups[g];
     double worst = 0;
-    for (size_t i = 0; i < G.size(); ++i)
-      worst = std::max(worst, edge(G[i], G[(i + 1) % G.size()]).first);
+    for (size_t i = 0; i < G.size(); ++i) {
+      std::vector<sg4::Link*> links;
+      double lat = 0;
+      p.hosts[G[i]]->route_to(successor(g, static_cast<int>(i)), links, &lat);
+      worst = std::max(worst, lat);
+    }
     return group_latency[g] = worst;
   }
 
@@ -188,7 +241,8 @@ struct Replayer {
     const int id = m.instance_of[r][i], pos = m.position_of[r][i];
     const detail::Instance& in = m.instances[id];
     const auto& G = w.groups[in.group_id];
-    const int n = static_cast<int>(G.size());
+    const int n = w.group_size(in.group_id);  // every copy's members for a spanning ring
+    const int listed = static_cast<int>(G.size());
     if (n == 1) return;
     int steps = 0;
     double chunk = 0;
@@ -197,25 +251,44 @@ struct Replayer {
     // Position in the ring / chain (the chain starts at the root and follows the group order).
     const int q = chain ? (pos - in.root_pos + n) % n : pos;
     auto member = [&](int k) { return G[chain ? (k + in.root_pos) % n : k % n]; };
-    if (model == CollectiveModel::Bulk && chain) {
-      // Concurrent flows carry the C - 1 chunks that follow the first at the slowest edge's pace
-      // (with its contention); the first chunk's trip through the chain and the remaining
-      // per-chunk latencies are added after.
-      const int chunks = n;
-      barrier(2 * int64_t(id), n)->wait();
-      if (q < n - 1)
-        sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes((chunks - 1) * chunk))
-            ->wait();
-      barrier(2 * int64_t(id) + 1, n)->wait();
-      const auto [fill, lat_max] = chain_fill(id, G, in.root_pos, chunk);
-      sg4::this_actor::sleep_for(fill + (chunks - 2) * lat_max);
-      return;
-    }
     if (model == CollectiveModel::Bulk) {
-      barrier(2 * int64_t(id), n)->wait();
-      sg4::Comm::sendto_async(p.hosts[r], p.hosts[member(q + 1)], as_bytes(steps * chunk))->wait();
-      barrier(2 * int64_t(id) + 1, n)->wait();
-      if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * latency_of(in.group_id));
+      // The members meet: all but the last to arrive wait, and the last runs the collective for
+      // all of them (what a barrier, one flow per member and a second barrier would do, with
+      // fewer SimGrid calls), then wakes them at its end.
+      Meeting& mt = meetings[id];
+      if (++mt.arrived < (chain ? n : listed)) {
+        // Blocked on a semaphore of its own (suspending the actor would also suspend the
+        // receives it posted ahead).
+        sg4::SemaphorePtr wake = sg4::Semaphore::create(0);
+        mt.waiting.push_back(wake);
+        wake->acquire();
+        return;
+      }
+      std::vector<sg4::CommPtr> flows;
+      double after = 0;
+      if (chain) {
+        // Concurrent flows carry the C - 1 chunks that follow the first at the slowest edge's
+        // pace (with its contention); the first chunk's trip through the chain and the remaining
+        // per-chunk latencies are added after.
+        const int chunks = n;
+        for (int k = 0; k + 1 < n; ++k)
+          flows.push_back(sg4::Comm::sendto_async(p.hosts[member(k)], p.hosts[member(k + 1)],
+                                                  as_bytes((chunks - 1) * chunk)));
+        const auto [fill, lat_max] = chain_fill(id, G, in.root_pos, chunk);
+        after = fill + (chunks - 2) * lat_max;
+      } else {
+        // Every ring edge carries all its steps' bytes at once (contention on shared links is
+        // kept); a ring spanning the copies stands for every copy's members, its last listed
+        // member's flow going to the next copy. Then (steps - 1) latencies of the slowest edge.
+        for (int k = 0; k < listed; ++k)
+          flows.push_back(sg4::Comm::sendto_async(p.hosts[G[k]], successor(in.group_id, k),
+                                                  as_bytes(steps * chunk)));
+        if (steps > 1) after = (steps - 1) * latency_of(in.group_id);
+      }
+      for (const sg4::CommPtr& f : flows) f->wait();
+      if (after > 0) sg4::this_actor::sleep_for(after);
+      for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
+      mt.waiting = {};
       return;
     }
     auto box = [&](int k) { return sg4::Mailbox::by_name(fmt::format("c{}:{}", id, k % n)); };
@@ -263,10 +336,36 @@ struct Replayer {
             sg4::Mailbox::by_name(p2p_box(o.peer, r, o.tag))->get_async<char>(&data[k]);
     }
     sg4::Host* me = p.hosts[r];
-    for (int i : ops) {
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const int i = ops[k];
       const Op& o = prog[i];
       wait_deps(r, o);
       start[r][i] = sg4::Engine::get_clock();
+      if (o.kind == OpKind::Compute && exclusive[r]) {
+        // Nothing else computes on this GPU, so a compute op takes exactly its duration: the
+        // following compute ops whose dependencies are already met run back to back in one
+        // sleep, as long as no other stream waits for an op inside the run (it would be woken
+        // at the run's end). Their spans are the ones op-by-op execution gives.
+        double t = start[r][i] + dur[r][i];
+        end[r][i] = t;
+        size_t last = k;
+        while (last + 1 < ops.size() && !needed_elsewhere[r][ops[last]]) {
+          const Op& n = prog[ops[last + 1]];
+          if (n.kind != OpKind::Compute) break;
+          bool ready = true;
+          for (int d : n.deps) ready = ready && (done[r][d] || d == ops[last]);
+          if (!ready) break;
+          ++last;
+          start[r][ops[last]] = t;
+          t += dur[r][ops[last]];
+          end[r][ops[last]] = t;
+        }
+        if (t > start[r][i]) sg4::this_actor::sleep_until(t);
+        for (size_t j = k; j < last; ++j) done[r][ops[j]] = 1;
+        k = last;
+        finish(r, ops[last]);
+        continue;
+      }
       switch (o.kind) {
         case OpKind::Compute:
           if (dur[r][i] > 0) sg4::this_actor::execute(dur[r][i] * me->get_speed());
@@ -337,7 +436,7 @@ bool write_all(int fd, const void* buf, size_t n) {
 // The SimGrid process: builds the platform, runs, writes 'O' + seconds + [start, end] per op, or
 // 'E' + a message.
 [[noreturn]] void child(int fd, const Workload& w, const detail::Matching& m, const Cluster& c,
-                        const std::vector<std::vector<double>>& dur, CollectiveModel model) {
+                        const std::vector<std::vector<double>>& dur, const ReplayOptions& opt) {
   std::string out;
   try {
     const auto t0 = std::chrono::steady_clock::now();
@@ -348,8 +447,8 @@ bool write_all(int fd, const void* buf, size_t n) {
     argv.push_back(nullptr);
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
-    Replayer rp(w, m, c, dur, model);
-    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype);
+    Replayer rp(w, m, c, dur, opt.collectives, opt.merge_compute);
+    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();
     const std::string stuck = rp.unfinished();
@@ -471,10 +570,14 @@ void measure(const Workload& w, ReplayResult& res) {
 ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const detail::Matching m = detail::check_and_match(w);
-  CAI_CHECK(static_cast<int>(w.ranks.size()) <= c.max_ranks(),
+  CAI_CHECK(static_cast<int64_t>(w.ranks.size()) * w.copies <= c.max_ranks(),
             "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs{}", w.name,
-            w.ranks.size(), c.name, c.origin, c.gpus(),
+            static_cast<int64_t>(w.ranks.size()) * w.copies, c.name, c.origin, c.gpus(),
             c.max_ranks_per_gpu > 1 ? fmt::format(" for {} ranks", c.max_ranks()) : "");
+  CAI_CHECK(w.copies == 1 || opt.collectives == CollectiveModel::Bulk,
+            "[sim] workload '{}' folds {} identical copies, which only the bulk collective model "
+            "replays: build it unfolded for the step-by-step model",
+            w.name, w.copies);
   TimingSources timing;
   const auto dur = compute_durations(w, c, opt.calibration, &timing);
   // Buffered output would be written twice (by the child too) if it were not flushed now.
@@ -486,7 +589,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   CAI_CHECK(pid >= 0, "[sim] fork() failed: {}", std::strerror(errno));
   if (pid == 0) {
     ::close(fds[0]);
-    child(fds[1], w, m, c, dur, opt.collectives);
+    child(fds[1], w, m, c, dur, opt);
   }
   ::close(fds[1]);
   std::string data;
@@ -514,6 +617,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   ReplayResult res;
   res.cluster = c.name;
   res.collectives = opt.collectives;
+  res.copies = w.copies;
   res.simgrid_s = v[0];
   res.timing = timing;
   res.memory_limit = c.gpu.memory_bytes;

@@ -25,6 +25,10 @@ const char* collective_model_name(CollectiveModel m);
 struct ReplayOptions {
   CollectiveModel collectives = CollectiveModel::Bulk;
   Calibration calibration = default_calibration();
+  // Consecutive compute ops of a rank that nothing else computes beside run as one sleep when
+  // their dependencies are met (the same spans; SimGrid sees one activity instead of several).
+  // false: one execution per op, the reference the tests hold the merged replay against.
+  bool merge_compute = true;
 };
 
 struct Span {
@@ -59,6 +63,7 @@ struct TimingSources {
 struct ReplayResult {
   std::string cluster;
   CollectiveModel collectives = CollectiveModel::Bulk;
+  int copies = 1;        // Workload::copies: `ranks` holds one copy's ranks, the others run alike
   double step_s = 0;     // latest end over all ranks
   double img_per_s = 0;  // global_batch / step_s (0 when the workload has no global_batch)
   // Per pipeline stage: mean over its ranks of 1 - pipeline_compute / step. (PipelinePlugin's
@@ -76,6 +81,20 @@ struct ReplayResult {
   TimingSources timing;      // how the compute ops were timed (rank 0's program)
   std::vector<RankResult> ranks;
 };
+
+// Folding identical replicas (Workload::copies). A job of `replicas` data-parallel replicas, each
+// `ranks_per_replica` consecutive ranks running the same program, whose only exchanges between
+// replicas are rings over every replica in replica order (all-reduce, reduce-scatter,
+// all-gather; no broadcast), runs alike in every copy of k consecutive replicas when a copy
+// fills whole nodes: the platform (identical nodes on a full-bisection root with no backbone) is
+// then symmetric under shifting the job by one copy, the max-min bandwidth sharing SimGrid
+// solves has a unique solution that keeps that symmetry, so every copy's flows get the same rates
+// and every rank's timeline equals its image's in the first copy. Replaying one copy, whose
+// ring flows to the next copy cross the same links of the sender's node (Platform::next), gives
+// the whole job's times. Returns k, the smallest divisor of `replicas` with k ·
+// ranks_per_replica a multiple of gpus_per_node, or `replicas` (no folding) when there is none
+// or ranks share GPUs (max_ranks_per_gpu).
+int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas);
 
 // Compute durations in seconds per [rank][op] (0 for non-compute ops): `seconds`, the
 // calibration's samples of the op's cal_key (never below the roofline at full peak), or the

@@ -26,7 +26,9 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
   for (const RankResult& rr : r.ranks) fits = fits && rr.peak_mem <= r.memory_limit;
   json peak = json::array(), comp = json::array(), comm = json::array(), commt = json::array(),
        idle = json::array(), at_peak = json::array();
-  for (const RankResult& rr : r.ranks) {
+  // Per job rank: every copy repeats the simulated one's figures.
+  for (size_t i = 0; i < r.ranks.size() * static_cast<size_t>(r.copies); ++i) {
+    const RankResult& rr = r.ranks[i % r.ranks.size()];
     peak.push_back(rr.peak_mem);
     comp.push_back(rr.compute_s * 1e3);
     comm.push_back(rr.comm_s * 1e3);
@@ -38,7 +40,9 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
   }
   json j = {{"workload", w.name},
             {"cluster", r.cluster},
-            {"nproc", w.ranks.size()},
+            {"nproc", w.job_ranks()},
+            {"simulated_ranks", w.ranks.size()},
+            {"copies", w.copies},
             {"dtype", dtype_name(w.dtype)},
             {"collectives", collective_model_name(r.collectives)},
             {"step_ms", r.step_s * 1e3},
@@ -96,8 +100,13 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
   for (const RankResult& rr : r.ranks) peak = std::max(peak, rr.peak_mem);
   std::vector<std::string> b;
   for (double x : r.bubble) b.push_back(fmt::format("{:.4f}", x));
-  std::string s = fmt::format("{} on {} ({} ranks, {} collectives)\n", w.name, r.cluster,
-                              w.ranks.size(), collective_model_name(r.collectives));
+  std::string s =
+      w.copies > 1
+          ? fmt::format("{} on {} ({} ranks as {} identical copies of {}, {} collectives)\n",
+                        w.name, r.cluster, w.job_ranks(), w.copies, w.ranks.size(),
+                        collective_model_name(r.collectives))
+          : fmt::format("{} on {} ({} ranks, {} collectives)\n", w.name, r.cluster, w.ranks.size(),
+                        collective_model_name(r.collectives));
   s += fmt::format("  step {:.3f} ms", r.step_s * 1e3);
   if (r.img_per_s > 0)
     s += fmt::format(", {:.1f} img/s (global batch {})", r.img_per_s, w.global_batch);

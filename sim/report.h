@@ -8,10 +8,12 @@
 
 namespace cai::sim {
 
-// {"workload", "cluster", "nproc", "dtype", "collectives", "step_ms", "img_per_s", "bubble" (per
-// stage), "bubble_mean", "bubble_measured" (per stage), "memory_limit_bytes", "fits_memory",
-// "peak_mem_bytes", "compute_ms", "comm_ms", "comm_total_ms", "idle_ms"
-// (per rank), "mem_at_peak" (per rank, per kind), "wall_s", "simgrid_s"}.
+// {"workload", "cluster", "nproc", "simulated_ranks", "copies", "dtype", "collectives", "step_ms",
+// "img_per_s", "bubble" (per stage), "bubble_mean", "bubble_measured" (per stage),
+// "memory_limit_bytes", "fits_memory", "peak_mem_bytes", "compute_ms", "comm_ms", "comm_total_ms",
+// "idle_ms" (per rank), "mem_at_peak" (per rank, per kind), "wall_s", "simgrid_s"}. Per-rank arrays
+// cover every rank of the job (copies repeat the simulated ranks' figures); the trace shows the
+// simulated ranks only.
 std::string result_json(const Workload& w, const ReplayResult& r);
 // Chrome-trace JSON: rank r's stream 0 on tid r (named by RankProgram::label) with its memory
 // counter and a "step" span; stream k > 0 on tid k · ranks + r ("<label> stream k").

@@ -4,21 +4,46 @@
 #include <chrono>
 
 #include "cai/core/error.h"
+#include "cai/nn/tensor_parallel.h"
 #include "from_config.h"
-#include "replay.h"
 
 namespace cai::sim {
 
 namespace {
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
     if (n % i == 0) d.push_back(i);
   return d;
 }
+
+// A tensor layout of one size: mode, depth (2.5d), sequence parallelism (1d).
+struct TensorChoice {
+  std::string mode;
+  int depth = 1;
+  bool sp = false;
+  std::string describe(int size) const {
+    if (mode == "none") return "1";
+    if (mode == "2.5d") return fmt::format("2.5d {} (depth {})", size, depth);
+    return fmt::format("{} {}{}", mode, size, sp ? " (sp)" : "");
+  }
+};
+
+std::vector<TensorChoice> tensor_choices(int size) {
+  if (size == 1) return {{"none", 1, false}};
+  std::vector<TensorChoice> out;
+  for (const auto& m : nn::TensorParallel::modes_for(size)) {
+    out.push_back({m.mode, m.depth, false});
+    if (m.mode == "1d") out.push_back({m.mode, m.depth, true});
+  }
+  return out;
+}
+
 }  // namespace
 
-SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster) {
+SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
+                            const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   app::validate(base, nproc);
   const nn::ViTConfig vc = base.vit();
@@ -26,8 +51,10 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
   const int64_t global = base.batch_size * base_dp * base.gradient_accumulation;
   const int layers = static_cast<int>(vc.depth) + 2;
   SearchResult out;
-  for (int tp : divisors(nproc)) {
-    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+  // Every layout that runs and fits, with its bound.
+  std::vector<Candidate> fit;
+  for (int tp : divisors(nproc))
+    for (const TensorChoice& tc : tensor_choices(tp))
       for (int pp : divisors(nproc / tp)) {
         if (pp > layers) continue;
         const int dp = nproc / (tp * pp);
@@ -42,9 +69,10 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
             if (m > per_dp) continue;
             for (int ck = 0; ck <= 1; ++ck) {
               app::TrainConfig c = base;
-              c.tensor_mode = tp > 1 ? "1d" : "none";
+              c.tensor_mode = tc.mode;
               c.tensor_size = tp;
-              c.sequence_parallel = sp != 0;
+              c.tensor_depth = tc.depth;
+              c.sequence_parallel = tc.sp;
               c.pipeline = pp;
               c.pp_style = "1f1b";
               c.num_model_chunks = 1;
@@ -60,29 +88,51 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
               ++out.considered;
               Candidate cand;
               try {
-                ConfigWorkload cw = workload_from_config(c, nproc, cluster);
-                cand.peak_mem_bytes = cw.plan.peak();
+                app::validate(c, nproc);
+                const plan::StepPlan plan = plan::make_plan(c.vit(), app::plan_layout(c, nproc));
+                cand.peak_mem_bytes = plan.peak();
                 if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
                   ++out.too_big;
                   continue;
                 }
-                const ReplayResult r = replay(cw.workload, cluster);
-                cand.step_ms = r.step_s * 1e3;
-                cand.img_per_s = r.img_per_s;
-                cand.bubble = r.bubble_mean;
+                cand.bound_ms =
+                    step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
               } catch (const Error&) {
                 ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
                 continue;
               }
-              cand.config = c;
-              cand.layout = fmt::format(
-                  "dp {} × pp {} × tp {}{}, zero {}{}{}", dp, pp, tp, sp ? " (sp)" : "", zero,
-                  pp > 1 ? fmt::format(", m {}", m) : "", ck ? ", checkpointing" : "");
-              out.ranked.push_back(std::move(cand));
+              cand.config = std::move(c);
+              cand.layout =
+                  fmt::format("dp {} × pp {} × tp {}, zero {}{}{}", dp, pp, tc.describe(tp), zero,
+                              pp > 1 ? fmt::format(", m {}", m) : "", ck ? ", checkpointing" : "");
+              fit.push_back(std::move(cand));
             }
           }
       }
+  // Best first: simulate in the order of the bounds until no bound can beat the keep-th best.
+  std::stable_sort(fit.begin(), fit.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.bound_ms < b.bound_ms; });
+  const size_t keep = static_cast<size_t>(std::max(opt.keep, 1));
+  std::vector<double> best;  // simulated step times, sorted
+  for (size_t i = 0; i < fit.size(); ++i) {
+    Candidate& cand = fit[i];
+    if (!opt.exhaustive && best.size() >= keep && cand.bound_ms >= best[keep - 1]) {
+      out.bounded = static_cast<int>(fit.size() - i);
+      break;
     }
+    try {
+      const ConfigWorkload cw = workload_from_config(cand.config, nproc, cluster);
+      const ReplayResult r = replay(cw.workload, cluster, opt.replay);
+      cand.step_ms = r.step_s * 1e3;
+      cand.img_per_s = r.img_per_s;
+      cand.bubble = r.bubble_mean;
+    } catch (const Error&) {
+      ++out.invalid;
+      continue;
+    }
+    ++out.simulated;
+    best.insert(std::upper_bound(best.begin(), best.end(), cand.step_ms), cand.step_ms);
+    out.ranked.push_back(std::move(cand));
   }
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return a.step_ms < b.step_ms; });

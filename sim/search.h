@@ -1,31 +1,48 @@
-// Layout search: every dp × pp × tensor 1D size (± sequence parallelism) × ZeRO stage ×
+// Layout search: every dp × pp × tensor layout (each mode TensorParallel::modes_for offers for the
+// size: 1d with and without sequence parallelism, 2d, 2.5d per depth, 3d) × ZeRO stage ×
 // micro-batch count × activation checkpointing of a vit_train config on N processes that
 // vit_train accepts, keeps the global batch, and fits the cluster's GPU memory by the plan's
 // predicted peak, ranked by simulated throughput (workload_from_config + replay).
+//
+// Best first with a bound: every layout gets the plan's lower bound on its step time
+// (step_lower_bound, cheap), layouts are simulated in the order of their bounds, and once `keep`
+// layouts are simulated the rest whose bound is not below the keep-th best simulated step are
+// left out: they cannot enter the first `keep` places, so those (and the best) are exactly what
+// simulating every layout gives. `exhaustive` simulates every layout.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "cluster.h"
 #include "config.h"
+#include "replay.h"
 
 namespace cai::sim {
 
 struct Candidate {
   app::TrainConfig config;  // the layout as a vit_train config (batch_size per dp rank)
-  std::string layout;       // "dp 2 × pp 2 × tp 1d 2 (sp), zero 1, m 4, ckpt"
+  std::string layout;       // "dp 2 × pp 2 × tp 1d 2 (sp), zero 1, m 4, checkpointing"
   double step_ms = 0, img_per_s = 0, bubble = 0;
+  double bound_ms = 0;         // step_lower_bound
   int64_t peak_mem_bytes = 0;  // the plan's largest predicted peak over the ranks
 };
 
+struct SearchOptions {
+  int keep = 10;            // places that must be exact (at least 1)
+  bool exhaustive = false;  // simulate every layout that fits
+  ReplayOptions replay;     // the bulk model (the bound holds for it)
+};
+
 struct SearchResult {
-  std::vector<Candidate> ranked;  // fitting layouts, fastest first
+  std::vector<Candidate> ranked;  // simulated layouts, fastest first
   int considered = 0, invalid = 0, too_big = 0;
+  int simulated = 0, bounded = 0;  // bounded: fit but left out by the bound
   double wall_s = 0;
 };
 
 // `base`: the config whose model, data, optimizer and global batch (batch_size × its dp size on
 // nproc) are kept. Throws when nothing fits.
-SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster);
+SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
+                            const SearchOptions& opt = {});
 
 }  // namespace cai::sim

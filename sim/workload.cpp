@@ -94,11 +94,19 @@ Op Op::recv(std::string name, int peer, int64_t tag, int64_t bytes, int stream) 
   return o;
 }
 
-int Workload::add_group(const std::vector<int>& ranks_in_ring_order) {
+int Workload::add_group(const std::vector<int>& ranks_in_ring_order, bool across) {
   for (size_t g = 0; g < groups.size(); ++g)
-    if (groups[g] == ranks_in_ring_order) return static_cast<int>(g);
+    if (groups[g] == ranks_in_ring_order && spans_copies(static_cast<int>(g)) == across)
+      return static_cast<int>(g);
   groups.push_back(ranks_in_ring_order);
+  if (across || !across_copies.empty()) across_copies.resize(groups.size(), 0);
+  if (across) across_copies.back() = 1;
   return static_cast<int>(groups.size()) - 1;
+}
+
+int Workload::group_size(int g) const {
+  const int n = static_cast<int>(groups.at(g).size());
+  return spans_copies(g) ? n * copies : n;
 }
 
 int Workload::stages() const {
@@ -112,6 +120,20 @@ namespace detail {
 Matching check_and_match(const Workload& w) {
   const int R = static_cast<int>(w.ranks.size());
   CAI_CHECK(R >= 1, "[sim] workload '{}' has no ranks", w.name);
+  CAI_CHECK(w.copies >= 1, "[sim] workload '{}' has {} copies", w.name, w.copies);
+  if (!w.gpus.empty()) {
+    CAI_CHECK(static_cast<int>(w.gpus.size()) == R,
+              "[sim] workload '{}' places {} ranks on GPUs but has {}", w.name, w.gpus.size(), R);
+    std::vector<char> seen(R, 0);
+    for (int g : w.gpus) {
+      CAI_CHECK(g >= 0 && g < R && !seen[g],
+                "[sim] workload '{}': GPU slot {} is out of [0, {}) or given twice", w.name, g, R);
+      seen[g] = 1;
+    }
+  }
+  CAI_CHECK(w.across_copies.size() <= w.groups.size(),
+            "[sim] workload '{}' flags {} groups as spanning copies but has {} groups", w.name,
+            w.across_copies.size(), w.groups.size());
   Matching m;
   m.instance_of.resize(R);
   m.position_of.resize(R);
@@ -163,6 +185,10 @@ Matching check_and_match(const Workload& w) {
           in.bytes = o.bytes;
           in.group_id = g;
           if (o.kind == OpKind::Broadcast) {
+            // One root in copy 0: the copies would not run alike.
+            CAI_CHECK(!w.spans_copies(g) || w.copies == 1,
+                      "{}: a broadcast over group {}, which spans the workload's {} copies",
+                      where(), g, w.copies);
             const int root = o.root < 0 ? w.groups[g][0] : o.root;
             auto rp = position[g].find(root);
             CAI_CHECK(rp != position[g].end(), "{}: broadcast root {} is not in the group", where(),

@@ -21,6 +21,8 @@
 //    the executor posts them ahead), so a transfer runs as soon as its send starts; a Recv op
 //    completes when the data is there (its span is the wait).
 //  - HostCopy: `bytes` over the GPU's host link (CPU offload), latency + bytes / bandwidth.
+//  - Copies (Workload::copies > 1): the listed ranks stand for every copy of a job of identical
+//    replicas; collectives over a group spanning the copies count every copy's members.
 //  - Memory: `mem_start` deltas apply when the op starts, `mem_end` when it ends (+ allocates,
 //    - frees); `initial_mem` is what the rank holds before its first op.
 #pragma once
@@ -98,9 +100,29 @@ struct Workload {
   int64_t global_batch = 0;   // samples per step, for img_per_s (0: not reported)
   std::vector<RankProgram> ranks;
   std::vector<std::vector<int>> groups;  // communicator groups, global ranks in ring order
-  int stages() const;                    // 1 + the largest RankProgram::stage
-  // The index of `ranks_in_ring_order` in groups, appended when new.
-  int add_group(const std::vector<int>& ranks_in_ring_order);
+  // Identical copies (folded data-parallel replicas): the job is `copies` copies of `ranks` side
+  // by side (copy c's rank r is job rank c · ranks.size() + r, on GPU c · ranks.size() + r), each
+  // running the same program. A group whose `across_copies` flag is set is one ring through every
+  // copy: the listed members, then the same members of copy 1, and so on (n = members × copies),
+  // so its last listed member sends to the first member of the next copy. The replay simulates
+  // the listed ranks only; see replay.h for when that is exact.
+  int copies = 1;
+  std::vector<char> across_copies;  // per group (missing entries: 0)
+  // Placement: per listed rank, the GPU slot it runs on (a permutation of 0..ranks-1; slot g is
+  // GPU g of the cluster, or g mod GPUs when ranks share GPUs). Empty: rank r on slot r. Lets a
+  // producer number ranks its own way while they sit where the launcher puts them (vit_train's
+  // mesh rank = GPU).
+  std::vector<int> gpus;
+  int gpu_of(int rank) const { return gpus.empty() ? rank : gpus[rank]; }
+  int stages() const;  // 1 + the largest RankProgram::stage
+  int job_ranks() const { return static_cast<int>(ranks.size()) * copies; }
+  bool spans_copies(int group) const {
+    return group >= 0 && group < static_cast<int>(across_copies.size()) && across_copies[group];
+  }
+  // Ranks of group `g` in the whole job (members × copies when it spans the copies).
+  int group_size(int g) const;
+  // The index of `ranks_in_ring_order` (with that across-copies flag) in groups, appended when new.
+  int add_group(const std::vector<int>& ranks_in_ring_order, bool spans_copies = false);
 };
 
 // Structural checks before a replay; throws "[sim] rank R op I (name): ..." naming what is wrong:

@@ -2,9 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -66,7 +71,8 @@ std::vector<TpLayout> enumerate_layouts(int n) {
 
 namespace {
 
-void add_flags(CLI::App* sub, BenchmarkOptions& o) {
+// Returns the --compare option (it may come without a file).
+CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
   sub->add_option("-g,--gpus", o.gpus, "Number of devices (GPUs, or CPU processes) to use")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -105,10 +111,17 @@ void add_flags(CLI::App* sub, BenchmarkOptions& o) {
   sub->add_option("--json", o.json, "Also write the table as JSON to this file");
   sub->add_flag("--simulate", o.simulate, "Estimate with colossalai-sim instead of measuring");
   sub->add_option("--cluster", o.cluster, "Virtual cluster file (hostfiles/clusters/*.toml)");
-  sub->add_option("--compare", o.compare, "A simulated JSON to print beside the measurement");
+  auto* compare =
+      sub->add_option(
+             "--compare", o.compare,
+             "After measuring, print each layout's simulated step time beside it: from this "
+             "JSON (colossalai-sim --benchmark-layouts or benchmark --simulate --json), or "
+             "simulated now with --cluster when no file is given")
+          ->expected(0, 1);
   sub->add_flag("--search", o.search, "Rank whole layouts by simulated throughput");
   sub->add_option("--out", o.out, "--search: write the best layout as a vit_train config");
   sub->add_option("--calibrate", o.calibrate, "Time kernels and collectives, write JSON");
+  return compare;
 }
 
 struct Row {
@@ -116,6 +129,9 @@ struct Row {
   std::string status = "ok", reason;
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, step_ms = 0, samples_per_s = 0;
   int64_t peak_mem_bytes = 0, comm_bytes = 0;
+  bool simulated = false;
+  bool optimizer_known = true;  // simulated rows: the plan has no optimizer cost
+  bool fits = true;             // simulated rows: the peak fits the cluster's GPU
 };
 
 using Clock = std::chrono::steady_clock;
@@ -312,32 +328,46 @@ std::string model_line(const BenchmarkOptions& o) {
   return fmt::format("vit: {} ({} images per step, AdamW)", o.config, o.batch_size);
 }
 
-void print_table(const BenchmarkOptions& o, int n, const std::string& device,
-                 std::vector<Row> rows) {
+void sort_rows(std::vector<Row>& rows) {
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     if ((a.status == "ok") != (b.status == "ok")) return a.status == "ok";
     return a.status == "ok" && a.step_ms < b.step_ms;
   });
-  std::cout << fmt::format(
-      "colossalai benchmark: {} rank(s) ({}, {}), {}; {} warmup + {} profile steps (measured)\n", n,
-      device, o.precision, model_line(o), o.warmup_steps, o.profile_steps);
+}
+
+// The table, best first. `how`: "measured" or the simulation's description.
+void print_rows(const BenchmarkOptions& o, const std::string& title, std::vector<Row> rows) {
+  sort_rows(rows);
+  std::cout << title << "\n";
   const bool vit = o.model == "vit";
-  std::cout << fmt::format("{:<24} {:<8} {:>11} {:>12}{} {:>10} {:>10} {:>14} {:>14}\n", "layout",
+  std::cout << fmt::format("{:<28} {:<8} {:>11} {:>12}{} {:>10} {:>10} {:>14} {:>14}\n", "layout",
                            "status", "forward ms", "backward ms",
                            vit ? fmt::format(" {:>9}", "optim ms") : "", "step ms", "samples/s",
                            "peak MiB/rank", "comm MiB/step");
   for (const Row& r : rows) {
     if (r.status != "ok") {
-      std::cout << fmt::format("{:<24} {:<8} {}\n", r.layout.describe(), r.status, r.reason);
+      std::cout << fmt::format("{:<28} {:<8} {}\n", r.layout.describe(), r.status, r.reason);
       continue;
     }
     std::cout << fmt::format(
-        "{:<24} {:<8} {:>11.3f} {:>12.3f}{} {:>10.3f} {:>10.1f} {:>14.1f} {:>14.2f}\n",
+        "{:<28} {:<8} {:>11.3f} {:>12.3f}{} {:>10.3f} {:>10.1f} {:>14.1f} {:>14.2f}{}\n",
         r.layout.describe(), r.status, r.forward_ms, r.backward_ms,
-        vit ? fmt::format(" {:>9.3f}", r.optimizer_ms) : "", r.step_ms, r.samples_per_s,
-        static_cast<double>(r.peak_mem_bytes) / (1 << 20),
-        static_cast<double>(r.comm_bytes) / (1 << 20));
+        !vit                ? ""
+        : r.optimizer_known ? fmt::format(" {:>9.3f}", r.optimizer_ms)
+                            : fmt::format(" {:>9}", "-"),
+        r.step_ms, r.samples_per_s, static_cast<double>(r.peak_mem_bytes) / (1 << 20),
+        static_cast<double>(r.comm_bytes) / (1 << 20), r.fits ? "" : "  (does not fit)");
   }
+}
+
+void print_table(const BenchmarkOptions& o, int n, const std::string& device,
+                 std::vector<Row> rows) {
+  sort_rows(rows);
+  print_rows(o,
+             fmt::format("colossalai benchmark: {} rank(s) ({}, {}), {}; {} warmup + {} profile "
+                         "steps (measured)",
+                         n, device, o.precision, model_line(o), o.warmup_steps, o.profile_steps),
+             rows);
   if (o.json.empty()) return;
   nlohmann::json j;
   j["gpus"] = n;
@@ -372,6 +402,153 @@ void print_table(const BenchmarkOptions& o, int n, const std::string& device,
   f << j.dump(1) << "\n";
 }
 
+// Rows of a benchmark JSON (measured or simulated: colossalai-sim --benchmark-layouts).
+std::vector<Row> read_rows(const std::string& path, bool* simulated = nullptr) {
+  std::ifstream f(path);
+  CAI_CHECK(f.good(), "[benchmark] cannot read {}", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail("[benchmark] {} is not a benchmark JSON: {}", path, e.what());
+  }
+  CAI_CHECK(j.contains("layouts") && j["layouts"].is_array(),
+            "[benchmark] {} has no \"layouts\" array (a --json of colossalai benchmark or "
+            "colossalai-sim --benchmark-layouts)",
+            path);
+  if (simulated) *simulated = j.value("simulated", false);
+  std::vector<Row> rows;
+  for (const auto& e : j["layouts"]) {
+    Row r;
+    r.layout.mode = e["mode"].is_null() ? "none" : e["mode"].get<std::string>();
+    r.layout.size = e.value("size", 1);
+    r.layout.depth = e.value("depth", 1);
+    r.status = e.value("status", std::string("ok"));
+    r.reason = e.value("reason", std::string());
+    r.simulated = e.value("simulated", false);
+    if (r.status == "ok") {
+      auto num = [&](const char* k) {
+        return e.contains(k) && e[k].is_number() ? e[k].get<double>() : 0.0;
+      };
+      r.forward_ms = num("forward_ms");
+      r.backward_ms = num("backward_ms");
+      r.optimizer_known = e.contains("optimizer_ms") && e["optimizer_ms"].is_number();
+      r.optimizer_ms = num("optimizer_ms");
+      r.step_ms = num("step_ms");
+      r.samples_per_s = num("samples_per_s");
+      r.peak_mem_bytes = static_cast<int64_t>(num("peak_mem_bytes"));
+      r.comm_bytes = static_cast<int64_t>(num("comm_bytes"));
+      r.fits = e.value("fits_memory", true);
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// colossalai-sim beside this binary, else on PATH; the error names both places.
+std::string find_sim() {
+  namespace fs = std::filesystem;
+  const fs::path beside = fs::path(self_exe()).parent_path() / "colossalai-sim";
+  if (::access(beside.c_str(), X_OK) == 0) return beside.string();
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t from = 0; from <= dirs.size();) {
+    const size_t at = std::min(dirs.find(':', from), dirs.size());
+    const std::string dir = dirs.substr(from, at - from);
+    if (!dir.empty()) {
+      const fs::path p = fs::path(dir) / "colossalai-sim";
+      if (::access(p.c_str(), X_OK) == 0) return p.string();
+    }
+    from = at + 1;
+  }
+  fail(
+      "[benchmark] colossalai-sim is neither beside this binary ({}) nor on PATH: build it "
+      "(cmake --build build --target colossalai-sim; it needs SimGrid) or put its directory on "
+      "PATH",
+      beside.string());
+}
+
+// Runs argv (argv[0] a path) with our stdout and stderr; its exit code.
+int run_program(const std::vector<std::string>& argv) {
+  std::fflush(stdout);
+  std::cout.flush();
+  std::vector<char*> c;
+  for (const auto& a : argv) c.push_back(const_cast<char*>(a.c_str()));
+  c.push_back(nullptr);
+  const pid_t pid = ::fork();
+  CAI_CHECK(pid >= 0, "[benchmark] fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    ::execv(c[0], c.data());
+    std::fprintf(stderr, "colossalai benchmark: cannot run %s: %s\n", c[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+// A fresh file name under the temporary directory.
+std::string temp_json() {
+  std::string p =
+      (std::filesystem::temp_directory_path() / "colossalai-benchmark-XXXXXX.json").string();
+  const int fd = ::mkstemps(p.data(), 5);
+  CAI_CHECK(fd >= 0, "[benchmark] cannot create a temporary file {}: {}", p, std::strerror(errno));
+  ::close(fd);
+  return p;
+}
+
+// colossalai-sim --benchmark-layouts for the benchmark's layouts and model; writes its JSON to
+// `out`. Throws when colossalai-sim is missing or fails.
+void simulate_layouts(const BenchmarkOptions& o, const std::string& out) {
+  CAI_CHECK(!o.cluster.empty(),
+            "[benchmark] --simulate and --compare without a file need --cluster FILE (a virtual "
+            "cluster, hostfiles/clusters/*.toml)");
+  std::vector<std::string> a = {find_sim(),    "--benchmark-layouts",
+                                "--nproc",     std::to_string(o.gpus),
+                                "--cluster",   o.cluster,
+                                "--model",     o.model,
+                                "--batch",     std::to_string(o.batch_size),
+                                "--seq-len",   std::to_string(o.seq_len),
+                                "--dimension", std::to_string(o.dimension),
+                                "--layers",    std::to_string(o.layers),
+                                "--precision", o.precision,
+                                "--json",      out};
+  if (!o.device.empty()) a.insert(a.end(), {"--device", o.device});
+  if (!o.config.empty()) a.insert(a.end(), {"--config", o.config});
+  for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+  for (const TpLayout& l : enumerate_layouts(o.gpus))
+    a.insert(a.end(), {"--layout", fmt::format("{}:{}:{}", l.mode, l.size, l.depth)});
+  const int rc = run_program(a);
+  CAI_CHECK(rc == 0, "[benchmark] {} --benchmark-layouts failed (exit {})", a[0], rc);
+}
+
+// Measured beside simulated step times, per layout.
+void print_compare(const std::vector<Row>& measured, const std::string& sim_path) {
+  bool simulated = false;
+  const std::vector<Row> sim = read_rows(sim_path, &simulated);
+  std::cout << fmt::format("measured against {} ({}):\n", sim_path,
+                           simulated ? "simulated" : "not marked simulated");
+  std::cout << fmt::format("{:<28} {:>16} {:>16} {:>10}\n", "layout", "measured step ms",
+                           "simulated ms", "rel. error");
+  for (const Row& m : measured) {
+    const Row* s = nullptr;
+    for (const Row& r : sim)
+      if (r.layout == m.layout) s = &r;
+    auto cell = [](const Row* r) {
+      return r && r->status == "ok" ? fmt::format("{:>16.3f}", r->step_ms)
+                                    : fmt::format("{:>16}", r ? r->status : "absent");
+    };
+    std::string err = "-";
+    if (m.status == "ok" && s && s->status == "ok" && m.step_ms > 0)
+      err = fmt::format("{:+.1f}%", 100.0 * (s->step_ms - m.step_ms) / m.step_ms);
+    std::cout << fmt::format("{:<28} {} {} {:>10}\n", m.layout.describe(), cell(&m), cell(s), err);
+  }
+  std::cout << "(simulated: dp = ranks / tensor size with its gradient all-reduce, and no "
+               "optimizer cost; the measured none layout runs independent replicas)\n";
+}
+
 std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::string& device) {
   std::vector<std::string> a = {"_benchmark_worker",
                                 "--gpus",
@@ -397,6 +574,7 @@ std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::strin
   if (!o.config.empty()) a.insert(a.end(), {"--config", o.config});
   for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
   if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
+  if (!o.compare.empty()) a.insert(a.end(), {"--compare", o.compare});
   return a;
 }
 
@@ -407,11 +585,15 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "benchmark",
       "Colossal-AI's tensor-parallel micro-benchmark: every layout of --gpus N (none, 1d, 2d, "
       "2.5d, 3d) measured on N ranks started like `colossalai run`");
-  add_flags(sub, opts);
+  CLI::Option* compare = add_flags(sub, opts);
+  sub->callback([&opts, compare] { opts.compare_requested = compare->count() > 0; });
   sub->footer(
-      "Shapes that do not divide are listed as failed with the reason. --calibrate OUT "
-      "--config F times the model's kernels for the simulator (-g 1). --simulate, --compare and "
-      "--search need the simulator's workload replay, which is not wired yet.");
+      "Shapes that do not divide are listed as failed with the reason. --simulate (with "
+      "--cluster) prints the same table from colossalai-sim, found beside this binary or on "
+      "PATH: every layout as data parallel N / tensor size × that layout, simulated through the "
+      "plan (-m vit with --config; mlp and block rows are skipped). --compare [SIM.json] prints "
+      "measured and simulated step times side by side; --search ranks whole layouts "
+      "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the model's kernels for the simulator (-g 1).");
   auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
   worker->group("");  // hidden
   add_flags(worker, opts);
@@ -420,15 +602,46 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
 
 int run_benchmark(const BenchmarkOptions& o) {
   if (!o.calibrate.empty()) return run_calibrate(o);
-  if (o.simulate || o.search || !o.compare.empty()) {
-    std::cerr << "colossalai benchmark: --simulate, --compare and --search are not available yet: "
-                 "colossalai-sim cannot replay these workloads in this build (measured layouts "
-                 "and --calibrate work)\n";
-    return 2;
-  }
   CAI_CHECK(o.model != "vit" || !o.config.empty(),
             "[benchmark] --model vit needs --config (a vit_train TOML)");
   if (!o.config.empty()) (void)load_config(o.config, o.overrides);  // errors before launching
+  if (o.search) {
+    CAI_CHECK(!o.config.empty() && !o.cluster.empty(),
+              "[benchmark] --search needs --config FILE (a vit_train TOML) and --cluster FILE");
+    std::vector<std::string> a = {find_sim(),  "--search", "--config",
+                                  o.config,    "--nproc",  std::to_string(o.gpus),
+                                  "--cluster", o.cluster};
+    for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+    if (!o.out.empty()) a.insert(a.end(), {"--out", o.out});
+    return run_program(a);
+  }
+  if (o.simulate) {
+    const std::string out = o.json.empty() ? temp_json() : o.json;
+    try {
+      simulate_layouts(o, out);
+    } catch (...) {
+      if (o.json.empty()) std::filesystem::remove(out);
+      throw;
+    }
+    bool simulated = false;
+    const std::vector<Row> rows = read_rows(out, &simulated);
+    if (o.json.empty()) std::filesystem::remove(out);
+    print_rows(o,
+               fmt::format("colossalai benchmark: {} GPU(s) of {} ({}), {}; dp = GPUs / tensor "
+                           "size (simulated by colossalai-sim, bulk collectives; optimizer step "
+                           "not modelled)",
+                           o.gpus, o.cluster, o.precision, model_line(o)),
+               rows);
+    return 0;
+  }
+  BenchmarkOptions measured = o;
+  std::string sim_json;
+  if (o.compare_requested && o.compare.empty()) {
+    // No file: simulate the layouts first, then measure and compare.
+    sim_json = temp_json();
+    simulate_layouts(o, sim_json);
+    measured.compare = sim_json;
+  }
   std::string device = o.device;
   if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
   RunOptions ro;
@@ -442,9 +655,11 @@ int run_benchmark(const BenchmarkOptions& o) {
     ro.nproc_per_node = o.gpus / h;
   }
   if (device == "cuda") ro.env.push_back("NCCL_NVLS_ENABLE=0");
-  ro.command = worker_args(o, device);
+  ro.command = worker_args(measured, device);
   ro.command.insert(ro.command.begin(), self_exe());
-  return run_launch(ro);
+  const int rc = run_launch(ro);
+  if (!sim_json.empty()) std::filesystem::remove(sim_json);
+  return rc;
 }
 
 int run_benchmark_worker(const BenchmarkOptions& o) {
@@ -468,7 +683,10 @@ int run_benchmark_worker(const BenchmarkOptions& o) {
     if (world->rank() == 0) std::cerr << "[benchmark] " << l.describe() << " ..." << std::endl;
     rows.push_back(w.run(l));
   }
-  if (world->rank() == 0) print_table(o, o.gpus, o.device, rows);
+  if (world->rank() == 0) {
+    print_table(o, o.gpus, o.device, rows);
+    if (!o.compare.empty()) print_compare(rows, o.compare);
+  }
   world->barrier();
   return 0;
 }

@@ -10,7 +10,15 @@
 //
 //   colossalai benchmark -g N [-b 8] [-s 512] [-d 1024] [-w 10] [-p 50] [-l 2] [-m mlp|block|vit]
 //                        [--config F [--set k=v]] [--device cpu|cuda] [--precision fp32|bf16|fp16]
-//                        [--hostfile F] [--json OUT]
+//                        [--hostfile F] [--json OUT] [--compare [SIM.json] [--cluster C]]
+//   colossalai benchmark -g N --simulate --cluster C -m vit --config F [--json OUT]
+//   colossalai benchmark -g N --search --cluster C --config F [--out best.toml]
+//
+// Simulation runs colossalai-sim (beside this binary, else on PATH; this binary does not link
+// SimGrid): --simulate prints the table for every layout as data parallel N / T × the layout,
+// marked simulated (sim/bench_layouts.h says what each column means there); --compare prints a
+// measured run's step times beside a simulated JSON's (simulated on the spot with --cluster when
+// no file is given); --search runs colossalai-sim --search.
 //
 // Models: mlp (layers × Linear(d, d), no activation, Colossal-AI's), block (ViT blocks of hidden
 // d, d/64 heads, on [b, s, d]), vit (the model of a vit_train config, with AdamW).
@@ -35,7 +43,8 @@ struct BenchmarkOptions {
   std::string json;
   bool simulate = false, search = false;
   std::string cluster, compare, calibrate, out;
-  bool worker = false;  // the hidden _benchmark_worker subcommand
+  bool compare_requested = false;  // --compare given (with or without a file)
+  bool worker = false;             // the hidden _benchmark_worker subcommand
 };
 
 // One tensor-parallel layout of N devices. mode: "none", "1d", "2d", "2.5d" or "3d".

@@ -2,10 +2,84 @@
 # colossalai benchmark end to end on CPU processes: the layouts of 4 and 8 ranks, every one
 # measured (none, 1d, 2d, 2.5d, 3d), the bytes each mode's collectives carried, the JSON, errors.
 #   test_benchmark.sh COLOSSALAI
+# With --simulate (builds with SimGrid): the simulated table (every layout, "simulated": true),
+# --compare against a simulated JSON and simulated on the spot, --search writing a config
+# vit_train --dry-run takes, and the error when colossalai-sim is missing.
+#   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM VIT_TRAIN CONFIG_DIR CLUSTER_DIR
 set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+if [ "${2:-}" = --simulate ]; then
+  sim=$3 vit_train=$4 configs=$5 clusters=$6
+  [ "$(dirname "$(realpath "$sim")")" = "$(dirname "$(realpath "$bin")")" ] ||
+    { echo "colossalai-sim is not beside colossalai"; exit 1; }
+  fm=(-m vit --config "$configs/fmnist_tiny.toml")
+  # The simulated table: every layout of 4 GPUs of cpu-2, marked simulated.
+  "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" "${fm[@]}" -b 8 \
+    --json "$tmp/sim.json" | tee "$tmp/sim.txt"
+  grep -q "(simulated" "$tmp/sim.txt" || { echo "table not marked simulated"; exit 1; }
+  "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" -m mlp \
+    --json "$tmp/mlp.json" >/dev/null
+  python3 - "$tmp/sim.json" "$tmp/mlp.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["simulated"] is True and j["gpus"] == 4, j
+got = sorted((r["mode"] or "none", r["size"], r["depth"]) for r in j["layouts"])
+assert got == sorted([("none", 1, 1), ("1d", 4, 1), ("2d", 4, 1), ("2.5d", 4, 1)]), got
+for r in j["layouts"]:
+    assert r["simulated"] is True and r["status"] == "ok", r
+    assert r["step_ms"] > 0 and abs(r["forward_ms"] + r["backward_ms"] - r["step_ms"]) < 1e-6, r
+    assert r["peak_mem_bytes"] > 0 and r["optimizer_ms"] is None, r
+    assert (r["comm_bytes"] > 0) == (r["mode"] is not None), r
+    assert r["dp"] == (4 if r["mode"] is None else 1), r
+for r in json.load(open(sys.argv[2]))["layouts"]:
+    assert r["status"] == "skipped" and "plan" in r["reason"] and r["simulated"] is True, r
+print("benchmark --simulate json: ok")
+PY
+  # colossalai-sim missing: the error names both places.
+  mkdir "$tmp/solo" && cp "$bin" "$tmp/solo/colossalai"
+  set +e
+  err=$(PATH=/usr/bin:/bin "$tmp/solo/colossalai" benchmark --gpus 4 --simulate \
+    --cluster "$clusters/cpu-2.toml" "${fm[@]}" 2>&1); rc=$?
+  set -e
+  [ $rc -ne 0 ] && grep -q "neither beside this binary ($tmp/solo/colossalai-sim) nor on PATH" \
+    <<<"$err" || { echo "missing colossalai-sim: $err"; exit 1; }
+  # Measured beside simulated: from the JSON, then simulated on the spot.
+  meas=(--gpus 4 --device cpu "${fm[@]}" -b 8 -w 1 -p 2)
+  "$bin" benchmark "${meas[@]}" --compare "$tmp/sim.json" --json "$tmp/meas.json" \
+    >"$tmp/cmp.txt" 2>"$tmp/cmp.err"
+  # The plan's tensor-parallel bytes are what the layers sent.
+  python3 - "$tmp/meas.json" "$tmp/sim.json" <<'PY'
+import json, sys
+key = lambda r: (r["mode"], r["size"], r["depth"])
+meas = {key(r): r for r in json.load(open(sys.argv[1]))["layouts"]}
+for s in json.load(open(sys.argv[2]))["layouts"]:
+    m = meas[key(s)]
+    assert m["simulated"] is False and m["status"] == "ok", m
+    assert abs(s["comm_bytes"] - m["comm_bytes"]) <= 0.01 * m["comm_bytes"], (s, m)
+print("simulated tensor-parallel bytes = measured: ok")
+PY
+  "$bin" benchmark "${meas[@]}" --compare --cluster "$clusters/cpu-2.toml" \
+    >"$tmp/cmp2.txt" 2>"$tmp/cmp2.err"
+  cat "$tmp/cmp.txt"
+  for f in "$tmp/cmp.txt" "$tmp/cmp2.txt"; do
+    grep -q "measured against .* (simulated)" "$f" || { echo "no comparison in $f"; exit 1; }
+    for l in "none " "1d (size 4)" "2d (size 4)" "2.5d (size 4, depth 1)"; do
+      grep -E "^$(sed 's/[().]/\\&/g' <<<"$l") +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%" "$f" >/dev/null ||
+        { echo "no compared row for '$l' in $f"; exit 1; }
+    done
+  done
+  # The layout search through colossalai-sim; vit_train takes the best.
+  "$bin" benchmark --gpus 4 --search --config "$configs/fmnist_tiny.toml" \
+    --cluster "$clusters/cpu-2.toml" --out "$tmp/best.toml" >"$tmp/search.txt"
+  grep -q "layouts considered" "$tmp/search.txt"
+  dry=$("$vit_train" --config "$tmp/best.toml" --dry-run --nproc 4)
+  grep -q "plan: 4 processes" <<<"$dry"
+  echo "colossalai benchmark (simulated): ok"
+  exit 0
+fi
 set +e
 err=$("$bin" benchmark 2>&1); rc=$?
 set -e

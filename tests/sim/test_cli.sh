@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # colossalai-sim end to end: a 1F1B replay writes its JSON and trace; --config replays a vit_train
-# config through the plan (data, pipeline and tensor parallel layouts, and its errors);
-# a bad cluster file fails naming the key. Usage: test_cli.sh COLOSSALAI_SIM CLUSTER_DIR
+# config through the plan (data, pipeline and tensor parallel layouts, and its errors); the
+# layout search; folded replicas against every rank; --benchmark-layouts' rows; a bad cluster
+# file fails naming the key. Usage: test_cli.sh COLOSSALAI_SIM CLUSTER_DIR
 set -euo pipefail
 sim=$1
 clusters=$2
@@ -86,6 +87,28 @@ grep -q "layouts considered" "$out/search.log"
 # vit_train is built beside colossalai-sim (build/apps).
 dry=$("$(dirname "$sim")/vit_train" --config "$out/best.toml" --dry-run --nproc 4)
 grep -q "plan: 4 processes" <<<"$dry"
+# Identical data-parallel replicas are simulated once (a node's worth here): same step as every
+# rank, the JSON still per job rank.
+dgx=(--config "$configs/fmnist_tiny.toml" --cluster "$clusters/dgx-h100-64.toml" --nproc 32)
+"$sim" "${dgx[@]}" --json "$out/fold.json" | grep -q "32 ranks as 4 identical copies of 8"
+"$sim" "${dgx[@]}" --no-fold --json "$out/all.json" >/dev/null
+python3 - "$out/fold.json" "$out/all.json" <<'PY'
+import json, sys
+f, a = (json.load(open(p)) for p in sys.argv[1:])
+assert (f["copies"], f["simulated_ranks"], a["copies"]) == (4, 8, 1), (f["copies"], a["copies"])
+assert abs(f["step_ms"] / a["step_ms"] - 1) < 1e-9 and len(f["compute_ms"]) == 32, (f, a)
+PY
+# colossalai benchmark --simulate's rows: every layout of 4 GPUs (dp = 4 / tensor size).
+"$sim" --benchmark-layouts "${cfg[@]}" --nproc 4 --batch 8 >"$out/bench.json"
+"$sim" --benchmark-layouts "${cfg[@]}" --nproc 4 --model block >"$out/block.json"
+python3 - "$out/bench.json" "$out/block.json" <<'PY'
+import json, sys
+b, k = (json.load(open(p)) for p in sys.argv[1:])
+assert [(r["mode"], r["depth"], r["status"]) for r in b["layouts"]] == [
+    (None, 1, "ok"), ("1d", 1, "ok"), ("2d", 1, "ok"), ("2.5d", 1, "ok")], b["layouts"]
+assert all(r["simulated"] and r["step_ms"] > 0 for r in b["layouts"]), b
+assert all(r["status"] == "skipped" for r in k["layouts"]), k
+PY
 if "$sim" --cluster "$clusters/h200-4.toml" --config "$out/missing.toml" 2>"$out/err"; then exit 1; fi
 grep -q "missing.toml" "$out/err"
 sed 's/memory_gib = .*/memory_gib = "big"/' "$clusters/h200-2.toml" >"$out/bad.toml"

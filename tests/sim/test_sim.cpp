@@ -1,6 +1,7 @@
 // The simulator: cluster files, collectives against their analytic times, bulk against
 // step-by-step, the replay engine's stream/dependency semantics, schedule replays against the
-// validator, memory curves, errors.
+// validator, memory curves, errors; folded copies and merged compute runs against the replay of
+// every rank and op.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,8 +13,11 @@
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
 #include "expand.h"
+#include "from_config.h"
+#include "platform.h"
 #include "replay.h"
 #include "report.h"
+#include "search.h"
 
 using namespace cai::sim;
 namespace fs = std::filesystem;
@@ -523,4 +527,185 @@ TEST(Replay, ExpansionHookPerLayerOpsAndBuckets) {
     EXPECT_NEAR(sp[bucket].end - sp[bucket].start, 2 * 0.5 * 1e10 / 100e9 + 2 * 10e-6, 1e-6);
     EXPECT_GE(sp[reduce].start, sp[bucket].end - 1e-12);  // ReduceGrads waits for it
   }
+}
+
+namespace {
+
+// Gradient all-reduce of a data-parallel step: compute, `bytes` over the group, compute.
+Workload data_parallel(int listed, int copies, int64_t bytes) {
+  Workload w;
+  w.copies = copies;
+  std::vector<int> all(listed);
+  for (int r = 0; r < listed; ++r) all[r] = r;
+  const int g = w.add_group(all, copies > 1);
+  w.ranks.resize(listed);
+  for (int r = 0; r < listed; ++r) {
+    w.ranks[r].ops.push_back(Op::compute("B", 0.001 * (1 + r % 2)));  // alike in every copy
+    w.ranks[r].ops.push_back(Op::collective(OpKind::AllReduce, "grads", g, bytes, 0));
+    w.ranks[r].ops.push_back(Op::compute("OptStep", 0.0005, -1, "optimizer"));
+  }
+  return w;
+}
+
+cai::app::TrainConfig fmnist(const std::vector<std::string>& sets) {
+  return cai::app::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
+}
+
+}  // namespace
+
+TEST(Fold, ReplicasPerCopy) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  EXPECT_EQ(replicas_per_copy(dgx, 16, 4), 1);  // pp 4 × tp 4: two nodes per replica
+  EXPECT_EQ(replicas_per_copy(dgx, 1, 64), 8);  // data parallel: a node per copy
+  EXPECT_EQ(replicas_per_copy(dgx, 2, 16), 4);
+  EXPECT_EQ(replicas_per_copy(dgx, 6, 10), 10);  // no whole nodes: not folded
+  EXPECT_EQ(replicas_per_copy(dgx, 64, 1), 1);
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  EXPECT_EQ(replicas_per_copy(cpu, 1, 4), 4);  // ranks sharing cores: never folded
+  EXPECT_EQ(replicas_per_copy(cpu, 1, 2), 2);  // one node holds the job
+}
+
+// One copy with its rings to the next copy gives the whole job's times: data parallel over 4
+// nodes (NIC-bound rings), a pipeline's dp rings, and vit_train configs through the plan.
+TEST(Fold, CopiesReplayLikeEveryRank) {
+  const Cluster c = test_cluster(4, 2);
+  for (int64_t bytes : {int64_t(4096), int64_t(100) << 20}) {
+    const double whole = replay(data_parallel(8, 1, bytes), c).step_s;
+    const ReplayResult folded = replay(data_parallel(2, 4, bytes), c);
+    EXPECT_NEAR(folded.step_s / whole, 1.0, 1e-9) << bytes;
+    const double analytic = 0.002 + 2.0 * 7 / 8 * bytes / 25e9 + 2 * 7 * 30e-6 + 0.0005;
+    EXPECT_NEAR(folded.step_s / analytic, 1.0, 1e-3) << bytes;
+    const auto j = nlohmann::json::parse(result_json(data_parallel(2, 4, bytes), folded));
+    EXPECT_EQ(j["nproc"], 8);
+    EXPECT_EQ(j["simulated_ranks"], 2);
+    EXPECT_EQ(j["compute_ms"].size(), 8u);
+  }
+  // 1F1B over 2 stages × dp 4, gradients all-reduced per stage (2 ranks per replica, 1 per node).
+  cai::schedule::ScheduleOptions so;
+  so.stages = 2;
+  so.micro_batches = 4;
+  const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(2, 2));
+  ExpandOptions eo;
+  eo.forward_s = {0.01};
+  eo.backward_s = {0.02};
+  eo.boundary_bytes = 50 << 20;
+  eo.grad_bytes = {200 << 20};
+  eo.dp = 4;
+  const double whole = replay(expand_schedule(s, eo), c).step_s;
+  eo.dp = replicas_per_copy(c, 2, 4);
+  eo.copies = 4 / eo.dp;
+  ASSERT_EQ(eo.copies, 4);
+  EXPECT_NEAR(replay(expand_schedule(s, eo), c).step_s / whole, 1.0, 1e-9);
+  // The plan's workloads: dp 8 × tp 2 and dp 4 × pp 2 × tp 2 (ZeRO 1) on 16 GPUs of 2 nodes.
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2"},
+      {"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.pipeline=2",
+       "parallel.num_microbatches=4", "parallel.zero_stage=1", "train.batch_size=32"}};
+  for (const auto& sets : layouts) {
+    const auto cfg = fmnist(sets);
+    const ConfigWorkload all = workload_from_config(cfg, 16, dgx, false);
+    const ConfigWorkload one = workload_from_config(cfg, 16, dgx, true);
+    ASSERT_EQ(all.workload.copies, 1);
+    ASSERT_GT(one.workload.copies, 1);
+    ASSERT_EQ(one.workload.job_ranks(), 16);
+    const ReplayResult a = replay(all.workload, dgx), b = replay(one.workload, dgx);
+    EXPECT_NEAR(b.step_s / a.step_s, 1.0, 1e-9) << sets.size();
+    for (size_t r = 0; r < b.ranks.size(); ++r) {
+      EXPECT_NEAR(b.ranks[r].end_s, a.ranks[r].end_s, 1e-12);
+      EXPECT_EQ(b.ranks[r].peak_mem, a.ranks[r].peak_mem);
+    }
+  }
+  // Only the bulk model replays copies.
+  ReplayOptions step;
+  step.collectives = CollectiveModel::Step;
+  EXPECT_THROW(replay(data_parallel(2, 4, 4096), c, step), cai::Error);
+}
+
+// Runs of compute ops merged into one activity give the spans op-by-op execution gives.
+TEST(Replay, MergedComputeRunsGiveTheSameSpans) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg =
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=2", "parallel.pipeline=2",
+              "parallel.num_microbatches=4", "train.batch_size=64"});
+  const Workload w = workload_from_config(cfg, 8, dgx, false).workload;
+  ReplayOptions each;
+  each.merge_compute = false;
+  const ReplayResult a = replay(w, dgx, each), b = replay(w, dgx);
+  EXPECT_NEAR(b.step_s / a.step_s, 1.0, 1e-9);
+  for (size_t r = 0; r < w.ranks.size(); ++r)
+    for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
+      EXPECT_NEAR(b.ranks[r].spans[i].start, a.ranks[r].spans[i].start, 1e-10) << r << " " << i;
+      EXPECT_NEAR(b.ranks[r].spans[i].end, a.ranks[r].spans[i].end, 1e-10) << r << " " << i;
+    }
+}
+
+// The bound's collective times are the bulk replay's when the flows share no link.
+TEST(Bound, CollectiveLowerBoundIsTheUncontendedReplay) {
+  for (auto [nodes, gpn] : {std::pair{1, 4}, std::pair{2, 2}, std::pair{4, 1}}) {
+    const Cluster c = test_cluster(nodes, gpn);
+    const int n = nodes * gpn;
+    std::vector<int> ring(n);
+    for (int r = 0; r < n; ++r) ring[r] = r;
+    for (OpKind k :
+         {OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::Broadcast})
+      for (int64_t S : {int64_t(4096), int64_t(64) << 20}) {
+        const double sim = simulate(one_collective(k, n, S), c, CollectiveModel::Bulk);
+        EXPECT_NEAR(collective_lower_bound(c, n, k, S, ring, 0) / sim, 1.0, 1e-9)
+            << op_kind_name(k) << " " << nodes << "×" << gpn << " " << S;
+      }
+  }
+}
+
+// Every layout's bound is at most its simulated step, and the bounded search ranks its first
+// places as simulating every layout does.
+TEST(Bound, SearchKeepsTheExhaustiveRanking) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg = fmnist({});
+  SearchOptions all;
+  all.exhaustive = true;
+  const SearchResult every = search_layouts(cfg, 8, dgx, all);
+  ASSERT_GT(every.ranked.size(), 20u);
+  for (const Candidate& c : every.ranked) EXPECT_LE(c.bound_ms, c.step_ms * (1 + 1e-9)) << c.layout;
+  bool nd = false;
+  for (const Candidate& c : every.ranked) nd = nd || c.config.tensor_mode == "3d";
+  EXPECT_TRUE(nd) << "tp 3d 8 is one of the layouts";
+  SearchOptions top;
+  top.keep = 5;
+  const SearchResult bounded = search_layouts(cfg, 8, dgx, top);
+  EXPECT_LT(bounded.simulated, every.simulated);
+  EXPECT_EQ(bounded.simulated + bounded.bounded, every.simulated);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(bounded.ranked[i].layout, every.ranked[i].layout);
+    EXPECT_EQ(bounded.ranked[i].step_ms, every.ranked[i].step_ms);
+  }
+}
+
+// vit_train's ranks sit on the GPU of their mesh rank (tensor-parallel ranks consecutive, then
+// stages, data parallel outermost), whatever order the workload numbers them in: a tensor group
+// is one node's NVLink, not a ring across nodes.
+TEST(Placement, ConfigRanksSitOnTheirMeshGpus) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  const auto cfg =
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=4", "parallel.pipeline=4",
+              "parallel.num_microbatches=4", "train.batch_size=64"});
+  const Workload w = workload_from_config(cfg, 16, dgx, false).workload;
+  ASSERT_EQ(w.gpus.size(), 16u);
+  int tp_collectives = 0;
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    const int s = static_cast<int>(r) % 4, t = static_cast<int>(r) / 4;
+    EXPECT_EQ(w.gpus[r], s * 4 + t);
+    for (const Op& o : w.ranks[r].ops)
+      if (is_collective(o.kind) && o.stream == 0) {
+        ++tp_collectives;
+        std::vector<int> g;
+        for (int m : w.groups[o.group]) g.push_back(w.gpu_of(m));
+        EXPECT_EQ(*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end()), 3);
+      }
+  }
+  EXPECT_GT(tp_collectives, 0);
+  // Numbered as the workload does, a tensor ring would cross the two nodes: slower.
+  Workload strided = w;
+  strided.gpus.clear();
+  EXPECT_LT(replay(w, dgx).step_s, replay(strided, dgx).step_s);
 }

@@ -1,0 +1,167 @@
+#include "bench_layouts.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include "cai/core/error.h"
+#include "cai/nn/tensor_parallel.h"
+#include "config.h"
+#include "from_config.h"
+#include "replay.h"
+
+namespace cai::sim {
+
+BenchLayout parse_bench_layout(const std::string& text, int gpus) {
+  BenchLayout l;
+  std::vector<std::string> parts;
+  size_t from = 0;
+  for (;;) {
+    const size_t at = text.find(':', from);
+    parts.push_back(text.substr(from, at == std::string::npos ? std::string::npos : at - from));
+    if (at == std::string::npos) break;
+    from = at + 1;
+  }
+  l.mode = parts[0];
+  CAI_CHECK(
+      l.mode == "none" || l.mode == "1d" || l.mode == "2d" || l.mode == "2.5d" || l.mode == "3d",
+      "[benchmark] layout '{}': mode '{}' is not none, 1d, 2d, 2.5d or 3d", text, l.mode);
+  try {
+    l.size = parts.size() > 1 ? std::stoi(parts[1]) : (l.mode == "none" ? 1 : gpus);
+    l.depth = parts.size() > 2 ? std::stoi(parts[2]) : 1;
+  } catch (const std::exception&) {
+    fail("[benchmark] layout '{}': expected MODE[:SIZE[:DEPTH]] with whole numbers", text);
+  }
+  CAI_CHECK(parts.size() <= 3 && l.size >= 1 && l.depth >= 1 && (l.mode != "none" || l.size == 1),
+            "[benchmark] layout '{}': expected none or MODE[:SIZE[:DEPTH]], size and depth >= 1",
+            text);
+  return l;
+}
+
+std::vector<BenchLayout> default_bench_layouts(int gpus) {
+  std::vector<BenchLayout> out{{"none", 1, 1}};
+  for (const auto& m : nn::TensorParallel::modes_for(gpus)) out.push_back({m.mode, gpus, m.depth});
+  return out;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+std::string benchmark_layouts_json(const BenchOptions& o, const Cluster& cluster,
+                                   const Calibration& cal) {
+  using nlohmann::json;
+  const auto t0 = std::chrono::steady_clock::now();
+  CAI_CHECK(o.gpus >= 1, "[benchmark] --nproc {} must be at least 1", o.gpus);
+  CAI_CHECK(o.model != "vit" || !o.config.empty(),
+            "[benchmark] --model vit needs --config (a vit_train TOML)");
+  const std::string device = !o.device.empty()                              ? o.device
+                             : cluster.intra.fabric == Fabric::SharedMemory ? "cpu"
+                                                                            : "cuda";
+  app::TrainConfig base;
+  if (o.model == "vit") base = app::load_config(o.config, o.sets);
+  const std::vector<BenchLayout> layouts =
+      o.layouts.empty() ? default_bench_layouts(o.gpus) : o.layouts;
+  json rows = json::array();
+  for (const BenchLayout& l : layouts) {
+    json row;
+    row["mode"] = l.mode == "none" ? json() : json(l.mode);
+    row["size"] = l.size;
+    row["depth"] = l.depth;
+    row["simulated"] = true;
+    row["status"] = "ok";
+    row["reason"] = "";
+    if (o.model != "vit") {
+      row["status"] = "skipped";
+      row["reason"] = fmt::format(
+          "not simulated: the plan describes whole ViTs only ({}); simulate -m vit with a "
+          "vit_train config",
+          o.model == "block" ? "its token count is the image's patches + 1, and embedding, head "
+                               "and gradient reduction come with the blocks"
+                             : "it has no stand-alone Linear: its linears and their collectives "
+                               "exist inside ViT blocks");
+      rows.push_back(row);
+      continue;
+    }
+    app::TrainConfig c = base;
+    c.tensor_mode = l.mode;
+    c.tensor_size = l.size;
+    c.tensor_depth = l.depth;
+    c.sequence_parallel = false;
+    c.pipeline = 1;
+    c.num_microbatches = 0;
+    c.microbatch_size = 0;
+    c.num_model_chunks = 1;
+    c.num_layers_per_stage.clear();
+    c.zero_stage = 0;
+    c.cpu_offload = false;
+    c.gradient_accumulation = 1;
+    c.batch_size = o.batch;
+    c.precision = o.precision;
+    c.device = device;
+    try {
+      const ConfigWorkload cw = workload_from_config(c, o.gpus, cluster);
+      ReplayOptions ro;
+      ro.calibration = cal;
+      const ReplayResult r = replay(cw.workload, cluster, ro);
+      const Workload& w = cw.workload;
+      double forward = 0;
+      int64_t peak = 0, tp_bytes = 0, dp_bytes = 0;
+      for (size_t k = 0; k < w.ranks.size(); ++k) {
+        const auto& ops = w.ranks[k].ops;
+        int64_t tp = 0, dp = 0;
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (ends_with(ops[i].name, " bwd")) {
+            forward = std::max(forward, r.ranks[k].spans[i].start);
+            break;
+          }
+        }
+        for (const Op& op : ops) {
+          if (!is_collective(op.kind)) continue;
+          (op.category == "reduce" ? dp : tp) += op.bytes;
+        }
+        tp_bytes = std::max(tp_bytes, tp);
+        dp_bytes = std::max(dp_bytes, dp);
+        peak = std::max(peak, r.ranks[k].peak_mem);
+      }
+      row["dp"] = cw.plan.dp;
+      row["forward_ms"] = forward * 1e3;
+      row["backward_ms"] = (r.step_s - forward) * 1e3;
+      row["optimizer_ms"] = json();  // not modelled by the plan
+      row["step_ms"] = r.step_s * 1e3;
+      row["samples_per_s"] = r.img_per_s;
+      row["peak_mem_bytes"] = peak;
+      row["comm_bytes"] = tp_bytes;
+      row["dp_comm_bytes"] = dp_bytes;
+      row["fits_memory"] = peak <= cluster.gpu.memory_bytes;
+    } catch (const Error& e) {
+      row["status"] = "failed";
+      row["reason"] = e.what();
+    }
+    rows.push_back(row);
+  }
+  json j;
+  j["gpus"] = o.gpus;
+  j["cluster"] = cluster.name;
+  j["model"] = o.model;
+  j["config"] = o.config;
+  j["batch_size"] = o.batch;
+  j["seq_len"] = o.seq_len;
+  j["dimension"] = o.dimension;
+  j["layers"] = o.layers;
+  j["precision"] = o.precision;
+  j["device"] = device;
+  j["simulated"] = true;
+  j["layouts"] = rows;
+  j["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return j.dump(1);
+}
+
+}  // namespace cai::sim
