@@ -593,7 +593,8 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "PATH: every layout as data parallel N / tensor size × that layout, simulated through the "
       "plan (-m vit with --config; mlp and block rows are skipped). --compare [SIM.json] prints "
       "measured and simulated step times side by side; --search ranks whole layouts "
-      "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the model's kernels for the simulator (-g 1).");
+      "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the "
+      "model's kernels for the simulator (-g 1).");
   auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
   worker->group("");  // hidden
   add_flags(worker, opts);

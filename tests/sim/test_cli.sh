@@ -113,5 +113,5 @@ if "$sim" --cluster "$clusters/h200-4.toml" --config "$out/missing.toml" 2>"$out
 grep -q "missing.toml" "$out/err"
 sed 's/memory_gib = .*/memory_gib = "big"/' "$clusters/h200-2.toml" >"$out/bad.toml"
 if "$sim" --cluster "$out/bad.toml" --schedule 1f1b --stages 2 2>"$out/err"; then exit 1; fi
-grep -q "bad.toml: gpu.memory_gib = \"big\" is not a number" "$out/err"
+grep -q "bad.toml: gpu.memory_gib = \"big\" is not a finite number" "$out/err"
 echo "colossalai-sim CLI: ok"
