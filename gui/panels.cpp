@@ -327,7 +327,8 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     ImGui::TextUnformatted("tensor mode");
     for (const char* s : {"1d", "2d", "2.5d", "3d"}) {
       ImGui::SameLine();
-      if (ImGui::RadioButton(s, c.tensor_mode == s || (c.tensor_mode == "none" && s == "1d"))) {
+      if (ImGui::RadioButton(
+              s, c.tensor_mode == s || (c.tensor_mode == "none" && std::string(s) == "1d"))) {
         c.tensor_mode = s;
         if (c.tensor_mode != "2.5d") c.tensor_depth = 1;
         changed = true;

@@ -205,7 +205,8 @@ int main(int argc, char** argv) {
                "bound of the others cannot beat the --top-th best)");
   app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
   app.add_option("--trace", o.trace, "Write a Chrome trace here (the vit_train --trace format)");
-  app.add_option("--calibration", o.calibration, "Per-op efficiency profile (JSON)");
+  app.add_option("--calibration", o.calibration,
+                 "Calibration profile (JSON, colossalai benchmark --calibrate; sim/calibrations/)");
   app.add_option("--collectives", o.collectives, "Collective model: bulk (fast) or step (exact)")
       ->check(CLI::IsMember({"bulk", "step"}));
   app.add_option("--dtype", o.dtype, "Compute dtype: fp32, bf16, fp16")

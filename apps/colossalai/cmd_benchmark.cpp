@@ -56,16 +56,10 @@ int64_t integer_root(int64_t n, int k) {
 
 std::vector<TpLayout> enumerate_layouts(int n) {
   CAI_CHECK(n >= 1, "[benchmark] --gpus {} must be at least 1", n);
-  auto is_square = [](int64_t v) {
-    const int64_t r = integer_root(v, 2);
-    return r * r == v;
-  };
+  // The modes TensorParallel runs for n ranks, in Colossal-AI's order (1d first).
   std::vector<TpLayout> out{{"none", 1, 1}, {"1d", n, 1}};
-  if (n > 1 && is_square(n)) out.push_back({"2d", n, 1});
-  for (int d = 1; d < n; ++d)
-    if (n % d == 0 && is_square(n / d)) out.push_back({"2.5d", n, d});
-  const int64_t c = integer_root(n, 3);
-  if (n > 1 && c * c * c == n) out.push_back({"3d", n, 1});
+  for (const auto& m : nn::TensorParallel::modes_for(n))
+    if (m.mode != "1d") out.push_back({m.mode, n, m.depth});
   return out;
 }
 

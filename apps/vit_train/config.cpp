@@ -354,9 +354,9 @@ void validate(const TrainConfig& c, int world) {
   if (c.tensor_mode == "2d" || c.tensor_mode == "2.5d" || c.tensor_mode == "3d") {
     // The batch is split into equal chunks: q (2d), q·depth (2.5d) or q² (3d).
     const int64_t T = c.tensor_size;
-    int64_t q = 1;
-    while ((c.tensor_mode == "3d" ? q * q * q : q * q * c.tensor_depth) < T) ++q;
-    const int64_t chunks = c.tensor_mode == "3d" ? q * q : q * c.tensor_depth;
+    const int64_t chunks = nn::TensorParallel::grid(c.tensor_mode, static_cast<int>(T),
+                                                    static_cast<int>(c.tensor_depth))
+                               .chunks;
     CAI_CHECK(c.batch_size % chunks == 0,
               "[config] train.batch_size = {} is not divisible by the {} batch chunks of tensor "
               "mode {} (size {}): every tensor-parallel rank holds an equal part of the batch",

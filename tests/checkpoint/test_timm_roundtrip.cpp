@@ -27,16 +27,6 @@ nn::ViTConfig small() {
   return c;
 }
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-    den += double(y[i]) * y[i];
-  }
-  return std::sqrt(num / den);
-}
-
 Tensor eval_logits(nn::ViT& m, const Tensor& images) {
   std::vector<std::unique_ptr<nn::Cache>> caches;
   return m.forward(images, caches, nn::ForwardCtx{});
@@ -53,7 +43,7 @@ TEST(TimmRoundTrip, TimmWeightsLoadThroughInitFromAndGiveTimmLogits) {
   checkpoint::load_model_state(m, w.tensors);
   const Tensor logits = eval_logits(m, g.at("input.images"));
   ASSERT_EQ(logits.shape(), g.at("timm.logits").shape());
-  EXPECT_LE(rel_err(logits, g.at("timm.logits")), 1e-5);
+  EXPECT_LE(test::rel_error(logits, g.at("timm.logits")), 1e-5);
 }
 
 TEST(TimmRoundTrip, OurCheckpointLoadedStrictlyByTimmGivesOurLogits) {
@@ -72,5 +62,5 @@ TEST(TimmRoundTrip, OurCheckpointLoadedStrictlyByTimmGivesOurLogits) {
   }
   auto g = test::load_golden(test::data_path("timm_roundtrip.bin"));
   const Tensor logits = eval_logits(m, g.at("input.images"));
-  EXPECT_LE(rel_err(logits, g.at("ours_in_timm.logits")), 1e-5);
+  EXPECT_LE(test::rel_error(logits, g.at("ours_in_timm.logits")), 1e-5);
 }

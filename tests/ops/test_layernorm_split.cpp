@@ -11,6 +11,7 @@
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
+#include "golden.h"
 #include "gradcheck.h"
 
 using namespace cai;
@@ -19,18 +20,6 @@ using cai::test::random_tensor;
 namespace {
 
 constexpr float kEps = 1e-5f;
-
-// Norm-wise relative error ‖a − b‖ / ‖b‖ of two tensors of any float dtypes.
-double rel(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  EXPECT_EQ(x.size(), y.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += std::pow(double(x[i]) - y[i], 2);
-    den += std::pow(double(y[i]), 2);
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
 
 // Random values in [-1, 1) plus `shift`, so that the rows' means are not near zero.
 Tensor shifted(const Shape& s, uint64_t seed, float shift) {
@@ -92,7 +81,7 @@ SplitRun run_split(const Tensor& x, const Tensor& gamma, const Tensor& beta, con
         ops::layernorm_split_fwd(xs[k], columns(gamma, k * w, w), columns(beta, k * w, w), r.mean,
                                  r.sqdev, F, kEps, out, &rstd);
     if (k == 0) r.rstd = rstd;
-    EXPECT_EQ(rel(rstd, r.rstd), 0.0) << "every block computes the same rstd";
+    EXPECT_EQ(cai::test::rel_error(rstd, r.rstd), 0.0) << "every block computes the same rstd";
   }
   for (int64_t k = 0; k < nb; ++k) {
     Block& b = r.blocks[k];
@@ -155,9 +144,9 @@ TEST(LayerNormSplit, UnsplitEqualsLayerNorm) {
     const Tensor y = ops::layernorm_split_fwd(x, g, b, mean, v, d, kEps, DType::F32, &rstd);
     EXPECT_EQ(y.shape(), x.shape());
     EXPECT_EQ(rstd.shape(), ref.rstd.shape());
-    EXPECT_LE(rel(y, ref.y), 1e-6);
-    EXPECT_LE(rel(mean, ref.mean), 1e-6);
-    EXPECT_LE(rel(rstd, ref.rstd), 1e-6);
+    EXPECT_LE(cai::test::rel_error(y, ref.y), 1e-6);
+    EXPECT_LE(cai::test::rel_error(mean, ref.mean), 1e-6);
+    EXPECT_LE(cai::test::rel_error(rstd, ref.rstd), 1e-6);
 
     Tensor dg = dg0.clone(), db = db0.clone();
     const Tensor sums = ops::layernorm_split_bwd_sums(x, g, mean, rstd, dy, &dg, &db);
@@ -165,9 +154,9 @@ TEST(LayerNormSplit, UnsplitEqualsLayerNorm) {
     const Tensor dx = ops::layernorm_split_bwd(x, g, mean, rstd, dy, sums, d);
     EXPECT_EQ(dx.shape(), x.shape());
     EXPECT_EQ(dx.dtype(), DType::F32);
-    EXPECT_LE(rel(dx, ref.dx), 1e-6);
-    EXPECT_LE(rel(dg, ref.dgamma), 1e-6);
-    EXPECT_LE(rel(db, ref.dbeta), 1e-6);
+    EXPECT_LE(cai::test::rel_error(dx, ref.dx), 1e-6);
+    EXPECT_LE(cai::test::rel_error(dg, ref.dgamma), 1e-6);
+    EXPECT_LE(cai::test::rel_error(db, ref.dbeta), 1e-6);
   }
 }
 
@@ -183,15 +172,15 @@ TEST(LayerNormSplit, ColumnBlocksMatchTheWholeRow) {
     SCOPED_TRACE("block width " + std::to_string(w));
     const SplitRun r = run_split(x, g, b, dy, dg0, db0, w, DType::F32, DType::F32, DType::F32);
     ASSERT_EQ(static_cast<int64_t>(r.blocks.size()), F / w);
-    EXPECT_LE(rel(r.mean, ref.mean), 1e-5);
-    EXPECT_LE(rel(r.rstd, ref.rstd), 1e-5);
+    EXPECT_LE(cai::test::rel_error(r.mean, ref.mean), 1e-5);
+    EXPECT_LE(cai::test::rel_error(r.rstd, ref.rstd), 1e-5);
     for (int64_t k = 0; k < F / w; ++k) {
       SCOPED_TRACE("block " + std::to_string(k));
       const Block& bk = r.blocks[k];
-      EXPECT_LE(rel(bk.y, columns(ref.y, k * w, w)), 1e-5);
-      EXPECT_LE(rel(bk.dx, columns(ref.dx, k * w, w)), 1e-5);
-      EXPECT_LE(rel(bk.dgamma, columns(ref.dgamma, k * w, w)), 1e-5);
-      EXPECT_LE(rel(bk.dbeta, columns(ref.dbeta, k * w, w)), 1e-5);
+      EXPECT_LE(cai::test::rel_error(bk.y, columns(ref.y, k * w, w)), 1e-5);
+      EXPECT_LE(cai::test::rel_error(bk.dx, columns(ref.dx, k * w, w)), 1e-5);
+      EXPECT_LE(cai::test::rel_error(bk.dgamma, columns(ref.dgamma, k * w, w)), 1e-5);
+      EXPECT_LE(cai::test::rel_error(bk.dbeta, columns(ref.dbeta, k * w, w)), 1e-5);
     }
   }
 }
@@ -216,24 +205,24 @@ TEST(LayerNormSplit, HalfInputsKeepTheDtypeContract) {
             run_split(xr, g, b, dyr, dg0, db0, w, DType::F32, DType::F32, DType::F32);
         for (const Tensor* s : {&h.mean, &h.sqdev, &h.rstd, &h.sums})
           EXPECT_EQ(s->dtype(), DType::F32);
-        EXPECT_EQ(rel(h.mean, ref.mean), 0.0);
-        EXPECT_EQ(rel(h.rstd, ref.rstd), 0.0);
-        EXPECT_EQ(rel(h.sums, ref.sums), 0.0);
+        EXPECT_EQ(cai::test::rel_error(h.mean, ref.mean), 0.0);
+        EXPECT_EQ(cai::test::rel_error(h.rstd, ref.rstd), 0.0);
+        EXPECT_EQ(cai::test::rel_error(h.sums, ref.sums), 0.0);
         const double tol = t == DType::BF16 ? 2e-2 : 4e-3;
-        EXPECT_LE(rel(h.rstd, full.rstd), tol);
+        EXPECT_LE(cai::test::rel_error(h.rstd, full.rstd), tol);
         for (size_t k = 0; k < h.blocks.size(); ++k) {
           const Block &hb = h.blocks[k], &rb = ref.blocks[k], &fb = full.blocks[k];
           EXPECT_EQ(hb.y.dtype(), out);
           EXPECT_EQ(hb.dx.dtype(), t);
           EXPECT_EQ(hb.dgamma.dtype(), DType::F32);
-          EXPECT_EQ(rel(hb.y, rb.y.to(out)), 0.0);
-          EXPECT_EQ(rel(hb.dx, rb.dx.to(t)), 0.0);
-          EXPECT_EQ(rel(hb.dgamma, rb.dgamma), 0.0);
-          EXPECT_EQ(rel(hb.dbeta, rb.dbeta), 0.0);
-          EXPECT_LE(rel(hb.y, fb.y), tol);
-          EXPECT_LE(rel(hb.dx, fb.dx), tol);
-          EXPECT_LE(rel(hb.dgamma, fb.dgamma), tol);
-          EXPECT_LE(rel(hb.dbeta, fb.dbeta), tol);
+          EXPECT_EQ(cai::test::rel_error(hb.y, rb.y.to(out)), 0.0);
+          EXPECT_EQ(cai::test::rel_error(hb.dx, rb.dx.to(t)), 0.0);
+          EXPECT_EQ(cai::test::rel_error(hb.dgamma, rb.dgamma), 0.0);
+          EXPECT_EQ(cai::test::rel_error(hb.dbeta, rb.dbeta), 0.0);
+          EXPECT_LE(cai::test::rel_error(hb.y, fb.y), tol);
+          EXPECT_LE(cai::test::rel_error(hb.dx, fb.dx), tol);
+          EXPECT_LE(cai::test::rel_error(hb.dgamma, fb.dgamma), tol);
+          EXPECT_LE(cai::test::rel_error(hb.dbeta, fb.dbeta), tol);
         }
       }
     }
@@ -319,5 +308,5 @@ TEST(LayerNormSplit, BadShapesThrowNamingTheValues) {
   const Tensor dg_before = dg.clone();
   expect_layernorm_error([&] { ops::layernorm_split_bwd_sums(x, g, mean, rstd, dy, &dg, &bad_dg); },
                          "bias");
-  EXPECT_EQ(rel(dg, dg_before), 0.0);
+  EXPECT_EQ(cai::test::rel_error(dg, dg_before), 0.0);
 }

@@ -230,9 +230,8 @@ std::vector<int> tp_group_members(const std::string& mode, int size, int depth,
   for (TpGroup g : all)
     if (group == tp_group_name(g)) {
       if (g == TpGroup::All) return members_of(g, rank, 1, size);
-      const int q = mode == "3d" ? int_root(size, 3) : int_root(size / depth, 2);
       CAI_CHECK(mode != "1d", "[tensor_parallel] 1d has no {} group", group);
-      return members_of(g, rank, q, size);
+      return members_of(g, rank, TensorParallel::grid(mode, size, depth).q, size);
     }
   fail("[tensor_parallel] no tensor-parallel group named '{}'", group);
 }
@@ -260,6 +259,16 @@ void TensorParallel::validate_size(const std::string& mode, int size, int depth)
         size, valid_sizes(mode, 1));
 }
 
+TensorParallel::Grid TensorParallel::grid(const std::string& mode, int size, int depth) {
+  validate_size(mode, size, depth);
+  Grid g;
+  if (mode == "1d") return g;
+  g.q = mode == "3d" ? int_root(size, 3) : int_root(size / depth, 2);
+  g.chunks = mode == "3d" ? g.q * g.q : g.q * depth;
+  g.in_cut = mode == "3d" ? g.q * g.q : g.q;
+  return g;
+}
+
 std::vector<TensorParallel::ModeChoice> TensorParallel::modes_for(int size) {
   std::vector<ModeChoice> out;
   if (size < 2) return out;
@@ -285,7 +294,7 @@ TensorParallel::TensorParallel(dist::Communicator& tp, std::string mode, bool se
             mode_);
   if (mode_ == "1d") return;
   depth_ = depth;
-  q_ = mode_ == "3d" ? int_root(size_, 3) : int_root(size_ / depth_, 2);
+  q_ = grid(mode_, size_, depth_).q;
   const int q = q_, r = rank_;
   std::vector<TpGroup> gs;
   if (mode_ == "3d") {

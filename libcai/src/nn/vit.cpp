@@ -43,11 +43,10 @@ void ViTConfig::validate_tensor_parallel(int tp, bool sequence_parallel) const {
 
 void ViTConfig::validate_tensor_parallel(const std::string& mode, int tp, int depth,
                                          bool sequence_parallel) const {
-  TensorParallel::validate_size(mode, tp, depth);
+  const TensorParallel::Grid g = TensorParallel::grid(mode, tp, depth);
   if (mode == "1d") return validate_tensor_parallel(tp, sequence_parallel);
-  int q = 1;
-  while ((mode == "3d" ? q * q * q : q * q * depth) < tp) ++q;
-  const int64_t in_cut = mode == "3d" ? int64_t{q} * q : q;
+  const int q = g.q;
+  const int64_t in_cut = g.in_cut;
   CAI_CHECK(num_heads % q == 0, "[vit] num_heads {} is not divisible by {}'s q = {}", num_heads,
             mode, q);
   CAI_CHECK(embed_dim % in_cut == 0,

@@ -86,22 +86,15 @@ int optimizer_slots(const Layout& l) {
   return 2;
 }
 
-// Parameter sizes per layer on one tensor-parallel rank, in collect() order (nn/vit.cpp).
 // 2d/2.5d/3d: q, the batch chunks and the parts a linear's input features are cut in.
-struct NdDims {
-  int q = 1, chunks = 1, in_cut = 1;
-};
+using NdDims = nn::TensorParallel::Grid;
 NdDims nd_dims(const Layout& l) {
-  NdDims n;
-  if (!l.nd()) return n;
-  while ((l.tp_mode == "3d" ? n.q * n.q * n.q : n.q * n.q * l.tp_depth) < l.tp) ++n.q;
-  n.chunks = l.tp_mode == "3d" ? n.q * n.q : n.q * l.tp_depth;
-  n.in_cut = l.tp_mode == "3d" ? n.q * n.q : n.q;
-  return n;
+  return l.nd() ? nn::TensorParallel::grid(l.tp_mode, l.tp, l.tp_depth) : NdDims{};
 }
 
 std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, int T);
 
+// Parameter sizes per layer on one tensor-parallel rank, in collect() order (nn/vit.cpp).
 std::vector<std::vector<int64_t>> parameter_numels(const nn::ViTConfig& c, const Layout& l) {
   if (!l.nd()) return parameter_numels(c, l.tp);
   const NdDims nd = nd_dims(l);

@@ -96,6 +96,13 @@ class TensorParallel {
   // Throws naming the size and listing the valid ones when `size` (and `depth`) do not fit the
   // mode: 2d squares, 2.5d size/depth a square, 3d cubes.
   static void validate_size(const std::string& mode, int size, int depth);
+  // The grid of a 2d/2.5d/3d group of `size` ranks (validated as validate_size): q, the batch
+  // chunks (2d/2.5d: q·depth, 3d: q²) and the parts a linear's input features are cut in (q, 3d
+  // q²). 1d: all 1.
+  struct Grid {
+    int q = 1, chunks = 1, in_cut = 1;
+  };
+  static Grid grid(const std::string& mode, int size, int depth);
   // The modes and depths `size` ranks can run ("1d", "2d", "2.5d" depth d, "3d"), in
   // Colossal-AI's order; `size` 1 has none.
   struct ModeChoice {
