@@ -105,6 +105,9 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
   sub->add_option("--json", o.json, "Also write the table as JSON to this file");
   sub->add_flag("--simulate", o.simulate, "Estimate with colossalai-sim instead of measuring");
   sub->add_option("--cluster", o.cluster, "Virtual cluster file (hostfiles/clusters/*.toml)");
+  sub->add_option("--calibration", o.calibration,
+                  "--simulate/--compare/--search: the simulator's calibration profile "
+                  "(--calibrate's output, sim/calibrations/*.json)");
   auto* compare =
       sub->add_option(
              "--compare", o.compare,
@@ -511,6 +514,7 @@ void simulate_layouts(const BenchmarkOptions& o, const std::string& out) {
                                 "--json",      out};
   if (!o.device.empty()) a.insert(a.end(), {"--device", o.device});
   if (!o.config.empty()) a.insert(a.end(), {"--config", o.config});
+  if (!o.calibration.empty()) a.insert(a.end(), {"--calibration", o.calibration});
   for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
   for (const TpLayout& l : enumerate_layouts(o.gpus))
     a.insert(a.end(), {"--layout", fmt::format("{}:{}:{}", l.mode, l.size, l.depth)});
@@ -607,6 +611,7 @@ int run_benchmark(const BenchmarkOptions& o) {
                                   o.config,    "--nproc",  std::to_string(o.gpus),
                                   "--cluster", o.cluster};
     for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+    if (!o.calibration.empty()) a.insert(a.end(), {"--calibration", o.calibration});
     if (!o.out.empty()) a.insert(a.end(), {"--out", o.out});
     return run_program(a);
   }

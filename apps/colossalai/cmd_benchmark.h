@@ -43,6 +43,7 @@ struct BenchmarkOptions {
   std::string json;
   bool simulate = false, search = false;
   std::string cluster, compare, calibrate, out;
+  std::string calibration;  // --simulate/--compare/--search: colossalai-sim --calibration FILE
   bool compare_requested = false;  // --compare given (with or without a file)
   bool worker = false;             // the hidden _benchmark_worker subcommand
 };

@@ -22,6 +22,18 @@ if [ "${2:-}" = --simulate ]; then
   grep -q "(simulated" "$tmp/sim.txt" || { echo "table not marked simulated"; exit 1; }
   "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" -m mlp \
     --json "$tmp/mlp.json" >/dev/null
+  # --calibration reaches the simulator: the shipped CPU profile times the ops (slower than the
+  # placeholder efficiencies on cpu-2's nominal peak).
+  "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" "${fm[@]}" -b 8 \
+    --calibration "$configs/../../../sim/calibrations/cpu-xeon-1thread-fmnist_tiny-fp32.json" \
+    --json "$tmp/cal.json" >/dev/null
+  python3 - "$tmp/sim.json" "$tmp/cal.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["layouts"] for p in sys.argv[1:3])
+for x, y in zip(a, b):
+    assert x["mode"] == y["mode"] and y["step_ms"] != x["step_ms"], (x, y)
+print("benchmark --simulate --calibration: ok")
+PY
   python3 - "$tmp/sim.json" "$tmp/mlp.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
