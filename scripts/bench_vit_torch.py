@@ -2,7 +2,9 @@
 """PyTorch/timm side of scripts/bench-vit: training-step throughput of a timm ViT with AdamW on
 synthetic data, eager fp32, eager bf16 autocast and torch.compile bf16. One JSON line each.
 Under torchrun with several processes: DistributedDataParallel (NCCL), batch per GPU, total img/s
-printed by rank 0."""
+printed by rank 0. --clip and --label-smoothing make the step do what vit_train's does (AdamW,
+global-norm clipping, label smoothing). --kernel-profile FILE: torch.profiler's per-kernel CUDA time
+table of each mode's steps (CUPTI through kineto) written to FILE.<mode>.txt."""
 import argparse, json, os, time
 
 import timm
@@ -14,6 +16,9 @@ p.add_argument("--batch", type=int, default=256)
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--modes", default="eager-fp32,eager-bf16,compile-bf16")
+p.add_argument("--clip", type=float, default=0.0)
+p.add_argument("--label-smoothing", type=float, default=0.0)
+p.add_argument("--kernel-profile", default="")
 a = p.parse_args()
 world = int(os.environ.get("WORLD_SIZE", "1"))
 rank = int(os.environ.get("RANK", "0"))
@@ -33,8 +38,10 @@ for mode in a.modes.split(","):
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = torch.nn.functional.cross_entropy(fwd(x), y)
+            loss = torch.nn.functional.cross_entropy(fwd(x), y, label_smoothing=a.label_smoothing)
         loss.backward()
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -49,6 +56,17 @@ for mode in a.modes.split(","):
     secs = time.perf_counter() - t0
     ips = a.batch * world * a.steps / secs
     name = f"pytorch {mode}" + (f" ddpx{world}" if world > 1 else "")
+    if a.clip > 0 or a.label_smoothing > 0:
+        name += f" clip {a.clip:g} ls {a.label_smoothing:g}"
+    if a.kernel_profile and rank == 0:
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        with open(f"{a.kernel_profile}.{mode}.txt", "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60,
+                                              max_name_column_width=100))
     if rank == 0:
         print(json.dumps({"impl": name, "gpus": world, "model": a.model, "batch": a.batch,
                           "img_per_s": round(ips, 1), "step_ms": round(1e3 * secs / a.steps, 1),

@@ -55,6 +55,9 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.num_workers", Kind::Int, &c.num_workers, {}, 0, 64},
       {"train.log_interval", Kind::Int, &c.log_interval, {}, 0, inf},
       {"train.metrics_file", Kind::String, &c.metrics_file},
+      {"train.kernel_profile", Kind::String, &c.kernel_profile},
+      {"train.kernel_profile_start", Kind::Int, &c.kernel_profile_start, {}, 0, inf},
+      {"train.kernel_profile_steps", Kind::Int, &c.kernel_profile_steps, {}, 1, inf},
       {"train.max_steps_per_epoch", Kind::Int, &c.max_steps_per_epoch, {}, 0, inf},
       {"train.device", Kind::String, &c.device, {"cpu", "cuda"}},
       {"model.name", Kind::String, &c.model_name},
@@ -379,6 +382,10 @@ void validate(const TrainConfig& c, int world) {
   CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
             "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
             c.min_scale, c.initial_scale, c.max_scale);
+  CAI_CHECK(c.kernel_profile.empty() || c.device == "cuda",
+            "[config] train.kernel_profile = \"{}\" profiles GPU kernels but train.device = \"{}\" "
+            "(expected \"cuda\")",
+            c.kernel_profile, c.device);
   CAI_CHECK(c.min_lr <= c.learning_rate, "[config] train.min_lr {} exceeds train.learning_rate {}",
             c.min_lr, c.learning_rate);
   if (c.dataset == "fashion_mnist" || c.dataset == "mnist")

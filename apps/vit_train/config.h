@@ -32,6 +32,9 @@ struct TrainConfig {
   int64_t num_workers = 2;             // data loader threads
   int64_t log_interval = 0;            // steps between plain progress lines (0: 10 per epoch)
   std::string metrics_file;            // JSON lines; "" = none
+  std::string kernel_profile;          // per-kernel table (Markdown, CUPTI) of some steps; "" = none
+  int64_t kernel_profile_start = 10;   // profile the steps after this global step ...
+  int64_t kernel_profile_steps = 5;    // ... this many of them
   int64_t max_steps_per_epoch = 0;     // 0 = whole epoch
   std::string device = "cpu";          // cpu | cuda (one GPU per process: local rank mod
                                        // GPUs; several processes talk over NCCL)

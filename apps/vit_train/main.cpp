@@ -300,6 +300,12 @@ int main(int argc, char** argv) {
     if (!cfg.metrics_file.empty())
       trainer->add_hook(std::make_shared<train::MetricsFileHook>(
           cfg.metrics_file, std::max<int64_t>(1, steps_per_epoch / 20)));
+    if (!cfg.kernel_profile.empty())
+      trainer->add_hook(std::make_shared<train::KernelProfileHook>(
+          cfg.kernel_profile, cfg.kernel_profile_start, cfg.kernel_profile_steps,
+          fmt::format("vit_train: {} batch {} {} ({}), {}: per-kernel GPU time of a training step",
+                      cfg.model_name.empty() ? "custom ViT" : cfg.model_name, cfg.batch_size,
+                      cfg.precision, vc.act, mesh.describe())));
 
     log::info(
         "ViT dim {} depth {} heads {} patch {} ({} parameters), {} ({}), {} {}, {} steps "

@@ -3,6 +3,7 @@
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
 //                  [--zero 0..3] [--tp T [--sp 1]] [--peak-tflops 989]
+//                  [--kernel-profile FILE.md [--profile-steps 3]]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
@@ -12,12 +13,15 @@
 // over T consecutive ranks (--sp 1: with sequence parallelism) through the HybridParallelPlugin,
 // data parallel over the rest; --batch is per data-parallel rank. tp_comm_share: the time the
 // tensor-parallel collectives take when each is timed alone (profiled steps), over the step time.
+// --kernel-profile: after the timed steps, CUPTI records every kernel of --profile-steps more steps
+// (rank 0) and FILE.md gets the per-kernel table, FILE.md.csv one step's kernels in order.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "cai/core/error.h"
+#include "cai/core/kernel_profile.h"
 #include "cai/core/rng.h"
 #include "cai/dist/communicator.h"
 #include "cai/dist/launch.h"
@@ -48,7 +52,8 @@ int main(int argc, char** argv) {
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
   int zero = 0, tp = 1, sp = 0;
-  std::string act = "gelu";
+  std::string act = "gelu", kernel_profile;
+  int64_t profile_steps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -71,6 +76,10 @@ int main(int argc, char** argv) {
       sp = std::atoi(v.c_str());
     else if (a == "--precision")
       precision = v;
+    else if (a == "--kernel-profile")
+      kernel_profile = v;
+    else if (a == "--profile-steps")
+      profile_steps = std::atoll(v.c_str());
     else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
     else {
@@ -172,6 +181,19 @@ int main(int argc, char** argv) {
       tp_step = since(tt);
       tp_comm = tpc->comm_seconds();
       tpc->set_profiling(false);
+    }
+    if (!kernel_profile.empty() && dev.is_cuda() && li.rank == 0) {
+      sync();
+      profile::kernel_profile_start();
+      const auto tk = Clock::now();
+      for (int64_t s = 0; s < profile_steps; ++s) step(warmup + steps + 2 * profiled + s, false);
+      sync();
+      const double wall = 1e3 * since(tk) / static_cast<double>(profile_steps);
+      profile::write_kernel_profile(
+          kernel_profile, profile::kernel_profile_stop(), static_cast<int>(profile_steps), wall,
+          fmt::format("{} batch {} {} ({}), per-kernel GPU time of a training step", model, batch,
+                      precision, act));
+      std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", kernel_profile.c_str());
     }
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
     const double peak_gib =

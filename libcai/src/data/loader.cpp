@@ -1,6 +1,6 @@
-// DataLoader: worker threads decode and transform whole batches ahead (at most `prefetch` batches
-// claimed but not yet consumed) and next() hands them out in batch order. A batch's content
-// depends only on (seed, epoch, batch number), never on the workers or on timing.
+// DataLoader: worker threads decode and transform whole batches ahead (at most num_workers +
+// `prefetch` batches claimed but not yet consumed) and next() hands them out in batch order. A
+// batch's content depends only on (seed, epoch, batch number), never on the workers or on timing.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -103,7 +103,9 @@ Batch DataLoader::Impl::make(int64_t b) const {
 }
 
 void DataLoader::Impl::worker_loop() {
-  const int64_t ahead = std::max(cfg.prefetch, 1);
+  // Every worker may build one batch while `prefetch` finished ones wait: a single slow batch
+  // (a whole batch per worker) then never leaves the other workers idle.
+  const int64_t ahead = std::max<int64_t>(cfg.prefetch + cfg.num_workers, 1);
   for (;;) {
     int64_t b = 0;
     {

@@ -11,8 +11,10 @@
 #include <fstream>
 
 #include "cai/core/error.h"
+#include "cai/core/kernel_profile.h"
 #include "cai/core/log.h"
 #include "cai/ops/ops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::train {
@@ -98,7 +100,15 @@ class BatchPrefetcher {
         buf.images = Tensor::empty(b.images.shape(), DType::F32, dev_);
         buf.labels = Tensor::empty(b.labels.shape(), DType::I32, dev_);
       }
-      std::memcpy(buf.pinned, b.images.raw(), ib);
+      // Into pinned memory on the CPU pool's threads (a ViT-B batch of 256 is 154 MB: one
+      // thread's memcpy would hold this thread, which launches the kernels, for ~20 ms).
+      const int64_t chunk = 4 << 20, chunks = static_cast<int64_t>((ib + chunk - 1) / chunk);
+      const auto* src = static_cast<const unsigned char*>(b.images.raw());
+      kernels::cpu::parallel_for(chunks, 1, [&](int64_t lo, int64_t hi) {
+        const size_t from = static_cast<size_t>(lo * chunk);
+        const size_t to = std::min(ib, static_cast<size_t>(hi * chunk));
+        std::memcpy(buf.pinned + from, src + from, to - from);
+      });
       std::memcpy(buf.pinned + ib, b.labels.raw(), lb);
       kernels::cuda::copy_h2d_async(buf.images.raw(), buf.pinned, ib, stream_);
       kernels::cuda::copy_h2d_async(buf.labels.raw(), buf.pinned + ib, lb, stream_);
@@ -521,6 +531,42 @@ void ProgressHook::after_step(Trainer& t, const StepInfo& s) {
   } else if (s.has_values && needs_values(t, s)) {
     log::info("epoch {}/{} step {}", s.epoch + 1, s.num_epochs, stats);
   }
+}
+
+KernelProfileHook::KernelProfileHook(std::string path, int64_t start, int64_t steps,
+                                     std::string title)
+    : path_(std::move(path)), title_(std::move(title)), start_(start), steps_(steps) {
+  CAI_CHECK(start_ >= 0 && steps_ >= 1,
+            "[profile] kernel profile of steps ({}, {}]: expected a "
+            "start >= 0 and at least 1 step",
+            start_, start_ + steps_);
+}
+
+void KernelProfileHook::after_step(Trainer& t, const StepInfo& s) {
+  if (t.plugin().rank() != 0) return;
+  const bool cuda = t.model().device().is_cuda();
+  if (!running_ && s.global_step == start_) {
+    CAI_CHECK(cuda, "[profile] train.kernel_profile needs train.device = \"cuda\"");
+    kernels::cuda::synchronize();
+    profile::kernel_profile_start();
+    running_ = true;
+    t0_ = seconds_since(Clock::time_point{});
+  } else if (running_ && s.global_step == start_ + steps_) {
+    kernels::cuda::synchronize();
+    const double wall = seconds_since(Clock::time_point{}) - t0_;
+    running_ = false;
+    profile::write_kernel_profile(path_, profile::kernel_profile_stop(), static_cast<int>(steps_),
+                                  1e3 * wall / steps_, title_);
+    log::info("[profile] kernel profile of steps {}-{} in {}", start_ + 1, start_ + steps_, path_);
+  }
+}
+
+void KernelProfileHook::after_train(Trainer&) {
+  if (!running_) return;
+  running_ = false;
+  profile::kernel_profile_stop();
+  log::warn("[profile] training ended before step {}: no kernel profile written to {}",
+            start_ + steps_, path_);
 }
 
 bool stdout_is_terminal() {

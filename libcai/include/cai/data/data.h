@@ -107,7 +107,10 @@ struct LoaderConfig {
   bool train = true;  // random transforms on
   uint64_t seed = 0;
   int num_workers = 2;  // decoding/transform threads; 0 = in the calling thread
-  int prefetch = 4;     // batches decoded ahead
+  // Batches decoded ahead beyond the ones the workers are building: at most num_workers +
+  // prefetch batches are claimed and not yet handed out, so every worker stays busy (as
+  // PyTorch's prefetch_factor per worker does) while memory stays bounded.
+  int prefetch = 4;
   int world = 1, rank = 0;
   TransformConfig transform;
 };

@@ -282,6 +282,24 @@ class MetricsFileHook : public Hook {
   int64_t interval_;
 };
 
+// The per-kernel GPU table (cai/core/kernel_profile.h) of global steps (start, start + steps]:
+// the device is synchronised after step `start` and after the last profiled one, CUPTI records
+// every kernel in between, and `path` (Markdown, with path.csv) is written by rank 0, which alone
+// profiles. Training goes on unchanged; the two synchronisations cost one step's overlap each.
+class KernelProfileHook : public Hook {
+ public:
+  KernelProfileHook(std::string path, int64_t start, int64_t steps, std::string title);
+  bool needs_values(const Trainer&, const StepInfo&) const override { return false; }
+  void after_step(Trainer&, const StepInfo&) override;
+  void after_train(Trainer&) override;
+
+ private:
+  std::string path_, title_;
+  int64_t start_, steps_;
+  bool running_ = false;
+  double t0_ = 0;
+};
+
 std::string format_duration(double seconds);  // "1:02:03" or "2:03"
 
 }  // namespace cai::train

@@ -1,0 +1,54 @@
+// The kernel profile's table from known records: per-kernel sums, categories, the busy time as
+// the union of overlapping intervals, and one step's kernels in the CSV.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cai/core/kernel_profile.h"
+
+using namespace cai;
+
+namespace {
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+TEST(KernelProfile, TableFromRecords) {
+  using profile::KernelRecord;
+  // Two steps of three kernels; in each, the second overlaps the first by 1 µs on another stream.
+  std::vector<KernelRecord> r;
+  for (uint64_t s = 0; s < 2; ++s) {
+    const uint64_t t = s * 100000;
+    r.push_back(
+        {"void cai::kernels::cuda::(anonymous namespace)::gelu_fwd_t_kernel<float, false>"
+         "(float const*, float*, long)",
+         t, t + 4000, 7, 10, 256});
+    r.push_back(
+        {"nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN", t + 3000, t + 10000, 8, 4, 384});
+    r.push_back(
+        {"void cai::kernels::cuda::(anonymous namespace)::gelu_fwd_t_kernel<float, false>"
+         "(float const*, float*, long)",
+         t + 20000, t + 24000, 7, 10, 256});
+  }
+  const std::string path = ::testing::TempDir() + "/kp.md";
+  profile::write_kernel_profile(path, r, 2, 0.1, "test profile");
+  const std::string md = slurp(path);
+  // Busy per step: [0, 10] ∪ [20, 24] µs = 14 µs = 0.014 ms; kernel sum 15 µs.
+  EXPECT_NE(md.find("GPU busy (union of kernels and copies) 0.01 ms (14.0%)"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("3 kernels per step"), std::string::npos) << md;
+  // The GELU kernel: 2 calls per step, 8 µs per step, the parameter list and namespaces dropped.
+  EXPECT_NE(md.find("| `gelu_fwd_t_kernel<float, false>` | GELU | 2 | 0.008 | 53.3% | 4.0 |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| GEMM (cuBLAS) | 0.01 | 46.7% |"), std::string::npos) << md;
+  const std::string csv = slurp(path + ".csv");
+  EXPECT_NE(csv.find("1,3.0,7.0,8,4,384,nvjet_sm90"), std::string::npos) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // header + one step
+}
