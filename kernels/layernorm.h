@@ -48,6 +48,13 @@ void layernorm_fwd_t(DT xt, const void* x, const float* gamma, const float* beta
 void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean, const float* rstd,
                      DT dyt, const void* dy, DT dxt, void* dx, float* dgamma, float* dbeta,
                      int64_t m, int64_t d, void* stream = nullptr);
+// As layernorm_bwd_t, then dx += residual (dxt, same shape; null: nothing added) and, when half is
+// not null, a copy of the final dx rounded to half_t (bf16 or fp16) — one pass where the fused
+// (vectorised) kernel applies, else separate add and cast passes. dx must not be null then.
+void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* mean,
+                         const float* rstd, DT dyt, const void* dy, DT dxt, void* dx,
+                         const void* residual, DT half_t, void* half, float* dgamma, float* dbeta,
+                         int64_t m, int64_t d, void* stream = nullptr);
 
 // The split kernels, as on the CPU (fp32; the ops layer converts half tensors).
 void layernorm_row_sums(const float* x, const float* mean, float* sums, int64_t m, int64_t f,

@@ -45,11 +45,13 @@ __device__ __forceinline__ float gelu_tanh_grad_f(float x, float dy) {
   return dy * (s + 2.0f * x * s * sn * du);
 }
 
-constexpr int kVec = 4;
+// 16-byte accesses: 4 fp32 or 8 halves per thread and step.
+template <typename T>
+constexpr int kVecOf = 16 / static_cast<int>(sizeof(T));
 
-// vec: n/4 vectors of 4 first (aligned pointers), then the tail one by one.
+// vec: n/V vectors of V first (aligned pointers), then the tail one by one.
 // Tanh: the tanh approximation instead of erf.
-template <typename T, bool Tanh>
+template <typename T, bool Tanh, int kVec = kVecOf<T>>
 __global__ void gelu_fwd_t_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool vec) {
   const int64_t nv = vec ? n / kVec : 0;
   CAI_GRID_STRIDE(k, nv) {
@@ -65,7 +67,7 @@ __global__ void gelu_fwd_t_kernel(const T* __restrict__ x, T* __restrict__ y, in
   }
 }
 
-template <typename T, bool Tanh>
+template <typename T, bool Tanh, int kVec = kVecOf<T>>
 __global__ void gelu_bwd_t_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                   T* __restrict__ dx, int64_t n, bool vec) {
   const int64_t nv = vec ? n / kVec : 0;
@@ -89,6 +91,7 @@ void launch_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
   if (n <= 0) return;
   dispatch_dt(t, Tanh ? "gelu_tanh" : "gelu", [&](auto tag) {
     using T = decltype(tag);
+    constexpr int kVec = kVecOf<T>;
     const bool vec = vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(y);
     gelu_fwd_t_kernel<T, Tanh>
         <<<grid_for(vec ? (n + kVec - 1) / kVec : n), kBlock, 0, as_stream(stream)>>>(
@@ -102,6 +105,7 @@ void launch_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void
   if (n <= 0) return;
   dispatch_dt(t, Tanh ? "gelu_tanh" : "gelu", [&](auto tag) {
     using T = decltype(tag);
+    constexpr int kVec = kVecOf<T>;
     const bool vec =
         vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(dy) && vec_aligned<T, kVec>(dx);
     gelu_bwd_t_kernel<T, Tanh>

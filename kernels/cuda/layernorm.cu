@@ -9,6 +9,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/device.h"
+#include "kernels/elementwise.h"
 #include "kernels/layernorm.h"
 
 namespace cai::kernels::cuda {
@@ -202,7 +203,10 @@ __global__ void __launch_bounds__(kLnWarps * 32)
   }
 }
 
-// dx (when dx is not null) as layernorm_bwd_dx_kernel, in fp32. With part not null, each block
+// dx (when dx is not null) as layernorm_bwd_dx_kernel, in fp32, plus residual[i] when residual is
+// not null; half (not null) receives dx rounded to bf16 (half_kind 1) or fp16 (2) as well, in the
+// same pass (the residual stream's gradient and its copy for the next GEMM). With part not null,
+// each block
 // also writes its rows' column sums: part[blockIdx.x][0][j] = Σ dy·xhat, part[blockIdx.x][1][j] =
 // Σ dy (lanes in registers, then the block's warps in order through shared memory: 8·d floats).
 template <typename TX, typename TDY, typename TDX, int N>
@@ -210,7 +214,8 @@ __global__ void __launch_bounds__(kLnWarps * 32)
     layernorm_bwd_warp_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd,
                               const TDY* __restrict__ dy, TDX* __restrict__ dx,
-                              float* __restrict__ part, int64_t m, int d) {
+                              const TDX* __restrict__ residual, void* __restrict__ half,
+                              int half_kind, float* __restrict__ part, int64_t m, int d) {
   extern __shared__ float shared_part[];  // [kLnWarps][2][d]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = d / kLnVec;
@@ -253,7 +258,16 @@ __global__ void __launch_bounds__(kLnWarps * 32)
           float o[kLnVec];
 #pragma unroll
           for (int e = 0; e < kLnVec; ++e) o[e] = ri * (gg[k][e] - sg - xh[k][e] * sgx);
-          store_vec(dx + i * d + c * kLnVec, o);
+          const int64_t at = i * d + c * kLnVec;
+          if (residual) {
+            float rv[kLnVec];
+            load_vec(residual + at, rv);
+#pragma unroll
+            for (int e = 0; e < kLnVec; ++e) o[e] += rv[e];
+          }
+          store_vec(dx + at, o);
+          if (half_kind == 1) store_vec(static_cast<__nv_bfloat16*>(half) + at, o);
+          if (half_kind == 2) store_vec(static_cast<__half*>(half) + at, o);
         }
       }
     }
@@ -479,11 +493,22 @@ void layernorm_fwd_t(DT xt, const void* x, const float* gamma, const float* beta
 void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean, const float* rstd,
                      DT dyt, const void* dy, DT dxt, void* dx, float* dgamma, float* dbeta,
                      int64_t m, int64_t d, void* stream) {
+  layernorm_bwd_add_t(xt, x, gamma, mean, rstd, dyt, dy, dxt, dx, nullptr, DT::F32, nullptr, dgamma,
+                      dbeta, m, d, stream);
+}
+
+void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* mean,
+                         const float* rstd, DT dyt, const void* dy, DT dxt, void* dx,
+                         const void* residual, DT half_t, void* half, float* dgamma, float* dbeta,
+                         int64_t m, int64_t d, void* stream) {
   CAI_CHECK(d >= 1, "[layernorm] feature size {} must be at least 1", d);
+  CAI_CHECK(dx || (!residual && !half), "[layernorm] a residual or half copy needs dx");
+  CAI_CHECK(!half || half_t != DT::F32, "[layernorm] the half copy of dx must be bf16 or fp16");
   if (m <= 0) return;
   const auto s = as_stream(stream);
   const bool params = dgamma || dbeta;
   if (!dx && !params) return;
+  const int half_kind = !half ? 0 : half_t == DT::BF16 ? 1 : 2;
   dispatch_dt(xt, "layernorm", [&](auto tx) {
     using TX = decltype(tx);
     dispatch_dt(dyt, "layernorm", [&](auto tdy) {
@@ -495,7 +520,9 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
         TDX* dxp = static_cast<TDX*>(dx);
         const int tier = warp_tier(d);
         if (tier && vec_aligned<TX, kLnVec>(x) && vec_aligned<TDY, kLnVec>(dy) &&
-            vec_aligned<TDX, kLnVec>(dx) && vec_aligned<float, kLnVec>(gamma)) {
+            vec_aligned<TDX, kLnVec>(dx) && vec_aligned<float, kLnVec>(gamma) &&
+            vec_aligned<TDX, kLnVec>(residual) && vec_aligned<double, 1>(half)) {
+          const TDX* rp = static_cast<const TDX*>(residual);
           with_tier(tier, [&](auto n) {
             const auto kernel = layernorm_bwd_warp_kernel<TX, TDY, TDX, decltype(n)::value>;
             const size_t shmem = params ? sizeof(float) * kLnWarps * 2 * d : 0;
@@ -508,13 +535,15 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
             const int64_t grid = std::min<int64_t>(warp_rows_grid(m), resident);
             if (!params) {
               kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, 0, s>>>(
-                  xp, gamma, mean, rstd, dyp, dxp, nullptr, m, static_cast<int>(d));
+                  xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, nullptr, m,
+                  static_cast<int>(d));
               CAI_CUDA_CHECK_LAUNCH();
               return;
             }
             Scratch part(sizeof(float) * 2 * d * grid);
             kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, shmem, s>>>(
-                xp, gamma, mean, rstd, dyp, dxp, part.as<float>(), m, static_cast<int>(d));
+                xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, part.as<float>(), m,
+                static_cast<int>(d));
             CAI_CUDA_CHECK_LAUNCH();
             layernorm_param_reduce_kernel<<<static_cast<unsigned>((d + kTile - 1) / kTile),
                                             dim3(kTile, kRowLanes), 0, s>>>(
@@ -527,6 +556,10 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
           layernorm_bwd_dx_kernel<TX, TDY, TDX>
               <<<row_grid(m), kBlock, 0, s>>>(xp, gamma, mean, rstd, dyp, dxp, m, d);
           CAI_CUDA_CHECK_LAUNCH();
+          // No fused kernel for this shape or alignment: the add and the copy as passes of their
+          // own.
+          if (residual) add_t(dxt, dx, dxt, residual, dxt, dx, m * d, stream);
+          if (half) cast(dxt, dx, half_t, half, m * d, stream);
         }
         if (params) {
           const int64_t tiles = (d + kTile - 1) / kTile;

@@ -86,6 +86,36 @@ TEST_F(Cuda, LayerNorm) {
   }
 }
 
+// The residual stream's LayerNorm backward in one pass: dx = layernorm_bwd + residual (fp32),
+// dy in bf16 (the GEMM's output), and the bf16 copy of dx, against the CPU's three steps.
+TEST_F(Cuda, LayerNormBackwardAdd) {
+  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {64, 1024}}) {
+    Tensor x = random_tensor({m, d}, 11), g = random_tensor({d}, 12), b = random_tensor({d}, 13);
+    Tensor dy = random_tensor({m, d}, 14).to(DType::BF16);
+    Tensor res = random_tensor({m, d}, 15), dg = random_tensor({d}, 16),
+           dbt = random_tensor({d}, 17);
+    Tensor mean, rstd, gmean, grstd;
+    ops::layernorm_fwd(x, g, b, 1e-6f, &mean, &rstd);
+    ops::layernorm_fwd(gpu(x), gpu(g), gpu(b), 1e-6f, &gmean, &grstd);
+    Tensor gdg = gpu(dg), gdb = gpu(dbt), half, ghalf;
+    Tensor dx = ops::layernorm_bwd_add(x, g, mean, rstd, dy, res, &dg, &dbt, DType::BF16, &half);
+    Tensor gdx = ops::layernorm_bwd_add(gpu(x), gpu(g), gmean, grstd, gpu(dy), gpu(res), &gdg, &gdb,
+                                        DType::BF16, &ghalf);
+    const std::string shape = fmt::format("[{}, {}]", m, d);
+    expect_close(gdx, dx, ("layernorm_bwd_add dx " + shape).c_str());
+    expect_close(gdg, dg, ("layernorm_bwd_add dgamma " + shape).c_str());
+    expect_close(gdb, dbt, ("layernorm_bwd_add dbeta " + shape).c_str());
+    ASSERT_EQ(ghalf.dtype(), DType::BF16);
+    // The copy is dx rounded once: equal to rounding the GPU's own fp32 dx.
+    expect_close(ghalf.to(DType::F32), gdx.to(DType::BF16).to(DType::F32).to(Device::cpu()),
+                 ("layernorm_bwd_add half copy " + shape).c_str(), 0.0);
+    // Without the copy: the same dx.
+    Tensor gdg2 = gpu(dg), gdx2 = ops::layernorm_bwd_add(gpu(x), gpu(g), gmean, grstd, gpu(dy),
+                                                         gpu(res), &gdg2, nullptr);
+    expect_close(gdx2, gdx.to(Device::cpu()), ("layernorm_bwd_add no copy " + shape).c_str(), 0.0);
+  }
+}
+
 namespace {
 // x[rows, cols] -> x[:, c0:c0+n] (a 1-D x: its elements [c0, c0+n)), fp32 on the CPU.
 Tensor columns(const Tensor& x, int64_t c0, int64_t n) {

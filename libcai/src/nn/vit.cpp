@@ -440,19 +440,25 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     gf = ops::gelu_bwd(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact);
   }
   Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf);
-  Tensor gh = ops::layernorm_bwd(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, &ln[0], &ln[1]);
-  ops::add_(gh, dy);
+  // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
+  // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
+  // the compute dtype that proj's GEMMs take.
+  const bool half_gy =
+      (a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16) && !dpath && !drop && !sp();
+  Tensor gh_half;
+  Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
+                                     &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr);
 
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
-  Tensor gy = gh;
+  Tensor gy = half_gy ? gh_half : gh;
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
-  Tensor gx = ops::layernorm_bwd(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, &ln[2], &ln[3]);
-  ops::add_(gx, gh);
+  Tensor gx =
+      ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2], &ln[3]);
   if (sp()) {
     ln_flat = tp_->all_reduce(ln_flat);
     for (int i = 0; i < 4; ++i)

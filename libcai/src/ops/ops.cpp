@@ -214,6 +214,37 @@ Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, c
   return dx;
 }
 
+Tensor layernorm_bwd_add(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dy, const Tensor& residual,
+                         Tensor* dgamma, Tensor* dbeta, DType half, Tensor* half_out) {
+  CAI_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(),
+            "[layernorm] residual {} must match input {} in shape and dtype", residual.str(),
+            x.str());
+  same_device("layernorm", x, residual);
+  CAI_CHECK(!half_out || half == DType::BF16 || half == DType::F16,
+            "[layernorm] the half copy's dtype {} must be bf16 or fp16", dtype_name(half));
+  if (!x.is_cuda() || x.dtype() != DType::F32) {
+    // The reference (and half residual streams): the three steps.
+    Tensor dx = layernorm_bwd(x, gamma, mean, rstd, dy, dgamma, dbeta);
+    add_(dx, residual);
+    if (half_out) *half_out = as(dx, half);
+    return dx;
+  }
+  floating("layernorm", dy);
+  CAI_CHECK(dy.shape() == x.shape(), "[layernorm] grad {} does not match input {}", dy.str(),
+            x.str());
+  check_grad("layernorm", "weight", dgamma, gamma);
+  check_grad("layernorm", "bias", dbeta, gamma);
+  const int64_t d = x.size(-1), m = rows_of(x);
+  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  if (half_out) *half_out = Tensor::empty(x.shape(), half, x.device());
+  kernels::cuda::layernorm_bwd_add_t(
+      kdt(DType::F32), x.raw(), f32(gamma), f32(mean), f32(rstd), kdt(dy.dtype()), dy.raw(),
+      kdt(DType::F32), dx.raw(), residual.raw(), kdt(half_out ? half : DType::BF16),
+      half_out ? half_out->raw() : nullptr, opt(dgamma), opt(dbeta), m, d);
+  return dx;
+}
+
 // ---------------------------------------------------------------------------------------------
 // LayerNorm over a hidden dimension split across ranks. Half x and dy are converted to fp32 and
 // the fp32 kernels run on either device (on the CPU that is the reference's rounding; results are

@@ -30,6 +30,13 @@ Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, f
                      Tensor* mean, Tensor* rstd, DType out);
 Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor* dgamma, Tensor* dbeta);
+// layernorm_bwd + residual (x's dtype and shape), the residual stream's gradient in one pass on
+// the GPU; with half_out (half a bf16/fp16 dtype) also that sum rounded to `half` (the copy the
+// next GEMM reads), from the same pass. The CPU reference composes layernorm_bwd, add_ and a cast.
+Tensor layernorm_bwd_add(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dy, const Tensor& residual,
+                         Tensor* dgamma, Tensor* dbeta, DType half = DType::F32,
+                         Tensor* half_out = nullptr);
 
 // LayerNorm over features split across ranks (each holds f of F columns of every row); the caller
 // sums each per-row partial over the ranks of a row (all-reduce) between the steps:
