@@ -53,6 +53,75 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Model vit: the config with pipeline 1, ZeRO 0, the layout's tensor mode and -b samples per
+// data-parallel rank, in the benchmark's precision.
+app::TrainConfig vit_config(const app::TrainConfig& base, const BenchLayout& l,
+                            const BenchOptions& o, const std::string& device) {
+  app::TrainConfig c = base;
+  c.tensor_mode = l.mode;
+  c.tensor_size = l.size;
+  c.tensor_depth = l.depth;
+  c.sequence_parallel = false;
+  c.pipeline = 1;
+  c.num_microbatches = 0;
+  c.microbatch_size = 0;
+  c.num_model_chunks = 1;
+  c.num_layers_per_stage.clear();
+  c.zero_stage = 0;
+  c.cpu_offload = false;
+  c.gradient_accumulation = 1;
+  c.batch_size = o.batch;
+  c.precision = o.precision;
+  c.device = device;
+  return c;
+}
+
+// Replays a layout's workload and fills its row.
+void add_results(nlohmann::json& row, const ConfigWorkload& cw, const Cluster& cluster,
+                 const Calibration& cal, bool vit) {
+  ReplayOptions ro;
+  ro.calibration = cal;
+  const ReplayResult r = replay(cw.workload, cluster, ro);
+  const Workload& w = cw.workload;
+  double forward = 0;
+  int64_t peak = 0, tp_bytes = 0, dp_bytes = 0;
+  for (size_t k = 0; k < w.ranks.size(); ++k) {
+    const auto& ops = w.ranks[k].ops;
+    int64_t tp = 0, dp = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ends_with(ops[i].name, " bwd")) {
+        forward = std::max(forward, r.ranks[k].spans[i].start);
+        break;
+      }
+    }
+    for (const Op& op : ops) {
+      if (!is_collective(op.kind)) continue;
+      (op.category == "reduce" ? dp : tp) +=
+          issued_bytes(op.kind, op.bytes, w.group_size(op.group));
+    }
+    tp_bytes = std::max(tp_bytes, tp);
+    dp_bytes = std::max(dp_bytes, dp);
+    peak = std::max(peak, r.ranks[k].peak_mem);
+  }
+  row["dp"] = cw.plan.dp;
+  row["simulated_ranks"] = w.ranks.size();
+  row["copies"] = w.copies;
+  row["wall_s"] = r.wall_s;
+  row["forward_ms"] = forward * 1e3;
+  row["backward_ms"] = (r.step_s - forward) * 1e3;
+  // vit: the plan has no optimizer cost; block and mlp have no optimizer step.
+  row["optimizer_ms"] = vit ? nlohmann::json() : nlohmann::json(0.0);
+  row["step_ms"] = r.step_s * 1e3;
+  row["samples_per_s"] = r.img_per_s;
+  // vit: the replay's memory curve; block and mlp: the plan's step replay of the worker's
+  // allocations (the input, each layer's cache and output, the gradients of the backward).
+  if (!vit) peak = cw.plan.peak();
+  row["peak_mem_bytes"] = peak;
+  row["comm_bytes"] = tp_bytes;
+  row["dp_comm_bytes"] = dp_bytes;
+  row["fits_memory"] = peak <= cluster.gpu.memory_bytes;
+}
+
 }  // namespace
 
 std::string benchmark_layouts_json(const BenchOptions& o, const Cluster& cluster,
@@ -78,69 +147,32 @@ std::string benchmark_layouts_json(const BenchOptions& o, const Cluster& cluster
     row["simulated"] = true;
     row["status"] = "ok";
     row["reason"] = "";
-    if (o.model != "vit") {
-      row["status"] = "skipped";
-      row["reason"] = fmt::format(
-          "not simulated: the plan describes whole ViTs only ({}); simulate -m vit with a "
-          "vit_train config",
-          o.model == "block" ? "its token count is the image's patches + 1, and embedding, head "
-                               "and gradient reduction come with the blocks"
-                             : "it has no stand-alone Linear: its linears and their collectives "
-                               "exist inside ViT blocks");
-      rows.push_back(row);
-      continue;
-    }
-    app::TrainConfig c = base;
-    c.tensor_mode = l.mode;
-    c.tensor_size = l.size;
-    c.tensor_depth = l.depth;
-    c.sequence_parallel = false;
-    c.pipeline = 1;
-    c.num_microbatches = 0;
-    c.microbatch_size = 0;
-    c.num_model_chunks = 1;
-    c.num_layers_per_stage.clear();
-    c.zero_stage = 0;
-    c.cpu_offload = false;
-    c.gradient_accumulation = 1;
-    c.batch_size = o.batch;
-    c.precision = o.precision;
-    c.device = device;
     try {
-      const ConfigWorkload cw = workload_from_config(c, o.gpus, cluster);
-      ReplayOptions ro;
-      ro.calibration = cal;
-      const ReplayResult r = replay(cw.workload, cluster, ro);
-      const Workload& w = cw.workload;
-      double forward = 0;
-      int64_t peak = 0, tp_bytes = 0, dp_bytes = 0;
-      for (size_t k = 0; k < w.ranks.size(); ++k) {
-        const auto& ops = w.ranks[k].ops;
-        int64_t tp = 0, dp = 0;
-        for (size_t i = 0; i < ops.size(); ++i) {
-          if (ends_with(ops[i].name, " bwd")) {
-            forward = std::max(forward, r.ranks[k].spans[i].start);
-            break;
-          }
-        }
-        for (const Op& op : ops) {
-          if (!is_collective(op.kind)) continue;
-          (op.category == "reduce" ? dp : tp) += op.bytes;
-        }
-        tp_bytes = std::max(tp_bytes, tp);
-        dp_bytes = std::max(dp_bytes, dp);
-        peak = std::max(peak, r.ranks[k].peak_mem);
+      ConfigWorkload cw;
+      if (o.model == "vit") {
+        cw = workload_from_config(vit_config(base, l, o, device), o.gpus, cluster);
+      } else {
+        // The measured worker's model: -l blocks of hidden -d (d / 64 heads, MLP ratio 4) or
+        // -l × Linear(d, d), on [b, s, d] per tensor group, forward and backward only.
+        nn::ViTConfig m;
+        m.embed_dim = o.dimension;
+        m.depth = o.layers;
+        m.num_heads = o.model == "block" ? std::max<int64_t>(1, o.dimension / 64) : 1;
+        m.mlp_ratio = 4.0;
+        plan::Layout pl;
+        pl.body = o.model == "block" ? plan::Body::Blocks : plan::Body::Linears;
+        pl.tokens = o.seq_len;
+        pl.world = o.gpus;
+        pl.tp = l.size;
+        pl.tp_mode = l.mode == "none" ? "1d" : l.mode;
+        pl.tp_depth = l.mode == "2.5d" ? l.depth : 1;
+        pl.batch = o.batch;
+        pl.precision = cai::dtype_from_name(o.precision);
+        pl.gpu = device == "cuda";
+        pl.data_parallel_plugin = false;
+        cw = workload_from_plan(m, pl, cluster);
       }
-      row["dp"] = cw.plan.dp;
-      row["forward_ms"] = forward * 1e3;
-      row["backward_ms"] = (r.step_s - forward) * 1e3;
-      row["optimizer_ms"] = json();  // not modelled by the plan
-      row["step_ms"] = r.step_s * 1e3;
-      row["samples_per_s"] = r.img_per_s;
-      row["peak_mem_bytes"] = peak;
-      row["comm_bytes"] = tp_bytes;
-      row["dp_comm_bytes"] = dp_bytes;
-      row["fits_memory"] = peak <= cluster.gpu.memory_bytes;
+      add_results(row, cw, cluster, cal, o.model == "vit");
     } catch (const Error& e) {
       row["status"] = "failed";
       row["reason"] = e.what();

@@ -13,9 +13,19 @@
 //   step_ms, samples_per_s (batch × dp / step), peak_mem_bytes (the largest rank's replayed
 //   peak), comm_bytes (tensor-parallel bytes per step of the busiest rank, as
 //   TensorParallel::comm_bytes counts them), dp_comm_bytes (its data-parallel reductions).
-// A layout vit_train refuses is "failed" with its reason. Models mlp and block are "skipped":
-// the plan only describes whole ViTs (its token count is the image's patches + 1; embedding,
-// head and the gradient reduction come with the blocks; it has no stand-alone Linear).
+// A layout vit_train refuses is "failed" with its reason.
+//
+// Models block and mlp (the measured worker's models, cmd_benchmark.cpp): the plan with body
+// Blocks (-l nn::Block of hidden -d, d / 64 heads, MLP ratio 4) or Linears (-l ×
+// nn::ParallelLinear(d, d)) on -b samples of -s tokens per tensor group, forward then backward
+// of mean(output) and nothing else (no optimizer: optimizer_ms 0; no data-parallel reduction:
+// the none layout is N independent replicas, as measured); workload_from_plan + replay. The
+// tensor-parallel collectives are the ones the measured layers issue, so comm_bytes equals the
+// measured row's; peak_mem_bytes is the plan's step replay of the worker's allocations. A shape
+// that does not split is "failed" with the plan's reason.
+//
+// 2d/2.5d layouts of one data-parallel replica replay one copy of their identical tensor slices
+// (from_config.h), so 1,024-GPU layouts take seconds.
 #pragma once
 #include <string>
 #include <vector>

@@ -57,16 +57,21 @@ class ConfigProgram {
  public:
   ConfigProgram(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
                 const plan::StepPlan* plan)
-      : layout_(validated_layout(cfg, nproc)) {
+      : ConfigProgram(cfg.vit(), validated_layout(cfg, nproc), nproc, cluster, plan) {}
+  ConfigProgram(const nn::ViTConfig& vc, const plan::Layout& layout, int nproc,
+                const Cluster& cluster, const plan::StepPlan* plan)
+      : layout_(layout) {
+    CAI_CHECK(nproc == layout_.world, "[sim] {} processes for a layout of {}", nproc,
+              layout_.world);
     CAI_CHECK(nproc <= cluster.max_ranks(),
               "[sim] {} processes do not fit cluster {} ({} GPUs × {} ranks each)", nproc,
               cluster.name, cluster.gpus(), cluster.max_ranks_per_gpu);
-    const nn::ViTConfig vc = cfg.vit();
     plan_ = plan ? *plan : plan::make_plan(vc, layout_);
     P_ = layout_.pp;
     T_ = layout_.tp;
     D_ = plan_.dp;
     listed_dp_ = D_;
+    listed_tp_ = T_;
     // The program: the plan's pipeline schedule, or one stage running its micro-batches 1F1B
     // (forward then backward per batch, as the data-parallel executor does).
     sched_ = plan_.schedule;
@@ -75,7 +80,7 @@ class ConfigProgram {
       schedule::ScheduleOptions so;
       so.stages = 1;
       so.micro_batches = plan_.micro_batches;
-      part_ = schedule::partition_uniform(static_cast<int>(vc.depth) + 2, 1);
+      part_ = schedule::partition_uniform(static_cast<int>(plan_.stages[0].layers.size()), 1);
       sched_ = schedule::make("1f1b", so, part_);
     }
     // Layer index -> its plan (from the stage that holds it).
@@ -91,12 +96,67 @@ class ConfigProgram {
   int T() const { return T_; }
   int D() const { return D_; }
   int listed_dp() const { return listed_dp_; }
+  int listed_tp() const { return listed_tp_; }
   // The mesh rank (= GPU) of sim rank r.
   int mesh_rank(int r) const {
     const int s = r % P_, replica = r / P_, t = replica % T_, d = replica / T_;
     return d * P_ * T_ + s * T_ + t;
   }
   void set_listed_dp(int k) { listed_dp_ = k; }
+  // Identical tensor-parallel slices (2d/2.5d, one data-parallel replica, no pipeline): the
+  // job's tensor ranks 0..T-1 as T / listed copies of its first `listed` ranks, whole depth
+  // slices of q² ranks for 2.5d with depth > 1, whole rows of q ranks for 2d (depth 1), k of
+  // them with k · unit filling whole nodes (replicas_per_copy). Exact when every sub-group's
+  // ring lies inside a copy or is its listed members followed by the same members of each next
+  // copy, which is checked for every sub-group the plan uses (2d: row inside a copy, column
+  // through the copies; 2.5d: row and column inside, depth and column×depth through them); the
+  // SUMMA broadcasts are rounds rooted at every member in turn, so every copy runs the same
+  // program (replay.h).
+  // Returns the listed tensor ranks: T when nothing folds.
+  int tensor_ranks_per_copy(const Cluster& cluster) const {
+    if (D_ != 1 || P_ != 1 || !layout_.nd() || layout_.tp_mode == "3d") return T_;
+    const nn::TensorParallel::Grid g =
+        nn::TensorParallel::grid(layout_.tp_mode, T_, layout_.tp_depth);
+    const int depth = layout_.tp_depth, unit = depth > 1 ? g.q * g.q : g.q;
+    const int units = T_ / unit;
+    const int k = replicas_per_copy(cluster, unit, units);
+    if (k >= units) return T_;
+    const int listed = k * unit;
+    std::vector<std::string> names{"tp"};
+    for (const plan::RankPlan& r : plan_.stages)
+      for (const plan::LayerPlan& lp : r.layer_plans)
+        for (const plan::Collective& c : lp.collectives) {
+          if (c.group != plan::Group::Tp) continue;
+          if (std::find(names.begin(), names.end(), c.subgroup) == names.end())
+            names.push_back(c.subgroup);
+          // A broadcast with one root would make the copies differ.
+          if (c.kind == plan::CollectiveKind::Broadcast &&
+              !(c.rotating_root && c.count == c.group_size))
+            return T_;
+        }
+    for (const std::string& name : names)
+      for (int t = 0; t < listed; ++t) {
+        const std::vector<int> full = tp_members(name, t);
+        std::vector<int> mine, want;
+        for (int m : full)
+          if (m < listed) mine.push_back(m);
+        for (int c = 0; c * listed < T_; ++c)
+          for (int m : mine) want.push_back(c * listed + m);
+        if (mine.size() < full.size() && full != want) return T_;
+      }
+    return listed;
+  }
+  void set_listed_tp(int k) { listed_tp_ = k; }
+  // The tensor ranks of sub-group `name` ("tp": all) holding tensor rank t, in ring order.
+  std::vector<int> tp_members(const std::string& name, int t) const {
+    if (name == "tp") {
+      std::vector<int> all(T_);
+      for (int k = 0; k < T_; ++k) all[k] = k;
+      return all;
+    }
+    return nn::tp_group_members(layout_.tp_mode, T_, layout_.tp_depth, name, t);
+  }
+
   // No broadcast over the dp group (one root would make the copies differ).
   bool foldable() const {
     for (const plan::RankPlan& r : plan_.stages)
@@ -110,21 +170,26 @@ class ConfigProgram {
   std::vector<Op> ops(bool fwd, int mb, int chunk, int rank, int vstage, Workload& w) {
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     Groups& g = groups_[rank];
+    // The sim ranks of a tensor sub-group ("tp": the whole group); with folded tensor slices
+    // its listed members, the ring going on through the copies when some are not listed.
+    auto tp_group = [&](const std::string& name) {
+      std::vector<int> ranks;
+      for (int k : tp_members(name, t))
+        if (k < listed_tp_) ranks.push_back(((d * T + k) * P) + s);
+      const bool spans =
+          static_cast<int>(ranks.size()) < static_cast<int>(tp_members(name, t).size());
+      return w.add_group(ranks, spans);
+    };
     if (!g.made) {
       g.made = true;
-      std::vector<int> tp_ranks;
-      for (int k = 0; k < T; ++k) tp_ranks.push_back(((d * T + k) * P) + s);
-      g.tp = T > 1 ? w.add_group(tp_ranks) : -1;
+      g.tp = T > 1 ? tp_group("tp") : -1;
     }
     // 2d/2.5d/3d sub-groups (row, col, input, ...) of this rank's tensor group.
     auto group_of = [&](const std::string& name) {
       if (name == "tp") return g.tp;
       auto it = g.sub.find(name);
       if (it != g.sub.end()) return it->second;
-      std::vector<int> ranks;
-      for (int k : nn::tp_group_members(layout_.tp_mode, T, layout_.tp_depth, name, t))
-        ranks.push_back(((d * T + k) * P) + s);
-      return g.sub[name] = w.add_group(ranks);
+      return g.sub[name] = tp_group(name);
     };
     std::vector<int> layers;
     for (int i = 0; i < part_.num_layers(vstage); ++i)
@@ -172,6 +237,14 @@ class ConfigProgram {
               fwd ? c.phase == plan::Phase::Forward
                   : c.phase == plan::Phase::Backward || c.phase == plan::Phase::Recompute;
           if (!mine || c.group != plan::Group::Tp) continue;
+          if (c.kind == plan::CollectiveKind::Broadcast && c.rotating_root &&
+              c.count == c.group_size && c.group_size > 1) {
+            // SUMMA's q broadcasts, each member the root of one: one round.
+            ops.push_back(Op::collective(OpKind::BroadcastRound,
+                                         fmt::format("{} {} broadcast ×{}", lp.name, c.op, c.count),
+                                         group_of(c.subgroup), c.bytes, 0));
+            continue;
+          }
           for (int k = 0; k < c.count; ++k)
             ops.push_back(Op::collective(
                 kind_of(c.kind),
@@ -207,7 +280,7 @@ class ConfigProgram {
   };
   plan::Layout layout_;
   plan::StepPlan plan_;
-  int P_ = 1, T_ = 1, D_ = 1, listed_dp_ = 1;
+  int P_ = 1, T_ = 1, D_ = 1, listed_dp_ = 1, listed_tp_ = 1;
   schedule::Schedule sched_;
   schedule::Partition part_;
   std::map<int, const plan::LayerPlan*> layer_plan_;
@@ -216,23 +289,28 @@ class ConfigProgram {
 
 }  // namespace
 
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
-                                    bool fold, const plan::StepPlan* plan) {
-  ConfigProgram prog(cfg, nproc, cluster, plan);
+namespace {
+
+ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int nproc,
+                              const Cluster& cluster, bool fold) {
   const plan::StepPlan& sp = prog.plan();
   const plan::Layout& layout = prog.layout();
   const int P = prog.P(), T = prog.T(), D = prog.D();
   // Identical data-parallel replicas (T · P consecutive ranks each, exchanging only through the
-  // dp rings) fold into copies of Dk replicas (replay.h: replicas_per_copy).
+  // dp rings) fold into copies of Dk replicas (replay.h: replicas_per_copy); with one replica,
+  // identical 2d/2.5d tensor slices fold into copies of Tk tensor ranks.
   const int Dk = fold && prog.foldable() ? replicas_per_copy(cluster, T * P, D) : D;
+  const int Tk = fold && Dk == D ? prog.tensor_ranks_per_copy(cluster) : T;
   prog.set_listed_dp(Dk);
+  prog.set_listed_tp(Tk);
   ExpandOptions eo;
-  eo.dp = Dk * T;  // replicas of each stage's program: dp × tp (of one copy)
+  eo.dp = Dk * Tk;  // replicas of each stage's program: dp × tp (of one copy)
   eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
   eo.dtype = sim_dtype(layout.precision);
-  for (int s = 0; s < P; ++s)
-    eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
-                                    (layout.zero_stage >= 1 ? D : 1));
+  if (layout.body == plan::Body::ViT)  // Blocks and Linears have no optimizer step
+    for (int s = 0; s < P; ++s)
+      eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
+                                      (layout.zero_stage >= 1 ? D : 1));
   for (int s = 0; s < P; ++s) {
     const plan::Memory& m = sp.stages[s].memory;
     std::array<int64_t, kMemKinds> mem{};
@@ -247,10 +325,9 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, cons
   };
   ConfigWorkload out;
   out.workload = expand_schedule(prog.schedule(), eo);
-  out.workload.copies = D / Dk;
-  out.workload.name =
-      fmt::format("{} on {} processes ({})", cfg.model_name.empty() ? "vit" : cfg.model_name, nproc,
-                  sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
+  out.workload.copies = (D / Dk) * (T / Tk);
+  out.workload.name = fmt::format("{} on {} processes ({})", name, nproc,
+                                  sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
   // Label and place the ranks as the launcher does: mesh rank = GPU (tensor-parallel ranks
   // consecutive, then stages, data parallel outermost).
   out.workload.gpus.resize(out.workload.ranks.size());
@@ -262,6 +339,26 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, cons
   }
   out.plan = prog.plan();
   return out;
+}
+
+}  // namespace
+
+ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+                                    bool fold, const plan::StepPlan* plan) {
+  ConfigProgram prog(cfg, nproc, cluster, plan);
+  return build_workload(prog, cfg.model_name.empty() ? "vit" : cfg.model_name, nproc, cluster,
+                        fold);
+}
+
+ConfigWorkload workload_from_plan(const nn::ViTConfig& model, const plan::Layout& layout,
+                                  const Cluster& cluster, bool fold) {
+  ConfigProgram prog(model, layout, layout.world, cluster, nullptr);
+  const std::string name =
+      layout.body == plan::Body::ViT
+          ? std::string("vit")
+          : fmt::format("{} × {}", model.depth,
+                        layout.body == plan::Body::Blocks ? "block" : "Linear");
+  return build_workload(prog, name, layout.world, cluster, fold);
 }
 
 double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,

@@ -33,10 +33,21 @@ struct ConfigWorkload {
 // would, or a cluster with fewer ranks. `fold`: list one copy of the identical data-parallel
 // replicas where the platform allows it (replay.h: replicas_per_copy; Workload::copies), so the
 // replay simulates T · P ranks (or the few replicas that fill whole nodes) instead of nproc;
-// false lists every rank (the step-by-step collective model needs that).
+// with one data-parallel replica and no pipeline, a 2d layout lists whole rows of its q × q grid
+// and a 2.5d layout of depth > 1 whole depth slices (the other rows / slices are identical
+// copies: every sub-group's ring is checked to run through the copies in order, the SUMMA
+// broadcasts are rounds rooted at every member in turn); 3d and 1d do not fold. false lists
+// every rank (the step-by-step collective model needs that).
 // `plan`: the config's plan when the caller made it already (make_plan of plan_layout).
 ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
                                     bool fold = true, const plan::StepPlan* plan = nullptr);
+
+// The same for a plan layout directly (colossalai benchmark's --model block and mlp: a
+// plan::Layout with body Blocks or Linears and the sequence length as tokens): the layout's
+// checks are the plan's. `fold` as above; 2d/2.5d layouts of one data-parallel replica also fold
+// their identical tensor slices (rows of 2d, depth slices of 2.5d) into copies.
+ConfigWorkload workload_from_plan(const nn::ViTConfig& model, const plan::Layout& layout,
+                                  const Cluster& cluster, bool fold = true);
 
 // A lower bound on the step time replay() gives workload_from_config's workload under the bulk
 // collective model, without building or replaying it: per pipeline stage, the first micro-batch's

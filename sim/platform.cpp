@@ -37,6 +37,12 @@ double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t 
     const int from = (k + root_pos) % n, to = (k + 1 + root_pos) % n;
     return route_cost(c, nproc, ring[from], ring[to]);
   };
+  if (kind == OpKind::BroadcastRound) {  // n broadcasts, rooted at each member in turn
+    double sum = 0;
+    for (int t = 0; t < n; ++t)
+      sum += collective_lower_bound(c, nproc, OpKind::Broadcast, bytes, ring, t);
+    return sum;
+  }
   if (kind == OpKind::Broadcast) {  // replay.cpp's bulk chain: n chunks
     double fill = 0, lat_max = 0, flows = 0;
     for (int k = 0; k + 1 < n; ++k) {

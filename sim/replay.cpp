@@ -85,6 +85,7 @@ void ring_shape(OpKind k, int n, int64_t bytes, int* steps, double* chunk) {
   switch (k) {
     case OpKind::AllReduce:
     case OpKind::Broadcast:
+    case OpKind::BroadcastRound:  // per broadcast
       *steps = 2 * (n - 1);
       break;
     default:  // reduce-scatter, all-gather
@@ -221,6 +222,25 @@ struct Replayer {
     return group_latency[g] = worst;
   }
 
+  // Sum over the job's ring edges of latency + c / bandwidth (the listed edges, the last one to
+  // the next copy for a ring spanning copies, times the copies), per group and chunk size.
+  std::map<std::pair<int, double>, double> ring_cost_cache;
+  double ring_cost(int g, double c) {
+    auto it = ring_cost_cache.find({g, c});
+    if (it != ring_cost_cache.end()) return it->second;
+    const auto& G = w.groups[g];
+    double sum = 0;
+    for (size_t i = 0; i < G.size(); ++i) {
+      std::vector<sg4::Link*> links;
+      double lat = 0, bw = 1e300;
+      p.hosts[G[i]]->route_to(successor(g, static_cast<int>(i)), links, &lat);
+      for (const sg4::Link* l : links) bw = std::min(bw, l->get_bandwidth());
+      sum += lat + c / bw;
+    }
+    if (wraps(g)) sum *= w.copies;
+    return ring_cost_cache[{g, c}] = sum;
+  }
+
   // A pipelined chain (broadcast) of C chunks of c bytes takes sum_e t_e + (C - 1) max_e t_e with
   // t_e = latency_e + c / bandwidth_e: the first chunk crosses every edge, the others follow at
   // the pace of the slowest edge. Returns {sum_e t_e, largest latency} over the chain's edges.
@@ -248,6 +268,7 @@ struct Replayer {
     double chunk = 0;
     ring_shape(in.kind, n, in.bytes, &steps, &chunk);
     const bool chain = in.kind == OpKind::Broadcast;
+    const bool round = in.kind == OpKind::BroadcastRound;
     // Position in the ring / chain (the chain starts at the root and follows the group order).
     const int q = chain ? (pos - in.root_pos + n) % n : pos;
     auto member = [&](int k) { return G[chain ? (k + in.root_pos) % n : k % n]; };
@@ -276,6 +297,19 @@ struct Replayer {
                                                   as_bytes((chunks - 1) * chunk)));
         const auto [fill, lat_max] = chain_fill(id, G, in.root_pos, chunk);
         after = fill + (chunks - 2) * lat_max;
+      } else if (round) {
+        // n broadcasts rooted at each member in turn: every ring edge but the one into the root
+        // carries n - 1 chunks per broadcast, the edge into it idle while the chain's slowest
+        // edge sets the pace. One flow per ring edge of n × (n - 1) chunks at once (as the n
+        // broadcasts' flow phases back to back, each edge in its slowest chain's place), then
+        // the rest of the n bulk broadcasts: n - 1 more flow latencies, each chunk's trip
+        // through its chain (every edge in n - 1 of the n chains) and n × (n - 2) latencies of
+        // the slowest edge. Every member plays the same part: identical copies stay alike.
+        for (int k = 0; k < listed; ++k)
+          flows.push_back(sg4::Comm::sendto_async(p.hosts[G[k]], successor(in.group_id, k),
+                                                  as_bytes(n * (n - 1.0) * chunk)));
+        const double lat = latency_of(in.group_id);
+        after = (n - 1) * lat + (n - 1) * ring_cost(in.group_id, chunk) + n * (n - 2.0) * lat;
       } else {
         // Every ring edge carries all its steps' bytes at once (contention on shared links is
         // kept); a ring spanning the copies stands for every copy's members, its last listed
@@ -291,8 +325,31 @@ struct Replayer {
       mt.waiting = {};
       return;
     }
-    auto box = [&](int k) { return sg4::Mailbox::by_name(fmt::format("c{}:{}", id, k % n)); };
     const uint64_t b = as_bytes(chunk);
+    if (round) {
+      // n chains from each member in turn, step by step (mailboxes per broadcast).
+      for (int t = 0; t < n; ++t) {
+        const int qt = (pos - t + n) % n;
+        auto bx = [&](int k) {
+          return sg4::Mailbox::by_name(fmt::format("c{}:{}:{}", id, t, k % n));
+        };
+        if (qt == 0) {
+          for (int k = 0; k < n; ++k) bx(1)->put(&payload, b);
+          continue;
+        }
+        sg4::CommPtr prev;
+        for (int k = 0; k < n; ++k) {
+          bx(qt)->get<char>();
+          if (qt < n - 1) {
+            if (prev) prev->wait();
+            prev = bx(qt + 1)->put_async(&payload, b);
+          }
+        }
+        if (prev) prev->wait();
+      }
+      return;
+    }
+    auto box = [&](int k) { return sg4::Mailbox::by_name(fmt::format("c{}:{}", id, k % n)); };
     if (!chain) {
       sg4::Mailbox* out = box(q + 1);
       sg4::Mailbox* mine = box(q);

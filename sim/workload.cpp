@@ -40,6 +40,8 @@ const char* op_kind_name(OpKind k) {
       return "all_gather";
     case OpKind::Broadcast:
       return "broadcast";
+    case OpKind::BroadcastRound:
+      return "broadcast_round";
     case OpKind::Send:
       return "send";
     case OpKind::Recv:
@@ -52,7 +54,11 @@ const char* op_kind_name(OpKind k) {
 
 bool is_collective(OpKind k) {
   return k == OpKind::AllReduce || k == OpKind::ReduceScatter || k == OpKind::AllGather ||
-         k == OpKind::Broadcast;
+         k == OpKind::Broadcast || k == OpKind::BroadcastRound;
+}
+
+int64_t issued_bytes(OpKind k, int64_t bytes, int n) {
+  return k == OpKind::BroadcastRound ? bytes * n : bytes;
 }
 
 Op Op::compute(std::string name, double seconds, int mb, std::string category) {

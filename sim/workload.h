@@ -15,7 +15,10 @@
 //    is not copied into every op); the k-th collective a rank issues on a group matches the k-th
 //    of every other member (NCCL's communicator order); kind and bytes must agree. `bytes` is the
 //    full buffer: all-reduce's buffer, reduce-scatter's input, all-gather's output, broadcast's
-//    buffer. A collective starts when every member has reached it.
+//    buffer. A collective starts when every member has reached it. BroadcastRound: n broadcasts
+//    of `bytes` one after the other over the group's n members, the t-th rooted at member t
+//    (SUMMA's q steps along a row or a column); every member plays the same part in it, so
+//    unlike a single broadcast it keeps identical copies alike.
 //  - Send/Recv: point to point with `peer` (global rank) and `tag`; each Send pairs with exactly
 //    one Recv of the same (source, destination, tag). Receives are posted when the rank starts (as
 //    the executor posts them ahead), so a transfer runs as soon as its send starts; a Recv op
@@ -50,12 +53,16 @@ enum class OpKind {
   ReduceScatter,
   AllGather,
   Broadcast,
+  BroadcastRound,
   Send,
   Recv,
   HostCopy,
 };
 const char* op_kind_name(OpKind k);  // "compute", "all_reduce", ...
 bool is_collective(OpKind k);
+// Bytes a collective of `bytes` hands over on a group of n members, as
+// nn::TensorParallel::comm_bytes counts a call: `bytes`, n × bytes for a BroadcastRound.
+int64_t issued_bytes(OpKind k, int64_t bytes, int n);
 
 struct Op {
   OpKind kind = OpKind::Compute;

@@ -242,7 +242,9 @@ class Worker {
       ops::copy_tokens_(part, 0, x.narrow(s0, s1 - s0).reshape({rows, d, 1}), f0, f1 - f0);
       x = part.reshape({s1 - s0, o_.seq_len, f1 - f0});
     }
-    input_ = x.to(dtype_).to(dev_);
+    // The Linears compute in the benchmark's dtype from their input; a block's residual stream
+    // is fp32 (its layers cast to the compute dtype), as in the ViT.
+    input_ = (o_.model == "mlp" ? x.to(dtype_) : x).to(dev_);
   }
 
   void clear() {
@@ -523,7 +525,8 @@ void simulate_layouts(const BenchmarkOptions& o, const std::string& out) {
 }
 
 // Measured beside simulated step times, per layout.
-void print_compare(const std::vector<Row>& measured, const std::string& sim_path) {
+void print_compare(const BenchmarkOptions& o, const std::vector<Row>& measured,
+                   const std::string& sim_path) {
   bool simulated = false;
   const std::vector<Row> sim = read_rows(sim_path, &simulated);
   std::cout << fmt::format("measured against {} ({}):\n", sim_path,
@@ -543,8 +546,13 @@ void print_compare(const std::vector<Row>& measured, const std::string& sim_path
       err = fmt::format("{:+.1f}%", 100.0 * (s->step_ms - m.step_ms) / m.step_ms);
     std::cout << fmt::format("{:<28} {} {} {:>10}\n", m.layout.describe(), cell(&m), cell(s), err);
   }
-  std::cout << "(simulated: dp = ranks / tensor size with its gradient all-reduce, and no "
-               "optimizer cost; the measured none layout runs independent replicas)\n";
+  if (o.model == "vit")
+    std::cout << "(simulated: dp = ranks / tensor size with its gradient all-reduce, and no "
+                 "optimizer cost; the measured none layout runs independent replicas)\n";
+  else
+    std::cout << "(simulated: forward and backward of the same layers with the same "
+                 "tensor-parallel collectives; ranks / tensor size independent groups, as "
+                 "measured)\n";
 }
 
 std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::string& device) {
@@ -589,7 +597,8 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "Shapes that do not divide are listed as failed with the reason. --simulate (with "
       "--cluster) prints the same table from colossalai-sim, found beside this binary or on "
       "PATH: every layout as data parallel N / tensor size × that layout, simulated through the "
-      "plan (-m vit with --config; mlp and block rows are skipped). --compare [SIM.json] prints "
+      "plan (-m vit: the --config model with its gradient all-reduce; -m block and mlp: the "
+      "measured layers and their collectives). --compare [SIM.json] prints "
       "measured and simulated step times side by side; --search ranks whole layouts "
       "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the "
       "model's kernels for the simulator (-g 1).");
@@ -628,9 +637,9 @@ int run_benchmark(const BenchmarkOptions& o) {
     if (o.json.empty()) std::filesystem::remove(out);
     print_rows(o,
                fmt::format("colossalai benchmark: {} GPU(s) of {} ({}), {}; dp = GPUs / tensor "
-                           "size (simulated by colossalai-sim, bulk collectives; optimizer step "
-                           "not modelled)",
-                           o.gpus, o.cluster, o.precision, model_line(o)),
+                           "size (simulated by colossalai-sim, bulk collectives{})",
+                           o.gpus, o.cluster, o.precision, model_line(o),
+                           o.model == "vit" ? "; optimizer step not modelled" : ""),
                rows);
     return 0;
   }
@@ -685,7 +694,7 @@ int run_benchmark_worker(const BenchmarkOptions& o) {
   }
   if (world->rank() == 0) {
     print_table(o, o.gpus, o.device, rows);
-    if (!o.compare.empty()) print_compare(rows, o.compare);
+    if (!o.compare.empty()) print_compare(o, rows, o.compare);
   }
   world->barrier();
   return 0;

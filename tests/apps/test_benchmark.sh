@@ -4,7 +4,9 @@
 #   test_benchmark.sh COLOSSALAI
 # With --simulate (builds with SimGrid): the simulated table (every layout, "simulated": true),
 # --compare against a simulated JSON and simulated on the spot, --search writing a config
-# vit_train --dry-run takes, and the error when colossalai-sim is missing.
+# vit_train --dry-run takes, and the error when colossalai-sim is missing; -m block and -m mlp
+# simulated for every layout with exactly the measured tensor-parallel bytes, and a measured
+# block run compared with its simulation per layout.
 #   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM VIT_TRAIN CONFIG_DIR CLUSTER_DIR
 set -euo pipefail
 bin=$1
@@ -20,8 +22,43 @@ if [ "${2:-}" = --simulate ]; then
   "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" "${fm[@]}" -b 8 \
     --json "$tmp/sim.json" | tee "$tmp/sim.txt"
   grep -q "(simulated" "$tmp/sim.txt" || { echo "table not marked simulated"; exit 1; }
-  "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" -m mlp \
-    --json "$tmp/mlp.json" >/dev/null
+  small=(--gpus 4 -d 256 -s 64 -b 4)
+  for m in mlp block; do
+    "$bin" benchmark "${small[@]}" --simulate --cluster "$clusters/cpu-2.toml" -m $m \
+      --json "$tmp/$m.json" >/dev/null
+  done
+  # Measured -m mlp, and -m block beside its simulation made on the spot (cpu-2).
+  "$bin" benchmark "${small[@]}" --device cpu -w 1 -p 2 -m mlp --json "$tmp/mlp_meas.json" \
+    >/dev/null 2>&1
+  "$bin" benchmark "${small[@]}" --device cpu -w 1 -p 2 -m block --compare \
+    --cluster "$clusters/cpu-2.toml" --json "$tmp/block_meas.json" >"$tmp/cmp_block.txt" \
+    2>/dev/null
+  cat "$tmp/cmp_block.txt"
+  grep -q "measured against .* (simulated)" "$tmp/cmp_block.txt" ||
+    { echo "no block comparison"; exit 1; }
+  for l in "none " "1d (size 4)" "2d (size 4)" "2.5d (size 4, depth 1)"; do
+    grep -E "^$(sed 's/[().]/\\&/g' <<<"$l") +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%" \
+      "$tmp/cmp_block.txt" >/dev/null || { echo "no compared block row for '$l'"; exit 1; }
+  done
+  # Simulated block and mlp rows: every measured layout, the tensor-parallel bytes exactly the
+  # measured ones (both count what the layers hand to their collectives).
+  python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+key = lambda r: (r["mode"], r["size"], r["depth"])
+for m in ("mlp", "block"):
+    sim = {key(r): r for r in json.load(open(f"{tmp}/{m}.json"))["layouts"]}
+    meas = json.load(open(f"{tmp}/{m}_meas.json"))["layouts"]
+    assert len(meas) == 4 and len(sim) == 4, (meas, sim)
+    for r in meas:
+        s = sim[key(r)]
+        assert r["status"] == "ok" and s["status"] == "ok" and s["simulated"] is True, (r, s)
+        assert s["comm_bytes"] == r["comm_bytes"], (m, key(r), s["comm_bytes"], r["comm_bytes"])
+        assert s["forward_ms"] > 0 and s["backward_ms"] > 0 and s["optimizer_ms"] == 0, s
+        assert abs(s["forward_ms"] + s["backward_ms"] - s["step_ms"]) < 1e-6, s
+        assert s["peak_mem_bytes"] > 0 and s["dp"] == 4 // r["size"], s
+print("benchmark --simulate -m mlp|block: every layout, bytes = measured: ok")
+PY
   # --calibration reaches the simulator: the shipped CPU profile times the ops (slower than the
   # placeholder efficiencies on cpu-2's nominal peak).
   "$bin" benchmark --gpus 4 --simulate --cluster "$clusters/cpu-2.toml" "${fm[@]}" -b 8 \
@@ -46,8 +83,6 @@ for r in j["layouts"]:
     assert r["peak_mem_bytes"] > 0 and r["optimizer_ms"] is None, r
     assert (r["comm_bytes"] > 0) == (r["mode"] is not None), r
     assert r["dp"] == (4 if r["mode"] is None else 1), r
-for r in json.load(open(sys.argv[2]))["layouts"]:
-    assert r["status"] == "skipped" and "plan" in r["reason"] and r["simulated"] is True, r
 print("benchmark --simulate json: ok")
 PY
   # colossalai-sim missing: the error names both places.

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     const double err = static_cast<double>(predicted - peak) / static_cast<double>(peak);
     int64_t plan_tp_bytes = 0;
     for (const auto& lp : rp.layer_plans)
-      for (const auto& c : lp.collectives) plan_tp_bytes += c.bytes * sp.micro_batches;
+      for (const auto& c : lp.collectives) plan_tp_bytes += c.count * c.bytes * sp.micro_batches;
     const std::string name =
         fmt::format("dp {} pp {} tp {}{} zero {}{}", lay.dp(), lay.pp, lay.tp,
                     lay.sequence_parallel ? " sp" : "", lay.zero_stage,

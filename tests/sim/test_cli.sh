@@ -46,7 +46,7 @@ tp2d = json.load(open(f"{d}/tp2d.json"))
 assert all(c < one["compute_ms"][0] for c in tp2d["compute_ms"]), tp2d["compute_ms"]
 t = json.load(open(f"{d}/tp2d.trace"))
 names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
-assert any("input block broadcast" in n for n in names), sorted(names)[:20]
+assert any("input blocks broadcast" in n for n in names), sorted(names)[:20]
 # Data parallel: the same compute per rank, a gradient all-reduce, twice the global batch.
 assert abs(dp2["compute_ms"][0] - one["compute_ms"][0]) < 1e-6 * one["compute_ms"][0], (dp2, one)
 assert dp2["step_ms"] > one["step_ms"] and dp2["img_per_s"] > 1.5 * one["img_per_s"]
@@ -107,7 +107,11 @@ b, k = (json.load(open(p)) for p in sys.argv[1:])
 assert [(r["mode"], r["depth"], r["status"]) for r in b["layouts"]] == [
     (None, 1, "ok"), ("1d", 1, "ok"), ("2d", 1, "ok"), ("2.5d", 1, "ok")], b["layouts"]
 assert all(r["simulated"] and r["step_ms"] > 0 for r in b["layouts"]), b
-assert all(r["status"] == "skipped" for r in k["layouts"]), k
+# -m block: the blocks alone through the plan, every layout (the default -d 1024 -s 512 -l 2).
+assert [(r["mode"], r["status"]) for r in k["layouts"]] == [
+    (None, "ok"), ("1d", "ok"), ("2d", "ok"), ("2.5d", "ok")], k["layouts"]
+assert all(r["step_ms"] > 0 and r["optimizer_ms"] == 0 and (r["comm_bytes"] > 0) ==
+           (r["mode"] is not None) for r in k["layouts"]), k
 PY
 if "$sim" --cluster "$clusters/h200-4.toml" --config "$out/missing.toml" 2>"$out/err"; then exit 1; fi
 grep -q "missing.toml" "$out/err"

@@ -308,6 +308,48 @@ TEST(Collectives, BulkAgreesWithStepByStep) {
   }
 }
 
+// A broadcast round (SUMMA's q broadcasts, member t the root of the t-th): the step model runs the
+// n chains; the bulk round equals n bulk broadcasts rooted at each member in turn, and the step
+// model's chains up to 4 ranks (beyond, they overlap: the bulk round is an upper bound).
+TEST(Collectives, BroadcastRoundIsItsBroadcasts) {
+  const std::pair<int, int> shapes[] = {{1, 2}, {1, 4}, {1, 8}, {2, 2}, {2, 4}, {4, 2}};
+  for (auto [nodes, gpn] : shapes) {
+    const Cluster c = test_cluster(nodes, gpn);
+    const int n = nodes * gpn;
+    for (int64_t S : {int64_t(4096), int64_t(1) << 20, int64_t(64) << 20}) {
+      const Workload round = one_collective(OpKind::BroadcastRound, n, S);
+      Workload each = one_collective(OpKind::Broadcast, n, S);
+      for (int r = 0; r < n; ++r) {
+        const Op one = each.ranks[r].ops[0];
+        each.ranks[r].ops.clear();
+        for (int t = 0; t < n; ++t) {
+          Op o = one;
+          o.root = t;
+          each.ranks[r].ops.push_back(o);
+        }
+      }
+      const double bulk = simulate(round, c, CollectiveModel::Bulk);
+      const double step = simulate(round, c, CollectiveModel::Step);
+      const double broadcasts = simulate(each, c, CollectiveModel::Bulk);
+      const std::string what = fmt::format("{} × {} ranks, {} bytes", nodes, gpn, S);
+      EXPECT_NEAR(bulk / broadcasts, 1.0, 1e-9) << what;
+      // The step model pipelines the chains (a member starts the next one once its part of the
+      // previous is done), which the bulk model's meeting per broadcast does not: equal up to 4
+      // ranks, the bulk round up to 4/3 of the step model's at 8 (an upper bound).
+      if (n <= 4)
+        EXPECT_NEAR(bulk / step, 1.0, 0.01) << what;
+      else
+        EXPECT_TRUE(bulk >= step * (1 - 1e-9) && bulk <= step * 1.34)
+            << what << ": " << bulk / step;
+      EXPECT_NEAR(simulate(each, c, CollectiveModel::Step) / step, 1.0, 1e-9) << what;
+      std::vector<int> ring(n);
+      for (int r = 0; r < n; ++r) ring[r] = r;
+      EXPECT_LE(collective_lower_bound(c, n, OpKind::BroadcastRound, S, ring, 0), bulk * (1 + 1e-9))
+          << what;
+    }
+  }
+}
+
 TEST(Collectives, PointToPoint) {
   const Cluster c = test_cluster(2, 2);
   Workload w;
@@ -620,6 +662,71 @@ TEST(Fold, CopiesReplayLikeEveryRank) {
   ReplayOptions step;
   step.collectives = CollectiveModel::Step;
   EXPECT_THROW(replay(data_parallel(2, 4, 4096), c, step), cai::Error);
+}
+
+// 2d / 2.5d layouts of one replica: one copy of identical tensor slices (2d: rows of q ranks;
+// 2.5d of depth > 1: depth slices of q² ranks), its column / depth / column×depth rings going on
+// through the copies, replays like every rank: colossalai benchmark -m block and -m mlp, and a
+// vit_train config, on 16 and 64 GPUs of dgx-h100-64 (8 per node).
+TEST(Fold, TensorSlicesReplayLikeEveryRank) {
+  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
+  struct Case {
+    cai::plan::Body body;
+    std::string mode;
+    int tp, depth, listed;  // listed: the ranks one copy holds
+    int64_t batch;
+  };
+  using cai::plan::Body;
+  const Case cases[] = {
+      {Body::Blocks, "2d", 16, 1, 8, 8},     {Body::Blocks, "2.5d", 16, 4, 8, 8},
+      {Body::Linears, "2d", 16, 1, 8, 8},    {Body::Blocks, "2d", 64, 1, 8, 16},
+      {Body::Blocks, "2.5d", 64, 4, 16, 16}, {Body::Linears, "2.5d", 64, 16, 8, 32},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(
+        fmt::format("{} {} {} depth {}", cai::plan::body_name(k.body), k.mode, k.tp, k.depth));
+    cai::nn::ViTConfig m;
+    m.embed_dim = 256, m.depth = 2, m.num_heads = 8;
+    cai::plan::Layout l;
+    l.body = k.body;
+    l.tokens = 16;
+    l.world = l.tp = k.tp;
+    l.tp_mode = k.mode;
+    l.tp_depth = k.depth;
+    l.batch = k.batch;
+    l.precision = cai::DType::BF16;
+    l.gpu = true;
+    l.data_parallel_plugin = false;
+    const ConfigWorkload all = workload_from_plan(m, l, dgx, false);
+    const ConfigWorkload one = workload_from_plan(m, l, dgx, true);
+    ASSERT_EQ(all.workload.copies, 1);
+    ASSERT_EQ(static_cast<int>(one.workload.ranks.size()), k.listed);
+    ASSERT_EQ(one.workload.job_ranks(), k.tp);
+    const ReplayResult a = replay(all.workload, dgx), b = replay(one.workload, dgx);
+    EXPECT_NEAR(b.step_s / a.step_s, 1.0, 1e-9);
+    for (size_t r = 0; r < b.ranks.size(); ++r) {
+      EXPECT_EQ(b.ranks[r].spans.size(), a.ranks[r].spans.size());
+      for (size_t i = 0; i < b.ranks[r].spans.size(); ++i) {
+        EXPECT_NEAR(b.ranks[r].spans[i].start, a.ranks[r].spans[i].start, 1e-12) << r << " " << i;
+        EXPECT_NEAR(b.ranks[r].spans[i].end, a.ranks[r].spans[i].end, 1e-12) << r << " " << i;
+      }
+      EXPECT_EQ(b.ranks[r].peak_mem, a.ranks[r].peak_mem);
+    }
+  }
+  // A vit_train config (fmnist_tiny, 2d on 16 GPUs): folded into copies of 8 ranks.
+  const auto cfg = fmnist({"parallel.tensor.mode=2d", "parallel.tensor.size=16",
+                           "model.hidden_size=64", "model.num_heads=4", "train.batch_size=16"});
+  const ConfigWorkload all = workload_from_config(cfg, 16, dgx, false);
+  const ConfigWorkload one = workload_from_config(cfg, 16, dgx, true);
+  ASSERT_EQ(one.workload.copies, 2);
+  EXPECT_NEAR(replay(one.workload, dgx).step_s / replay(all.workload, dgx).step_s, 1.0, 1e-9);
+  // 3d does not fold.
+  cai::nn::ViTConfig m;
+  m.embed_dim = 256, m.depth = 1, m.num_heads = 4;
+  cai::plan::Layout l;
+  l.body = Body::Blocks, l.tokens = 4, l.world = l.tp = 64, l.tp_mode = "3d", l.batch = 16;
+  l.data_parallel_plugin = false;
+  EXPECT_EQ(workload_from_plan(m, l, dgx, true).workload.copies, 1);
 }
 
 // Runs of compute ops merged into one activity give the spans op-by-op execution gives.

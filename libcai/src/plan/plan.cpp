@@ -43,6 +43,10 @@ const char* collective_name(CollectiveKind k) {
   return "?";
 }
 
+const char* body_name(Body b) {
+  return b == Body::ViT ? "vit" : b == Body::Blocks ? "blocks" : "linears";
+}
+
 const char* group_name(Group g) {
   return g == Group::Tp ? "tp" : g == Group::Pp ? "pp" : "dp";
 }
@@ -58,7 +62,29 @@ void Layout::validate(const nn::ViTConfig& m) const {
             zero_stage, pp);
   CAI_CHECK(!cpu_offload || zero_stage >= 1, "[plan] cpu_offload needs zero_stage >= 1");
   CAI_CHECK(!sequence_parallel || tp > 1, "[plan] sequence_parallel needs tp > 1 (got {})", tp);
-  if (tp > 1) m.validate_tensor_parallel(tp_mode, tp, tp_depth, sequence_parallel);
+  CAI_CHECK(tokens >= 0, "[plan] tokens {} must be >= 0 (0: the ViT's patches + 1)", tokens);
+  if (body != Body::ViT) {
+    CAI_CHECK(tokens >= 1, "[plan] a {} step needs tokens >= 1 (the sequence length)",
+              body_name(body));
+    CAI_CHECK(pp == 1 && zero_stage == 0 && !cpu_offload && gradient_accumulation == 1,
+              "[plan] a {} step runs forward and backward only: pipeline {}, zero_stage {}, "
+              "cpu_offload and gradient_accumulation {} are for whole ViTs",
+              body_name(body), pp, zero_stage, gradient_accumulation);
+  }
+  if (body == Body::Linears) {
+    // ParallelLinear: 1d cuts the features by tp (no sequence-parallel form); 2d/2.5d/3d by the
+    // grid (3d: a linear's input features by q²).
+    CAI_CHECK(!sequence_parallel, "[plan] Linear layers have no sequence-parallel form");
+    const nn::TensorParallel::Grid g = tp > 1 && tp_mode != "1d"
+                                           ? nn::TensorParallel::grid(tp_mode, tp, tp_depth)
+                                           : nn::TensorParallel::Grid{tp, 1, tp};
+    CAI_CHECK(m.embed_dim % g.in_cut == 0 && m.embed_dim % g.q == 0,
+              "[plan] Linear({0}, {0}) does not split over tensor {1} ({2}): {0} is not divisible "
+              "by {3}",
+              m.embed_dim, tp, tp_mode, g.in_cut);
+  } else if (tp > 1) {
+    m.validate_tensor_parallel(tp_mode, tp, tp_depth, sequence_parallel);
+  }
   CAI_CHECK(tp > 1 || (tp_mode == "1d" && tp_depth == 1),
             "[plan] tensor mode {} (depth {}) needs tp > 1", tp_mode, tp_depth);
   CAI_CHECK(batch >= 1 && gradient_accumulation >= 1,
@@ -134,7 +160,7 @@ struct Shapes {
 Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
   Shapes s{};
   s.b = b;
-  s.n = c.num_patches() + 1;
+  s.n = l.tokens > 0 ? l.tokens : c.num_patches() + 1;
   s.T = l.tp;
   s.tp = l.tp > 1;
   s.sp = s.tp && l.sequence_parallel;
@@ -322,6 +348,58 @@ LayerPlan head_plan(const Shapes& s) {
   return p;
 }
 
+void add_nd_collective(LayerPlan& p, CollectiveKind k, const char* g, int size, int64_t bytes,
+                       const std::string& op, Phase ph, int count = 1) {
+  Collective col{k, Group::Tp, size, bytes, p.name, op, ph};
+  col.subgroup = g;
+  col.count = count;
+  col.rotating_root = k == CollectiveKind::Broadcast && count == size;
+  p.collectives.push_back(col);
+}
+
+// The collectives of a Linear(in, out) under 2d/2.5d/3d (nd_linear_fwd / nd_linear_bwd) on
+// `rows` rows of this rank, its input in layout `orient`, in the compute dtype of e bytes.
+void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t rows, int64_t in,
+                   int64_t out, int orient, Phase ph, int64_t e) {
+  const NdDims nd = nd_dims(l);
+  const int q = nd.q;
+  const int64_t I = in / q, O = out / q;
+  auto add = [&p](CollectiveKind k, const char* g, int size, int64_t bytes, const std::string& o,
+                  Phase phase,
+                  int count = 1) { add_nd_collective(p, k, g, size, bytes, o, phase, count); };
+  if (l.tp_mode != "3d") {
+    if (ph != Phase::Backward) {
+      // SUMMA: q steps, step t broadcasting the input block of row member t and the weight
+      // block of column member t: q broadcasts each, every member the root once.
+      add(CollectiveKind::Broadcast, "row", q, rows * I * e, op + " input blocks", ph, q);
+      add(CollectiveKind::Broadcast, "col", q, O * I * e, op + " weight blocks", ph, q);
+      return;
+    }
+    add(CollectiveKind::AllGather, "col", q, q * O * I * e, op + " weights", ph);
+    add(CollectiveKind::ReduceScatter, "row", q, q * rows * I * e, op + " input grad", ph);
+    add(CollectiveKind::AllGather, "row", q, q * rows * I * e, op + " inputs", ph);
+    add(CollectiveKind::ReduceScatter, "col", q, q * O * I * 4, op + " weight grad", ph);
+    if (l.tp_depth > 1)
+      add(CollectiveKind::AllReduce, "depth", l.tp_depth, O * I * 4, op + " weight grad", ph);
+    add(CollectiveKind::AllReduce, "col×depth", nd.chunks, O * 4, op + " bias grad", ph);
+    return;
+  }
+  const char* gin = orient == 0 ? "input" : "output";
+  const char* gout = orient == 0 ? "output" : "input";
+  if (ph != Phase::Backward) {
+    add(CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
+    add(CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
+    add(CollectiveKind::ReduceScatter, gout, q, q * rows * O * e, op + " output", ph);
+    return;
+  }
+  add(CollectiveKind::AllGather, gout, q, q * rows * O * e, op + " output grad", ph);
+  add(CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
+  add(CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
+  add(CollectiveKind::ReduceScatter, gin, q, q * rows * I * e, op + " input grad", ph);
+  add(CollectiveKind::ReduceScatter, "weight", q, O * I * 4, op + " weight grad", ph);
+  add(CollectiveKind::AllReduce, "weight", q, O * 4, op + " bias grad", ph);
+}
+
 // 2d/2.5d/3d: the collectives each layer issues (nn/tensor_parallel_nd.cpp, nn/vit.cpp) and the
 // linears' FLOPs (a rank multiplies its rows by every input feature: q × the local block's).
 void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout& l,
@@ -331,11 +409,8 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   const bool three = l.tp_mode == "3d";
   const int64_t e = s.e, bl = s.b, n = s.n, dq = s.d, kq = c.num_classes;
   auto add = [](LayerPlan& p, CollectiveKind k, const char* g, int size, int64_t bytes,
-                const std::string& op, Phase ph) {
-    Collective col{k, Group::Tp, size, bytes, p.name, op, ph};
-    col.subgroup = g;
-    p.collectives.push_back(col);
-  };
+                const std::string& op,
+                Phase ph) { add_nd_collective(p, k, g, size, bytes, op, ph); };
   const char* feature = three ? "output" : "row";
   const char* replica = three ? "input×weight" : "col×depth";
   const int replicas = nd.chunks;
@@ -346,42 +421,9 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   auto ln_bwd = [&](LayerPlan& p, int64_t rows, const std::string& op) {
     add(p, CollectiveKind::AllReduce, feature, q, rows * 2 * 4, op + " grad sums", Phase::Backward);
   };
-  // A linear with `rows` rows of `in` / `out` features in all, input in layout `orient`.
   auto linear = [&](LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
-                    int orient, Phase ph) {
-    const int64_t I = in / q, O = out / q;
-    if (!three) {
-      if (ph != Phase::Backward) {
-        for (int t = 0; t < q; ++t) {
-          add(p, CollectiveKind::Broadcast, "row", q, rows * I * e, op + " input block", ph);
-          add(p, CollectiveKind::Broadcast, "col", q, O * I * e, op + " weight block", ph);
-        }
-        return;
-      }
-      add(p, CollectiveKind::AllGather, "col", q, q * O * I * e, op + " weights", ph);
-      add(p, CollectiveKind::ReduceScatter, "row", q, q * rows * I * e, op + " input grad", ph);
-      add(p, CollectiveKind::AllGather, "row", q, q * rows * I * e, op + " inputs", ph);
-      add(p, CollectiveKind::ReduceScatter, "col", q, q * O * I * 4, op + " weight grad", ph);
-      if (l.tp_depth > 1)
-        add(p, CollectiveKind::AllReduce, "depth", l.tp_depth, O * I * 4, op + " weight grad", ph);
-      add(p, CollectiveKind::AllReduce, "col×depth", replicas, O * 4, op + " bias grad", ph);
-      return;
-    }
-    const char* gin = orient == 0 ? "input" : "output";
-    const char* gout = orient == 0 ? "output" : "input";
-    if (ph != Phase::Backward) {
-      add(p, CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
-      add(p, CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
-      add(p, CollectiveKind::ReduceScatter, gout, q, q * rows * O * e, op + " output", ph);
-      return;
-    }
-    add(p, CollectiveKind::AllGather, gout, q, q * rows * O * e, op + " output grad", ph);
-    add(p, CollectiveKind::AllGather, gin, q, q * rows * I * e, op + " input", ph);
-    add(p, CollectiveKind::AllGather, "weight", q, O * I * e, op + " weight", ph);
-    add(p, CollectiveKind::ReduceScatter, gin, q, q * rows * I * e, op + " input grad", ph);
-    add(p, CollectiveKind::ReduceScatter, "weight", q, O * I * 4, op + " weight grad", ph);
-    add(p, CollectiveKind::AllReduce, "weight", q, O * 4, op + " bias grad", ph);
-  };
+                    int orient,
+                    Phase ph) { add_nd_linear(p, l, op, rows, in, out, orient, ph, e); };
   const int64_t D = c.embed_dim, H = c.mlp_hidden(), R = bl * n;
   for (LayerPlan& p : layers) {
     for (OpCost& o : p.ops)
@@ -428,21 +470,93 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   }
 }
 
+// Body::Linears: colossalai benchmark's MLP, depth × nn::ParallelLinear(d, d) on [b, n, d]
+// (this rank's chunk under 2d/2.5d/3d): 1d alternates column (its backward all-reduces the input
+// gradient) and row (its forward all-reduces the output), 2d/2.5d/3d run nd_linear_fwd/bwd with
+// the input layout alternating (orient = index % 2).
+std::vector<LayerPlan> linear_plans(const nn::ViTConfig& c, const Layout& l, const Shapes& s) {
+  const int64_t d = c.embed_dim, R = s.b * s.n, e = s.e;
+  const bool half_on_cpu = !l.gpu && l.precision != DType::F32;
+  std::vector<LayerPlan> out;
+  for (int64_t i = 0; i < c.depth; ++i) {
+    LayerPlan p;
+    p.name = fmt::format("layers.{}", i);
+    const int orient = static_cast<int>(i % 2);
+    int64_t in = d, o = d;  // this rank's input and output features
+    if (l.nd()) {
+      const NdDims nd = nd_dims(l);
+      const int64_t q = nd.q;
+      in = o = d / q;
+      add_linear(p, "linear", R, in, o, e);
+      for (OpCost& op : p.ops) op.flops *= static_cast<double>(q);
+      p.parameter_numels = {o * (d / nd.in_cut), o};
+      add_nd_linear(p, l, "linear", R, d, d, orient, Phase::Forward, e);
+      add_nd_linear(p, l, "linear", R, d, d, orient, Phase::Backward, e);
+      const int64_t I = in, O = o;
+      if (l.tp_mode == "3d") {
+        // Gathered input, weight (gathered and joined) and the partial output; backward: the
+        // gathered output gradient and input, the weight, the staged input and weight gradients.
+        p.forward_extra = q * R * I * e + 2 * O * I * e + q * R * O * e;
+        p.backward_extra =
+            q * R * O * e + 2 * q * R * I * e + 2 * O * I * e + 2 * O * I * 4 + R * I * e;
+      } else {
+        // SUMMA: two steps' input and weight blocks in flight and the fp32 sum; backward: the
+        // column's weights, the staged input gradients, the row's inputs, the weight gradients.
+        p.forward_extra = 2 * (R * I * e + O * I * e) + R * O * 4;
+        p.backward_extra = q * (O * I * e + 2 * R * I * e + O * I * 4) + R * I * e;
+      }
+    } else if (l.tp > 1) {
+      const int64_t T = l.tp;
+      const bool column = orient == 0;
+      in = column ? d : d / T;
+      o = column ? d / T : d;
+      add_linear(p, "linear", R, in, o, e);
+      p.parameter_numels = {o * in, column ? o : d};
+      Collective k{CollectiveKind::AllReduce,
+                   Group::Tp,
+                   l.tp,
+                   R * d * e,
+                   p.name,
+                   column ? "input grad" : "output",
+                   column ? Phase::Backward : Phase::Forward};
+      p.collectives.push_back(k);
+      // A half tensor is all-reduced in fp32 on the CPU.
+      p.forward_extra = !column && half_on_cpu ? R * d * 4 : 0;
+      p.backward_extra = R * in * e + (column && half_on_cpu ? R * d * 4 : 0);
+    } else {
+      add_linear(p, "linear", R, d, d, e);
+      p.parameter_numels = {d * d, d};
+      p.backward_extra = R * d * e;
+    }
+    if (e != 4) p.backward_extra += o * in * e;  // the weight in the compute dtype
+    p.keeps_input = true;                        // LinearCache::x
+    p.input = p.saved = p.grad_input = R * in * e;
+    p.output = R * o * e;
+    for (int64_t v : p.parameter_numels) p.parameters += v;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int64_t rows, int r) {
   const Shapes s = shapes_of(c, l, rows, r);
-  const auto numels = parameter_numels(c, l);
+  if (l.body == Body::Linears) return linear_plans(c, l, s);
+  auto numels = parameter_numels(c, l);
+  const bool vit = l.body == Body::ViT;
+  if (!vit) numels = {numels.begin() + 1, numels.end() - 1};  // the blocks'
   std::vector<LayerPlan> out;
-  out.push_back(embedding_plan(c, s));
+  if (vit) out.push_back(embedding_plan(c, s));
   for (int64_t i = 0; i < c.depth; ++i) out.push_back(block_plan(c, l, s, i));
-  out.push_back(head_plan(s));
+  if (vit) out.push_back(head_plan(s));
   if (l.nd()) {
     add_nd(out, c, l, s);
-    out.back().output = rows * s.k * 4;  // every rank gets the whole batch's logits
+    if (vit) out.back().output = rows * s.k * 4;  // every rank gets the whole batch's logits
   }
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].parameter_numels = numels[i];
     for (int64_t v : numels[i]) out[i].parameters += v;
   }
+  if (!vit) return out;
   // The loss: cross-entropy forward and backward over the logits (fp32).
   LayerPlan& h = out.back();
   h.ops.push_back(
@@ -510,7 +624,7 @@ struct Replay {
       }
     }
     first_param.push_back(static_cast<int>(numels.size()));
-    if (l.data_parallel_plugin)
+    if (plugin())
       buckets = schedule::gradient_buckets(numels, layer_of, l.zero_stage, l.ddp_bucket_cap_mb,
                                            l.zero_bucket_size_in_m);
     bucket_of.assign(numels.size(), -1);
@@ -520,9 +634,12 @@ struct Replay {
     inflight_bytes.assign(buckets.size(), 0);
     grads_alive.assign(r.layer_plans.size(), false);
     // DataParallelPlugin::train_hooks: none for one DDP rank.
-    hooks = l.data_parallel_plugin && !(d == 1 && l.zero_stage == 0);
+    hooks = plugin() && !(d == 1 && l.zero_stage == 0);
   }
 
+  // Gradients through parallel::DataParallelPlugin (whole ViTs only: a Blocks or Linears step
+  // has no gradient reduction).
+  bool plugin() const { return l.data_parallel_plugin && l.body == Body::ViT; }
   int64_t layer_numel(int pos) const { return rank.layer_plans[pos].parameters; }
   int64_t layer_chunk(int pos, int r) const {
     int64_t c = 0;
@@ -658,13 +775,14 @@ void replay(const StepPlan& plan, RankPlan& r) {
     N += rp.numels[i];
     S += schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d);
   }
-  const int slots = optimizer_slots(l);
+  const bool vit = l.body == Body::ViT;
+  const int slots = vit ? optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
   const bool offload = l.cpu_offload && l.gpu && l.zero_stage >= 1;
   m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
   m.shards = l.zero_stage >= 1 ? 8 * S : 0;
   m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
-  m.buffers = l.data_parallel_plugin && l.zero_stage <= 1 ? 4 * N : 0;
+  m.buffers = rp.plugin() && l.zero_stage <= 1 ? 4 * N : 0;
   m.host = offload ? 4 * (2 + slots) * S : 0;
   Tracker& t = rp.t;
   t.live = m.persistent();
@@ -676,7 +794,18 @@ void replay(const StepPlan& plan, RankPlan& r) {
   const int64_t rows = plan.micro_batch_rows;
   const LayerPlan& head = r.layer_plans.back();
   const int64_t logits = rows * plan.model.num_classes * 4;
-  if (l.pp == 1) {
+  if (!vit) {
+    // colossalai benchmark's step: the input (alive throughout), forward, the output gradient
+    // (mean's: a full tensor, first in fp32), backward; the output stays alive to the end.
+    const LayerPlan& first = r.layer_plans.front();
+    t.add(first.input, "input");
+    rp.forward(0, L - 1, true, "F");
+    const int64_t dy = head.output, e = static_cast<int64_t>(dtype_size(l.precision));
+    const int64_t dy32 = e == 4 ? 0 : dy / e * 4;  // Tensor::full in fp32, then .to(dtype)
+    t.add(dy + dy32, "B dy");
+    t.live -= dy32;
+    rp.backward(0, L - 1, "B");
+  } else if (l.pp == 1) {
     // Plugin::forward_backward: the logits live through backward beside dlogits.
     for (int64_t a = 0; a < l.gradient_accumulation; ++a) {
       const std::string tag = fmt::format("F(mb={})", a);

@@ -1,6 +1,7 @@
 // The analytic model of one training step (DESIGN's `plan` layer): what every op computes and
 // moves, what every collective carries over which group, and what every rank holds in memory,
-// for a ViT under a parallel layout (dp × pp × tp, sequence parallelism, ZeRO 0-3 with offload,
+// for a ViT (or, for colossalai benchmark, its blocks alone or a stack of Linears: Layout::body)
+// under a parallel layout (dp × pp × tp, sequence parallelism, ZeRO 0-3 with offload,
 // GPipe / 1F1B / interleaved, gradient accumulation, fp32/bf16/fp16, activation checkpointing).
 //
 // One source of truth: the partition, the micro-batch count, the pipeline program and its peak
@@ -25,8 +26,20 @@
 
 namespace cai::plan {
 
+// What one step runs (colossalai benchmark's --model): the whole ViT (embedding, blocks, head,
+// loss, gradient reduction and optimizer), its `depth` blocks alone (-m block: nn::Block on
+// [batch, tokens, embed_dim]), or `depth` × Linear(embed_dim, embed_dim) (-m mlp, Colossal-AI's
+// benchmark MLP: nn::ParallelLinear, 1d alternating column and row, 2d/2.5d/3d with the input
+// layout alternating). Blocks and Linears: forward, then the backward of mean(output); no loss,
+// optimizer, data-parallel reduction or pipeline; the input [batch, tokens, embed_dim] (this
+// rank's chunk under 2d/2.5d/3d) is in the compute dtype and alive through the step.
+enum class Body { ViT, Blocks, Linears };
+const char* body_name(Body b);  // "vit", "blocks", "linears"
+
 struct Layout {
-  int world = 1;  // processes; the data-parallel size is world / (tp · pp)
+  Body body = Body::ViT;
+  int64_t tokens = 0;  // tokens per sample; 0: the ViT's patches + 1 (Blocks and Linears: >= 1)
+  int world = 1;       // processes; the data-parallel size is world / (tp · pp)
   int tp = 1, pp = 1;
   std::string tp_mode = "1d";  // 1d | 2d | 2.5d | 3d (cai/nn/tensor_parallel.h)
   int tp_depth = 1;            // 2.5d
@@ -87,6 +100,9 @@ struct Collective {
   // Tensor parallel: the sub-group (nn::tp_group_name: "tp" the whole group, "row", "col",
   // "depth", "col×depth", "input", "weight", "output", "input×weight", "output×weight").
   std::string subgroup = "tp";
+  // Broadcasts (2d/2.5d SUMMA): the `count` broadcasts take every member in turn as the root
+  // (the t-th of a round of group_size ones is rooted at member t); false: member 0 each time.
+  bool rotating_root = false;
 };
 
 // One layer for one micro-batch on one rank.
