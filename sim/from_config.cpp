@@ -261,6 +261,7 @@ ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, cons
     out.workload.gpus[r] = prog.mesh_rank(r);
   }
   out.plan = prog.plan();
+  out.schedule = prog.schedule();
   return out;
 }
 
