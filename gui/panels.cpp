@@ -168,7 +168,7 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
   height = std::max(40.0f, height - header);
   ImGui::InvisibleButton(v.id, ImVec2(width, height));
   const bool hovered = ImGui::IsItemHovered(), active = ImGui::IsItemActive();
-  constexpr float kLeft = 92, kRight = 200, kAxis = 18;
+  constexpr float kLeft = 92, kRight = 250, kAxis = 18;
   Rect plot{origin.x + kLeft, origin.y, origin.x + width - kRight, origin.y + height - kAxis};
   if (plot.x1 - plot.x0 < 20 || t.empty()) return;
   double T = v.axis > 0 ? v.axis : t.step();
@@ -281,9 +281,15 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
     }
     if (first_of_stage && tr.stage < static_cast<int>(t.bubbles.size())) {
       const StageBubble& b = t.bubbles[tr.stage];
-      const std::string txt = b.ideal >= 0 ? fmt::format("bubble {:.1f}%, ideal {:.1f}%",
-                                                         b.achieved * 100, b.ideal * 100)
-                                           : fmt::format("bubble {:.1f}%", b.achieved * 100);
+      // The idle share beside when communication on the compute stream (tensor-parallel
+      // collectives) makes part of the bubble.
+      const double idle = idle_fraction(tr, t.t_begin, t.t_end);
+      const std::string idle_txt =
+          std::abs(idle - b.achieved) > 0.005 ? fmt::format(" (idle {:.1f}%)", idle * 100) : "";
+      const std::string txt = b.ideal >= 0
+                                  ? fmt::format("bubble {:.1f}%{}, ideal {:.1f}%", b.achieved * 100,
+                                                idle_txt, b.ideal * 100)
+                                  : fmt::format("bubble {:.1f}%{}", b.achieved * 100, idle_txt);
       if (row_h >= text_h - 2 || n <= 64)
         dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2)),
                     IM_COL32(230, 200, 120, 255), txt.c_str());

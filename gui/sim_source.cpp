@@ -47,53 +47,54 @@ MemoryPoint memory_point(const sim::MemPoint& m) {
   return p;
 }
 
-// One simulated rank's ops as spans (ms): lane 0 one span per instruction of its program, lane 1
-// what went to the communication streams and the collectives on the compute stream.
+// One simulated rank's ops as spans (ms). Lane 0, the compute stream: per program instruction
+// its extent, split where a collective runs on the stream (the tensor-parallel all-reduces inside
+// a Forward / Backward, drawn as communication); receive waits are left idle. Lane 1: the
+// communication streams (sends, data-parallel reductions).
 std::vector<Span> rank_spans(const sim::RankProgram& prog, const sim::RankResult& res,
                              const std::vector<schedule::Instr>& program) {
-  struct Extent {
-    double start = 1e300, end = -1e300;
-  };
-  std::vector<Extent> lane0(program.size());
   std::vector<Span> spans;
+  Span* open = nullptr;  // the lane-0 piece being extended (consecutive compute of one instr)
+  int open_instr = -1;
   for (size_t i = 0; i < prog.ops.size(); ++i) {
     const sim::Op& op = prog.ops[i];
     const double a = res.spans[i].start * 1e3, b = res.spans[i].end * 1e3;
     const bool in_program = op.instr >= 0 && op.instr < static_cast<int>(program.size());
     const schedule::Instr* in = in_program ? &program[op.instr] : nullptr;
     if (op.kind == sim::OpKind::Recv) continue;  // the wait for data: idle (the bubble)
-    if (op.stream == 0 && in) {
-      Extent& e = lane0[op.instr];
-      e.start = std::min(e.start, a);
-      e.end = std::max(e.end, b);
-    }
-    const bool side =
-        op.stream != 0 || (sim::is_collective(op.kind) && in && schedule::is_compute(in->op));
-    if (!side || b <= a) continue;
+    if (b <= a) continue;                        // no time (a ReduceGrads with nothing to wait)
     Span s;
-    s.name = op.name;
-    s.category = op.category == "reduce" ? Category::Reduce : Category::Comm;
-    s.mb = op.mb;
+    s.mb = in ? in->mb : op.mb;
     s.chunk = in ? in->chunk : 0;
     s.start = a;
     s.end = b;
-    s.lane = 1;
+    if (op.stream != 0) {
+      s.name = op.name;
+      s.category = op.category == "reduce" ? Category::Reduce : Category::Comm;
+      s.lane = 1;
+      spans.push_back(std::move(s));
+      open = nullptr;  // (spans may reallocate)
+      continue;
+    }
+    if (op.kind == sim::OpKind::Compute) {
+      if (open && open_instr == op.instr && a - open->end < 1e-6) {  // contiguous (1 ns)
+        open->end = std::max(open->end, b);
+        continue;
+      }
+      s.name = in ? in->str() : op.name;
+      s.category = in ? category_of_instr(in->op) : Category::Forward;
+      spans.push_back(std::move(s));
+      open = &spans.back();
+      open_instr = op.instr;
+      continue;
+    }
+    // A collective on the compute stream: communication the instruction waits for.
+    s.name = in ? fmt::format("{} in {}", op.name, in->str()) : op.name;
+    s.category = op.category == "reduce" ? Category::Reduce : Category::Comm;
     spans.push_back(std::move(s));
+    open = nullptr;
   }
-  for (size_t k = 0; k < program.size(); ++k) {
-    const Extent& e = lane0[k];
-    if (e.end <= e.start) continue;  // no op, or no time (a ReduceGrads with nothing to wait for)
-    const schedule::Instr& in = program[k];
-    Span s;
-    s.name = in.str();
-    s.category = category_of_instr(in.op);
-    s.mb = in.mb;
-    s.chunk = in.chunk;
-    s.start = e.start;
-    s.end = e.end;
-    spans.push_back(std::move(s));
-  }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+  std::stable_sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return a.start < b.start || (a.start == b.start && a.lane < b.lane);
   });
   return spans;

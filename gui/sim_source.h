@@ -14,10 +14,11 @@ bool simulator_available();
 
 // The simulated step as a Timeline in ms:
 //  - per rank (every rank of the job: folded copies repeat their simulated image, labelled with
-//    the mesh rank), lane 0: one span per program instruction (a Forward / Backward from its first
-//    to its last op on the compute stream, Load, OptStep, ReduceGrads when it takes time); receive
-//    waits are left idle (the bubble). Lane 1: sends, the data-parallel reductions and the
-//    tensor-parallel collectives the instructions issue;
+//    the mesh rank), lane 0 (the compute stream): per program instruction one span (a Forward /
+//    Backward from its first to its last op, Load, OptStep, ReduceGrads when it takes time),
+//    split where a collective runs on that stream (the tensor-parallel all-reduces, drawn as
+//    communication, as the simulator counts them: not forward/backward time); receive waits
+//    are left idle. Lane 1: the communication streams (sends, data-parallel reductions);
 //  - bubbles: achieved = the replay's per-stage bubble (1 - forward/backward time / step), ideal =
 //    the schedule's bubble with uniform stage costs (schedule::validate);
 //  - memory: each rank's counter split by kind (parameters, gradients, optimizer state,

@@ -159,6 +159,11 @@ TEST(SimSource, SeedsLayoutOn64GpusFoldsAndStaysUnderASecond) {
     EXPECT_NE(t.detail.find("16 of 64 ranks simulated (4 identical data-parallel copies)"),
               std::string::npos)
         << t.detail;
+    // The tensor-parallel all-reduces on the compute stream are drawn as communication: each
+    // rank's forward/backward spans cover 1 - the simulated bubble of its stage.
+    for (const RankTrack& rt : t.ranks)
+      EXPECT_NEAR(non_compute_fraction(rt, t.t_begin, t.t_end), t.bubbles[rt.stage].achieved, 1e-6)
+          << rt.label;
     // Best of three: the machine is shared.
     double best = 1e300;
     for (int i = 0; i < 3; ++i) {
@@ -261,6 +266,34 @@ TEST(SimScreenshot, IdleShareOfEachRowIsTheSimulatedBubble) {
     EXPECT_GT(idle, 0.5 * want) << "stage " << row.stage;  // the bubble is drawn as idle
   }
   app->write_png((fs::temp_directory_path() / "cai_gui_sim_1f1b.png").string());
+}
+
+TEST(SimScreenshot, TensorParallelCommunicationIsPartOfTheDrawnBubble) {
+  // pp 2 × tp 2 (1d): the tensor-parallel all-reduces on the compute stream are drawn as
+  // communication inside the forwards and backwards; idle + communication pixels per row are
+  // the simulated bubble.
+  REQUIRE_APP(app);
+  ExplorerModel model = sim_model(2, 4, "1f1b");
+  model.knobs.config.tensor_mode = "1d";
+  model.knobs.config.tensor_size = 2;
+  ASSERT_TRUE(model.recompute()) << model.knob_error;
+  UiState ui;
+  render(*app, model, ui);
+  const Image img = app->capture();
+  const DrawnTimeline& t = timeline(*app);
+  ASSERT_EQ(t.rows.size(), 4u);
+  for (const auto& row : t.rows) {
+    const double comm =
+        row_share(img, t, row, [](Rgb c) { return is_shade_of(c, Category::Comm); });
+    const double px = non_compute_share(img, t, row);
+    const double want = model.current.bubbles[row.stage].achieved;
+    std::printf(
+        "[explorer] simulator pp2 x tp2 rank %d: communication pixels %.2f%%, idle + "
+        "communication + optimizer %.2f%%, simulated bubble %.2f%%\n",
+        row.rank, comm * 100, px * 100, want * 100);
+    EXPECT_GT(comm, 0.01) << "rank " << row.rank;
+    EXPECT_NEAR(px, want, 0.02) << "rank " << row.rank;
+  }
 }
 
 TEST(SimScreenshot, InterleavedShowsLessIdleThan1F1B) {
