@@ -168,7 +168,7 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
   height = std::max(40.0f, height - header);
   ImGui::InvisibleButton(v.id, ImVec2(width, height));
   const bool hovered = ImGui::IsItemHovered(), active = ImGui::IsItemActive();
-  constexpr float kLeft = 92, kRight = 250, kAxis = 18;
+  constexpr float kLeft = 92, kRight = 210, kAxis = 18;
   Rect plot{origin.x + kLeft, origin.y, origin.x + width - kRight, origin.y + height - kAxis};
   if (plot.x1 - plot.x0 < 20 || t.empty()) return;
   double T = v.axis > 0 ? v.axis : t.step();
@@ -213,8 +213,11 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return t.ranks[a].stage < t.ranks[b].stage; });
   int groups = 0;
-  for (int i = 0; i < n; ++i)
+  std::map<int, int> stage_rows;
+  for (int i = 0; i < n; ++i) {
     if (i == 0 || t.ranks[order[i]].stage != t.ranks[order[i - 1]].stage) ++groups;
+    ++stage_rows[t.ranks[order[i]].stage];
+  }
   const float gap = n > 32 ? 1.0f : 3.0f;
   const float row_h =
       std::clamp((plot.y1 - plot.y0 - gap * static_cast<float>(groups - 1)) / n, 1.0f, 24.0f);
@@ -281,18 +284,26 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
     }
     if (first_of_stage && tr.stage < static_cast<int>(t.bubbles.size())) {
       const StageBubble& b = t.bubbles[tr.stage];
-      // The idle share beside when communication on the compute stream (tensor-parallel
-      // collectives) makes part of the bubble.
-      const double idle = idle_fraction(tr, t.t_begin, t.t_end);
-      const std::string idle_txt =
-          std::abs(idle - b.achieved) > 0.005 ? fmt::format(" (idle {:.1f}%)", idle * 100) : "";
-      const std::string txt = b.ideal >= 0
-                                  ? fmt::format("bubble {:.1f}%{}, ideal {:.1f}%", b.achieved * 100,
-                                                idle_txt, b.ideal * 100)
-                                  : fmt::format("bubble {:.1f}%{}", b.achieved * 100, idle_txt);
+      const std::string txt = b.ideal >= 0 ? fmt::format("bubble {:.1f}%, ideal {:.1f}%",
+                                                         b.achieved * 100, b.ideal * 100)
+                                           : fmt::format("bubble {:.1f}%", b.achieved * 100);
       if (row_h >= text_h - 2 || n <= 64)
         dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2)),
                     IM_COL32(230, 200, 120, 255), txt.c_str());
+      // Below, where the stage's rows leave room: its idle share, when communication on the
+      // compute stream (tensor-parallel collectives) makes part of the bubble.
+      const double idle = idle_fraction(tr, t.t_begin, t.t_end);
+      const float group_h = row_h * static_cast<float>(stage_rows[tr.stage]);
+      double comm = 0;  // lane-0 spans do not overlap
+      for (const Span& s : tr.spans)
+        if (s.lane == 0 && s.category == Category::Comm)
+          comm += std::max(0.0, std::min(s.end, t.t_end) - std::max(s.start, t.t_begin));
+      if (std::abs(idle - b.achieved) > 0.005 && group_h >= 2 * text_h + 2)
+        dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2) + text_h),
+                    IM_COL32(200, 170, 100, 255),
+                    fmt::format("idle {:.1f}%, comm {:.1f}%", idle * 100,
+                                comm / std::max(1e-300, t.step()) * 100)
+                        .c_str());
     }
     // Hover tooltip: the instruction (or communication) under the cursor.
     if (hovered && io.MousePos.y >= y && io.MousePos.y < y + row_h && io.MousePos.x >= plot.x0 &&
@@ -743,7 +754,7 @@ void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
   }
   dl->PopClipRect();
   if (t.capacity_bytes > y_max)
-    dl->AddText(ImVec2(p.x1 - 200, p.y0 + 2), IM_COL32(160, 160, 160, 255),
+    dl->AddText(ImVec2(p.x1 - 220, p.y1 - 16), IM_COL32(160, 160, 160, 255),
                 fmt::format("capacity {} (off scale)", bytes_str(t.capacity_bytes)).c_str());
   // Legend: every rank, or with many ranks the first rank of each stage (a stage's ranks share
   // their curve in the replay).
