@@ -624,10 +624,12 @@ void timeline_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     }
   }
   const bool has_trace = model.trace && !model.recorded.empty();
-  const bool beside = has_trace && ui.trace_view == TraceView::Beside;
-  // Over the simulation only on a common time unit (the ideal replay counts cost units).
-  const bool over = has_trace && ui.trace_view == TraceView::Over &&
-                    model.recorded.time_unit == model.current.time_unit;
+  // Over the simulation only on a common time unit (the ideal replay counts cost units):
+  // otherwise beside.
+  const bool same_unit = model.recorded.time_unit == model.current.time_unit;
+  const bool over = has_trace && ui.trace_view == TraceView::Over && same_unit;
+  const bool beside = has_trace && (ui.trace_view == TraceView::Beside ||
+                                    (ui.trace_view == TraceView::Over && !same_unit));
   const Timeline* a = model.pinned ? &*model.pinned : nullptr;
   if (a) {
     // A/B: the figures of both and B - A.
