@@ -31,9 +31,9 @@ struct Span {
   int mb = -1;  // micro-batch, -1 when the instruction has none (ReduceGrads, OptStep)
   int chunk = 0;
   double start = 0, end = 0;
-  // 0: the rank's program (host thread and compute stream: what the bubble is measured on);
-  // 1: its communication streams (sends, gradient reductions, tensor-parallel collectives under
-  // the instruction that issued them), drawn in a band below.
+  // 0: the rank's program (host thread and compute stream, collectives that run on it
+  // included: what the bubble is measured on); 1: its communication streams (sends, gradient
+  // reductions), drawn in a band below.
   int lane = 0;
 };
 
@@ -107,11 +107,11 @@ Comparison compare(const Timeline& a, const Timeline& b);
 double idle_fraction(const RankTrack& track, double t0, double t1);
 double non_compute_fraction(const RankTrack& track, double t0, double t1);
 
-// What the explorer lets one turn. The parallel layout and the model are vit_train's own config,
-// so loading/saving a config and validating it use vit_train's code and error text.
 enum class Source { Simulator, Replay };
 const char* source_name(Source s);  // "simulator" | "replay"
 
+// What the explorer lets one turn. The parallel layout and the model are vit_train's own config,
+// so loading/saving a config and validating it use vit_train's code and error text.
 struct Knobs {
   app::TrainConfig config;
   int world = 0;  // GPUs (0: pipeline × tensor size, one data-parallel replica)

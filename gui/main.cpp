@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
         std::cerr << "colossalai-gui: invalid knobs: " << model.knob_error << "\n";
       app.write_png(screenshot);
       if (bench) std::cout << "mean frame time: " << total / frames << " ms\n";
+      if (!app.drawn().comparison.empty()) std::cout << app.drawn().comparison << "\n";
       std::cout << "wrote " << screenshot << " (" << app.width() << "x" << app.height() << ", "
                 << model.current.source << ", made in " << model.current.compute_ms << " ms)\n";
       return 0;
