@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -80,13 +82,18 @@ inline double mean_idle_share(const Image& img, const DrawnTimeline& t) {
 inline std::unique_ptr<GuiApp> make_app(int w = 1280, int h = 800) {
   try {
     return std::make_unique<GuiApp>(AppOptions{w, h, true});
-  } catch (const cai::Error&) {
+  } catch (const cai::Error& e) {
+    std::fprintf(stderr, "[explorer] no window: %s\n", e.what());
     return nullptr;
   }
 }
 
-#define REQUIRE_APP(app) \
-  auto app = make_app(); \
+// Skips without a display; under tests/gui/xvfb.sh (CAI_GUI_REQUIRE_DISPLAY set) a window that
+// cannot be made fails the test.
+#define REQUIRE_APP(app)                                                 \
+  auto app = make_app();                                                 \
+  if (!app && std::getenv("CAI_GUI_REQUIRE_DISPLAY"))                    \
+    FAIL() << "no window although tests/gui/xvfb.sh provides a display"; \
   if (!app) GTEST_SKIP() << "no display/OpenGL 3.3 (run under tests/gui/xvfb.sh)"
 
 inline void render(GuiApp& app, ExplorerModel& model, UiState& ui, int frames = 3) {
