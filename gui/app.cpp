@@ -18,9 +18,14 @@ namespace cai::gui {
 GuiApp::GuiApp(const AppOptions& opt) : opt_(opt), width_(opt.width), height_(opt.height) {
   CAI_CHECK(opt.width >= 200 && opt.height >= 150, "[gui] window {}x{} is too small (>= 200x150)",
             opt.width, opt.height);
-  CAI_CHECK(glfwInit() == GLFW_TRUE,
-            "[gui] cannot initialise GLFW (no display? run under xvfb-run -a -s \"-screen 0 "
-            "1280x800x24\")");
+  if (glfwInit() != GLFW_TRUE) {
+    const char* why = nullptr;
+    glfwGetError(&why);
+    fail(
+        "[gui] cannot initialise GLFW: {} (no display? run under xvfb-run -a -s \"-screen 0 "
+        "1280x800x24\")",
+        why ? why : "no reason given");
+  }
   glfw_ready_ = true;
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);

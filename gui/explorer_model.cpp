@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,8 @@
 #include "cai/core/error.h"
 #include "cai/dist/mesh.h"
 #include "cai/schedule/schedule.h"
+#include "cluster.h"
+#include "sim_source.h"
 
 namespace cai::gui {
 
@@ -29,7 +32,7 @@ template <typename Keep>
 double covered(const RankTrack& track, double t0, double t1, Keep keep) {
   std::vector<std::pair<double, double>> iv;
   for (const Span& s : track.spans) {
-    if (!keep(s)) continue;
+    if (s.lane != 0 || !keep(s)) continue;
     const double a = std::max(s.start, t0), b = std::min(s.end, t1);
     if (b > a) iv.emplace_back(a, b);
   }
@@ -166,6 +169,43 @@ const char* category_name(Category c) {
   return "?";
 }
 
+const char* source_name(Source s) {
+  return s == Source::Simulator ? "simulator" : "replay";
+}
+
+double Timeline::mean_bubble() const {
+  double sum = 0;
+  int n = 0;
+  for (const StageBubble& b : bubbles)
+    if (b.achieved >= 0) sum += b.achieved, ++n;
+  return n ? sum / n : 0.0;
+}
+
+double Timeline::peak_memory() const {
+  double p = 0;
+  for (const MemoryCurve& m : memory) p = std::max(p, m.peak());
+  return p;
+}
+
+int Timeline::peak_rank() const {
+  double p = 0;
+  int rank = -1;
+  for (const MemoryCurve& m : memory)
+    if (m.peak() > p) p = m.peak(), rank = m.rank;
+  return rank;
+}
+
+Comparison compare(const Timeline& a, const Timeline& b) {
+  Comparison c;
+  c.step_a = a.step();
+  c.step_b = b.step();
+  c.bubble_a = a.mean_bubble();
+  c.bubble_b = b.mean_bubble();
+  c.peak_a = a.peak_memory();
+  c.peak_b = b.peak_memory();
+  return c;
+}
+
 double MemoryCurve::peak() const {
   double p = 0;
   for (const auto& m : points) p = std::max(p, m.total());
@@ -223,7 +263,68 @@ void validate_knobs(const Knobs& k) {
             k.forward_per_layer, k.backward_ratio);
 }
 
+namespace {
+
+std::vector<std::string> files_in(const std::string& dir, const std::string& ext) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec) && e.path().extension() == ext) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> shipped_clusters() {
+  return files_in(std::string(CAI_GUI_SOURCE_DIR) + "/hostfiles/clusters", ".toml");
+}
+
+std::vector<std::string> shipped_calibrations() {
+  return files_in(std::string(CAI_GUI_SOURCE_DIR) + "/sim/calibrations", ".json");
+}
+
+std::string cluster_path(const Knobs& k) {
+  if (!k.cluster.empty()) return k.cluster;
+  const int world = k.world_size();
+  const bool cpu = k.config.device == "cpu";
+  std::string best[2];  // [0]: same kind of device as the config's, [1]: GPUs
+  int best_ranks[2] = {0, 0};
+  for (const std::string& path : shipped_clusters()) {
+    sim::Cluster c;
+    try {
+      c = sim::load_cluster(path);
+    } catch (const Error&) {
+      continue;  // a broken shipped file is the cluster tests' business
+    }
+    const bool cpu_cluster = c.max_ranks_per_gpu > 1 || c.intra.fabric == sim::Fabric::SharedMemory;
+    if (c.max_ranks() < world) continue;
+    for (int i = 0; i < 2; ++i) {
+      const bool wanted = i == 0 ? cpu_cluster == cpu : !cpu_cluster;
+      if (wanted && (best[i].empty() || c.max_ranks() < best_ranks[i]))
+        best[i] = path, best_ranks[i] = c.max_ranks();
+    }
+  }
+  if (!best[0].empty()) return best[0];
+  CAI_CHECK(!best[1].empty(),
+            "[gui] no shipped cluster (hostfiles/clusters) holds {} ranks: choose a cluster file",
+            world);
+  return best[1];
+}
+
+std::vector<double> ideal_bubbles(const schedule::Schedule& s) {
+  const schedule::ValidationResult res = schedule::validate_or_throw(s, schedule::CostModel{});
+  std::vector<double> out;
+  for (double busy : res.busy) out.push_back(res.makespan > 0 ? 1.0 - busy / res.makespan : 0.0);
+  return out;
+}
+
+Timeline timeline_for(const Knobs& k) {
+  return k.source == Source::Simulator ? simulate_step(k) : replay_schedule(k);
+}
+
 Timeline replay_schedule(const Knobs& k) {
+  const auto clock0 = std::chrono::steady_clock::now();
   validate_knobs(k);
   const app::TrainConfig& c = k.config;
   const int p = static_cast<int>(c.pipeline), m = k.micro_batches();
@@ -335,6 +436,8 @@ Timeline replay_schedule(const Knobs& k) {
         break;
       }
   }
+  t.compute_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - clock0).count();
   return t;
 }
 
@@ -606,7 +709,10 @@ MetricsRun load_metrics(const std::string& path) {
   return run;
 }
 
-ExplorerModel::ExplorerModel() : source(replay_schedule) {
+ExplorerModel::ExplorerModel() : source(timeline_for) {
+  knobs.source = simulator_available() ? Source::Simulator : Source::Replay;
+  shipped_clusters = cai::gui::shipped_clusters();
+  shipped_calibrations = cai::gui::shipped_calibrations();
   // A small default layout: the tiny Fashion-MNIST ViT with 8 blocks on 4 stages.
   knobs.config.pipeline = 4;
   knobs.config.num_microbatches = 8;
@@ -616,6 +722,11 @@ ExplorerModel::ExplorerModel() : source(replay_schedule) {
 }
 
 bool ExplorerModel::recompute() {
+  try {
+    cluster_in_use = cluster_path(knobs);
+  } catch (const Error&) {
+    cluster_in_use.clear();
+  }
   try {
     current = source(knobs);
     knob_error.clear();
@@ -635,9 +746,22 @@ bool ExplorerModel::recompute() {
         recorded.micro_batches == current.micro_batches)
       for (size_t s = 0; s < recorded.bubbles.size() && s < current.bubbles.size(); ++s)
         recorded.bubbles[s].ideal = current.bubbles[s].ideal;
-    recorded.capacity_bytes = knobs.capacity_gib * 1024.0 * 1024.0 * 1024.0;
+    recorded.capacity_bytes = current.capacity_bytes > 0
+                                  ? current.capacity_bytes
+                                  : knobs.capacity_gib * 1024.0 * 1024.0 * 1024.0;
   }
   return knob_error.empty();
+}
+
+bool ExplorerModel::pin() {
+  if (!knob_error.empty() || current.empty()) return false;
+  pinned = current;
+  pinned_knobs = knobs;
+  return true;
+}
+
+void ExplorerModel::unpin() {
+  pinned.reset();
 }
 
 bool ExplorerModel::load_config(const std::string& path, const std::vector<std::string>& ov) {

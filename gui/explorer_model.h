@@ -3,10 +3,12 @@
 // traces, training-curve files and errors. No ImGui, no OpenGL: a headless test drives this and
 // reads back what the panels (panels.h) would draw.
 //
-// Where timelines come from: a TimelineSource turns knobs into a Timeline. Today that is
-// replay_schedule() (the schedule IR's validator replay with ideal unit costs, labelled
-// "schedule replay (ideal)"); the SimGrid simulator will be a second source filling the same
-// struct (spans with simulated times, achieved bubbles, memory curves with the plan's breakdown).
+// Where timelines come from: a TimelineSource turns knobs into a Timeline. Two sources, chosen by
+// Knobs::source: the SimGrid simulator (sim_source.h: the config's step through sim/'s
+// workload_from_config and replay, as `colossalai-sim --config` runs it: spans with simulated
+// times, achieved bubbles, memory curves with the plan's breakdown), the default when the build
+// has SimGrid; and replay_schedule() (the schedule IR's validator replay with ideal unit costs,
+// labelled "schedule replay (ideal)"), the fallback without it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,6 +31,10 @@ struct Span {
   int mb = -1;  // micro-batch, -1 when the instruction has none (ReduceGrads, OptStep)
   int chunk = 0;
   double start = 0, end = 0;
+  // 0: the rank's program (host thread and compute stream, collectives that run on it
+  // included: what the bubble is measured on); 1: its communication streams (sends, gradient
+  // reductions), drawn in a band below.
+  int lane = 0;
 };
 
 struct RankTrack {
@@ -59,7 +65,9 @@ struct StageBubble {
 };
 
 struct Timeline {
-  std::string source;           // "schedule replay (ideal)" | "trace: <file> (step k)"
+  // "simulator (SimGrid)" | "schedule replay (ideal)" | "trace: <file> (step k)"
+  std::string source;
+  std::string detail;           // the simulator: cluster, ranks simulated, time to simulate
   std::string time_unit = "u";  // "u" (cost units) | "ms"
   std::string schedule;         // "1f1b", ...
   int stages = 1, micro_batches = 1, chunks = 1;
@@ -68,23 +76,56 @@ struct Timeline {
   std::vector<StageBubble> bubbles;  // per stage
   std::vector<MemoryCurve> memory;   // per rank (may be empty)
   double capacity_bytes = 0;         // device memory (0: unknown)
+  double img_per_s = 0;              // the simulator: global batch / step (0: unknown)
+  // The plan's predicted peak (the simulator): the largest over the stages and the rank it is on
+  // (the stage's data-parallel 0, tensor-parallel 0 rank); -1: no prediction.
+  int plan_peak_rank = -1;
+  double plan_peak_bytes = 0;
+  double compute_ms = 0;  // host time that made this timeline (re-simulation time)
   bool empty() const { return ranks.empty(); }
+  double step() const { return t_end - t_begin; }
+  double mean_bubble() const;  // mean of the stages' achieved bubbles
+  double peak_memory() const;  // the highest curve's peak (0 without curves)
+  int peak_rank() const;       // its rank (-1 without curves)
 };
 
-// Fraction of [t0, t1] on `track` covered by no span (the bubble as drawn), and by no compute
-// span (forward/backward: the bubble as the executor measures it).
+// Layout A (pinned) against layout B (the current knobs): B - A of each figure; relative ones
+// are fractions of A (0 when A's is 0). Times in the timelines' unit.
+struct Comparison {
+  double step_a = 0, step_b = 0, bubble_a = 0, bubble_b = 0, peak_a = 0, peak_b = 0;
+  double step_diff() const { return step_b - step_a; }
+  double step_rel() const { return step_a > 0 ? step_b / step_a - 1 : 0; }
+  double bubble_diff() const { return bubble_b - bubble_a; }
+  double peak_diff() const { return peak_b - peak_a; }
+  double peak_rel() const { return peak_a > 0 ? peak_b / peak_a - 1 : 0; }
+};
+Comparison compare(const Timeline& a, const Timeline& b);
+
+// Fraction of [t0, t1] on `track` covered by no lane-0 span (the bubble as drawn on the row's
+// centre line), and by no compute span (forward/backward: the bubble as the executor measures
+// it).
 double idle_fraction(const RankTrack& track, double t0, double t1);
 double non_compute_fraction(const RankTrack& track, double t0, double t1);
+
+enum class Source { Simulator, Replay };
+const char* source_name(Source s);  // "simulator" | "replay"
 
 // What the explorer lets one turn. The parallel layout and the model are vit_train's own config,
 // so loading/saving a config and validating it use vit_train's code and error text.
 struct Knobs {
   app::TrainConfig config;
-  int world = 0;                   // GPUs (0: pipeline × tensor size, one data-parallel replica)
+  int world = 0;  // GPUs (0: pipeline × tensor size, one data-parallel replica)
+  Source source = Source::Simulator;  // ExplorerModel sets Replay when built without SimGrid
+  // The simulator's inputs: a cluster description (hostfiles/clusters/*.toml; "" = the smallest
+  // shipped one that fits, see cluster_path) and an optional calibration profile
+  // (sim/calibrations/*.json; "" = the built-in efficiencies).
+  std::string cluster, calibration;
+  // The ideal replay's costs and capacity:
   double forward_per_layer = 1.0;  // cost units per layer and micro-batch
   double backward_ratio = 2.0;     // backward cost / forward cost
   double comm = 0.0;               // latency of one activation/gradient message, cost units
-  double capacity_gib = 80.0;      // device memory for the capacity line
+  double capacity_gib = 80.0;      // device memory for the capacity line (the simulator: the
+                                   // cluster's GPU memory)
   int trace_step = -1;             // step of a recorded trace to show (-1: the last)
 
   int world_size() const;
@@ -95,8 +136,20 @@ struct Knobs {
 // constraints: throws cai::Error with vit_train's / the schedule's text.
 void validate_knobs(const Knobs& k);
 
+// The cluster and calibration files shipped with the sources (hostfiles/clusters/*.toml,
+// sim/calibrations/*.json), sorted by name.
+std::vector<std::string> shipped_clusters();
+std::vector<std::string> shipped_calibrations();
+// The cluster file the simulator uses for these knobs: Knobs::cluster, or the shipped one with
+// the fewest ranks that holds world_size() ranks — among CPU clusters (more ranks than cores)
+// for train.device = "cpu" when one fits, else among GPU clusters. Throws "[gui] ..." when none
+// fits.
+std::string cluster_path(const Knobs& k);
+
 // knobs -> timeline. Throws cai::Error on invalid knobs.
 using TimelineSource = std::function<Timeline(const Knobs&)>;
+// Knobs::source's timeline: simulate_step (sim_source.h) or replay_schedule.
+Timeline timeline_for(const Knobs& k);
 // The schedule IR replayed by schedule::validate(): per_layer costs (forward_per_layer ×
 // layers, backward ×ratio), every rank of a stage shares its stage's program; memory = the
 // rank's parameters, gradients and optimizer state (fp32, Adam: 2 slots, ZeRO-1 shards them over
@@ -141,17 +194,26 @@ class ExplorerModel {
   ExplorerModel();
 
   Knobs knobs;
-  TimelineSource source;   // replay_schedule until the simulator lands
-  Timeline current;        // the last valid timeline from the knobs
+  TimelineSource source;  // timeline_for (tests may plug in another)
+  Timeline current;       // the last valid timeline from the knobs (layout B when one is pinned)
+  std::optional<Timeline> pinned;  // layout A of an A/B comparison
+  Knobs pinned_knobs;              // the knobs that made it
   std::string knob_error;  // why the current knobs are invalid ("" when valid; current is stale)
   std::optional<RecordedTrace> trace;
   Timeline recorded;  // trace_step(*trace, knobs.trace_step) when a trace is open
   std::vector<MetricsRun> runs;
   std::vector<std::string> errors;  // file errors, oldest first (the window lists them)
   std::string config_path;
+  // shipped_clusters() / shipped_calibrations() when the model was made, and the cluster the
+  // knobs resolve to (cluster_path) at the last recompute ("" when none fits).
+  std::vector<std::string> shipped_clusters, shipped_calibrations;
+  std::string cluster_in_use;
 
   // Re-generates `current` (and `recorded`) from the knobs; false when the knobs are invalid.
   bool recompute();
+  // A/B: keep the current layout as A (false when the knobs are invalid); unpin drops it.
+  bool pin();
+  void unpin();
   // Each returns false and appends to errors (the explorer keeps running) on failure.
   bool load_config(const std::string& path, const std::vector<std::string>& overrides = {});
   bool apply_overrides(const std::vector<std::string>& overrides);

@@ -10,8 +10,9 @@
 
 int main(int argc, char** argv) {
   CLI::App cli{"colossalai-gui: pipeline schedules, bubbles and memory per rank"};
-  std::string screenshot, config, trace, schedule, layout = "all";
-  std::vector<std::string> overrides, metrics;
+  std::string screenshot, config, trace, schedule, layout = "all", cluster, calibration, source,
+                                                   trace_view = "beside";
+  std::vector<std::string> overrides, metrics, ab;
   int frames = 3, pp = 0, microbatches = 0, chunks = 0, depth = 0, gpus = 0, width = 1280,
       height = 800;
   bool bench = false;
@@ -19,6 +20,18 @@ int main(int argc, char** argv) {
   cli.add_option("-c,--config", config, "vit_train TOML config for the knobs");
   cli.add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   cli.add_option("--trace", trace, "Chrome trace written by vit_train --trace");
+  cli.add_option("--trace-view", trace_view, "The trace beside the simulation, over it, or hidden")
+      ->check(CLI::IsMember({"beside", "over", "hidden"}));
+  cli.add_option("--source", source,
+                 "Timeline source: simulator (SimGrid; the default when built with it) or replay "
+                 "(the schedule with ideal costs)")
+      ->check(CLI::IsMember({"simulator", "replay"}));
+  cli.add_option("--cluster", cluster,
+                 "Cluster file for the simulator (default: the smallest shipped one that fits)");
+  cli.add_option("--calibration", calibration, "Calibration profile for the simulator (JSON)");
+  cli.add_option("--ab", ab,
+                 "A/B: pin the layout the other options give as A, then apply these overrides "
+                 "(section.key=value, repeatable) for B");
   cli.add_option("--metrics", metrics, "vit_train metrics files (JSON lines), overlaid")
       ->expected(1, -1);
   cli.add_option("--frames", frames, "Frames rendered before the screenshot")
@@ -61,7 +74,20 @@ int main(int argc, char** argv) {
   if (microbatches) c.num_microbatches = microbatches, c.microbatch_size = 0;
   if (depth) c.depth = depth, c.explicitly_set.insert("model.depth");
   if (gpus) model.knobs.world = gpus;
+  if (!source.empty()) model.knobs.source = source == "replay" ? Source::Replay : Source::Simulator;
+  model.knobs.cluster = cluster;
+  model.knobs.calibration = calibration;
+  ui.cluster_path_input = cluster;
+  ui.calibration_path_input = calibration;
+  ui.trace_view = trace_view == "over"     ? TraceView::Over
+                  : trace_view == "hidden" ? TraceView::Hidden
+                                           : TraceView::Beside;
   model.recompute();
+  if (!ab.empty()) {
+    if (!model.pin())
+      std::cerr << "colossalai-gui: --ab: layout A is invalid: " << model.knob_error << "\n";
+    model.apply_overrides(ab);
+  }
   if (!trace.empty()) {
     model.open_trace(trace);
     ui.trace_path_input = trace;
@@ -80,8 +106,9 @@ int main(int argc, char** argv) {
         std::cerr << "colossalai-gui: invalid knobs: " << model.knob_error << "\n";
       app.write_png(screenshot);
       if (bench) std::cout << "mean frame time: " << total / frames << " ms\n";
+      if (!app.drawn().comparison.empty()) std::cout << app.drawn().comparison << "\n";
       std::cout << "wrote " << screenshot << " (" << app.width() << "x" << app.height() << ", "
-                << model.current.source << ")\n";
+                << model.current.source << ", made in " << model.current.compute_ms << " ms)\n";
       return 0;
     }
     while (!app.should_close()) {

@@ -6,6 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "cai/core/error.h"
+#include "sim_source.h"
 
 namespace cai::gui {
 
@@ -61,6 +66,31 @@ bool double_knob(const char* label, double& v, double lo, double hi, const char*
                            &lo, &hi, fmt_);
 }
 
+// A file knob: a combo of `shipped` files (by name) with `none` first (the empty path), and a
+// path field with a "use" button for any other file. Returns true when `value` changed.
+bool file_choice(const char* id, const char* none, const std::vector<std::string>& shipped,
+                 std::string& value, std::string& input, Drawn& drawn) {
+  bool changed = false;
+  ImGui::PushID(id);
+  const std::string shown =
+      value.empty() ? std::string(none) : std::filesystem::path(value).filename().string();
+  ImGui::SetNextItemWidth(200);
+  if (ImGui::BeginCombo(id, shown.c_str())) {
+    if (ImGui::Selectable(none, value.empty())) value.clear(), changed = true;
+    for (const std::string& f : shipped)
+      if (ImGui::Selectable(std::filesystem::path(f).filename().c_str(), value == f))
+        value = f, changed = true;
+    ImGui::EndCombo();
+  }
+  drawn.widgets[std::string(id) + ".combo"] = item_rect();
+  ImGui::SetNextItemWidth(200);
+  ImGui::InputText("##path", &input);
+  ImGui::SameLine();
+  if (ImGui::Button("use") && !input.empty()) value = input, changed = true;
+  ImGui::PopID();
+  return changed;
+}
+
 double nice_step(double range, int target) {
   const double raw = range / std::max(1, target);
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
@@ -69,31 +99,81 @@ double nice_step(double range, int target) {
   return 10 * mag;
 }
 
-const Span* span_at(const RankTrack& tr, double t) {
+const Span* span_at(const RankTrack& tr, double t, int lane) {
+  const Span* found = nullptr;
   for (const Span& s : tr.spans)
-    if (s.start <= t && t < s.end) return &s;
-  return nullptr;
+    if (s.lane == lane && s.start <= t && t < s.end) found = &s;  // the last drawn (on top)
+  return found;
 }
 
-// One timeline (replay or recorded) into `height` pixels of the current window.
-void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, const char* id) {
+Rgb lighter(Rgb c) {
+  return Rgb{static_cast<uint8_t>((c.r + 255) / 2), static_cast<uint8_t>((c.g + 255) / 2),
+             static_cast<uint8_t>((c.b + 255) / 2)};
+}
+
+// Filled rectangles of one lane, merged while they touch and share a colour: thousands of spans
+// narrower than a pixel become a few rectangles (the frame time of 64 ranks × 32 micro-batches).
+class RectBatch {
+ public:
+  RectBatch(ImDrawList* dl, float ya, float yb) : dl_(dl), ya_(ya), yb_(yb) {}
+  ~RectBatch() { flush(); }
+  void add(float xa, float xb, ImU32 c) {
+    if (open_ && c == c_ && xa <= xb_ + 0.5f) {
+      xb_ = std::max(xb_, xb);
+      return;
+    }
+    flush();
+    open_ = true, xa_ = xa, xb_ = xb, c_ = c;
+  }
+  void flush() {
+    if (open_) dl_->AddRectFilled(ImVec2(xa_, ya_), ImVec2(std::max(xb_, xa_ + 0.5f), yb_), c_);
+    open_ = false;
+  }
+
+ private:
+  ImDrawList* dl_;
+  float ya_, yb_, xa_ = 0, xb_ = 0;
+  ImU32 c_ = 0;
+  bool open_ = false;
+};
+
+struct TimelineView {
+  const char* id = "##timeline";
+  std::string role;                   // "", "A", "B", "recorded"
+  double axis = 0;                    // > 0: the time axis runs from t_begin to t_begin + axis
+  const Timeline* overlay = nullptr;  // a recorded trace outlined over the rows (same unit)
+};
+
+// One timeline into `height` pixels of the current window.
+void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn& drawn,
+                   float height) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  double overall = 0;
-  for (const auto& b : t.bubbles) overall += b.achieved;
-  if (!t.bubbles.empty()) overall /= static_cast<double>(t.bubbles.size());
-  ImGui::Text("%s  |  %s, %d stages x %d micro-batches%s  |  step %s  |  mean bubble %.1f%%",
-              t.source.c_str(), t.schedule.c_str(), t.stages, t.micro_batches,
+  const std::string role = v.role.empty() || v.role == "recorded" ? "" : v.role + ": ";
+  ImGui::Text("%s%s  |  %s, %d stages x %d micro-batches%s  |  step %s  |  mean bubble %.1f%%",
+              role.c_str(), t.source.c_str(), t.schedule.c_str(), t.stages, t.micro_batches,
               t.chunks > 1 ? fmt::format(", {} chunks", t.chunks).c_str() : "",
-              time_str(t.t_end - t.t_begin, t.time_unit).c_str(), overall * 100);
+              time_str(t.step(), t.time_unit).c_str(), t.mean_bubble() * 100);
+  float header = ImGui::GetTextLineHeightWithSpacing();
+  if (!t.detail.empty() || v.overlay) {
+    ImGui::TextDisabled("%s%s", t.detail.c_str(),
+                        v.overlay ? fmt::format("{}outlined over the rows: {} (step {})",
+                                                t.detail.empty() ? "" : "  |  ", v.overlay->source,
+                                                time_str(v.overlay->step(), v.overlay->time_unit))
+                                        .c_str()
+                                  : "");
+    header += ImGui::GetTextLineHeightWithSpacing();
+  }
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   const float width = ImGui::GetContentRegionAvail().x;
-  height = std::max(40.0f, height - ImGui::GetTextLineHeightWithSpacing());
-  ImGui::InvisibleButton(id, ImVec2(width, height));
+  height = std::max(40.0f, height - header);
+  ImGui::InvisibleButton(v.id, ImVec2(width, height));
   const bool hovered = ImGui::IsItemHovered(), active = ImGui::IsItemActive();
-  constexpr float kLeft = 92, kRight = 200, kAxis = 18;
+  constexpr float kLeft = 92, kRight = 210, kAxis = 18;
   Rect plot{origin.x + kLeft, origin.y, origin.x + width - kRight, origin.y + height - kAxis};
   if (plot.x1 - plot.x0 < 20 || t.empty()) return;
-  const double T = std::max(1e-12, t.t_end - t.t_begin);
+  double T = v.axis > 0 ? v.axis : t.step();
+  if (v.overlay) T = std::max(T, v.overlay->step());
+  T = std::max(1e-12, T);
   const double t0 = t.t_begin + ui.view_begin * T, t1 = t.t_begin + ui.view_end * T;
   const float pw = plot.x1 - plot.x0;
   auto x_of = [&](double tt) { return plot.x0 + static_cast<float>((tt - t0) / (t1 - t0)) * pw; };
@@ -119,6 +199,7 @@ void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, c
 
   DrawnTimeline dt;
   dt.source = t.source;
+  dt.role = v.role;
   dt.plot = plot;
   dt.t0 = t0;
   dt.t1 = t1;
@@ -132,11 +213,22 @@ void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, c
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return t.ranks[a].stage < t.ranks[b].stage; });
   int groups = 0;
-  for (int i = 0; i < n; ++i)
+  std::map<int, int> stage_rows;
+  for (int i = 0; i < n; ++i) {
     if (i == 0 || t.ranks[order[i]].stage != t.ranks[order[i - 1]].stage) ++groups;
+    ++stage_rows[t.ranks[order[i]].stage];
+  }
   const float gap = n > 32 ? 1.0f : 3.0f;
   const float row_h =
       std::clamp((plot.y1 - plot.y0 - gap * static_cast<float>(groups - 1)) / n, 1.0f, 24.0f);
+  bool has_lane1 = false;
+  for (const RankTrack& tr : t.ranks)
+    for (const Span& s : tr.spans) has_lane1 = has_lane1 || s.lane == 1;
+  // Lane 1 (communication streams) below lane 0 when the rows have room for it.
+  const bool two_lanes = has_lane1 && row_h >= 6;
+  std::map<int, const RankTrack*> overlay_rows;
+  if (v.overlay)
+    for (const RankTrack& tr : v.overlay->ranks) overlay_rows.emplace(tr.rank, &tr);
   dl->AddRectFilled(ImVec2(origin.x, origin.y), ImVec2(origin.x + width, plot.y1),
                     IM_COL32(20, 21, 25, 255));
   float y = plot.y0;
@@ -148,20 +240,38 @@ void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, c
     DrawnRow row{tr.rank, tr.stage, y, y + row_h};
     const float pad = row_h >= 8 ? 1.0f : 0.0f;
     const float ya = y + pad, yb = y + row_h - pad;
+    const float ym = two_lanes ? ya + std::floor((yb - ya) * 0.68f) : yb;  // lane 0 | lane 1
     dl->PushClipRect(ImVec2(plot.x0, plot.y0), ImVec2(plot.x1, plot.y1), true);
     dl->AddRectFilled(ImVec2(plot.x0, ya), ImVec2(plot.x1, yb), col(kTrackColour));
-    dl->AddRectFilled(ImVec2(dt.step_x0, ya), ImVec2(dt.step_x1, yb), col(kIdleColour));
-    for (const Span& s : tr.spans) {
-      if (s.end < t0 || s.start > t1) continue;
-      const float xa = x_of(s.start), xb = x_of(s.end);
-      dl->AddRectFilled(ImVec2(xa, ya), ImVec2(xb, yb), col(category_colour(s.category, s.mb)));
-      if (xb - xa > 16 && row_h >= text_h && s.mb >= 0) {
-        const std::string lab =
-            t.chunks > 1 ? fmt::format("{}.{}", s.mb, s.chunk) : fmt::format("{}", s.mb);
-        const ImVec2 ts = ImGui::CalcTextSize(lab.c_str());
-        if (ts.x + 2 < xb - xa)
-          dl->AddText(ImVec2((xa + xb - ts.x) / 2, (ya + yb - ts.y) / 2), IM_COL32(15, 15, 20, 255),
-                      lab.c_str());
+    dl->AddRectFilled(ImVec2(dt.step_x0, ya), ImVec2(dt.step_x1, ym), col(kIdleColour));
+    struct Label {
+      ImVec2 at;
+      std::string text;
+    };
+    std::vector<Label> labels;
+    {
+      RectBatch lane0(dl, ya, ym), lane1(dl, ym + 1, yb);
+      for (const Span& s : tr.spans) {
+        if (s.end < t0 || s.start > t1 || (s.lane == 1 && !two_lanes)) continue;
+        const float xa = x_of(s.start), xb = x_of(s.end);
+        (s.lane == 0 ? lane0 : lane1).add(xa, xb, col(category_colour(s.category, s.mb)));
+        if (s.lane == 0 && xb - xa > 16 && ym - ya >= text_h && s.mb >= 0) {
+          const std::string lab =
+              t.chunks > 1 ? fmt::format("{}.{}", s.mb, s.chunk) : fmt::format("{}", s.mb);
+          const ImVec2 ts = ImGui::CalcTextSize(lab.c_str());
+          if (ts.x + 2 < xb - xa)
+            labels.push_back({ImVec2((xa + xb - ts.x) / 2, (ya + ym - ts.y) / 2), lab});
+        }
+      }
+    }
+    for (const Label& l : labels) dl->AddText(l.at, IM_COL32(15, 15, 20, 255), l.text.c_str());
+    // A recorded trace over the row: its spans of the same rank as outlines.
+    if (const auto it = overlay_rows.find(tr.rank); it != overlay_rows.end()) {
+      for (const Span& s : it->second->spans) {
+        if (s.end < t0 || s.start > t1 || s.lane != 0) continue;
+        dl->AddRect(ImVec2(x_of(s.start), ya), ImVec2(std::max(x_of(s.end), x_of(s.start) + 1), ym),
+                    col(lighter(category_colour(s.category, s.mb))), 0, 0, 1.0f);
+        ++dt.overlaid_spans;
       }
     }
     dl->PopClipRect();
@@ -180,20 +290,36 @@ void draw_timeline(const Timeline& t, UiState& ui, Drawn& drawn, float height, c
       if (row_h >= text_h - 2 || n <= 64)
         dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2)),
                     IM_COL32(230, 200, 120, 255), txt.c_str());
+      // Below, where the stage's rows leave room: its idle share, when communication on the
+      // compute stream (tensor-parallel collectives) makes part of the bubble.
+      const double idle = idle_fraction(tr, t.t_begin, t.t_end);
+      const float group_h = row_h * static_cast<float>(stage_rows[tr.stage]);
+      double comm = 0;  // lane-0 spans do not overlap
+      for (const Span& s : tr.spans)
+        if (s.lane == 0 && s.category == Category::Comm)
+          comm += std::max(0.0, std::min(s.end, t.t_end) - std::max(s.start, t.t_begin));
+      if (std::abs(idle - b.achieved) > 0.005 && group_h >= 2 * text_h + 2)
+        dl->AddText(ImVec2(plot.x1 + 6, y + std::max(0.0f, (row_h - text_h) / 2) + text_h),
+                    IM_COL32(200, 170, 100, 255),
+                    fmt::format("idle {:.1f}%, comm {:.1f}%", idle * 100,
+                                comm / std::max(1e-300, t.step()) * 100)
+                        .c_str());
     }
-    // Hover tooltip: the instruction under the cursor.
+    // Hover tooltip: the instruction (or communication) under the cursor.
     if (hovered && io.MousePos.y >= y && io.MousePos.y < y + row_h && io.MousePos.x >= plot.x0 &&
         io.MousePos.x < plot.x1) {
       const double tm = t_of(io.MousePos.x);
-      if (const Span* s = span_at(tr, tm)) {
+      const int lane = two_lanes && io.MousePos.y >= ym ? 1 : 0;
+      if (const Span* s = span_at(tr, tm, lane)) {
         ImGui::BeginTooltip();
         ImGui::Text("%s  (%s)", s->name.c_str(), category_name(s->category));
-        ImGui::Text("rank %d, stage %d", tr.rank, tr.stage);
+        ImGui::Text("rank %d, stage %d%s", tr.rank, tr.stage,
+                    lane == 1 ? ", communication stream" : "");
         if (s->mb >= 0) ImGui::Text("micro-batch %d, chunk %d", s->mb, s->chunk);
         ImGui::Text("start %s, duration %s", time_str(s->start, t.time_unit).c_str(),
                     time_str(s->end - s->start, t.time_unit).c_str());
         ImGui::EndTooltip();
-      } else if (tm >= t.t_begin && tm <= t.t_end) {
+      } else if (lane == 0 && tm >= t.t_begin && tm <= t.t_end) {
         ImGui::SetTooltip("idle (bubble) on rank %d at %s", tr.rank,
                           time_str(tm, t.time_unit).c_str());
       }
@@ -286,6 +412,24 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
   bool changed = false;
   app::TrainConfig& c = model.knobs.config;
   ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.4f, 1), "timeline: %s", model.current.source.c_str());
+  if (model.current.compute_ms > 0) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("(%.0f ms)", model.current.compute_ms);
+  }
+  ImGui::TextUnformatted("source");
+  for (const Source src : {Source::Simulator, Source::Replay}) {
+    ImGui::SameLine();
+    const bool off = src == Source::Simulator && !simulator_available();
+    if (off) ImGui::BeginDisabled();
+    if (ImGui::RadioButton(src == Source::Simulator ? "simulator" : "ideal replay",
+                           model.knobs.source == src)) {
+      model.knobs.source = src;
+      changed = true;
+    }
+    if (off) ImGui::EndDisabled();
+    drawn.widgets[std::string("source.") + source_name(src)] = item_rect();
+  }
+  if (!simulator_available()) ImGui::TextDisabled("(built without SimGrid: no simulator)");
   if (ImGui::CollapsingHeader("config", ImGuiTreeNodeFlags_DefaultOpen)) {
     ImGui::SetNextItemWidth(200);
     ImGui::InputText("##cfg", &ui.config_path_input);
@@ -299,7 +443,10 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
   }
   if (ImGui::CollapsingHeader("layout", ImGuiTreeNodeFlags_DefaultOpen)) {
     int64_t world = model.knobs.world_size();
-    if (int_knob("gpus", "GPUs", world, 1, 4096, drawn)) {
+    const std::string gpus_label = fmt::format(
+        "GPUs (data parallel {})", model.knobs.world_size() / static_cast<int>(std::max<int64_t>(
+                                                                  1, c.pipeline * c.tensor_size)));
+    if (int_knob("gpus", gpus_label.c_str(), world, 1, 4096, drawn)) {
       model.knobs.world = static_cast<int>(world);
       changed = true;
     }
@@ -340,11 +487,17 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     // Size 1 is no tensor parallelism; a size above 1 needs a mode (1d unless one was picked).
     if (c.tensor_size > 1 && c.tensor_mode == "none") c.tensor_mode = "1d";
     if (c.tensor_size == 1) c.tensor_mode = "none", c.tensor_depth = 1;
+    {
+      // Sequence parallelism: Megatron's split over the 1d tensor-parallel group.
+      bool sp = c.sequence_parallel;
+      if (ImGui::Checkbox("sequence parallel", &sp)) c.sequence_parallel = sp, changed = true;
+      drawn.widgets["sp"] = item_rect();
+    }
+    ImGui::SameLine();
+    if (ImGui::Checkbox("CPU offload", &c.cpu_offload)) changed = true;
+    drawn.widgets["offload"] = item_rect();
     changed |= int_knob("zero", "ZeRO stage", c.zero_stage, 0, 3, drawn);
     changed |= int_knob("batch", "batch per replica", c.batch_size, 1, 1 << 20, drawn);
-    ImGui::Text("data parallel: %d",
-                model.knobs.world_size() /
-                    static_cast<int>(std::max<int64_t>(1, c.pipeline * c.tensor_size)));
   }
   if (ImGui::CollapsingHeader("model", ImGuiTreeNodeFlags_DefaultOpen)) {
     // Explicit keys win over a named model (vit_train's rule), so a turned knob takes effect.
@@ -358,11 +511,35 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     changed |= model_knob("hidden", "hidden", c.hidden_size, "model.hidden_size", 8, 65536);
     changed |= model_knob("heads", "heads", c.num_heads, "model.num_heads", 1, 256);
     changed |= ImGui::Checkbox("activation checkpointing", &c.checkpoint);
+    ImGui::TextUnformatted("precision");
+    for (const char* p : {"fp32", "bf16", "fp16"}) {
+      ImGui::SameLine();
+      if (ImGui::RadioButton(p, c.precision == p)) c.precision = p, changed = true;
+      drawn.widgets[std::string("precision.") + p] = item_rect();
+    }
+    ImGui::TextUnformatted("device");
+    for (const char* d : {"cpu", "cuda"}) {
+      ImGui::SameLine();
+      if (ImGui::RadioButton(d, c.device == d)) c.device = d, changed = true;
+      drawn.widgets[std::string("device.") + d] = item_rect();
+    }
     ImGui::TextDisabled("img %lld, patch %lld%s", static_cast<long long>(c.img_size),
                         static_cast<long long>(c.patch_size),
                         c.model_name.empty() ? "" : (", " + c.model_name).c_str());
   }
-  if (ImGui::CollapsingHeader("costs (replay)", ImGuiTreeNodeFlags_DefaultOpen)) {
+  if (model.knobs.source == Source::Simulator &&
+      ImGui::CollapsingHeader("cluster (simulator)", ImGuiTreeNodeFlags_DefaultOpen)) {
+    const std::string automatic =
+        model.cluster_in_use.empty()
+            ? std::string("auto")
+            : "auto: " + std::filesystem::path(model.cluster_in_use).filename().string();
+    changed |= file_choice("cluster", automatic.c_str(), model.shipped_clusters,
+                           model.knobs.cluster, ui.cluster_path_input, drawn);
+    changed |= file_choice("calibration", "none (built-in)", model.shipped_calibrations,
+                           model.knobs.calibration, ui.calibration_path_input, drawn);
+  }
+  if (model.knobs.source == Source::Replay &&
+      ImGui::CollapsingHeader("costs (replay)", ImGuiTreeNodeFlags_DefaultOpen)) {
     changed |= double_knob("forward / layer", model.knobs.forward_per_layer, 0.01, 100, "%.3g u");
     changed |= double_knob("backward ratio", model.knobs.backward_ratio, 0.1, 10, "%.2f");
     changed |= double_knob("message latency", model.knobs.comm, 0, 100, "%.3g u");
@@ -381,7 +558,6 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
         model.knobs.trace_step = step - 1;
         changed = true;
       }
-      ImGui::Checkbox("show beside the replay", &ui.trace_beside);
     }
     ImGui::SetNextItemWidth(200);
     ImGui::InputText("##metrics", &ui.metrics_path_input);
@@ -408,7 +584,7 @@ void errors_panel(const ExplorerModel& model) {
   ImGui::PopStyleColor();
 }
 
-void timeline_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
+void timeline_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
   // Legend.
   for (int c = 0; c < kNumCategories; ++c) {
     const ImVec2 p = ImGui::GetCursorScreenPos();
@@ -426,26 +602,107 @@ void timeline_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
     ImGui::SameLine();
     ImGui::TextUnformatted("idle (bubble)   shade = micro-batch; wheel zoom, drag pan");
   }
-  const bool two = model.trace && ui.trace_beside && !model.recorded.empty();
-  const float h = ImGui::GetContentRegionAvail().y;
-  draw_timeline(model.current, ui, drawn, two ? h / 2 - 4 : h, "##replay");
-  if (two) draw_timeline(model.recorded, ui, drawn, h / 2 - 4, "##recorded");
+  // A/B: pin the current layout as A, turn the knobs for B.
+  if (ImGui::Button(model.pinned ? "re-pin as A" : "pin as A")) model.pin();
+  drawn.widgets["pin"] = item_rect();
+  if (model.pinned) {
+    ImGui::SameLine();
+    if (ImGui::Button("unpin A")) model.unpin(), ui.memory_source = 0;
+    drawn.widgets["unpin"] = item_rect();
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled(model.pinned ? "A: pinned, B: the knobs" : "(then turn knobs: B)");
+  if (model.trace) {
+    ImGui::SameLine(0, 24);
+    ImGui::TextUnformatted("recorded trace:");
+    const std::pair<TraceView, const char*> views[] = {
+        {TraceView::Beside, "beside"}, {TraceView::Over, "over"}, {TraceView::Hidden, "hidden"}};
+    for (const auto& [view, name] : views) {
+      ImGui::SameLine();
+      if (ImGui::RadioButton(name, ui.trace_view == view)) ui.trace_view = view;
+      drawn.widgets[std::string("trace.") + name] = item_rect();
+    }
+  }
+  const bool has_trace = model.trace && !model.recorded.empty();
+  // Over the simulation only on a common time unit (the ideal replay counts cost units):
+  // otherwise beside.
+  const bool same_unit = model.recorded.time_unit == model.current.time_unit;
+  const bool over = has_trace && ui.trace_view == TraceView::Over && same_unit;
+  const bool beside = has_trace && (ui.trace_view == TraceView::Beside ||
+                                    (ui.trace_view == TraceView::Over && !same_unit));
+  const Timeline* a = model.pinned ? &*model.pinned : nullptr;
+  if (a) {
+    // A/B: the figures of both and B - A.
+    const Comparison c = compare(*a, model.current);
+    const std::string& u = model.current.time_unit;
+    drawn.comparison = fmt::format(
+        "A: step {}, bubble {:.1f}%, peak {}   B: step {}, bubble {:.1f}%, peak {}   B - A: step "
+        "{:+.4g} {} ({:+.1f}%), bubble {:+.1f} pts, peak {}{} ({:+.1f}%)",
+        time_str(c.step_a, a->time_unit), c.bubble_a * 100, bytes_str(c.peak_a),
+        time_str(c.step_b, u), c.bubble_b * 100, bytes_str(c.peak_b), c.step_diff(), u,
+        c.step_rel() * 100, c.bubble_diff() * 100, c.peak_diff() >= 0 ? "+" : "-",
+        bytes_str(std::abs(c.peak_diff())), c.peak_rel() * 100);
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.55f, 0.85f, 1.0f, 1));
+    ImGui::TextWrapped("%s%s", drawn.comparison.c_str(),
+                       a->time_unit == u ? "" : "  (different time units: separate axes)");
+    ImGui::PopStyleColor();
+  }
+  const int count = 1 + (a ? 1 : 0) + (beside ? 1 : 0);
+  const float h = ImGui::GetContentRegionAvail().y / static_cast<float>(count) - 4;
+  // A and B on one time axis: the longer step's.
+  double axis = 0;
+  if (a && a->time_unit == model.current.time_unit)
+    axis = std::max(a->step(), model.current.step());
+  if (a) {
+    TimelineView va;
+    va.id = "##layout_a";
+    va.role = "A";
+    va.axis = axis;
+    draw_timeline(*a, va, ui, drawn, h);
+  }
+  TimelineView vb;
+  vb.id = "##current";
+  vb.role = a ? "B" : "";
+  vb.axis = axis;
+  vb.overlay = over ? &model.recorded : nullptr;
+  draw_timeline(model.current, vb, ui, drawn, h);
+  if (beside) {
+    TimelineView vr;
+    vr.id = "##recorded";
+    vr.role = "recorded";
+    draw_timeline(model.recorded, vr, ui, drawn, h);
+  }
 }
 
 void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
-  if (model.trace) {
-    ImGui::RadioButton("replay", &ui.memory_source, 0);
+  if (model.trace || model.pinned) {
+    ImGui::RadioButton(model.pinned                                    ? "B"
+                       : model.current.source == "simulator (SimGrid)" ? "simulation"
+                                                                       : "replay",
+                       &ui.memory_source, 0);
+    if (model.trace) {
+      ImGui::SameLine();
+      ImGui::RadioButton("recorded", &ui.memory_source, 1);
+    }
+    if (model.pinned) {
+      ImGui::SameLine();
+      ImGui::RadioButton("A", &ui.memory_source, 2);
+    }
     ImGui::SameLine();
-    ImGui::RadioButton("recorded", &ui.memory_source, 1);
   }
-  const Timeline& t = ui.memory_source == 1 && model.trace ? model.recorded : model.current;
+  const Timeline& t = ui.memory_source == 1 && model.trace    ? model.recorded
+                      : ui.memory_source == 2 && model.pinned ? *model.pinned
+                                                              : model.current;
   ImDrawList* dl = ImGui::GetWindowDrawList();
   double peak = 0;
   int top = -1;
   for (const auto& mc : t.memory)
     if (mc.peak() > peak) peak = mc.peak(), top = mc.rank;
-  ImGui::Text("peak %s on rank %d; capacity %s", bytes_str(peak).c_str(), top,
-              bytes_str(t.capacity_bytes).c_str());
+  ImGui::Text("peak %s on rank %d%s", bytes_str(peak).c_str(), top,
+              t.plan_peak_rank >= 0 ? fmt::format(" (plan: {} on rank {})",
+                                                  bytes_str(t.plan_peak_bytes), t.plan_peak_rank)
+                                          .c_str()
+                                    : "");
   const ImVec2 o = ImGui::GetCursorScreenPos();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   ImGui::InvisibleButton("##memory", ImVec2(avail.x, std::max(40.0f, avail.y)));
@@ -499,7 +756,7 @@ void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
   }
   dl->PopClipRect();
   if (t.capacity_bytes > y_max)
-    dl->AddText(ImVec2(p.x1 - 200, p.y0 + 2), IM_COL32(160, 160, 160, 255),
+    dl->AddText(ImVec2(p.x1 - 220, p.y1 - 16), IM_COL32(160, 160, 160, 255),
                 fmt::format("capacity {} (off scale)", bytes_str(t.capacity_bytes)).c_str());
   // Legend: every rank, or with many ranks the first rank of each stage (a stage's ranks share
   // their curve in the replay).

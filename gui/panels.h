@@ -25,15 +25,21 @@ inline constexpr Rgb kCapacityColour{230, 40, 40};
 
 enum class Layout { All, Timeline, Memory, Curves };
 
+// How a recorded trace is shown: below the simulation on its own axis, over its rows (outlines
+// on the simulation's time axis, rows matched by rank), or not at all.
+enum class TraceView { Beside, Over, Hidden };
+
 // View state (the app's, changed by the panels on input).
 struct UiState {
   Layout layout = Layout::All;
-  double view_begin = 0, view_end = 1;  // visible part of the step, fractions (zoom and pan)
-  bool trace_beside = true;             // recorded trace drawn below the replay
-  int curves_x = 0;                     // 0: per step, 1: per epoch
-  int memory_source = 0;                // 0: replay, 1: recorded trace
-  std::string config_path_input, trace_path_input, metrics_path_input,
-      save_path_input = "explorer.toml";
+  // Visible part of the time axis, fractions (zoom and pan). The axis runs over the step, or over
+  // the longest of the timelines drawn together (A/B, a trace over the simulation).
+  double view_begin = 0, view_end = 1;
+  TraceView trace_view = TraceView::Beside;
+  int curves_x = 0;       // 0: per step, 1: per epoch
+  int memory_source = 0;  // 0: the current timeline (B), 1: recorded trace, 2: layout A
+  std::string config_path_input, trace_path_input, metrics_path_input, cluster_path_input,
+      calibration_path_input, save_path_input = "explorer.toml";
 };
 
 struct Rect {
@@ -49,10 +55,12 @@ struct DrawnRow {
 };
 struct DrawnTimeline {
   std::string source;
+  std::string role;                // "" (the only one), "A", "B", "recorded"
   Rect plot;                       // the span area
   double t0 = 0, t1 = 0;           // times at plot.x0 and plot.x1
   float step_x0 = 0, step_x1 = 0;  // x of the step's begin and end (clipped to the plot)
   std::vector<DrawnRow> rows;
+  int overlaid_spans = 0;  // recorded spans outlined over the rows (TraceView::Over)
 };
 struct DrawnMemory {
   Rect plot;
@@ -62,7 +70,9 @@ struct DrawnMemory {
   Rect legend;             // rank names in rank colours (not curves)
 };
 struct Drawn {
-  std::vector<DrawnTimeline> timelines;  // replay first, then the recorded trace
+  // The current timeline (after A when one is pinned), then the recorded trace when beside.
+  std::vector<DrawnTimeline> timelines;
+  std::string comparison;  // the A/B line drawn (empty without a pinned layout)
   DrawnMemory memory;
   std::map<std::string, Rect> widgets;  // clickable knobs by id ("schedule.interleaved", ...)
   int curves_plotted = 0;               // runs × metrics drawn
@@ -76,7 +86,7 @@ bool draw_explorer(ExplorerModel& model, UiState& ui, Drawn& drawn, float width,
 // The panels (each inside the current ImGui window).
 bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn);
 void errors_panel(const ExplorerModel& model);
-void timeline_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
+void timeline_panel(ExplorerModel& model, UiState& ui, Drawn& drawn);  // pins layout A
 void memory_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
 void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn);
 

@@ -57,13 +57,17 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
       std::vector<int> sends;  // ops on other streams, waited by ReduceGrads
       int last0 = -1;          // last op on stream 0
+      int cur_instr = -1;      // the instruction being expanded (Op::instr)
       auto push = [&](sim::Op o) {
+        o.instr = cur_instr;
         rp.ops.push_back(std::move(o));
         const int i = static_cast<int>(rp.ops.size()) - 1;
         if (rp.ops[i].stream == 0) last0 = i;
         return i;
       };
-      for (const schedule::Instr& in : s.programs[st]) {
+      for (size_t ii = 0; ii < s.programs[st].size(); ++ii) {
+        const schedule::Instr& in = s.programs[st][ii];
+        cur_instr = static_cast<int>(ii);
         const int vs = s.virtual_stage(st, in.chunk);
         const int64_t bytes = opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
         const int64_t act = per<int64_t>(opt.activation_bytes, vs, V, "activation_bytes", 0);

@@ -338,6 +338,7 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
     out.workload.gpus[r] = prog.mesh_rank(r);
   }
   out.plan = prog.plan();
+  out.schedule = prog.schedule();
   return out;
 }
 

@@ -27,6 +27,9 @@ namespace cai::sim {
 struct ConfigWorkload {
   plan::StepPlan plan;
   Workload workload;
+  // The program the workload expands (the plan's schedule, or one stage's 1F1B for pp = 1):
+  // every op's Op::instr indexes schedule.programs[its rank's stage].
+  schedule::Schedule schedule;
 };
 
 // Throws (naming the value) for a config that does not run on `nproc` processes, as vit_train

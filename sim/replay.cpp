@@ -602,14 +602,14 @@ void measure(const Workload& w, ReplayResult& res) {
     for (int64_t v : cur) total += v;
     rr.peak_mem = total;
     rr.mem_at_peak = cur;
-    rr.memory.push_back({0.0, total});
+    rr.memory.push_back({0.0, total, cur});
     for (const Ev& e : ev) {
       cur[static_cast<int>(e.k)] += e.b;
       total += e.b;
       if (!rr.memory.empty() && rr.memory.back().t == e.t)
-        rr.memory.back().bytes = total;
+        rr.memory.back().bytes = total, rr.memory.back().kinds = cur;
       else
-        rr.memory.push_back({e.t, total});
+        rr.memory.push_back({e.t, total, cur});
       if (total > rr.peak_mem) rr.peak_mem = total, rr.mem_at_peak = cur;
     }
   }

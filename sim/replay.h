@@ -37,7 +37,8 @@ struct Span {
 
 struct MemPoint {
   double t = 0;
-  int64_t bytes = 0;  // all kinds together, after the events at t
+  int64_t bytes = 0;                       // all kinds together, after the events at t
+  std::array<int64_t, kMemKinds> kinds{};  // the same split by MemKind
 };
 
 struct RankResult {

@@ -71,6 +71,9 @@ struct Op {
   int mb = -1;           // micro-batch, -1 when none
   int stream = 0;        // 0 = compute stream
   std::vector<int> deps;
+  // The schedule instruction that issued it: its index in the stage's program (expand_schedule
+  // sets it; -1 for ops of other producers). Lets a viewer draw one span per instruction.
+  int instr = -1;
 
   // Compute
   double seconds = -1;              // >= 0: given duration

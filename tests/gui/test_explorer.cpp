@@ -1,6 +1,7 @@
-// The schedule explorer: the model headless, then what the panels draw, read back from the
-// pixels of an offscreen frame (run under Xvfb by tests/gui/xvfb.sh), and scripted input
-// through ImGui's IO.
+// The schedule explorer with the ideal schedule replay as its source (every build has it): the
+// model headless, then what the panels draw, read back from the pixels of an offscreen frame
+// (run under Xvfb by tests/gui/xvfb.sh), and scripted input through ImGui's IO. The simulator
+// source's tests are in test_sim_source.cpp (builds with SimGrid).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,82 +15,12 @@
 #include "cai/core/error.h"
 #include "cai/core/trace.h"
 #include "explorer_model.h"
+#include "helpers.h"
 
 using namespace cai::gui;
 namespace fs = std::filesystem;
 
-namespace {
-
-ExplorerModel pipeline_model(int p, int m, const std::string& style, int chunks = 1) {
-  ExplorerModel model;
-  auto& c = model.knobs.config;
-  c.pipeline = p;
-  c.num_microbatches = m;
-  c.pp_style = style;
-  c.num_model_chunks = chunks;
-  c.depth = 8;
-  EXPECT_TRUE(model.recompute()) << model.knob_error;
-  return model;
-}
-
-std::string temp_file(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / ("cai_gui_" + name);
-  std::ofstream(p) << text;
-  return p.string();
-}
-
-bool near(Rgb a, Rgb b, int tol) {
-  return std::abs(a.r - b.r) <= tol && std::abs(a.g - b.g) <= tol && std::abs(a.b - b.b) <= tol;
-}
-
-// Share of the step's pixels on the row's centre line painted in the idle (bubble) colour.
-double idle_share(const Image& img, const DrawnTimeline& t, const DrawnRow& row) {
-  const int y = static_cast<int>((row.y0 + row.y1) / 2);
-  const int x0 = static_cast<int>(std::lround(t.step_x0)),
-            x1 = static_cast<int>(std::lround(t.step_x1));
-  int idle = 0;
-  for (int x = x0; x < x1; ++x) idle += near(img.at(x, y), kIdleColour, 2);
-  return static_cast<double>(idle) / std::max(1, x1 - x0);
-}
-
-double mean_idle_share(const Image& img, const DrawnTimeline& t) {
-  double s = 0;
-  for (const auto& r : t.rows) s += idle_share(img, t, r);
-  return s / static_cast<double>(t.rows.size());
-}
-
-std::unique_ptr<GuiApp> make_app(int w = 1280, int h = 800) {
-  try {
-    return std::make_unique<GuiApp>(AppOptions{w, h, true});
-  } catch (const cai::Error& e) {
-    return nullptr;
-  }
-}
-
-#define REQUIRE_APP(app) \
-  auto app = make_app(); \
-  if (!app) GTEST_SKIP() << "no display/OpenGL 3.3 (run under tests/gui/xvfb.sh)"
-
-void render(GuiApp& app, ExplorerModel& model, UiState& ui, int frames = 3) {
-  for (int i = 0; i < frames; ++i) app.frame(model, ui);
-}
-
-// Press and release the left button on the centre of a recorded widget.
-void click(GuiApp& app, ExplorerModel& model, UiState& ui, const std::string& widget) {
-  const auto it = app.drawn().widgets.find(widget);
-  ASSERT_NE(it, app.drawn().widgets.end()) << "widget " << widget << " was not drawn";
-  const Rect r = it->second;
-  ScriptedInput in{r.cx(), r.cy(), false};
-  app.frame(model, ui, &in);
-  in.left_down = true;
-  app.frame(model, ui, &in);
-  in.left_down = false;
-  app.frame(model, ui, &in);
-  ScriptedInput away{-1, -1, false};
-  app.frame(model, ui, &away);
-}
-
-}  // namespace
+using namespace cai::gui::testing;
 
 // --- the model, headless --------------------------------------------------------------------
 
@@ -261,7 +192,7 @@ TEST(ExplorerModel, MetricsAndConfigRoundTrip) {
 
 // --- what is drawn (offscreen frame under Xvfb) ---------------------------------------------
 
-TEST(ExplorerScreenshot, IdleShareOfEachRowIsTheStagesBubble) {
+TEST(ReplayScreenshot, IdleShareOfEachRowIsTheStagesBubble) {
   REQUIRE_APP(app);
   ExplorerModel model = pipeline_model(4, 8, "1f1b");
   UiState ui;
@@ -280,7 +211,7 @@ TEST(ExplorerScreenshot, IdleShareOfEachRowIsTheStagesBubble) {
   app->write_png((fs::temp_directory_path() / "cai_gui_1f1b.png").string());
 }
 
-TEST(ExplorerScreenshot, InterleavedShowsLessIdleThan1F1B) {
+TEST(ReplayScreenshot, InterleavedShowsLessIdleThan1F1B) {
   REQUIRE_APP(app);
   UiState ui;
   ExplorerModel a = pipeline_model(4, 8, "1f1b");
@@ -301,7 +232,7 @@ TEST(ExplorerScreenshot, InterleavedShowsLessIdleThan1F1B) {
                 0.02);
 }
 
-TEST(ExplorerScreenshot, HighestMemoryCurveIsStage0Under1F1B) {
+TEST(ReplayScreenshot, HighestMemoryCurveIsStage0Under1F1B) {
   REQUIRE_APP(app);
   ExplorerModel model = pipeline_model(4, 8, "1f1b");
   UiState ui;
@@ -310,14 +241,8 @@ TEST(ExplorerScreenshot, HighestMemoryCurveIsStage0Under1F1B) {
   const DrawnMemory& dm = app->drawn().memory;
   ASSERT_EQ(dm.ranks.size(), 4u);
   // The topmost curve pixel of the plot (the legend aside): whose colour is it?
-  int found = -1, found_y = -1;
-  for (int y = static_cast<int>(dm.plot.y0) + 1; y < static_cast<int>(dm.plot.y1) && found < 0; ++y)
-    for (int x = static_cast<int>(dm.plot.x0) + 1; x < static_cast<int>(dm.plot.x1) - 1; ++x) {
-      if (x < dm.legend.x1 && y < dm.legend.y1) continue;
-      for (int r : dm.ranks)
-        if (near(img.at(x, y), rank_colour(r), 6)) found = r, found_y = y;
-      if (found >= 0) break;
-    }
+  int found_y = -1;
+  const int found = topmost_curve_rank(img, dm, &found_y);
   std::printf("[explorer] highest memory curve: rank %d at y=%d (model predicts rank %d)\n", found,
               found_y, dm.highest_rank);
   EXPECT_EQ(found, 0);
@@ -326,7 +251,7 @@ TEST(ExplorerScreenshot, HighestMemoryCurveIsStage0Under1F1B) {
 
 // --- scripted input through ImGui's IO ------------------------------------------------------
 
-TEST(ExplorerInteraction, ScheduleAndMicroBatchKnobs) {
+TEST(ReplayInteraction, ScheduleAndMicroBatchKnobs) {
   REQUIRE_APP(app);
   ExplorerModel model = pipeline_model(4, 8, "1f1b");
   UiState ui;
@@ -370,9 +295,10 @@ TEST(ExplorerInteraction, ScheduleAndMicroBatchKnobs) {
 }
 
 // Printed, not asserted: frame time with 64 ranks × 32 micro-batches on Mesa's software renderer.
-TEST(ExplorerBenchmark, FrameTime64RanksBy32MicroBatches) {
+TEST(ReplayBenchmark, FrameTime64RanksBy32MicroBatches) {
   REQUIRE_APP(app);
   ExplorerModel model;
+  model.knobs.source = Source::Replay;
   auto& c = model.knobs.config;
   c.pipeline = 64;
   c.depth = 64;
@@ -390,7 +316,8 @@ TEST(ExplorerBenchmark, FrameTime64RanksBy32MicroBatches) {
   size_t spans = 0;
   for (const auto& r : model.current.ranks) spans += r.spans.size();
   std::printf(
-      "[explorer] 64 ranks x 32 micro-batches (pp 64, %zu spans): replay %.1f ms, mean "
+      "[explorer] replay source, 64 ranks x 32 micro-batches (pp 64, %zu spans): replay %.1f ms, "
+      "mean "
       "frame %.1f ms over %d frames (%s)\n",
       spans, recompute_ms, total / frames, frames, "Mesa software renderer under Xvfb");
 }

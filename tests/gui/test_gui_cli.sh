@@ -17,6 +17,15 @@ grep -q "\[gui\] trace $dir/bad.json: not JSON" <<<"$err" || { echo "stderr: $er
 [ -s "$dir/b.png" ] || { echo "no screenshot after a bad trace"; exit 1; }
 err=$("$bin" --screenshot "$dir/c.png" --pp 4 --schedule interleaved --microbatches 6 2>&1 >/dev/null)
 grep -q "multiple of the stage count (4)" <<<"$err" || { echo "stderr: $err"; exit 1; }
+# A malformed cluster file: the simulator's error naming the file (or, without SimGrid, that
+# there is no simulator); the picture is still written.
+printf 'name = "x"\nnodes = "many"\n' >"$dir/bad.toml"
+err=$("$bin" --screenshot "$dir/e.png" --source simulator --cluster "$dir/bad.toml" 2>&1 >/dev/null)
+grep -q "\[cluster\] $dir/bad.toml\|built without SimGrid" <<<"$err" || { echo "stderr: $err"; exit 1; }
+[ -s "$dir/e.png" ] || { echo "no screenshot after a bad cluster file"; exit 1; }
+# A/B from the command line: A is pinned, B differs.
+out=$("$bin" --screenshot "$dir/f.png" --pp 4 --microbatches 8 --ab parallel.pp_style=gpipe 2>&1)
+grep -q "B: step .* B - A: step" <<<"$out" || { echo "--ab: $out"; exit 1; }
 if "$bin" --screenshot "$dir/d.png" --schedule zigzag >/dev/null 2>&1; then
   echo "an unknown schedule was accepted"; exit 1
 fi

@@ -448,7 +448,24 @@ TEST(Replay, PipelineMemoryCurve) {
     EXPECT_EQ(r.ranks[st].peak_mem, 50 + 1000 * (4 - st)) << "stage " << st;
     EXPECT_EQ(r.ranks[st].mem_at_peak[static_cast<int>(MemKind::Activations)], 1000 * (4 - st));
     EXPECT_EQ(r.ranks[st].memory.back().bytes, 50);  // everything freed by the end
+    // The curve split by kind adds up at every point; at the peak it is mem_at_peak.
+    for (const MemPoint& m : r.ranks[st].memory) {
+      int64_t sum = 0;
+      for (int64_t b : m.kinds) sum += b;
+      EXPECT_EQ(sum, m.bytes);
+      if (m.bytes == r.ranks[st].peak_mem) {
+        EXPECT_EQ(m.kinds, r.ranks[st].mem_at_peak);
+      }
+    }
   }
+  // Every op carries the index of the program instruction that issued it.
+  const Workload w = expand_schedule(s, eo);
+  for (int st = 0; st < 4; ++st)
+    for (const Op& op : w.ranks[st].ops) {
+      ASSERT_GE(op.instr, 0);
+      ASSERT_LT(op.instr, static_cast<int>(s.programs[st].size()));
+      EXPECT_EQ(op.name, s.programs[st][op.instr].str()) << "stage " << st;
+    }
 }
 
 TEST(Replay, OutputsJsonAndTrace) {
