@@ -24,5 +24,10 @@ void gelu_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n, void* 
 void gelu_tanh_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream = nullptr);
 void gelu_tanh_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n,
                      void* stream = nullptr);
+// The GELU's backward over x[m, n] (exact, or tanh) with the bias gradient of the linear that
+// produced x: dx = gelu'(x)·dy in t, and db[j] += Σ_i dx[i, j] (dx as rounded to t, summed in
+// double in a fixed order, as linear_bwd_t's column sum) in one pass (linear.cu).
+void gelu_bwd_bias_t(DT t, bool tanh, const void* x, const void* dy, void* dx, float* db, int64_t m,
+                     int64_t n, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

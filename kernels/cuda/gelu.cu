@@ -1,6 +1,7 @@
 // GELU on the GPU: the twin of kernels/cpu/gelu.cpp. The typed kernels move 4 elements per access
 // when the pointers allow it and compute in fp32.
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gelu_math.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/gelu.h"
@@ -17,32 +18,6 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
     const float pdf = 0.3989422804014327f * expf(-0.5f * x[i] * x[i]);
     dx[i] = dy[i] * (cdf + x[i] * pdf);
   }
-}
-
-__device__ __forceinline__ float gelu_f(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-}
-__device__ __forceinline__ float gelu_grad_f(float x, float dy) {
-  const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
-  const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
-  return dy * (cdf + x * pdf);
-}
-
-// The tanh approximation: 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), and its exact
-// derivative 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²). Written with
-// 0.5·(1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)) and 0.5·(1 − tanh² u) = 2·σ(2u)·σ(−2u): no
-// cancellation in 1 + tanh u for negative x (where tanhf's rounding near −1 would be the result).
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCubic = 0.044715f;
-__device__ __forceinline__ float gelu_tanh_f(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return x / (1.0f + expf(-2.0f * u));  // e^(−2u) = inf: −0
-}
-__device__ __forceinline__ float gelu_tanh_grad_f(float x, float dy) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float s = 1.0f / (1.0f + expf(-2.0f * u)), sn = 1.0f / (1.0f + expf(2.0f * u));
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-  return dy * (s + 2.0f * x * s * sn * du);
 }
 
 // 16-byte accesses: 4 fp32 or 8 halves per thread and step.

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gelu_math.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/device.h"
@@ -96,9 +97,36 @@ __global__ void column_sum_finish_kernel(const double* part, float* db, int64_t 
 // The same sums with 16-byte loads: each thread owns V consecutive columns (V·sizeof(T) = 16), a
 // warp 32·V of them, so a warp reads 512 contiguous bytes of a row; the kRows row lanes of a block
 // then add their sums in order through shared memory. Needs n % V == 0 and dy 16-byte aligned.
-template <typename T, int V = 16 / static_cast<int>(sizeof(T))>
+// `op(at, v)` may replace the V values loaded at element `at` before they are summed (and store
+// what it made of them): SumOnly leaves them, GeluBwdOp turns the GELU's output gradient into its
+// input gradient, writes it, and sums that (the fused GELU backward + bias gradient).
+struct SumOnly {
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t, float (&)[V]) const {}
+};
+
+template <typename T, bool Tanh>
+struct GeluBwdOp {
+  const T* __restrict__ x;
+  T* __restrict__ dx;
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t at, float (&v)[V]) const {
+    float xv[V];
+    load_vec(x + at, xv);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      v[e] = Tanh ? gelu_tanh_grad_f(xv[e], v[e]) : gelu_grad_f(xv[e], v[e]);
+    store_vec(dx + at, v);
+    // The bias gradient sums dx as stored (rounded to T), as the separate column sum would.
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = to_f32(from_f32<T>(v[e]));
+  }
+};
+
+template <typename T, typename Op, int V = 16 / static_cast<int>(sizeof(T))>
 __global__ void __launch_bounds__(32 * kRows)
-    column_sum_vec_kernel(const T* __restrict__ dy, float* db, double* part, int64_t m, int64_t n) {
+    column_sum_vec_kernel(const T* __restrict__ dy, Op op, float* db, double* part, int64_t m,
+                          int64_t n) {
   __shared__ double sums[kRows][32 * V];
   const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * V;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kChunk;
@@ -110,6 +138,7 @@ __global__ void __launch_bounds__(32 * kRows)
     for (int64_t i = begin + threadIdx.y; i < end; i += kRows) {
       float v[V];
       load_vec(dy + i * n + j0, v);
+      op(i * n + j0, v);
 #pragma unroll
       for (int e = 0; e < V; ++e) acc[e] += static_cast<double>(v[e]);
     }
@@ -129,26 +158,35 @@ __global__ void __launch_bounds__(32 * kRows)
   }
 }
 
+// Whether column_sum_vec_kernel takes dy[m, n] of type t at `p`.
+bool column_sum_vec_ok(DT t, const void* p, int64_t n) {
+  return n % (16 / static_cast<int>(dt_size(t))) == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Runs column_sum_vec_kernel<T, Op> (db += Σ_rows op(dy)) and its ordered finish over chunks.
+template <typename T, typename Op>
+void launch_column_sum_vec(const T* dy, Op op, float* db, int64_t m, int64_t n, cudaStream_t s) {
+  constexpr int vec = 16 / static_cast<int>(sizeof(T));
+  const int64_t tiles = (n / vec + 31) / 32;
+  const int64_t chunks = tiles >= 264 || m <= 2 * kChunk ? 1 : (m + kChunk - 1) / kChunk;
+  CAI_CHECK(tiles <= INT_MAX && chunks <= 65535, "[linear_bwd] n = {}, m = {} are too large", n, m);
+  Scratch part(chunks > 1 ? sizeof(double) * static_cast<size_t>(chunks * n) : 0);
+  double* pp = chunks > 1 ? part.as<double>() : nullptr;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  column_sum_vec_kernel<T, Op><<<grid, dim3(32, kRows), 0, s>>>(dy, op, db, pp, m, n);
+  CAI_CUDA_CHECK_LAUNCH();
+  if (pp) {
+    column_sum_finish_kernel<<<grid_for(n), kBlock, 0, s>>>(pp, db, chunks, n);
+    CAI_CUDA_CHECK_LAUNCH();
+  }
+}
+
 void launch_column_sum(DT t, const void* dy, float* db, int64_t m, int64_t n, cudaStream_t s) {
-  const int vec = 16 / static_cast<int>(dt_size(t));
-  if (n % vec == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0) {
-    const int64_t tiles = (n / vec + 31) / 32;
-    const int64_t chunks = tiles >= 264 || m <= 2 * kChunk ? 1 : (m + kChunk - 1) / kChunk;
-    CAI_CHECK(tiles <= INT_MAX && chunks <= 65535, "[linear_bwd] n = {}, m = {} are too large", n,
-              m);
-    Scratch part(chunks > 1 ? sizeof(double) * static_cast<size_t>(chunks * n) : 0);
-    double* pp = chunks > 1 ? part.as<double>() : nullptr;
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  if (column_sum_vec_ok(t, dy, n)) {
     dispatch(t, [&](auto tag) {
       using T = decltype(tag);
-      column_sum_vec_kernel<T>
-          <<<grid, dim3(32, kRows), 0, s>>>(static_cast<const T*>(dy), db, pp, m, n);
+      launch_column_sum_vec(static_cast<const T*>(dy), SumOnly{}, db, m, n, s);
     });
-    CAI_CUDA_CHECK_LAUNCH();
-    if (pp) {
-      column_sum_finish_kernel<<<grid_for(n), kBlock, 0, s>>>(pp, db, chunks, n);
-      CAI_CUDA_CHECK_LAUNCH();
-    }
     return;
   }
   const int64_t tiles = (n + kColTile - 1) / kColTile;
@@ -312,6 +350,32 @@ void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, cons
   }
   // dw += dyᵀ·x, db += Σ_rows dy: linear_bwd_t's own code.
   linear_bwd_t(t, x, w, dy, nullptr, dw, db, m, k, n, false, stream);
+}
+
+void gelu_bwd_bias_t(DT t, bool tanh, const void* x, const void* dy, void* dx, float* db, int64_t m,
+                     int64_t n, void* stream) {
+  CAI_CHECK(m >= 0 && n >= 0, "[gelu_bwd_bias] m = {}, n = {} must be >= 0", m, n);
+  if (m == 0 || n == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (db && column_sum_vec_ok(t, dy, n) && column_sum_vec_ok(t, x, n) &&
+      column_sum_vec_ok(t, dx, n)) {
+    dispatch(t, [&](auto tag) {
+      using T = decltype(tag);
+      const auto* xp = static_cast<const T*>(x);
+      auto* dxp = static_cast<T*>(dx);
+      if (tanh)
+        launch_column_sum_vec(static_cast<const T*>(dy), GeluBwdOp<T, true>{xp, dxp}, db, m, n, s);
+      else
+        launch_column_sum_vec(static_cast<const T*>(dy), GeluBwdOp<T, false>{xp, dxp}, db, m, n, s);
+    });
+    return;
+  }
+  // Odd widths or alignments: the GELU's backward, then the column sum.
+  if (tanh)
+    gelu_tanh_bwd_t(t, x, dy, dx, m * n, stream);
+  else
+    gelu_bwd_t(t, x, dy, dx, m * n, stream);
+  if (db) launch_column_sum(t, dx, db, m, n, s);
 }
 
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,

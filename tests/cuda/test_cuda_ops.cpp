@@ -116,6 +116,35 @@ TEST_F(Cuda, LayerNormBackwardAdd) {
   }
 }
 
+// The GELU's backward with fc1's bias gradient in the same pass, against the CPU's GELU backward
+// and column sums: fp32 and bf16, exact and tanh, a vectorised shape and an odd one (the fallback).
+TEST_F(Cuda, GeluBackwardWithBiasGradient) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (ops::Gelu kind : {ops::Gelu::Exact, ops::Gelu::Tanh})
+      for (auto [m, n] : {std::pair{394, 3072}, {7, 9}, {1100, 64}}) {
+        Tensor x = random_tensor({m, n}, 21, 2.0f).to(t), dy = random_tensor({m, n}, 22).to(t);
+        Tensor db = random_tensor({n}, 23), gdb = gpu(db);
+        Tensor dx = ops::gelu_bwd_bias(x, dy, kind, &db);
+        Tensor gdx = ops::gelu_bwd_bias(gpu(x), gpu(dy), kind, &gdb);
+        const std::string what = fmt::format("gelu_bwd_bias {} {} [{}, {}]", dtype_name(t),
+                                             kind == ops::Gelu::Tanh ? "tanh" : "exact", m, n);
+        const double tol = t == DType::F32 ? 1e-5 : 1e-2;
+        expect_close(gdx.to(DType::F32), dx.to(DType::F32), (what + " dx").c_str(), tol);
+        // The bias gradient sums the rounded dx each side computed: against the GPU's own dx.
+        Tensor ref = random_tensor({n}, 23);
+        const auto v = gdx.to(DType::F32).to(Device::cpu()).to_vector();
+        std::vector<float> r = ref.to_vector();
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t i = 0; i < m; ++i) acc += v[i * n + j];
+          r[j] += static_cast<float>(acc);
+        }
+        expect_close(gdb, Tensor::from_vector(r, {n}), (what + " db").c_str());
+        expect_close(gdb, db, (what + " db against the CPU").c_str(),
+                     t == DType::F32 ? 1e-5 : 1e-2);
+      }
+}
+
 namespace {
 // x[rows, cols] -> x[:, c0:c0+n] (a 1-D x: its elements [c0, c0+n)), fp32 on the CPU.
 Tensor columns(const Tensor& x, int64_t c0, int64_t n) {

@@ -669,9 +669,10 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
   return tp->sequence_parallel() ? tp->reduce_scatter_tokens(y) : tp->all_reduce(y);
 }
 
-Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy) {
-  if (!tp || tp->size() == 1)
-    return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, &l.bias.grad);
+Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
+                         bool bias_grad) {
+  Tensor* db = bias_grad ? &l.bias.grad : nullptr;
+  if (!tp || tp->size() == 1) return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, db);
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
   const Tensor w = x.dtype() == DType::F32 ? l.weight.value : l.weight.value.to(x.dtype());
@@ -679,7 +680,7 @@ Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const T
   Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
   auto pending =
       tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
-  ops::linear_bwd(x, w, g, &l.weight.grad, &l.bias.grad, false);
+  ops::linear_bwd(x, w, g, &l.weight.grad, db, false);
   return tp->finish(std::move(pending));
 }
 

@@ -432,14 +432,17 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (sp()) g = tp_->gather_tokens(g, n);
   const bool tanh = c_.act == "gelu_tanh";
   Tensor gf;
+  bool fc1_bias_done = false;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
     gf = ops::linear_dgelu_bwd(a.m, fc2.weight.value, g, a.f, &fc2.weight.grad, &fc2.bias.grad);
   } else {
     Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
-    gf = ops::gelu_bwd(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact);
+    // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
+    gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
+    fc1_bias_done = true;
   }
-  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf);
+  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take.

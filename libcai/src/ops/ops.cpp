@@ -403,6 +403,34 @@ Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in, Gelu kind) {
   return dx;
 }
 
+Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy_in, Gelu kind, Tensor* db) {
+  floating("gelu", x);
+  CAI_CHECK(dy_in.shape() == x.shape(), "[gelu] grad {} does not match input {}", dy_in.str(),
+            x.str());
+  const int64_t n = x.dim() ? x.size(-1) : 1, m = x.numel() / std::max<int64_t>(n, 1);
+  CAI_CHECK(db && db->numel() == n && db->device() == x.device(),
+            "[gelu] bias gradient {} must hold the {} features of {}", db ? db->str() : "null", n,
+            x.str());
+  f32_only("gelu", *db);
+  if (x.is_cuda()) {
+    const Tensor dy = as(dy_in, x.dtype());
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    kernels::cuda::gelu_bwd_bias_t(kdt(x.dtype()), kind == Gelu::Tanh, x.raw(), dy.raw(), dx.raw(),
+                                   f32m(*db), m, n);
+    return dx;
+  }
+  // The reference: the GELU's backward, then the column sums in double, row order.
+  Tensor dx = gelu_bwd(x, dy_in, kind);
+  const auto v = up(dx).to_vector();
+  float* b = f32m(*db);
+  for (int64_t j = 0; j < n; ++j) {
+    double acc = 0;
+    for (int64_t i = 0; i < m; ++i) acc += v[i * n + j];
+    b[j] += static_cast<float>(acc);
+  }
+  return dx;
+}
+
 Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* pre) {
   if (x.is_cuda()) {
     floating("linear_gelu", x);
