@@ -87,6 +87,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.zero_stage", Kind::Int, &c.zero_stage, {}, 0, 3},
       {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
       {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
+      {"parallel.gradient_comm_dtype", Kind::String, &c.gradient_comm_dtype, {"fp32", "bf16"}},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
@@ -370,6 +371,10 @@ void validate(const TrainConfig& c, int world) {
       "[config] parallel.zero_stage = {} with train.optimizer = \"lamb\": LAMB's per-parameter "
       "trust ratio spans ZeRO shards; use sgd, adam or adamw",
       c.zero_stage);
+  CAI_CHECK(c.gradient_comm_dtype == "fp32" || c.zero_stage <= 1,
+            "[config] parallel.gradient_comm_dtype = \"{}\" applies to zero_stage 0 and 1 (the "
+            "all-reduced buckets), not zero_stage = {}",
+            c.gradient_comm_dtype, c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
@@ -482,6 +487,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.optimizer = c.optimizer;
   l.momentum = c.momentum;
   l.ddp_bucket_cap_mb = c.ddp_bucket_cap_mb;
+  l.bucket_dtype = dtype_from_name(c.gradient_comm_dtype);
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
   l.gpu = c.device == "cuda";
   // main.cpp: a DataParallelPlugin (or the pipeline / hybrid plugin over one) whenever there

@@ -32,12 +32,12 @@ struct TrainConfig {
   int64_t num_workers = 2;             // data loader threads
   int64_t log_interval = 0;            // steps between plain progress lines (0: 10 per epoch)
   std::string metrics_file;            // JSON lines; "" = none
-  std::string kernel_profile;          // per-kernel table (Markdown, CUPTI) of some steps; "" = none
-  int64_t kernel_profile_start = 10;   // profile the steps after this global step ...
-  int64_t kernel_profile_steps = 5;    // ... this many of them
-  int64_t max_steps_per_epoch = 0;     // 0 = whole epoch
-  std::string device = "cpu";          // cpu | cuda (one GPU per process: local rank mod
-                                       // GPUs; several processes talk over NCCL)
+  std::string kernel_profile;         // per-kernel table (Markdown, CUPTI) of some steps; "" = none
+  int64_t kernel_profile_start = 10;  // profile the steps after this global step ...
+  int64_t kernel_profile_steps = 5;   // ... this many of them
+  int64_t max_steps_per_epoch = 0;    // 0 = whole epoch
+  std::string device = "cpu";         // cpu | cuda (one GPU per process: local rank mod
+                                      // GPUs; several processes talk over NCCL)
   // [model]
   std::string model_name;  // a timm name as the starting point, e.g. vit_base_patch16_224
   int64_t img_size = 28, patch_size = 7, in_chans = 0, hidden_size = 64, depth = 4, num_heads = 4,
@@ -56,6 +56,7 @@ struct TrainConfig {
   int64_t zero_stage = 0;
   bool cpu_offload = false;
   double ddp_bucket_cap_mb = 25.0;
+  std::string gradient_comm_dtype = "fp32";  // stage 0/1 bucket all-reduce: fp32 | bf16
   double zero_bucket_size_in_m = 12.0;
   // [precision]
   std::string precision = "fp32";  // fp32 | fp16 | bf16

@@ -78,6 +78,25 @@ void check(Communicator& c, const On& on) {
   Tensor mn = on.full(1, float(r) + 3.0f);
   c.all_reduce(mn, ReduceOp::Min);
   expect(mn.item() == 3.0f, "all_reduce min", r);
+  // bf16 and fp16 reductions (NCCL natively, MPI through its user operations), values exact in
+  // both: sums, max and min; and a sum that rounds (1 + 2^-9 per rank is not a bf16 value).
+  for (DType h : {DType::BF16, DType::F16}) {
+    const std::string hn = dtype_name(h);
+    Tensor s = on.vec({float(r), 1.0f, -2.0f * float(r)}).to(h);
+    c.all_reduce(s);
+    expect(s.to(DType::F32).to_vector() ==
+               std::vector<float>{float(n * (n - 1) / 2), float(n), -float(n * (n - 1))},
+           "all_reduce " + hn, r);
+    Tensor hm = on.full(2, float(r)).to(h);
+    c.all_reduce(hm, ReduceOp::Max);
+    expect(hm.to(DType::F32).to_vector() == std::vector<float>(2, float(n - 1)),
+           "all_reduce max " + hn, r);
+    Tensor hr = on.full(1, 1.0f + 1.0f / 512).to(h);  // bf16 rounds it to 1; fp16 keeps it
+    c.all_reduce(hr);
+    const float one = h == DType::BF16 ? 1.0f : 1.0f + 1.0f / 512;
+    expect(std::abs(hr.to(DType::F32).item() - float(n) * one) <= 0.02f * n,
+           "all_reduce rounding " + hn, r);
+  }
   // Uneven: rank i gets i + 1 elements; then counts with a zero (rank 0 gets none).
   std::vector<int64_t> counts, with_zero;
   for (int i = 0; i < n; ++i) counts.push_back(i + 1), with_zero.push_back(i == 0 ? 0 : 2 * i + 1);

@@ -5,7 +5,7 @@
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
 //            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
-//            [--cpu-offload] [--data DIR]
+//            [--cpu-offload] [--bucket-dtype fp32|bf16] [--data DIR]
 // --tp T: tensor parallelism (1D, --sp: with sequence parallelism) through the
 // HybridParallelPlugin (with --pp and data parallelism over the remaining ranks); the parameters
 // compared are its full_state(): the shards of every rank gathered back to timm's shapes.
@@ -60,6 +60,7 @@ struct PipeArgs {
   int tp_depth = 1;
   bool sp = false;
   std::string precision = "fp32";
+  std::string bucket_dtype = "fp32";  // --bucket-dtype bf16: DDP/ZeRO-1 buckets all-reduced in bf16
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
@@ -97,6 +98,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     hc.dp.ddp_bucket_cap_mb = 0.01;
     hc.dp.zero_bucket_size_in_m = 0.003;
     hc.dp.cpu_offload = cpu_offload;
+    hc.dp.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     hybrid = std::make_shared<parallel::HybridParallelPlugin>(*comm, hc);
   }
   nn::ViT model(c, hybrid ? hybrid->tensor_parallel() : nullptr);
@@ -119,6 +121,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     pc.num_microbatches = pa.microbatches;
     pc.dp.zero_stage = zero;
     pc.dp.ddp_bucket_cap_mb = 0.01;
+    pc.dp.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     pipe = std::make_shared<parallel::PipelinePlugin>(*comm, mesh, pc);
     plugin = pipe;
   } else if (comm) {
@@ -128,6 +131,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.ddp_bucket_cap_mb = 0.01;  // several buckets even for this small model
     dc.zero_bucket_size_in_m = 0.003;
     dc.cpu_offload = cpu_offload;
+    dc.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
     plugin = dpp;
   } else {
@@ -215,6 +219,8 @@ int main(int argc, char** argv) {
       pa.tp_depth = std::atoi(argv[++i]);
     else if (a == "--sp")
       pa.sp = true;
+    else if (a == "--bucket-dtype" && i + 1 < argc)
+      pa.bucket_dtype = argv[++i];
     else if (a == "--precision" && i + 1 < argc)
       pa.precision = argv[++i];
     else if (a == "--device" && i + 1 < argc)
@@ -262,9 +268,13 @@ int main(int argc, char** argv) {
     }
     ok = ok && compared > 0;
     const double param_err = std::sqrt(num / den);
-    // fp32: the single-process run to 1e-5; bf16/fp16 (GPU): the model-level half bounds.
-    const double tol = pa.precision == "fp32" ? 1e-5 : pa.precision == "fp16" ? 5e-3 : 2e-2;
+    // fp32: the single-process run to 1e-5; bf16/fp16 (GPU): the model-level half bounds. bf16
+    // gradient buckets: the half bounds too, and the run must differ from the fp32 one (the
+    // gradients really went through bf16).
+    const bool half = pa.precision != "fp32" || pa.bucket_dtype != "fp32";
+    const double tol = !half ? 1e-5 : pa.precision == "fp16" ? 5e-3 : 2e-2;
     ok = ok && loss_err <= tol && param_err <= tol;
+    if (pa.bucket_dtype != "fp32") ok = ok && param_err > 1e-7;
     const int W = world->size() / pa.pp / pa.tp;  // data-parallel size
     const double state_ratio = double(dist.state_bytes) / double(ref.state_bytes);
     const double param_ratio = double(dist.param_bytes) / double(ref.param_bytes);
@@ -288,14 +298,16 @@ int main(int argc, char** argv) {
     // Every rank must agree.
     const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
     std::printf(
-        "[rank %d] %s tp %d (%s)%s pp %d (%s, %d chunks) zero %d dp %d accum %d %s: %zu steps, "
+        "[rank %d] %s tp %d (%s)%s pp %d (%s, %d chunks) zero %d dp %d accum %d %s (%s buckets): "
+        "%zu "
+        "steps, "
         "losses "
         "%.6f..%.6f, max loss rel err "
         "%.2e, param rel err %.2e, optimizer state %lld B (single %lld B, ratio %.3f), "
         "parameters %lld B (single %lld B, ratio %.3f): %s\n",
         world->rank(), dev.str().c_str(), pa.tp, pa.tp_mode.c_str(), pa.sp ? " (sp)" : "", pa.pp,
-        pa.style.c_str(), pa.chunks, zero, W, accum, pa.precision.c_str(), dist.losses.size(),
-        dist.losses.front(), dist.losses.back(), loss_err, param_err,
+        pa.style.c_str(), pa.chunks, zero, W, accum, pa.precision.c_str(), pa.bucket_dtype.c_str(),
+        dist.losses.size(), dist.losses.front(), dist.losses.back(), loss_err, param_err,
         static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
         state_ratio, static_cast<long long>(dist.param_bytes),
         static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");

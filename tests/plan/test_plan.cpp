@@ -98,6 +98,28 @@ TEST(Plan, ZeroShardsAndMemoryByStage) {
   EXPECT_GT(off.host, 0);
 }
 
+// parallel.gradient_comm_dtype = "bf16": DDP's and ZeRO-1's flat buckets, and the bytes their
+// all-reduces move, are half of fp32's; the gradients themselves stay fp32.
+TEST(Plan, Bf16GradientBucketsHalveTheBuffersAndTheWire) {
+  const nn::ViTConfig c = tiny();
+  for (int z : {0, 1}) {
+    plan::Layout l;
+    l.world = 2, l.zero_stage = z, l.ddp_bucket_cap_mb = 0.01;
+    const auto f = plan::plan_rank(plan::make_plan(c, l), 0);
+    l.bucket_dtype = DType::BF16;
+    const auto h = plan::plan_rank(plan::make_plan(c, l), 0);
+    EXPECT_EQ(2 * h.memory.buffers, f.memory.buffers) << "zero " << z;
+    EXPECT_EQ(h.memory.gradients, f.memory.gradients) << "zero " << z;
+    int64_t fb = 0, hb = 0;
+    for (const auto& k : f.collectives)
+      if (k.kind == plan::CollectiveKind::AllReduce) fb += k.bytes;
+    for (const auto& k : h.collectives)
+      if (k.kind == plan::CollectiveKind::AllReduce) hb += k.bytes;
+    EXPECT_GT(fb, 0) << "zero " << z;
+    EXPECT_EQ(2 * hb, fb) << "zero " << z;
+  }
+}
+
 TEST(Plan, ActivationsFollowCheckpointingAndThePipeline) {
   nn::ViTConfig c = tiny();
   plan::Layout l;

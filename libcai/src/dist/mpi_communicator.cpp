@@ -2,6 +2,7 @@
 // against a deadline so a dead or hung peer becomes an error naming the operation and group.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +23,24 @@ MPI_Datatype mpi_type(const Tensor& t) {
     case DType::I32:
       return MPI_INT;
     default:
-      return MPI_UINT16_T;  // bf16/fp16 move as raw 16-bit words (no reductions)
+      return MPI_UINT16_T;  // bf16/fp16 move as raw 16-bit words (reductions: half_reduce)
+  }
+}
+
+// 16-bit floats (bf16, fp16): MPI has no such types, so their reductions are user operations on
+// the raw 16-bit words that decode, combine in fp32 and round back (to nearest even) at every
+// step of MPI's reduction, as NCCL's bf16/fp16 reductions round.
+template <bool Bf16, ReduceOp Op>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Bf16 ? bf16_to_float(a[i]) : fp16_to_float(a[i]);
+    const float y = Bf16 ? bf16_to_float(b[i]) : fp16_to_float(b[i]);
+    const float r = Op == ReduceOp::Sum   ? x + y
+                    : Op == ReduceOp::Max ? std::max(x, y)
+                                          : std::min(x, y);
+    b[i] = Bf16 ? float_to_bf16(r) : float_to_fp16(r);
   }
 }
 
@@ -122,7 +140,37 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    for (auto& ops : half_ops_)
+      for (MPI_Op& o : ops)
+        if (o != MPI_OP_NULL) MPI_Op_free(&o);
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+
+  // The MPI operation reducing t's elements: MPI's own for fp32 and int32, a user operation of
+  // this communicator (created on first use) for bf16 and fp16.
+  MPI_Op reduce_op(const Tensor& t, ReduceOp op) {
+    if (t.dtype() == DType::F32 || t.dtype() == DType::I32) return mpi_op(op);
+    CAI_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F16,
+              "[mpi] cannot reduce {} tensors ({})", dtype_name(t.dtype()), t.str());
+    const bool bf16 = t.dtype() == DType::BF16;
+    MPI_Op& o = half_ops_[bf16 ? 0 : 1][static_cast<int>(op)];
+    if (o == MPI_OP_NULL) {
+      MPI_User_function* fn = nullptr;
+      switch (op) {
+        case ReduceOp::Sum:
+          fn = bf16 ? half_reduce<true, ReduceOp::Sum> : half_reduce<false, ReduceOp::Sum>;
+          break;
+        case ReduceOp::Max:
+          fn = bf16 ? half_reduce<true, ReduceOp::Max> : half_reduce<false, ReduceOp::Max>;
+          break;
+        case ReduceOp::Min:
+          fn = bf16 ? half_reduce<true, ReduceOp::Min> : half_reduce<false, ReduceOp::Min>;
+          break;
+      }
+      check_mpi(MPI_Op_create(fn, 1, &o), "MPI_Op_create");
+    }
+    return o;
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -141,7 +189,7 @@ class MpiCommunicator : public Communicator {
     w->requests.resize(1);
     w->keep.push_back(t);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), to_int(t.numel(), "all_reduce"), mpi_type(t),
-                             mpi_op(op), comm_, &w->requests[0]),
+                             reduce_op(t, op), comm_, &w->requests[0]),
               "MPI_Iallreduce");
     return w;
   }
@@ -155,8 +203,8 @@ class MpiCommunicator : public Communicator {
     for (int64_t c : counts) w->counts.push_back(to_int(c, "reduce_scatter"));
     w->requests.resize(1);
     w->keep = {in, out};
-    check_mpi(MPI_Ireduce_scatter(in.raw(), out.raw(), w->counts.data(), mpi_type(in), mpi_op(op),
-                                  comm_, &w->requests[0]),
+    check_mpi(MPI_Ireduce_scatter(in.raw(), out.raw(), w->counts.data(), mpi_type(in),
+                                  reduce_op(in, op), comm_, &w->requests[0]),
               "MPI_Ireduce_scatter");
     return w;
   }
@@ -260,6 +308,8 @@ class MpiCommunicator : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Op half_ops_[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                            {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};  // [bf16, fp16][ReduceOp]
   std::string name_;
   bool owned_;
   int rank_ = 0, size_ = 1;

@@ -29,7 +29,10 @@ Tensor span(const Tensor& t, int64_t offset, int64_t n) {
 // the compute stream, so it is ordered with the kernels that produced or consume the values).
 void copy_span(const Tensor& dst, int64_t doff, const Tensor& src, int64_t soff, int64_t n) {
   if (n == 0) return;
-  span(dst, doff, n).copy_from(span(src, soff, n));
+  if (dst.dtype() == src.dtype())
+    span(dst, doff, n).copy_from(span(src, soff, n));
+  else  // a bf16 bucket: rounded on the way in, widened on the way out
+    span(dst, doff, n).copy_from(span(src, soff, n).to(dst.dtype()));
 }
 
 struct Bucket {
@@ -93,6 +96,13 @@ struct DataParallelPlugin::Impl {
               cfg.zero_max_inflight_buckets);
     CAI_CHECK(cfg.zero3_prefetch >= 0, "[data_parallel] zero3_prefetch {} must be at least 0",
               cfg.zero3_prefetch);
+    CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.bucket_dtype == DType::BF16,
+              "[data_parallel] bucket dtype {}: expected fp32 or bf16",
+              dtype_name(cfg.bucket_dtype));
+    CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.zero_stage <= 1,
+              "[data_parallel] bf16 gradient buckets apply to ZeRO stages 0 and 1 (all-reduced "
+              "buckets); stage {} reduce-scatters fp32 shards",
+              cfg.zero_stage);
   }
 
   ~Impl() {
@@ -141,7 +151,7 @@ struct DataParallelPlugin::Impl {
         k.numel += n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
-      if (!sharded_grads()) k.flat = Tensor::zeros({k.numel}, DType::F32, device);
+      if (!sharded_grads()) k.flat = Tensor::zeros({k.numel}, cfg.bucket_dtype, device);
     }
   }
 
@@ -371,8 +381,10 @@ DataParallelPlugin::DataParallelPlugin(dist::Communicator& dp, DataParallelConfi
 DataParallelPlugin::~DataParallelPlugin() = default;
 
 std::string DataParallelPlugin::name() const {
-  return impl_->cfg.zero_stage == 0 ? fmt::format("ddp×{}", impl_->size)
-                                    : fmt::format("zero-{}×{}", impl_->cfg.zero_stage, impl_->size);
+  const std::string comm = impl_->cfg.bucket_dtype == DType::F32 ? "" : " (bf16 buckets)";
+  return impl_->cfg.zero_stage == 0
+             ? fmt::format("ddp×{}{}", impl_->size, comm)
+             : fmt::format("zero-{}×{}{}", impl_->cfg.zero_stage, impl_->size, comm);
 }
 int DataParallelPlugin::rank() const {
   return impl_->rank;

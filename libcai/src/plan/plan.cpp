@@ -782,7 +782,8 @@ void replay(const StepPlan& plan, RankPlan& r) {
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
   m.shards = l.zero_stage >= 1 ? 8 * S : 0;
   m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
-  m.buffers = rp.plugin() && l.zero_stage <= 1 ? 4 * N : 0;
+  m.buffers =
+      rp.plugin() && l.zero_stage <= 1 ? static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N : 0;
   m.host = offload ? 4 * (2 + slots) * S : 0;
   Tracker& t = rp.t;
   t.live = m.persistent();
@@ -927,8 +928,10 @@ void replay(const StepPlan& plan, RankPlan& r) {
     const int64_t bytes = 4 * rp.bucket_numel(b);
     const std::string name = fmt::format("bucket {}", b);
     if (l.zero_stage <= 1) {
+      const int64_t wire =
+          static_cast<int64_t>(dtype_size(l.bucket_dtype)) * rp.bucket_numel(b);  // bf16: half
       r.collectives.push_back(
-          {CollectiveKind::AllReduce, Group::Dp, d, bytes, "", name, Phase::Backward, 1});
+          {CollectiveKind::AllReduce, Group::Dp, d, wire, "", name, Phase::Backward, 1});
     } else {
       const int per = l.pp == 1 ? static_cast<int>(l.gradient_accumulation) : 1;
       r.collectives.push_back(

@@ -62,6 +62,12 @@ struct DataParallelConfig {
   // Stage 3: layers whose all-gather is issued ahead of use (forward: the following layers,
   // backward: the preceding ones), as FSDP's forward/backward prefetch. 0: gather on use.
   int zero3_prefetch = 1;
+  // Stage 0/1: the dtype the gradient buckets are all-reduced in. BF16 (PyTorch DDP's
+  // bf16_compress_hook): each rank's fp32 gradients are rounded to bf16 into the bucket, summed
+  // in bf16 (every partial sum rounded, NCCL natively, MPI through a user operation), and the sum
+  // is widened back into the fp32 gradients; half the bytes on the wire for about 3 significant
+  // digits per element (relative error up to 2^-8 per rounding, a few per reduction).
+  DType bucket_dtype = DType::F32;
 };
 
 class DataParallelPlugin : public train::Plugin {
