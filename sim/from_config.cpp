@@ -387,7 +387,11 @@ double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& c
       }
       std::vector<int> ring;
       for (int r : w.groups[o.group]) ring.push_back(prog.mesh_rank(r));
-      t += collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
+      // A calibrated collective takes its measured time in the replay (replay.h).
+      const double measured =
+          calibrated_collective_seconds(cal, o.kind, static_cast<int>(ring.size()), o.bytes);
+      t += measured >= 0 ? measured
+                         : collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
     }
     return t;
   };
