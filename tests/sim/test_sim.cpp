@@ -247,15 +247,21 @@ TEST(Calibration, MeasuredSamplesTimeTheOpsTheyMatch) {
 }
 
 TEST(Calibration, EveryShippedProfileLoadsWithSamples) {
-  int n = 0;
+  int n = 0, with_collectives = 0;
   for (const auto& e : std::filesystem::directory_iterator(CAI_CALIBRATION_DIR)) {
     if (e.path().extension() != ".json") continue;
     const Calibration c = load_calibration(e.path().string());
     EXPECT_FALSE(c.samples.empty()) << e.path();
     EXPECT_TRUE(c.samples.count("attn.qkv|fwd") && c.samples.count("optimizer|step")) << e.path();
+    for (const auto& [key, v] : c.collectives) {  // measured on several processes
+      EXPECT_GE(v.size(), 2u) << e.path() << " " << key.first;
+      for (size_t i = 1; i < v.size(); ++i) EXPECT_GT(v[i].bytes, v[i - 1].bytes) << e.path();
+    }
+    with_collectives += c.collectives.empty() ? 0 : 1;
     ++n;
   }
   EXPECT_GE(n, 3);
+  EXPECT_GE(with_collectives, 1);
 }
 
 // 2(N-1)/N · S/B + 2(N-1) · α, with B and α of the slowest ring edge.
