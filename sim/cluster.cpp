@@ -256,6 +256,26 @@ double Calibration::seconds_of(const std::string& key, double flops, bool* inter
   return std::exp(std::log(a.seconds) + t * (std::log(b.seconds) - std::log(a.seconds)));
 }
 
+double Calibration::collective_seconds(const std::string& op, int group_size, double bytes,
+                                       bool* interpolated) const {
+  const auto it = collectives.find({op, group_size});
+  if (it == collectives.end() || it->second.empty() || bytes <= 0) return -1;
+  const std::vector<CollectiveSample>& v = it->second;
+  auto near = [&](double b) { return std::abs(b - bytes) <= 1e-3 * std::max(b, 1.0); };
+  for (const CollectiveSample& s : v)
+    if (near(s.bytes)) {
+      if (interpolated) *interpolated = false;
+      return s.seconds;
+    }
+  if (bytes < v.front().bytes || bytes > v.back().bytes) return -1;
+  if (interpolated) *interpolated = true;
+  size_t i = 1;
+  while (v[i].bytes < bytes) ++i;
+  const CollectiveSample &a = v[i - 1], &b = v[i];
+  const double t = std::log(bytes / a.bytes) / std::log(b.bytes / a.bytes);
+  return std::exp(std::log(a.seconds) + t * (std::log(b.seconds) - std::log(a.seconds)));
+}
+
 Calibration default_calibration() {
   Calibration c;
   c.device = "any";
@@ -321,9 +341,40 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         std::sort(out.begin(), out.end(),
                   [](const Sample& a, const Sample& b) { return a.flops < b.flops; });
       }
+    } else if (k == "collectives") {
+      CAI_CHECK(v.is_array(), "[calibration] {}: collectives is not a list", origin);
+      for (const json& e : v) {
+        const bool ok = e.is_object() && e.size() == 4 && e.contains("op") && e["op"].is_string() &&
+                        e.contains("group") && e["group"].is_number_integer() &&
+                        e.contains("bytes") && e["bytes"].is_number() && e.contains("seconds") &&
+                        e["seconds"].is_number();
+        CAI_CHECK(ok,
+                  "[calibration] {}: collectives entry {} is not {{\"op\": name, \"group\": n, "
+                  "\"bytes\": b, \"seconds\": s}}",
+                  origin, e.dump());
+        const std::string op = e["op"].get<std::string>();
+        CAI_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
+                      op == "broadcast" || op == "p2p",
+                  "[calibration] {}: collectives entry {}: unknown op '{}': expected all_reduce, "
+                  "reduce_scatter, all_gather, broadcast or p2p",
+                  origin, e.dump(), op);
+        const int64_t g = e["group"].get<int64_t>();
+        const double b = e["bytes"].get<double>(), sec = e["seconds"].get<double>();
+        CAI_CHECK(g >= 2 && g <= (1 << 24) && b > 0 && sec > 0 && std::isfinite(b) &&
+                      std::isfinite(sec) && (op != "p2p" || g == 2),
+                  "[calibration] {}: collectives entry {} needs group >= 2 (p2p: 2), bytes > 0 "
+                  "and seconds > 0",
+                  origin, e.dump());
+        c.collectives[{op, static_cast<int>(g)}].push_back({b, sec});
+      }
+      for (auto& [key, list] : c.collectives)
+        std::sort(
+            list.begin(), list.end(),
+            [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
     } else {
       fail(
-          "[calibration] {}: unknown key '{}': expected device, default, ops, samples, layer_scale",
+          "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
+          "layer_scale, collectives",
           origin, k);
     }
   }

@@ -82,6 +82,14 @@ struct Sample {
   double flops = 0, bytes = 0, seconds = 0;
 };
 
+// One timing of a real collective (`colossalai benchmark -g N --calibrate`, with the communicator
+// the trainer uses: MPI on CPU, NCCL on GPUs): `bytes` as the workload counts them (all-reduce's
+// and broadcast's buffer, reduce-scatter's input, all-gather's output, a p2p message), measured
+// seconds per call over a group of that size.
+struct CollectiveSample {
+  double bytes = 0, seconds = 0;
+};
+
 struct Calibration {
   std::string device;  // what it was measured on (informative)
   std::string origin;  // file, or "built-in defaults"
@@ -96,13 +104,25 @@ struct Calibration {
   // interpolated in log-log between the samples around it (beyond the ends: the nearest sample's
   // rate); -1 when there is no sample of `key`. *interpolated tells which (may be null).
   double seconds_of(const std::string& key, double flops, bool* interpolated) const;
+  // Measured collectives per {op, group size}: op "all_reduce", "reduce_scatter", "all_gather",
+  // "broadcast" or "p2p" (group size 2: a one-way send/recv), sorted by bytes. No entry: the
+  // network model of the cluster file times that collective.
+  std::map<std::pair<std::string, int>, std::vector<CollectiveSample>> collectives;
+  // Seconds of collective `op` over `group_size` ranks moving `bytes`: a sample's when one
+  // matches (within 0.1%), between samples interpolated in log-log (log-seconds linear in
+  // log-bytes); -1 outside the sampled range of that {op, group size} or without samples.
+  // *interpolated tells which (may be null).
+  double collective_seconds(const std::string& op, int group_size, double bytes,
+                            bool* interpolated) const;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
 // attention 0.5/0.8, layernorm/elementwise/optimizer 0.5/0.85, anything else 0.6/0.8.
 Calibration default_calibration();
 // JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...},
-// "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...}}; every efficiency in (0, 1],
+// "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...},
+// "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...]};
+// every efficiency in (0, 1],
 // every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);
 Calibration load_calibration(const std::string& path);

@@ -211,6 +211,7 @@ class ConfigProgram {
     size_t next_dp = 0;
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
+      const size_t first_op = ops.size();
       for (const plan::OpCost& c : lp.ops) {
         const bool mine =
             fwd ? c.phase == plan::Phase::Forward
@@ -227,9 +228,19 @@ class ConfigProgram {
         op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
         ops.push_back(std::move(op));
       }
-      if (!ops.empty() && lp.saved > 0) {
-        // The layer's cache: kept from its forward to its backward.
-        ops.back().mem_end.push_back({MemKind::Activations, fwd ? lp.saved : -lp.saved});
+      if (ops.size() > first_op) {
+        // The layer's memory as the plan's replay counts it (plan.cpp): its cache, kept from its
+        // forward to its backward, built during the forward (with the output and the forward's
+        // working tensors on top), and in backward the output's gradient and the backward's
+        // working tensors (the input gradient included) on top of it; the working tensors, the
+        // output and its gradient are counted while the layer's ops run (the plan's peak is
+        // inside a layer), the cache until its backward ends.
+        const int64_t work = fwd ? lp.forward_extra + lp.output : lp.backward_extra + lp.output;
+        if (fwd && lp.saved + work > 0)
+          ops[first_op].mem_start.push_back({MemKind::Activations, lp.saved + work});
+        if (!fwd && work > 0) ops[first_op].mem_start.push_back({MemKind::Activations, work});
+        if (work > 0 || (!fwd && lp.saved > 0))
+          ops.back().mem_end.push_back({MemKind::Activations, fwd ? -work : -work - lp.saved});
       }
       if (g.tp >= 0)
         for (const plan::Collective& c : lp.collectives) {
@@ -387,7 +398,11 @@ double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& c
       }
       std::vector<int> ring;
       for (int r : w.groups[o.group]) ring.push_back(prog.mesh_rank(r));
-      t += collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
+      // A calibrated collective takes its measured time in the replay (replay.h).
+      const double measured =
+          calibrated_collective_seconds(cal, o.kind, static_cast<int>(ring.size()), o.bytes);
+      t += measured >= 0 ? measured
+                         : collective_lower_bound(cluster, nproc, o.kind, o.bytes, ring, 0);
     }
     return t;
   };

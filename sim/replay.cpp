@@ -76,6 +76,51 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
   return out;
 }
 
+double calibrated_collective_seconds(const Calibration& cal, OpKind kind, int n, int64_t bytes,
+                                     bool* interpolated) {
+  if (cal.collectives.empty() || n <= 1) return -1;
+  const bool round = kind == OpKind::BroadcastRound;
+  const std::string op = kind == OpKind::Send ? "p2p" : round ? "broadcast" : op_kind_name(kind);
+  const double t = cal.collective_seconds(op, kind == OpKind::Send ? 2 : n,
+                                          static_cast<double>(bytes), interpolated);
+  return t >= 0 && round ? t * n : t;  // a round: n broadcasts, each member the root of one
+}
+
+CommDurations comm_durations(const Workload& w, const detail::Matching& m, const Calibration& cal,
+                             TimingSources* sources) {
+  CommDurations out;
+  out.instance.assign(m.instances.size(), -1.0);
+  auto count = [&](double t, bool interpolated) {
+    if (!sources) return;
+    ++(t < 0          ? sources->comm_network
+       : interpolated ? sources->comm_interpolated
+                      : sources->comm_measured);
+  };
+  for (size_t id = 0; id < m.instances.size(); ++id) {
+    const detail::Instance& in = m.instances[id];
+    const int n = w.group_size(in.group_id);
+    if (n <= 1) continue;  // nothing moves
+    bool interpolated = false;
+    const double t = calibrated_collective_seconds(cal, in.kind, n, in.bytes, &interpolated);
+    out.instance[id] = t;
+    count(t, interpolated);
+  }
+  out.send.resize(w.ranks.size());
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
+    const auto& ops = w.ranks[r].ops;
+    out.send[r].assign(ops.size(), -1.0);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != OpKind::Send) continue;
+      bool interpolated = false;
+      const double t =
+          calibrated_collective_seconds(cal, OpKind::Send, 2, ops[i].bytes, &interpolated);
+      out.send[r][i] = t;
+      count(t, interpolated);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // Ring steps and bytes per step of a collective over n ranks of a `bytes` buffer. Broadcast is a
@@ -104,6 +149,7 @@ struct Replayer {
   const detail::Matching& m;
   const Cluster& c;
   const std::vector<std::vector<double>>& dur;
+  const CommDurations& comm_dur;
   CollectiveModel model;
   Platform p;
   std::vector<std::vector<double>> start, end;
@@ -127,8 +173,9 @@ struct Replayer {
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
-           const std::vector<std::vector<double>>& d, CollectiveModel mo, bool merge)
-      : w(w_), m(m_), c(c_), dur(d), model(mo) {
+           const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
+           bool merge)
+      : w(w_), m(m_), c(c_), dur(d), comm_dur(cd), model(mo) {
     const size_t R = w.ranks.size();
     start.resize(R);
     end.resize(R);
@@ -272,19 +319,35 @@ struct Replayer {
     // Position in the ring / chain (the chain starts at the root and follows the group order).
     const int q = chain ? (pos - in.root_pos + n) % n : pos;
     auto member = [&](int k) { return G[chain ? (k + in.root_pos) % n : k % n]; };
-    if (model == CollectiveModel::Bulk) {
-      // The members meet: all but the last to arrive wait, and the last runs the collective for
-      // all of them (what a barrier, one flow per member and a second barrier would do, with
-      // fewer SimGrid calls), then wakes them at its end.
-      Meeting& mt = meetings[id];
+    // The members meet: all but the last to arrive wait (false), and the last runs the
+    // collective for all of them (true; what a barrier, one flow per member and a second barrier
+    // would do, with fewer SimGrid calls), then wakes them at its end (release()).
+    Meeting& mt = meetings[id];
+    auto meet = [&] {
       if (++mt.arrived < (chain ? n : listed)) {
         // Blocked on a semaphore of its own (suspending the actor would also suspend the
         // receives it posted ahead).
         sg4::SemaphorePtr wake = sg4::Semaphore::create(0);
         mt.waiting.push_back(wake);
         wake->acquire();
-        return;
+        return false;
       }
+      return true;
+    };
+    auto release = [&] {
+      for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
+      mt.waiting = {};
+    };
+    if (comm_dur.instance[id] >= 0) {
+      // Calibrated: the measured time of this collective on this group size, from the moment
+      // every member is there (either model; the links carry nothing for it).
+      if (!meet()) return;
+      if (comm_dur.instance[id] > 0) sg4::this_actor::sleep_for(comm_dur.instance[id]);
+      release();
+      return;
+    }
+    if (model == CollectiveModel::Bulk) {
+      if (!meet()) return;
       std::vector<sg4::CommPtr> flows;
       double after = 0;
       if (chain) {
@@ -321,8 +384,7 @@ struct Replayer {
       }
       for (const sg4::CommPtr& f : flows) f->wait();
       if (after > 0) sg4::this_actor::sleep_for(after);
-      for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
-      mt.waiting = {};
+      release();
       return;
     }
     const uint64_t b = as_bytes(chunk);
@@ -428,6 +490,17 @@ struct Replayer {
           if (dur[r][i] > 0) sg4::this_actor::execute(dur[r][i] * me->get_speed());
           break;
         case OpKind::Send: {
+          const double cal = comm_dur.send[r][i];
+          if (cal >= 0) {
+            // Calibrated: the measured one-way time, the last part of it the route latency that
+            // an empty message to the posted receive takes.
+            std::vector<sg4::Link*> links;
+            double lat = 0;
+            me->route_to(p.hosts[o.peer], links, &lat);
+            if (cal > lat) sg4::this_actor::sleep_for(cal - lat);
+            sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))->put(&payload, 0);
+            break;
+          }
           sg4::CommPtr comm = sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))
                                   ->put_init(&payload, static_cast<uint64_t>(o.bytes));
           if (p.node_of[r] != p.node_of[o.peer]) comm->set_rate(c.inter.nic_bandwidth);
@@ -493,7 +566,8 @@ bool write_all(int fd, const void* buf, size_t n) {
 // The SimGrid process: builds the platform, runs, writes 'O' + seconds + [start, end] per op, or
 // 'E' + a message.
 [[noreturn]] void child(int fd, const Workload& w, const detail::Matching& m, const Cluster& c,
-                        const std::vector<std::vector<double>>& dur, const ReplayOptions& opt) {
+                        const std::vector<std::vector<double>>& dur, const CommDurations& cd,
+                        const ReplayOptions& opt) {
   std::string out;
   try {
     const auto t0 = std::chrono::steady_clock::now();
@@ -504,7 +578,7 @@ bool write_all(int fd, const void* buf, size_t n) {
     argv.push_back(nullptr);
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
-    Replayer rp(w, m, c, dur, opt.collectives, opt.merge_compute);
+    Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute);
     rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();
@@ -637,6 +711,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
             w.name, w.copies);
   TimingSources timing;
   const auto dur = compute_durations(w, c, opt.calibration, &timing);
+  const CommDurations cd = comm_durations(w, m, opt.calibration, &timing);
   // Buffered output would be written twice (by the child too) if it were not flushed now.
   std::fflush(stdout);
   std::fflush(stderr);
@@ -646,7 +721,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   CAI_CHECK(pid >= 0, "[sim] fork() failed: {}", std::strerror(errno));
   if (pid == 0) {
     ::close(fds[0]);
-    child(fds[1], w, m, c, dur, opt);
+    child(fds[1], w, m, c, dur, cd, opt);
   }
   ::close(fds[1]);
   std::string data;

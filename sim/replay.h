@@ -59,6 +59,11 @@ struct RankResult {
 // exactly, interpolated between samples, or the roofline with the op kind's efficiency.
 struct TimingSources {
   int64_t given = 0, measured = 0, interpolated = 0, roofline = 0;
+  // How the communication was timed, each collective call (all its members together) and each
+  // send once: the calibration's collective samples matched exactly, interpolated between them,
+  // or the cluster's network model (no samples of that op and group size, or bytes outside the
+  // sampled range).
+  int64_t comm_measured = 0, comm_interpolated = 0, comm_network = 0;
 };
 
 struct ReplayResult {
@@ -103,6 +108,21 @@ int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas);
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
                                                    const Calibration& cal,
                                                    TimingSources* sources = nullptr);
+
+// Calibrated communication: seconds per collective instance of `m` (detail::check_and_match)
+// and per send op [rank][op] (-1: the network model times it) from the calibration's
+// collective samples (Calibration::collective_seconds; a BroadcastRound is n broadcasts, a send
+// the "p2p" samples of group size 2). Counts each into `sources` (comm_*).
+// Seconds of one collective of `kind` over n ranks of `bytes` from the calibration's samples
+// (BroadcastRound: n broadcasts; Send: the "p2p" samples), or -1 when they do not cover it.
+double calibrated_collective_seconds(const Calibration& cal, OpKind kind, int n, int64_t bytes,
+                                     bool* interpolated = nullptr);
+struct CommDurations {
+  std::vector<double> instance;           // per collective instance
+  std::vector<std::vector<double>> send;  // per [rank][op]: sends only, else -1
+};
+CommDurations comm_durations(const Workload& w, const detail::Matching& m, const Calibration& cal,
+                             TimingSources* sources = nullptr);
 
 // Throws "[sim] ..." for an invalid workload (check()), too many ranks for the cluster, a deadlock
 // (naming every rank's first unfinished op) or a failed SimGrid process.

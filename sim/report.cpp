@@ -65,7 +65,11 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
              {{"given", r.timing.given},
               {"measured", r.timing.measured},
               {"interpolated", r.timing.interpolated},
-              {"roofline", r.timing.roofline}}}};
+              {"roofline", r.timing.roofline}}},
+            {"comm_ops_timed",
+             {{"measured", r.timing.comm_measured},
+              {"interpolated", r.timing.comm_interpolated},
+              {"network", r.timing.comm_network}}}};
   return j.dump(1);
 }
 
@@ -124,6 +128,11 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         "  compute ops of rank 0: {} measured by the calibration, {} interpolated between its "
         "samples, {} from the roofline, {} given\n",
         t.measured, t.interpolated, t.roofline, t.given);
+  if (t.comm_measured + t.comm_interpolated + t.comm_network > 0)
+    s += fmt::format(
+        "  collectives and sends: {} measured by the calibration, {} interpolated between its "
+        "samples, {} from the network model\n",
+        t.comm_measured, t.comm_interpolated, t.comm_network);
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;
 }

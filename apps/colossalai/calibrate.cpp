@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -12,6 +13,9 @@
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
+#include "cai/dist/communicator.h"
+#include "cai/dist/launch.h"
+#include "cai/dist/nccl.h"
 #include "cai/nn/module.h"
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
@@ -239,22 +243,180 @@ const char* phase_key(plan::Phase p) {
   return p == plan::Phase::Backward ? "bwd" : "fwd";
 }
 
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Seconds per call of f, which every member of `comm` runs: warm twice, one call to size the
+// repetitions (the same count on every member: 20 ms, at least 5 and at most 50 calls), each call
+// timed on every member; the median over the calls of the slowest member's time (a call the
+// host's scheduler interrupted does not move it, as it would a mean).
+double time_collective(dist::Communicator& comm, const std::function<void()>& f) {
+  f();
+  f();
+  comm.barrier();
+  auto t0 = Clock::now();
+  f();
+  const double first = comm.all_reduce_scalar(seconds_since(t0), dist::ReduceOp::Max);
+  const int n = std::clamp(static_cast<int>(std::ceil(0.02 / std::max(first, 1e-7))), 5, 50);
+  std::vector<float> each(n);
+  comm.barrier();
+  for (int k = 0; k < n; ++k) {
+    t0 = Clock::now();
+    f();
+    each[k] = static_cast<float>(seconds_since(t0));
+  }
+  Tensor t = Tensor::from_vector(each, {n});  // a CPU tensor: every backend serves those
+  comm.all_reduce(t, dist::ReduceOp::Max);
+  std::vector<float> v = t.to_vector();
+  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
+  return v[n / 2];
+}
+
+// Element counts per member of a buffer of `elements` split over g members (the first ones one
+// more when it does not divide), as the trainer's uneven ZeRO chunks.
+std::vector<int64_t> split_counts(int64_t elements, int g) {
+  std::vector<int64_t> c(g, elements / g);
+  for (int r = 0; r < elements % g; ++r) ++c[r];
+  return c;
+}
+
 }  // namespace
 
-int run_calibrate(const BenchmarkOptions& o) {
+std::vector<double> calibration_message_sizes(double params, double activation_elements) {
+  const double top = 4.0 * std::max(params, activation_elements);
+  std::vector<double> v;
+  for (double b = 64;; b *= 2) {
+    v.push_back(b);
+    if (b >= top) break;
+  }
+  return v;
+}
+
+std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
+                                               const std::vector<double>& sizes, bool cuda,
+                                               int cuda_device) {
+  const int N = world.size(), me = world.rank();
+  const Device dev = cuda ? Device::cuda(cuda_device) : Device::cpu();
+  auto buffer = [&](int64_t n) {
+    return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, dev);
+  };
+  std::vector<CollectiveTiming> out;
+  const auto t0 = Clock::now();
+  for (int g = 2; g <= N; ++g) {
+    // The first g ranks (consecutive: one node's GPUs first, as the launcher places them); the
+    // others form a group of their own and wait.
+    auto sub = world.split(me < g ? 0 : 1, me, fmt::format("calibrate[{}]", g));
+    sub->set_timeout(world.timeout());
+    if (me < g) {
+      dist::Communicator& c = *sub;
+      for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+        const std::string name = op;
+        for (double bytes : sizes) {
+          const int64_t elems = static_cast<int64_t>(bytes) / 4;
+          if (elems < g) continue;  // every member gets at least one element
+          const std::vector<int64_t> counts = split_counts(elems, g);
+          Tensor full = buffer(elems), part = buffer(counts[c.rank()]);
+          std::function<void()> f;
+          if (name == "all_reduce")
+            f = [&] { c.all_reduce(full); };
+          else if (name == "reduce_scatter")
+            f = [&] { c.reduce_scatter(full, part, counts); };
+          else if (name == "all_gather")
+            f = [&] { c.all_gather(part, full, counts); };
+          else
+            f = [&] { c.broadcast(full, 0); };
+          out.push_back({name, g, bytes, time_collective(c, f)});
+        }
+        if (me == 0)
+          std::cerr << fmt::format("[calibrate] {} over {} ranks: {} sizes, {:.1f} s so far\n",
+                                   name, g, sizes.size(), seconds_since(t0));
+      }
+      if (g == 2) {
+        // p2p between ranks 0 and 1, one way: half a ping-pong.
+        c.connect_p2p({{0, 1}, {1, 0}});
+        for (double bytes : sizes) {
+          Tensor t = buffer(static_cast<int64_t>(bytes) / 4);
+          const int peer = 1 - c.rank();
+          const auto f = [&] {
+            if (c.rank() == 0) {
+              c.send(t, peer, 7);
+              c.recv(t, peer, 8);
+            } else {
+              c.recv(t, peer, 7);
+              c.send(t, peer, 8);
+            }
+          };
+          out.push_back({"p2p", 2, bytes, time_collective(c, f) / 2});
+        }
+      }
+    }
+    world.barrier();
+  }
+  return out;
+}
+
+int run_calibrate_ranks(const BenchmarkOptions& o) {
+  CAI_CHECK(!o.config.empty(),
+            "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
+  const dist::LaunchInfo li = dist::launch_from_env();
+  dist::MpiEnvironment env(nullptr, nullptr);
+  auto world = env.world();
+  CAI_CHECK(world->size() == o.gpus, "[benchmark] --gpus {} but {} ranks were started", o.gpus,
+            world->size());
+  const TrainConfig cfg = load_config(o.config, o.overrides);
+  const nn::ViTConfig vc = cfg.vit();
+  BenchmarkOptions opts = o;
+  if (opts.device.empty()) opts.device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
+  const bool cuda = opts.device == "cuda";
+  int device = 0;
+  std::unique_ptr<dist::Communicator> nccl;  // destroyed before `world`, which it uses
+  if (cuda) {
+    CAI_CHECK(kernels::cuda::device_count() > 0, "[benchmark] --device cuda but no GPU: {}",
+              kernels::cuda::runtime_info().device_error);
+    device = dist::select_cuda_device(li.local_rank, li.local_world_size);
+    nccl = dist::make_nccl(*world, device);
+  }
+  dist::Communicator& comm = nccl ? *nccl : *world;  // what the trainer uses
+  const double act = static_cast<double>(cfg.batch_size) * (vc.num_patches() + 1) * vc.embed_dim;
+  const std::vector<double> sizes =
+      calibration_message_sizes(static_cast<double>(vc.num_parameters()), act);
+  if (world->rank() == 0)
+    std::cerr << fmt::format(
+        "[calibrate] collectives on {} {} ranks ({}), {} message sizes from {} to {} bytes\n",
+        world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
+  const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
+  // Rank 0 times the kernels alone while the others wait (minutes on a large model).
+  world->set_timeout(std::max(world->timeout(), 3600.0));
+  int rc = 0;
+  std::string error;
+  if (world->rank() == 0) {
+    try {
+      rc = run_calibrate(opts, coll, device);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  world->barrier();
+  if (!error.empty()) throw Error(error);
+  return rc;
+}
+
+int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>& collectives,
+                  int cuda_device) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
   const TrainConfig cfg = load_config(o.config, o.overrides);
   const nn::ViTConfig vc = cfg.vit();
   std::string device = o.device;
   if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
-  const Device dev = device == "cuda" ? Device::cuda(0) : Device::cpu();
+  const Device dev = device == "cuda" ? Device::cuda(cuda_device) : Device::cpu();
   if (dev.is_cuda())
     CAI_CHECK(kernels::cuda::device_count() > 0, "[benchmark] --device cuda but no GPU: {}",
               kernels::cuda::runtime_info().device_error);
   const DType ct = dtype_from_name(o.precision);
   std::string name = "cpu";
-  if (dev.is_cuda()) name = kernels::cuda::runtime_info().devices.at(0).name;
+  if (dev.is_cuda()) name = kernels::cuda::runtime_info().devices.at(cuda_device).name;
 
   std::vector<int64_t> batches;
   for (int64_t b = 1; b < cfg.batch_size; b *= 2) batches.push_back(b);
@@ -340,14 +502,21 @@ int run_calibrate(const BenchmarkOptions& o) {
     js[k] = v;
   }
   j["samples"] = js;
+  if (!collectives.empty()) {
+    nlohmann::json jc = nlohmann::json::array();
+    for (const CollectiveTiming& c : collectives)
+      jc.push_back({{"op", c.op}, {"group", c.group}, {"bytes", c.bytes}, {"seconds", c.seconds}});
+    j["collectives"] = jc;
+  }
   std::ofstream f(o.calibrate);
   CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
   f << j.dump(1) << "\n";
   std::cout << fmt::format(
-      "calibration: {} kernels of {} ({} batch sizes × tp {}) and {} optimizer sizes on {} in "
-      "{:.1f} s -> {}\n",
-      timed, o.config, batches.size(), fmt::join(tps, "/"), samples["optimizer|step"].size(), name,
-      std::chrono::duration<double>(Clock::now() - t0).count(), o.calibrate);
+      "calibration: {} kernels of {} ({} batch sizes × tp {}), {} optimizer sizes and {} "
+      "collective timings on {} in {:.1f} s -> {}\n",
+      timed, o.config, batches.size(), fmt::join(tps, "/"), samples["optimizer|step"].size(),
+      collectives.size(), name, std::chrono::duration<double>(Clock::now() - t0).count(),
+      o.calibrate);
   return 0;
 }
 

@@ -9,13 +9,54 @@
 // layernorm, GELU, residual adds, patch embedding, class token and position embedding, the
 // classifier, cross-entropy) and timed (synchronised, warm, repeated). The optimizer step
 // (clipping, AdamW, zero_grad) is timed over parameter counts from 10^4 to the model's. The
-// profile holds per-op timings only: no whole-step figure feeds the simulator. Collectives are
-// not timed yet (the simulator's network model comes from the cluster file).
+// profile holds per-op and per-collective timings only: no whole-step figure feeds the simulator.
+//
+// With N > 1 processes (`-g N`: the launcher starts N ranks like `colossalai run`; or already
+// under mpirun / `colossalai run --nproc_per_node N`) every rank also times the collectives with
+// the communicator the trainer uses (MPI on CPU, NCCL on GPUs): all-reduce, reduce-scatter,
+// all-gather and broadcast over the first g ranks for every group size g in 2..N, and a p2p
+// send/recv between ranks 0 and 1 (one way: half a ping-pong), over message sizes in powers of
+// two from 64 bytes to the largest message the model's plan moves (its fp32 gradients, a
+// micro-batch's activations). Each is the slowest member's mean over repeated calls (warm, 20 ms
+// or at most 50 calls). Rank 0 then times the kernels as above and writes everything, the
+// collectives under "collectives": [{"op", "group", "bytes", "seconds"}, ...].
 #pragma once
+#include <string>
+#include <vector>
+
 #include "cmd_benchmark.h"
+
+namespace cai::dist {
+class Communicator;
+}
 
 namespace cai::app {
 
-int run_calibrate(const BenchmarkOptions& opts);
+struct CollectiveTiming {
+  std::string op;  // all_reduce | reduce_scatter | all_gather | broadcast | p2p
+  int group = 2;
+  double bytes = 0, seconds = 0;
+};
+
+// Message sizes the calibration times for a model of `params` parameters whose largest
+// activation tensor (a micro-batch's tokens × hidden) has `activation_elements` elements: powers
+// of two from 64 bytes up to the first at or above the larger of their fp32 sizes.
+std::vector<double> calibration_message_sizes(double params, double activation_elements);
+
+// Every rank of `world` calls it (collective). Samples for group sizes 2..world.size() and p2p,
+// the same list on every rank; `cuda` puts the buffers on this rank's current CUDA device (for a
+// NCCL communicator). Progress on stderr from rank 0.
+std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
+                                               const std::vector<double>& sizes, bool cuda,
+                                               int cuda_device);
+
+// Times the kernels (on CUDA device `cuda_device` when --device cuda) and writes the profile with
+// `collectives` in it.
+int run_calibrate(const BenchmarkOptions& opts,
+                  const std::vector<CollectiveTiming>& collectives = {}, int cuda_device = 0);
+
+// One rank of a multi-process calibration (-g N > 1, under MPI): the collectives on every rank,
+// then the kernels and the file on rank 0.
+int run_calibrate_ranks(const BenchmarkOptions& opts);
 
 }  // namespace cai::app

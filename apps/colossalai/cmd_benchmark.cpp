@@ -581,6 +581,7 @@ std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::strin
   for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
   if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
   if (!o.compare.empty()) a.insert(a.end(), {"--compare", o.compare});
+  if (!o.calibrate.empty()) a.insert(a.end(), {"--calibrate", o.calibrate});
   return a;
 }
 
@@ -601,7 +602,8 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "measured layers and their collectives). --compare [SIM.json] prints "
       "measured and simulated step times side by side; --search ranks whole layouts "
       "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the "
-      "model's kernels for the simulator (-g 1).");
+      "model's kernels for the simulator (-g 1), and with -g N > 1 the collectives over message "
+      "sizes on N ranks (MPI on CPU, NCCL on GPUs).");
   auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
   worker->group("");  // hidden
   add_flags(worker, opts);
@@ -609,7 +611,15 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
 }
 
 int run_benchmark(const BenchmarkOptions& o) {
-  if (!o.calibrate.empty()) return run_calibrate(o);
+  if (!o.calibrate.empty()) {
+    // One process: the kernels. N: the collectives too, on N ranks (already under mpirun or
+    // `colossalai run`, or started here like the benchmark's workers).
+    if (o.gpus <= 1) return run_calibrate(o);
+    if (dist::launch_from_env().world_size > 1) return run_calibrate_ranks(o);
+    CAI_CHECK(!o.config.empty(),
+              "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
+    (void)load_config(o.config, o.overrides);  // errors before launching
+  }
   CAI_CHECK(o.model != "vit" || !o.config.empty(),
             "[benchmark] --model vit needs --config (a vit_train TOML)");
   if (!o.config.empty()) (void)load_config(o.config, o.overrides);  // errors before launching
@@ -672,6 +682,7 @@ int run_benchmark(const BenchmarkOptions& o) {
 }
 
 int run_benchmark_worker(const BenchmarkOptions& o) {
+  if (!o.calibrate.empty()) return run_calibrate_ranks(o);
   const dist::LaunchInfo li = dist::launch_from_env();
   dist::MpiEnvironment env(nullptr, nullptr);
   auto world = env.world();

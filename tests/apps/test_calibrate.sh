@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# colossalai benchmark --calibrate on 2 CPU processes (MPI): the profile holds the kernels and a
+# "collectives" section (all-reduce, reduce-scatter, all-gather, broadcast and p2p over group
+# size 2, powers of two from 64 bytes up to the model's fp32 gradients) whose times are positive
+# and grow with the message size (loosely: CPU timings are noisy); started by the launcher (-g 2) and under mpirun.
+#   test_calibrate.sh COLOSSALAI CONFIG_DIR [COLOSSALAI_SIM CLUSTER_DIR]
+# With colossalai-sim: a dp 2 replay of the config with that profile times its gradient
+# collectives from the samples.
+set -euo pipefail
+bin=$1 configs=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cfg=(--config "$configs/fmnist_tiny.toml" --set train.batch_size=4)
+
+"$bin" benchmark -g 2 --device cpu --calibrate "$tmp/cal.json" "${cfg[@]}" 2>"$tmp/err.txt" |
+  tee "$tmp/out.txt"
+grep -q "collective timings" "$tmp/out.txt" || { cat "$tmp/err.txt"; exit 1; }
+mpirun --oversubscribe -np 2 "$bin" benchmark -g 2 --device cpu --calibrate "$tmp/cal_mpi.json" \
+  "${cfg[@]}" >/dev/null 2>&1 || { echo "under mpirun: failed"; exit 1; }
+
+python3 - "$tmp/cal.json" "$tmp/cal_mpi.json" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    j = json.load(open(path))
+    params = j["samples"]["optimizer|step"][-1][0]  # the model's parameter count
+    coll = j.get("collectives")
+    assert coll, f"{path}: no collectives section"
+    by = {}
+    for e in coll:
+        assert set(e) == {"op", "group", "bytes", "seconds"}, e
+        assert e["group"] == 2 and e["seconds"] > 0 and e["seconds"] < 1, e
+        by.setdefault(e["op"], []).append((e["bytes"], e["seconds"]))
+    assert sorted(by) == ["all_gather", "all_reduce", "broadcast", "p2p", "reduce_scatter"], by
+    for op, v in by.items():
+        v.sort()
+        sizes = [b for b, _ in v]
+        assert sizes[0] == 64, (op, sizes)
+        assert all(b2 == 2 * b1 for b1, b2 in zip(sizes, sizes[1:])), (op, sizes)
+        assert 4 * params <= sizes[-1] < 8 * params, (op, sizes[-1], params)
+        t = [s for _, s in v]
+        # Grows with the size, loosely: CPU timings are noisy, and MPI's waits sleep once a
+        # peer is late (50 us naps, later under load), which lifts whole runs of sizes to a
+        # flat ~0.5 ms. The fastest time of the larger half of the sizes is not below the
+        # fastest of the smaller half, and the largest size takes longer than the fastest.
+        half = len(t) // 2
+        assert min(t[half:]) >= 0.8 * min(t[:half]), (op, t)
+        assert t[-1] > 1.2 * min(t), (op, t)
+    print(f"{path}: {len(coll)} collective timings, {len(by)} ops, sizes 64..{sizes[-1]:.0f}: ok")
+PY
+
+if [ $# -ge 4 ]; then
+  sim=$3 clusters=$4
+  "$sim" --config "$configs/fmnist_tiny.toml" --nproc 2 --cluster "$clusters/cpu-2.toml" \
+    --calibration "$tmp/cal.json" --json "$tmp/sim.json" | tee "$tmp/sim.txt"
+  grep -q "collectives and sends: [1-9][0-9]* measured" "$tmp/sim.txt" ||
+    grep -q "collectives and sends: [0-9]* measured by the calibration, [1-9]" "$tmp/sim.txt" ||
+    { echo "the replay did not use the calibrated collectives"; exit 1; }
+  python3 -c "
+import json; j = json.load(open('$tmp/sim.json'))['comm_ops_timed']
+assert j['measured'] + j['interpolated'] > 0 and j['network'] == 0, j
+print('colossalai-sim: collectives from the profile:', j)"
+fi
+echo "calibrate with collectives: ok"
