@@ -32,12 +32,12 @@ struct TrainConfig {
   int64_t num_workers = 2;             // data loader threads
   int64_t log_interval = 0;            // steps between plain progress lines (0: 10 per epoch)
   std::string metrics_file;            // JSON lines; "" = none
-  std::string kernel_profile;          // per-kernel table (Markdown, CUPTI) of some steps; "" = none
-  int64_t kernel_profile_start = 10;   // profile the steps after this global step ...
-  int64_t kernel_profile_steps = 5;    // ... this many of them
-  int64_t max_steps_per_epoch = 0;     // 0 = whole epoch
-  std::string device = "cpu";          // cpu | cuda (one GPU per process: local rank mod
-                                       // GPUs; several processes talk over NCCL)
+  std::string kernel_profile;         // per-kernel table (Markdown, CUPTI) of some steps; "" = none
+  int64_t kernel_profile_start = 10;  // profile the steps after this global step ...
+  int64_t kernel_profile_steps = 5;   // ... this many of them
+  int64_t max_steps_per_epoch = 0;    // 0 = whole epoch
+  std::string device = "cpu";         // cpu | cuda (one GPU per process: local rank mod
+                                      // GPUs; several processes talk over NCCL)
   // [model]
   std::string model_name;  // a timm name as the starting point, e.g. vit_base_patch16_224
   int64_t img_size = 28, patch_size = 7, in_chans = 0, hidden_size = 64, depth = 4, num_heads = 4,
@@ -75,6 +75,7 @@ struct TrainConfig {
   int64_t checkpoint_every_steps = 0, checkpoint_every_epochs = 0, checkpoint_keep_last = 0;
   double checkpoint_max_shard_mb = 5120.0;
   std::string checkpoint_export_dtype = "fp32";
+  bool checkpoint_per_rank = false;  // every rank writes its own shard files (no gathering)
   // synthetic: training samples (random images of the model's size, fixed labels, no I/O); the
   // evaluation set has a fifth as many (at least 1).
   int64_t synthetic_size = 50000;
