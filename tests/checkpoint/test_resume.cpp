@@ -5,6 +5,8 @@
 // timm's names; keep_last keeps the newest.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -141,7 +143,9 @@ namespace {
 // A per-rank checkpoint (one process) to break in each test, copied to `name`.
 std::string per_rank_copy(const std::string& name) {
   static const std::string src = [] {
-    const std::string d = (fs::temp_directory_path() / "cai_per_rank_src").string();
+    // Per process: ctest runs each test in its own process, several at once.
+    const std::string d =
+        (fs::temp_directory_path() / ("cai_per_rank_src_" + std::to_string(::getpid()))).string();
     fs::remove_all(d);
     train_run(d, "", DType::F32, true);
     return d + "/step-000000009";
@@ -196,6 +200,11 @@ TEST(CheckpointErrors, IndexNamingAnAbsentFile) {
   j["model"]["pos_embed"]["slices"][0]["file"] = "../elsewhere.safetensors";
   write_index(d, j);
   expect_load_error(d, {"'pos_embed'", "not a file of that directory"});
+  // Fuzzer-found: a name beyond NAME_MAX made std::filesystem throw its own error type.
+  j["model"]["pos_embed"]["slices"][0]["file"] = std::string(300, '[') + ".safetensors";
+  write_index(d, j);
+  expect_load_error(d, {"'pos_embed'", "not a file of that directory"});
+  expect_load_error(d + "/" + std::string(300, 'x'), {"does not exist"});
 }
 
 TEST(CheckpointErrors, SlicesThatDoNotCoverTheTensor) {

@@ -78,6 +78,13 @@ TrainingState from_json(const nlohmann::json& j, const std::string& path) {
 
 constexpr const char* kIndex = "checkpoint.index.json";
 
+// fs::exists without std::filesystem::filesystem_error (a name too long, a component that is a
+// file): an unreadable path is one that is not there.
+bool path_exists(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
 std::string rank_file(const char* kind, int r, int world) {
   return fmt::format("{}-rank{:05d}-of-{:05d}.safetensors", kind, r, world);
 }
@@ -211,7 +218,11 @@ std::map<std::string, Tensor> assemble(const std::string& dir, const nlohmann::j
                 "[checkpoint] {}: slice {} needs file, tp, begin and end", where, j.dump());
       Slice sl{json_spec(j["tp"], full, where), json_int(j, "begin", where),
                json_int(j, "end", where), j["file"].get<std::string>()};
-      CAI_CHECK(!sl.file.empty() && sl.file.find('/') == std::string::npos && sl.file != "..",
+      // A name of at most 255 bytes (NAME_MAX): longer ones made fs::exists throw
+      // std::filesystem::filesystem_error, not cai::Error (found by the fuzzer).
+      CAI_CHECK(!sl.file.empty() && sl.file.size() <= 255 &&
+                    sl.file.find('/') == std::string::npos &&
+                    sl.file.find('\0') == std::string::npos && sl.file != "." && sl.file != "..",
                 "[checkpoint] {}: '{}' is not a file of that directory", where, sl.file);
       if (!slices.empty()) {
         const nn::ShardSpec& a = slices[0].spec;
@@ -260,7 +271,8 @@ std::map<std::string, Tensor> assemble(const std::string& dir, const nlohmann::j
         auto f = files.find(sl->file);
         if (f == files.end()) {
           const std::string path = dir + "/" + sl->file;
-          CAI_CHECK(fs::exists(path),
+          std::error_code ec;
+          CAI_CHECK(fs::is_regular_file(path, ec),
                     "[checkpoint] {}: its elements [{}, {}) are in {}, which does not exist (a "
                     "shard is missing)",
                     where, sl->begin, sl->end, path);
@@ -417,10 +429,10 @@ std::string save_checkpoint(const CheckpointConfig& cfg, train::Trainer& trainer
 }
 
 std::string resolve_checkpoint(const std::string& p) {
-  CAI_CHECK(fs::exists(p), "[checkpoint] {} does not exist", p);
-  if (fs::exists(fs::path(p) / "trainer_state.json")) return p;
+  CAI_CHECK(path_exists(p), "[checkpoint] {} does not exist", p);
+  if (path_exists(fs::path(p) / "trainer_state.json")) return p;
   const fs::path latest = fs::path(p) / "latest";
-  CAI_CHECK(fs::exists(latest),
+  CAI_CHECK(path_exists(latest),
             "[checkpoint] {} holds no checkpoint (neither trainer_state.json nor latest)", p);
   std::string name = read_text(latest.string());
   name.erase(name.find_last_not_of(" \n\r\t") + 1);
@@ -428,8 +440,8 @@ std::string resolve_checkpoint(const std::string& p) {
             "[checkpoint] {} names '{}', not a checkpoint of that directory", latest.string(),
             name);
   const fs::path dir = fs::path(p) / name;
-  CAI_CHECK(fs::exists(dir / "trainer_state.json"), "[checkpoint] {} names {}, which is incomplete",
-            latest.string(), dir.string());
+  CAI_CHECK(path_exists(dir / "trainer_state.json"),
+            "[checkpoint] {} names {}, which is incomplete", latest.string(), dir.string());
   return dir.string();
 }
 
@@ -444,7 +456,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     fail("[checkpoint] {}: not valid JSON ({})", sj, e.what());
   }
   c.state = from_json(j, sj);
-  if (fs::exists(c.path + "/" + kIndex)) {
+  if (path_exists(c.path + "/" + kIndex)) {
     const nlohmann::json index = read_json(c.path + "/" + kIndex);
     CAI_CHECK(index.is_object(), "[checkpoint] {}/{}: not a JSON object", c.path, kIndex);
     std::map<std::string, SafetensorsFile> files;
@@ -461,8 +473,9 @@ Checkpoint load_checkpoint(const std::string& path) {
 
 std::map<std::string, Tensor> load_weights(const std::string& path) {
   const fs::path p(path);
-  if (fs::is_directory(p) && !fs::exists(p / "model.safetensors") &&
-      !fs::exists(p / "model.safetensors.index.json"))
+  std::error_code ec;
+  if (fs::is_directory(p, ec) && !path_exists(p / "model.safetensors") &&
+      !path_exists(p / "model.safetensors.index.json"))
     return load_checkpoint(path).model;
   return load_model_weights(path).tensors;
 }
