@@ -116,6 +116,7 @@ std::vector<Field> fields(TrainConfig& c) {
        Kind::String,
        &c.checkpoint_export_dtype,
        {"fp32", "bf16", "fp16"}},
+      {"checkpoint.per_rank", Kind::Bool, &c.checkpoint_per_rank},
       {"data.synthetic_size", Kind::Int, &c.synthetic_size, {}, 1, inf},
   };
 }
@@ -384,6 +385,10 @@ void validate(const TrainConfig& c, int world) {
                 (c.checkpoint_every_steps == 0 && c.checkpoint_every_epochs == 0),
             "[config] checkpoint.every_steps = {} / every_epochs = {} need checkpoint.dir",
             c.checkpoint_every_steps, c.checkpoint_every_epochs);
+  CAI_CHECK(!c.checkpoint_per_rank || c.checkpoint_export_dtype == "fp32",
+            "[config] checkpoint.per_rank = true writes fp32 shards; checkpoint.export_dtype = "
+            "\"{}\" applies to consolidated checkpoints (or export one with --export-to)",
+            c.checkpoint_export_dtype);
   CAI_CHECK(c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale,
             "[config] precision: need min_scale ({}) <= initial_scale ({}) <= max_scale ({})",
             c.min_scale, c.initial_scale, c.max_scale);

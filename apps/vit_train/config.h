@@ -76,6 +76,7 @@ struct TrainConfig {
   int64_t checkpoint_every_steps = 0, checkpoint_every_epochs = 0, checkpoint_keep_last = 0;
   double checkpoint_max_shard_mb = 5120.0;
   std::string checkpoint_export_dtype = "fp32";
+  bool checkpoint_per_rank = false;  // every rank writes its own shard files (no gathering)
   // synthetic: training samples (random images of the model's size, fixed labels, no I/O); the
   // evaluation set has a fifth as many (at least 1).
   int64_t synthetic_size = 50000;

@@ -78,6 +78,11 @@ int main(int argc, char** argv) {
                  "Start from these weights (a safetensors file or a folder with "
                  "model.safetensors or an index, timm's names); a head of another class count is "
                  "re-initialised");
+  std::string export_to;
+  app.add_option("--export-to", export_to,
+                 "Write the model weights of the checkpoint --resume names (either format) as "
+                 "timm-loadable safetensors into this new folder (checkpoint.export_dtype, "
+                 "checkpoint.max_shard_mb), then exit");
   std::string trace_path;
   app.add_option("--trace", trace_path,
                  "Record every rank's timed instructions and memory; write one Chrome-trace "
@@ -116,6 +121,17 @@ int main(int argc, char** argv) {
                                  static_cast<int>(cfg.tensor_size), static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
     const int64_t nparams = vc.num_parameters();  // counted, not allocated (6B fits a dry run)
+    if (!export_to.empty()) {
+      if (resume_opt->count() > 0 && resume.empty()) resume = cfg.checkpoint_dir;
+      CAI_CHECK(!resume.empty(), "[vit_train] --export-to needs --resume naming the checkpoint");
+      if (li.rank == 0) {
+        checkpoint::export_consolidated(
+            resume, export_to, static_cast<int64_t>(cfg.checkpoint_max_shard_mb * (1 << 20)),
+            dtype_from_name(cfg.checkpoint_export_dtype));
+        log::info("[checkpoint] exported the weights of {} to {}", resume, export_to);
+      }
+      return 0;
+    }
     if (dry_run) {
       const int world = nproc > 0 ? nproc : li.world_size;
       std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
@@ -218,12 +234,12 @@ int main(int argc, char** argv) {
     checkpoint::Checkpoint ck;
     if (!resume.empty()) {
       ck = checkpoint::load_checkpoint(resume);
-      checkpoint::load_model_state(model, ck.model);
+      checkpoint::load_model_state(model, ck.model, {}, false, ck.path);
       log::info("[checkpoint] resuming {} (epoch {}, step {} of it, global step {}; saved by {})",
                 ck.path, ck.state.epoch + 1, ck.state.step_in_epoch, ck.state.global_step,
                 ck.state.layout.empty() ? "an unknown layout" : ck.state.layout);
     } else if (!init_from.empty()) {
-      auto w = checkpoint::load_model_weights(init_from).tensors;
+      auto w = checkpoint::load_weights(init_from);
       std::set<std::string> skip;
       for (const char* h : {"head.weight", "head.bias"}) {
         auto it = w.find(h);
@@ -234,7 +250,7 @@ int main(int argc, char** argv) {
             "[checkpoint] {}: its head is {} but the model has {} classes: the head is "
             "re-initialised",
             init_from, shape_str(w.at("head.weight").shape()), vc.num_classes);
-      checkpoint::load_model_state(model, w, skip);
+      checkpoint::load_model_state(model, w, skip, false, init_from);
       log::info("[checkpoint] initialised from {} ({} tensors)", init_from, w.size());
     }
     if (device.is_cuda()) model.to(device);
@@ -292,6 +308,7 @@ int main(int argc, char** argv) {
       cc.keep_last = cfg.checkpoint_keep_last;
       cc.max_shard_bytes = static_cast<int64_t>(cfg.checkpoint_max_shard_mb * (1 << 20));
       cc.export_dtype = dtype_from_name(cfg.checkpoint_export_dtype);
+      cc.per_rank = cfg.checkpoint_per_rank;
       cc.layout = mesh.describe();
       trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
     }

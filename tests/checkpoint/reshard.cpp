@@ -3,6 +3,8 @@
 // into a fresh model and optimizer and trains steps 3 and 4; both must follow the single-process
 // run (losses of every step and the gathered parameters, fp32, ≤ 1e-5 relative).
 //   mpirun -np W test_checkpoint_reshard --dir D --save tp,pp,zero,sp[,mode] --load ...
+//     [--per-rank]   every rank writes its own shards (else the consolidated format)
+//     --save single / --load single: that side is one process (rank 0, no communicator)
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -53,7 +55,7 @@ struct Result {
 
 // comm null: one process. save_dir: checkpoint every 2 steps; resume: continue from there.
 Result run(dist::Communicator* comm, const Layout& l, const std::string& save_dir,
-           const std::string& resume) {
+           const std::string& resume, bool per_rank) {
   const int world = comm ? comm->size() : 1;
   std::shared_ptr<parallel::HybridParallelPlugin> hybrid;
   if (comm) {
@@ -87,7 +89,7 @@ Result run(dist::Communicator* comm, const Layout& l, const std::string& save_di
   checkpoint::Checkpoint ck;
   if (!resume.empty()) {
     ck = checkpoint::load_checkpoint(resume);
-    checkpoint::load_model_state(model, ck.model);
+    checkpoint::load_model_state(model, ck.model, {}, false, ck.path);
   }
   std::shared_ptr<train::Plugin> plugin =
       hybrid ? std::shared_ptr<train::Plugin>(hybrid) : std::make_shared<train::Plugin>();
@@ -109,6 +111,7 @@ Result run(dist::Communicator* comm, const Layout& l, const std::string& save_di
     cc.dir = save_dir;
     cc.every_steps = 2;
     cc.layout = mesh.describe();
+    cc.per_rank = per_rank;
     t->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
   }
   if (!resume.empty()) {
@@ -139,12 +142,26 @@ int main(int argc, char** argv) {
   dist::MpiEnvironment env(&argc, &argv);
   std::string dir = "/tmp/cai_reshard";
   Layout save, load;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
+  bool save_single = false, load_single = false, per_rank = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--per-rank") {
+      per_rank = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
     if (a == "--dir")
       dir = v;
+    else if (a == "--save" && v == "single")
+      save_single = true;
     else if (a == "--save")
       save = parse_layout(v);
+    else if (a == "--load" && v == "single")
+      load_single = true;
     else if (a == "--load")
       load = parse_layout(v);
     else {
@@ -154,28 +171,40 @@ int main(int argc, char** argv) {
   }
   try {
     auto world = env.world(60.0);
-    if (world->rank() == 0) std::filesystem::remove_all(dir);
+    const bool root = world->rank() == 0;
+    if (root) std::filesystem::remove_all(dir);
     world->barrier();
-    const Result ref = run(nullptr, Layout{}, "", "");
-    const Result a = run(world.get(), save, dir, "");
+    const Result ref = run(nullptr, Layout{}, "", "", false);
+    // A single-process side runs on rank 0 alone.
+    const bool runs_a = !save_single || root, runs_b = !load_single || root;
+    Result a, b;
+    if (runs_a) a = run(save_single ? nullptr : world.get(), save, dir, "", per_rank);
     world->barrier();
-    const Result b = run(world.get(), load, "", dir + "/step-000000002");
-    bool ok = ref.losses.size() == 4 && a.losses.size() == 4 && b.losses.size() == 2;
-    double err_a = 0, err_b = 0;
-    for (size_t i = 0; ok && i < 4; ++i)
-      err_a = std::max(err_a, std::abs(a.losses[i] - ref.losses[i]) / ref.losses[i]);
-    for (size_t i = 0; ok && i < 2; ++i)
-      err_b = std::max(err_b, std::abs(b.losses[i] - ref.losses[2 + i]) / ref.losses[2 + i]);
-    const double perr_a = ok ? rel(ref.params, a.params) : 1,
-                 perr_b = ok ? rel(ref.params, b.params) : 1;
+    const std::string ck = dir + "/step-000000002";
+    bool ok = std::filesystem::exists(ck + "/checkpoint.index.json") == per_rank;
+    if (runs_b) b = run(load_single ? nullptr : world.get(), load, "", ck, per_rank);
+    double err_a = 0, err_b = 0, perr_a = 0, perr_b = 0;
+    if (runs_a) {
+      ok = ok && ref.losses.size() == 4 && a.losses.size() == 4;
+      for (size_t i = 0; ok && i < 4; ++i)
+        err_a = std::max(err_a, std::abs(a.losses[i] - ref.losses[i]) / ref.losses[i]);
+      perr_a = ok ? rel(ref.params, a.params) : 1;
+    }
+    if (runs_b) {
+      ok = ok && b.losses.size() == 2;
+      for (size_t i = 0; ok && i < 2; ++i)
+        err_b = std::max(err_b, std::abs(b.losses[i] - ref.losses[2 + i]) / ref.losses[2 + i]);
+      perr_b = ok ? rel(ref.params, b.params) : 1;
+    }
     ok = ok && err_a <= 1e-5 && err_b <= 1e-5 && perr_a <= 1e-5 && perr_b <= 1e-5;
     const double all = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
-    if (world->rank() == 0)
+    if (root)
       std::printf(
-          "saved by %s, resumed at step 2 by %s (%d ranks): loss err %.2e / %.2e, parameter "
-          "err %.2e / %.2e: %s\n",
-          save.str().c_str(), load.str().c_str(), world->size(), err_a, err_b, perr_a, perr_b,
-          all == 1.0 ? "OK" : "MISMATCH");
+          "saved by %s (%s), resumed at step 2 by %s (%d ranks): loss err %.2e / %.2e, "
+          "parameter err %.2e / %.2e: %s\n",
+          save_single ? "one process" : save.str().c_str(), per_rank ? "per-rank" : "consolidated",
+          load_single ? "one process" : load.str().c_str(), world->size(), err_a, err_b, perr_a,
+          perr_b, all == 1.0 ? "OK" : "MISMATCH");
     return all == 1.0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "test_checkpoint_reshard: %s\n", e.what());

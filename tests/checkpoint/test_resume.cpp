@@ -5,8 +5,13 @@
 // timm's names; keep_last keeps the newest.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/core/error.h"
@@ -28,14 +33,15 @@ class Losses : public train::Hook {
   void after_step(train::Trainer&, const train::StepInfo& s) override { v.push_back(s.loss); }
 };
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::map<std::string, Tensor> params;
 };
 
 // 2 epochs of 5 steps (batch 8, 2 micro-batches of 4), optionally checkpointing every 3 steps,
 // optionally resuming from `resume`.
-Run train(const std::string& ckpt_dir, const std::string& resume, DType precision) {
+TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType precision,
+                   bool per_rank = false, int64_t embed_dim = 16) {
   auto ds = data::subset(data::load_mnist_dir(kFmnist, true, "fashion-mnist"), 40);
   data::LoaderConfig lc;
   lc.batch_size = 4;
@@ -45,14 +51,14 @@ Run train(const std::string& ckpt_dir, const std::string& resume, DType precisio
   lc.transform.random_crop = 28, lc.transform.crop_padding = 2;
   data::DataLoader loader(ds, lc);
   nn::ViTConfig c;
-  c.img_size = 28, c.patch_size = 7, c.in_chans = 1, c.num_classes = 10, c.embed_dim = 16;
+  c.img_size = 28, c.patch_size = 7, c.in_chans = 1, c.num_classes = 10, c.embed_dim = embed_dim;
   c.depth = 2, c.num_heads = 2, c.mlp_ratio = 2.0, c.drop_rate = 0.1f, c.drop_path_rate = 0.1f;
   nn::ViT model(c);
   model.init(1);
   checkpoint::Checkpoint ck;
   if (!resume.empty()) {
     ck = checkpoint::load_checkpoint(resume);
-    checkpoint::load_model_state(model, ck.model);
+    checkpoint::load_model_state(model, ck.model, {}, false, ck.path);
   }
   auto plugin = std::make_shared<train::Plugin>();
   plugin->setup(model);
@@ -76,6 +82,7 @@ Run train(const std::string& ckpt_dir, const std::string& resume, DType precisio
     cc.dir = ckpt_dir;
     cc.every_steps = 3;
     cc.keep_last = 2;
+    cc.per_rank = per_rank;
     t->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
   }
   if (!resume.empty()) {
@@ -85,25 +92,29 @@ Run train(const std::string& ckpt_dir, const std::string& resume, DType precisio
     t->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
   }
   t->fit();
-  Run r;
+  TrainRun r;
   r.losses = losses->v;
   for (nn::Parameter* p : model.parameters()) r.params[p->name] = p->value.clone();
   return r;
 }
 
-void expect_bit_exact_resume(DType precision) {
+void expect_bit_exact_resume(DType precision, bool per_rank = false) {
   const std::string dir =
-      (fs::temp_directory_path() / ("cai_resume_" + std::string(dtype_name(precision)))).string();
+      (fs::temp_directory_path() /
+       ("cai_resume_" + std::string(dtype_name(precision)) + (per_rank ? "_per_rank" : "")))
+          .string();
   fs::remove_all(dir);
-  const Run whole = train(dir, "", precision);
+  const TrainRun whole = train_run(dir, "", precision, per_rank);
   ASSERT_EQ(whole.losses.size(), 10u);
   // every 3 steps: step 3 (epoch 0), 6 (epoch 1 step 1), 9; keep_last 2 keeps 6 and 9.
   EXPECT_FALSE(fs::exists(dir + "/step-000000003"));
-  ASSERT_TRUE(fs::exists(dir + "/step-000000006/model.safetensors"));
+  ASSERT_TRUE(fs::exists(dir + (per_rank ? "/step-000000006/model-rank00000-of-00001.safetensors"
+                                         : "/step-000000006/model.safetensors")));
+  EXPECT_EQ(fs::exists(dir + "/step-000000006/checkpoint.index.json"), per_rank);
   EXPECT_EQ(checkpoint::resolve_checkpoint(dir), dir + "/step-000000009");
   for (const char* from : {"step-000000006", "step-000000009"}) {
     SCOPED_TRACE(from);
-    const Run resumed = train("", dir + "/" + from, precision);
+    const TrainRun resumed = train_run("", dir + "/" + from, precision);
     const size_t k = whole.losses.size() - resumed.losses.size();
     ASSERT_EQ(k, std::string(from) == "step-000000006" ? 6u : 9u);
     for (size_t i = 0; i < resumed.losses.size(); ++i)
@@ -122,6 +133,153 @@ TEST(Checkpoint, ResumeIsBitExactInFp32) {
 
 TEST(Checkpoint, ResumeIsBitExactWithFp16LossScaling) {
   expect_bit_exact_resume(DType::F16);
+}
+
+TEST(Checkpoint, PerRankResumeIsBitExact) {
+  expect_bit_exact_resume(DType::F32, true);
+}
+
+namespace {
+// A per-rank checkpoint (one process) to break in each test, copied to `name`.
+std::string per_rank_copy(const std::string& name) {
+  static const std::string src = [] {
+    // Per process: ctest runs each test in its own process, several at once.
+    const std::string d =
+        (fs::temp_directory_path() / ("cai_per_rank_src_" + std::to_string(::getpid()))).string();
+    fs::remove_all(d);
+    train_run(d, "", DType::F32, true);
+    return d + "/step-000000009";
+  }();
+  const std::string dst = (fs::temp_directory_path() / ("cai_bad_" + name)).string();
+  fs::remove_all(dst);
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+// load_checkpoint(dir) throws an error containing each of `parts`.
+void expect_load_error(const std::string& dir, const std::vector<std::string>& parts) {
+  try {
+    checkpoint::load_checkpoint(dir);
+    FAIL() << "loaded " << dir;
+  } catch (const Error& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << p << " in: " << e.what();
+  }
+}
+
+nlohmann::json read_index(const std::string& dir) {
+  std::ifstream f(dir + "/checkpoint.index.json");
+  return nlohmann::json::parse(f);
+}
+void write_index(const std::string& dir, const nlohmann::json& j) {
+  std::ofstream(dir + "/checkpoint.index.json") << j.dump(1);
+}
+const char* kModelShard = "model-rank00000-of-00001.safetensors";
+}  // namespace
+
+TEST(CheckpointErrors, TruncatedShardNamesTheFile) {
+  const std::string d = per_rank_copy("truncated");
+  const std::string f = d + "/" + kModelShard;
+  fs::resize_file(f, fs::file_size(f) / 2);
+  expect_load_error(d, {f, "outside the"});
+}
+
+TEST(CheckpointErrors, MissingShardNamesTheFile) {
+  const std::string d = per_rank_copy("missing");
+  fs::remove(d + "/optimizer-rank00000-of-00001.safetensors");
+  expect_load_error(d, {d + "/optimizer-rank00000-of-00001.safetensors", "does not exist"});
+}
+
+TEST(CheckpointErrors, IndexNamingAnAbsentFile) {
+  const std::string d = per_rank_copy("absent");
+  auto j = read_index(d);
+  j["model"]["pos_embed"]["slices"][0]["file"] = "model-rank00003-of-00004.safetensors";
+  write_index(d, j);
+  expect_load_error(d,
+                    {"'pos_embed'", d + "/model-rank00003-of-00004.safetensors", "does not exist"});
+  j["model"]["pos_embed"]["slices"][0]["file"] = "../elsewhere.safetensors";
+  write_index(d, j);
+  expect_load_error(d, {"'pos_embed'", "not a file of that directory"});
+  // Fuzzer-found: a name beyond NAME_MAX made std::filesystem throw its own error type.
+  j["model"]["pos_embed"]["slices"][0]["file"] = std::string(300, '[') + ".safetensors";
+  write_index(d, j);
+  expect_load_error(d, {"'pos_embed'", "not a file of that directory"});
+  expect_load_error(d + "/" + std::string(300, 'x'), {"does not exist"});
+}
+
+TEST(CheckpointErrors, SlicesThatDoNotCoverTheTensor) {
+  const std::string d = per_rank_copy("uncovered");
+  auto j = read_index(d);
+  j["model"]["cls_token"]["slices"][0]["end"] = 7;  // of 16 elements
+  write_index(d, j);
+  expect_load_error(d, {"'cls_token'", kModelShard, "index expects F32 [7]"});
+  j = read_index(d);
+  j["model"]["cls_token"]["slices"][0]["end"] = 16;
+  j["model"]["cls_token"]["slices"].push_back(j["model"]["cls_token"]["slices"][0]);
+  write_index(d, j);
+  expect_load_error(d, {"'cls_token'", "overlapping"});
+}
+
+TEST(CheckpointErrors, ShapesThatDisagree) {
+  const std::string d = per_rank_copy("shape");
+  // The index says another shape than the slices hold.
+  auto j = read_index(d);
+  j["model"]["pos_embed"]["shape"] = {1, 17, 8};
+  write_index(d, j);
+  expect_load_error(d, {"'pos_embed'", "slice [0, 272)", "of 136 elements"});
+  // A tensor-parallel cut that does not divide the shape.
+  j["model"]["pos_embed"]["shape"] = {1, 17, 16};
+  j["model"]["pos_embed"]["slices"][0]["tp"] = {{"rank", 0}, {"size", 3}, {"cuts", {{2, 1, 3, 1}}}};
+  write_index(d, j);
+  expect_load_error(d, {"'pos_embed'", "cut does not fit [1, 17, 16]"});
+  // A model of another width (layout or config changed): the checkpoint and the shape named.
+  const std::string good = per_rank_copy("shape_model");
+  try {
+    train_run("", good, DType::F32, false, 32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in " + good + ", the model has"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CheckpointErrors, CrashedSaveLeavesThePreviousCheckpoint) {
+  const std::string root = (fs::temp_directory_path() / "cai_crashed_save").string();
+  fs::remove_all(root);
+  train_run(root, "", DType::F32, true);  // keeps step 6 and 9
+  const auto before = checkpoint::load_checkpoint(root + "/step-000000009").model;
+  // What jobs killed during a save leave: temporaries with some shards and no index.
+  for (const char* t : {"/step-000000009.tmp", "/step-000000012.tmp"}) {
+    fs::create_directories(root + t);
+    fs::copy(root + "/step-000000009/" + kModelShard, root + t + "/" + kModelShard);
+  }
+  EXPECT_EQ(checkpoint::resolve_checkpoint(root), root + "/step-000000009");
+  EXPECT_NO_THROW(checkpoint::load_checkpoint(root));
+  expect_load_error(root + "/step-000000012.tmp", {"holds no checkpoint"});
+  // Resumed from step 6, the run saves step 9 again: the stale temporary is replaced, the old
+  // step 9 goes only once the new one is complete, keep_last counts no temporary.
+  const TrainRun again = train_run(root, root + "/step-000000006", DType::F32, true);
+  EXPECT_EQ(again.losses.size(), 4u);
+  EXPECT_FALSE(fs::exists(root + "/step-000000009.tmp"));
+  EXPECT_TRUE(fs::exists(root + "/step-000000006/trainer_state.json"));
+  const auto after = checkpoint::load_checkpoint(root).model;
+  for (const auto& [k, v] : before)
+    EXPECT_EQ(std::memcmp(after.at(k).raw(), v.raw(), v.nbytes()), 0) << k;
+}
+
+TEST(CheckpointErrors, ExportConsolidatedIsTimmNamedWeights) {
+  const std::string d = per_rank_copy("export");
+  const std::string out = d + "-export";
+  fs::remove_all(out);
+  checkpoint::export_consolidated(d, out);
+  const auto a = checkpoint::load_model_weights(out).tensors;
+  const auto b = checkpoint::load_checkpoint(d).model;
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, v] : b) {
+    ASSERT_EQ(a.at(k).shape(), v.shape()) << k;
+    EXPECT_EQ(std::memcmp(a.at(k).raw(), v.raw(), v.nbytes()), 0) << k;
+  }
+  EXPECT_THROW(checkpoint::export_consolidated(d, out), Error);  // never written over
 }
 
 TEST(Checkpoint, ModelWeightsLoadByTimmNamesAndShapes) {

@@ -3,12 +3,15 @@
 // (tmp_dir, /dev/shm when there is one) and read back through the public loader.
 #include <zlib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
+#include "cai/checkpoint/checkpoint.h"
 #include "cai/checkpoint/safetensors.h"
 #include "cai/core/error.h"
 #include "cai/data/data.h"
@@ -226,6 +229,70 @@ Target index_target(const std::string& tmp) {
   return t;
 }
 
+// A per-rank checkpoint written by hand in the format save_checkpoint(per_rank) writes: "w"
+// [4, 6] cut in 2 tensor-parallel parts along dim 0, each part in 2 element ranges (2 dp ranks),
+// "b" [6] whole, optimizer state "w.exp_avg" and "step"; the index JSON is the fuzzed input.
+Target per_rank_index_target(const std::string& tmp) {
+  const std::string dir = tmp + "/per_rank";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto range = [](float from, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + static_cast<float>(i);
+    return Tensor::from_vector(v, {n});
+  };
+  nlohmann::json model, opt;
+  model["b"] = {{"shape", {6}}, {"slices", nlohmann::json::array()}};
+  model["w"] = {{"shape", {4, 6}}, {"slices", nlohmann::json::array()}};
+  opt["w.exp_avg"] = model["w"];
+  opt["step"] = {{"shape", {1}}, {"slices", nlohmann::json::array()}};
+  for (int tp = 0; tp < 2; ++tp)
+    for (int dp = 0; dp < 2; ++dp) {
+      const int r = tp * 2 + dp;
+      const std::string mf = fmt::format("model-rank{:05d}-of-00004.safetensors", r);
+      const std::string of = fmt::format("optimizer-rank{:05d}-of-00004.safetensors", r);
+      std::map<std::string, Tensor> m{{"w", range(100.0f * r, 6)}}, o{{"w.exp_avg", range(r, 6)}};
+      const nlohmann::json spec = {{"rank", tp}, {"size", 2}, {"cuts", {{0, 1, 2, 1}}}};
+      model["w"]["slices"].push_back(
+          {{"file", mf}, {"tp", spec}, {"begin", dp * 6}, {"end", dp * 6 + 6}});
+      opt["w.exp_avg"]["slices"].push_back(
+          {{"file", of}, {"tp", spec}, {"begin", dp * 6}, {"end", dp * 6 + 6}});
+      const nlohmann::json whole = {{"rank", 0}, {"size", 1}, {"cuts", nlohmann::json::array()}};
+      if (tp == 0) {
+        m["b"] = range(-3.0f * dp, 3);
+        model["b"]["slices"].push_back(
+            {{"file", mf}, {"tp", whole}, {"begin", dp * 3}, {"end", dp * 3 + 3}});
+      }
+      if (r == 0) {
+        o["step"] = range(2.0f, 1);
+        opt["step"]["slices"].push_back({{"file", of}, {"tp", whole}, {"begin", 0}, {"end", 1}});
+      }
+      checkpoint::save_safetensors(dir + "/" + mf, m);
+      checkpoint::save_safetensors(dir + "/" + of, o);
+    }
+  write_file(dir + "/trainer_state.json",
+             R"({"epoch": 0, "step_in_epoch": 2, "global_step": 2, "scheduler_last": 2,
+                 "loss_scaler": [], "layout": "dp 2 × pp 1 × tp 2", "version": "fuzz"})");
+  const nlohmann::json index = {{"format", "colossalai-cpp per-rank checkpoint 1"},
+                                {"world_size", 4},
+                                {"layout", "dp 2 × pp 1 × tp 2"},
+                                {"model", model},
+                                {"optimizer", opt}};
+  Target t;
+  t.name = "per_rank_index";
+  t.text = true;
+  t.seeds = {index.dump(1)};
+  const std::string path = dir + "/checkpoint.index.json";
+  t.run = [dir, path](const std::string& in) {
+    write_file(path, in);
+    const auto c = checkpoint::load_checkpoint(dir);
+    for (const auto* part : {&c.model, &c.optimizer})
+      for (const auto& [name, x] : *part)
+        if (x.numel() > (int64_t{1} << 20)) throw std::logic_error("fuzz: tensor beyond the files");
+  };
+  return t;
+}
+
 Target config_target() {
   Target t;
   t.name = "vit_train_config";
@@ -308,10 +375,12 @@ Target calibration_target() {
 
 std::vector<Target> all_targets(const std::string& tmp) {
   fs::create_directories(tmp);
-  std::vector<Target> ts = {config_target(),       config_set_target(),     hostfile_target(),
-                            idx_target(tmp, true), idx_target(tmp, false),  cifar_target(tmp),
-                            image_target(tmp),     safetensors_target(tmp), index_target(tmp),
-                            cluster_target(),      calibration_target()};
+  std::vector<Target> ts = {config_target(),        config_set_target(),
+                            hostfile_target(),      idx_target(tmp, true),
+                            idx_target(tmp, false), cifar_target(tmp),
+                            image_target(tmp),      safetensors_target(tmp),
+                            index_target(tmp),      per_rank_index_target(tmp),
+                            cluster_target(),       calibration_target()};
 #ifdef CAI_FUZZ_HAVE_TRACE
   ts.push_back(trace_target());
 #endif

@@ -59,15 +59,6 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  CAI_CHECK(fd >= 0, "[checkpoint] cannot open {} to flush it: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  CAI_CHECK(rc == 0, "[checkpoint] fsync of {} failed: {}", path, std::strerror(err));
-}
-
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
@@ -279,12 +270,22 @@ SafetensorsFile load_model_weights(const std::string& path) {
   return out;
 }
 
-AtomicDir::AtomicDir(std::string final_path) : final_(std::move(final_path)) {
-  CAI_CHECK(!fs::exists(final_),
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  CAI_CHECK(fd >= 0, "[checkpoint] cannot open {} to flush it: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  CAI_CHECK(rc == 0, "[checkpoint] fsync of {} failed: {}", path, std::strerror(err));
+}
+
+AtomicDir::AtomicDir(std::string final_path, std::string tmp_path, bool replace)
+    : final_(std::move(final_path)), tmp_(std::move(tmp_path)), replace_(replace) {
+  CAI_CHECK(replace_ || !fs::exists(final_),
             "[checkpoint] {} exists already: checkpoints are never written "
             "over",
             final_);
-  tmp_ = final_ + ".tmp-" + std::to_string(::getpid());
+  if (tmp_.empty()) tmp_ = final_ + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp_);
   fs::create_directories(tmp_);
 }
@@ -301,8 +302,16 @@ void AtomicDir::commit() {
     if (e.is_regular_file()) fsync_path(e.path().string(), false);
   fsync_path(tmp_, true);
   std::error_code ec;
+  std::string old;
+  if (replace_ && fs::exists(final_)) {
+    old = final_ + ".old-" + std::to_string(::getpid());
+    fs::remove_all(old);
+    fs::rename(final_, old, ec);
+    CAI_CHECK(!ec, "[checkpoint] cannot rename {} to {}: {}", final_, old, ec.message());
+  }
   fs::rename(tmp_, final_, ec);
   CAI_CHECK(!ec, "[checkpoint] cannot rename {} to {}: {}", tmp_, final_, ec.message());
+  if (!old.empty()) fs::remove_all(old, ec);
   const fs::path parent = fs::path(final_).parent_path();
   fsync_path(parent.empty() ? "." : parent.string(), true);
   committed_ = true;

@@ -289,7 +289,8 @@ void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer
               "[checkpoint] optimizer state '{}' belongs to no parameter of the model", key);
     const nn::Parameter& p = *by_name.at(key.substr(0, dot));
     if (!mine.count(p.name)) continue;  // another pipeline stage's
-    const Shape want = p.full_shape();
+    // Not p.full_shape(): a ZeRO-3 parameter holds no value between its uses.
+    const Shape want = p.shard.sharded() ? p.shard.full : m.shapes.at(p.name);
     CAI_CHECK(v.shape() == want, "[checkpoint] optimizer state '{}' is {}, the parameter is {}",
               key, shape_str(v.shape()), shape_str(want));
     Tensor part = p.shard.sharded() ? nn::shard_of(v, p.shard) : v;
@@ -300,6 +301,50 @@ void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer
     local[key] = part;
   }
   opt.load_state_dict(local);
+}
+
+std::vector<train::OwnedSlice> HybridParallelPlugin::owned_state(nn::ViT& model,
+                                                                 optim::Optimizer& opt) {
+  Impl& m = *impl_;
+  const bool zero = m.cfg.dp.zero_stage >= 1;
+  const int D = m.mesh.dp_size();
+  std::map<std::string, const nn::Parameter*> by_name;
+  for (nn::Parameter* p : model.parameters()) by_name[p->name] = p;
+  const std::map<std::string, Tensor> state = opt.state_dict();
+  std::vector<train::OwnedSlice> out;
+  for (nn::Parameter* q : train::optimizer_params(opt)) {
+    const auto pit = by_name.find(q->name);
+    CAI_CHECK(pit != by_name.end(), "[checkpoint] optimizer parameter {} is not the model's",
+              q->name);
+    const nn::Parameter& p = *pit->second;
+    if (p.shard.sharded() ? !p.shard.primary() : m.me.tp != 0) continue;  // a copy
+    const int64_t n = shape_numel(m.shapes.at(p.name));
+    const auto [b, e] = DataParallelPlugin::shard_range(n, m.me.dp, D);
+    // ZeRO: q and its state are this rank's shard already; DDP: the whole part, cut here.
+    auto cut = [&, b = b, e = e](const std::string& key, const Tensor& t) {
+      Tensor flat = t.to(Device::cpu());
+      flat = flat.reshape({flat.numel()});
+      CAI_CHECK(flat.numel() == (zero ? e - b : n),
+                "[checkpoint] {} has {} elements on this rank, expected {}", key, flat.numel(),
+                zero ? e - b : n);
+      return zero ? flat.clone() : flat.narrow(b, e - b).clone();
+    };
+    // Not p.full_shape(): a ZeRO-3 parameter holds no value between its uses.
+    const Shape full = p.shard.sharded() ? p.shard.full : m.shapes.at(p.name);
+    out.push_back(train::OwnedSlice{p.name, false, p.shard, full, b, e, cut(p.name, q->value)});
+    for (auto it = state.lower_bound(p.name + "."); it != state.end(); ++it) {
+      const std::string& k = it->first;
+      if (k.compare(0, p.name.size() + 1, p.name + ".") != 0) break;
+      if (k.find('.', p.name.size() + 1) != std::string::npos) continue;  // another parameter's
+      out.push_back(train::OwnedSlice{k, true, p.shard, full, b, e, cut(k, it->second)});
+    }
+  }
+  if (m.world.rank() == 0) {
+    const Tensor step = state.at("step").to(Device::cpu());
+    out.push_back(train::OwnedSlice{"step", true, nn::ShardSpec{}, step.shape(), 0, step.numel(),
+                                    step.reshape({step.numel()}).clone()});
+  }
+  return out;
 }
 
 std::map<std::string, Tensor> HybridParallelPlugin::full_state(nn::ViT& model) {

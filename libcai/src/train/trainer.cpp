@@ -261,6 +261,24 @@ void Plugin::load_optimizer_state(nn::ViT&, optim::Optimizer& opt,
   opt.load_state_dict(full);
 }
 
+std::vector<OwnedSlice> Plugin::owned_state(nn::ViT& model, optim::Optimizer& opt) {
+  std::vector<OwnedSlice> out;
+  auto whole = [&out](const std::string& name, bool optimizer, const Tensor& v) {
+    Tensor c = v.to(Device::cpu());
+    if (c.dtype() != DType::F32) c = c.to(DType::F32);
+    out.push_back(OwnedSlice{name, optimizer, nn::ShardSpec{}, c.shape(), 0, c.numel(),
+                             c.reshape({c.numel()}).clone()});
+  };
+  for (nn::Parameter* p : model.parameters()) {
+    CAI_CHECK(p->value.defined() && !p->shard.sharded(),
+              "[checkpoint] {}: the {} plugin cannot save sharded parameter {}", name(), name(),
+              p->name);
+    whole(p->name, false, p->value);
+  }
+  for (const auto& [k, v] : opt.state_dict()) whole(k, true, v);
+  return out;
+}
+
 Tensor Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   return optim::clip_grad_norm_async(optimizer_params(opt), max_norm);
 }

@@ -1,19 +1,35 @@
-// Training checkpoints that any layout can resume and timm can load.
+// Training checkpoints that any layout can resume and timm can load. Two formats, one reader:
 //
+// Consolidated (default; what timm and Hugging Face load as they are):
 //   DIR/step-000000123/model.safetensors           the full model under timm's names (fp32, or
 //                     (model-0000k-of-0000K.*      bf16/fp16 on export), sharded by size with a
 //                      + model.safetensors.index.json)  Hugging Face index beyond max_shard_bytes
 //   DIR/step-000000123/optimizer.safetensors       the full optimizer state ("<param>.<slot>")
 //   DIR/step-000000123/trainer_state.json          epoch, step, LR scheduler, loss scaler, the
 //                                                  layout and versions that wrote it
+// Every state is gathered to full shapes first (Plugin::full_model_state / full_optimizer_state)
+// and rank 0 writes; the others wait.
+//
+// Per-rank (CheckpointConfig::per_rank, Colossal-AI's save_model(shard=True) / PyTorch DCP):
+// no gathering; every rank writes what it owns (Plugin::owned_state: its tensor-parallel part,
+// pipeline stage and ZeRO shard, fp32) in parallel:
+//   DIR/step-000000123/model-rank0000r-of-0000W.safetensors      1-D slices, keyed by timm name
+//   DIR/step-000000123/optimizer-rank0000r-of-0000W.safetensors  the same for "<param>.<slot>"
+//   DIR/step-000000123/checkpoint.index.json   per tensor: its full shape and its slices (file,
+//                      tensor-parallel cut, element range), the world size and layout
+//   DIR/step-000000123/trainer_state.json      as above
+// Loading puts each tensor back together from its slices (nn::unshard), so both formats come
+// out as full tensors, and load_model_state / Plugin::load_optimizer_state cut this rank's part
+// for the current layout: resharding has one code path whatever wrote the checkpoint.
+// export_consolidated() turns either format into timm-loadable weights.
+//
 //   DIR/latest                                     the newest complete checkpoint's name
 //
-// Every state is gathered to full shapes first (Plugin::full_model_state / full_optimizer_state),
-// so a checkpoint does not depend on the layout that wrote it: loading cuts each rank's part
-// (tensor shards, ZeRO shards, pipeline stages) for the current layout. Saves are atomic: the
-// directory is written under a temporary name, fsync'd and renamed; `latest` is replaced by a
-// rename; keep_last removes older checkpoints only after the new one is complete, so a job killed
-// during a save leaves the previous checkpoint loadable. Rank 0 writes; the others wait.
+// Saves are atomic: the directory is written under "<name>.tmp", every file fsync'd (per-rank:
+// each rank its own, after which ranks agree that all succeeded), trainer_state.json last, then
+// renamed; `latest` is replaced by a rename; keep_last removes older checkpoints only after the
+// new one is complete, so a job killed during a save leaves the previous checkpoint loadable and
+// nothing that looks complete. A failed save throws on every rank and removes the temporary.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -33,6 +49,7 @@ struct CheckpointConfig {
   int64_t max_shard_bytes = int64_t{5} << 30;
   DType export_dtype = DType::F32;  // model weights; bf16/fp16 for a lighter export
   std::string layout;               // recorded in trainer_state.json, e.g. "dp 2 × pp 1 × tp 2"
+  bool per_rank = false;            // every rank writes its own shard files (see above)
 };
 
 // Where training stands (trainer_state.json).
@@ -45,8 +62,8 @@ struct TrainingState {
   std::string layout, version;
 };
 
-// Collective: gathers the model and optimizer states and writes DIR/step-<global_step>.
-// Returns the checkpoint's directory.
+// Collective: writes DIR/step-<global_step> (consolidated: gathered, rank 0 writes; per_rank:
+// every rank writes its part). Returns the checkpoint's directory.
 std::string save_checkpoint(const CheckpointConfig& cfg, train::Trainer& trainer,
                             optim::LRScheduler* scheduler, const TrainingState& state);
 
@@ -58,14 +75,27 @@ struct Checkpoint {
 // DIR's newest complete checkpoint (from DIR/latest), or a checkpoint directory itself. Errors
 // name the file and what was wrong.
 std::string resolve_checkpoint(const std::string& dir_or_checkpoint);
+// Either format, as full CPU fp32 tensors. Errors name the file and what was expected (a
+// truncated or missing shard, an index naming a file that is not there, slices that do not
+// cover a tensor or disagree with its shape).
 Checkpoint load_checkpoint(const std::string& path);
+// Model weights (full, CPU) from a checkpoint of either format or its parent directory, a
+// safetensors file, or a Hugging Face directory (model.safetensors or an index).
+std::map<std::string, Tensor> load_weights(const std::string& path);
+// The model weights of a checkpoint of either format (or a safetensors file / Hugging Face
+// directory) written as timm-loadable safetensors into `out_dir` (atomically; it must not exist):
+// model.safetensors, or shards of max_shard_bytes with model.safetensors.index.json.
+void export_consolidated(const std::string& checkpoint, const std::string& out_dir,
+                         int64_t max_shard_bytes = int64_t{5} << 30, DType dtype = DType::F32);
 
 // Full weights into a model built for any layout, before its plugin's setup(): each parameter
 // gets its part of the full tensor. Names and full shapes must match (errors name the tensor);
 // parameters in `skip` keep their values (e.g. a head of another class count); a tensor the
 // model does not have is an error unless `allow_unexpected`.
+// `origin` names the weights in errors (e.g. the checkpoint's path).
 void load_model_state(nn::ViT& model, const std::map<std::string, Tensor>& full,
-                      const std::set<std::string>& skip = {}, bool allow_unexpected = false);
+                      const std::set<std::string>& skip = {}, bool allow_unexpected = false,
+                      const std::string& origin = "the weights");
 
 // Saves every `every_steps` optimizer steps and/or at the end of every `every_epochs` epochs.
 class CheckpointHook : public train::Hook {

@@ -44,12 +44,17 @@ std::vector<std::string> save_sharded(const std::string& dir,
 // weight map read and checked against it).
 SafetensorsFile load_model_weights(const std::string& path);
 
-// A directory written atomically: files go into a temporary sibling; commit() flushes and fsyncs
-// every file and the directory, then renames it over `final` (the previous content, if any, is
-// removed only after the new one is complete). Destroyed without commit(): the temporary goes.
+// fsync a file (or a directory, for the names in it); errors name the path.
+void fsync_path(const std::string& path, bool directory);
+
+// A directory written atomically: files go into a temporary sibling (`tmp_path`, or
+// "<final>.tmp-<pid>"), which the constructor empties; commit() flushes and fsyncs every file and
+// the directory, then renames it to `final`. `final` existing already is an error, unless
+// `replace`: then the old one is renamed aside and removed only after the new one is in place.
+// Destroyed without commit(): the temporary goes.
 class AtomicDir {
  public:
-  explicit AtomicDir(std::string final_path);
+  explicit AtomicDir(std::string final_path, std::string tmp_path = {}, bool replace = false);
   ~AtomicDir();
   AtomicDir(const AtomicDir&) = delete;
   AtomicDir& operator=(const AtomicDir&) = delete;
@@ -58,7 +63,7 @@ class AtomicDir {
 
  private:
   std::string final_, tmp_;
-  bool committed_ = false;
+  bool replace_ = false, committed_ = false;
 };
 
 }  // namespace cai::checkpoint

@@ -76,6 +76,12 @@ class HybridParallelPlugin : public train::Plugin {
                                                      optim::Optimizer& opt) override;
   void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                             const std::map<std::string, Tensor>& full) override;
+  // Per-rank checkpoints: of each parameter of this rank's stage, the tensor-parallel part's
+  // lowest holder (whole parameters: tp rank 0) writes, and the dp ranks split it by ZeRO's cut
+  // (dp rank r: elements shard_range(n, r, dp)), whatever the ZeRO stage: with ZeRO that is the
+  // rank's own shard of the master weights and optimizer state, without it a slice of the copy,
+  // so every rank writes about 1/world of the bytes. "step" is world rank 0's.
+  std::vector<train::OwnedSlice> owned_state(nn::ViT& model, optim::Optimizer& opt) override;
   void barrier() override;
 
  private:

@@ -92,6 +92,19 @@ class Hook {
   virtual void after_train(Trainer&) {}
 };
 
+// A piece of a tensor that one rank writes in a per-rank checkpoint: elements [begin, end) of the
+// row-major flattened tensor-parallel part `spec` of the full tensor `name` (spec without cuts:
+// the whole tensor). Loading puts the pieces back together with nn::unshard and cuts them for
+// the new layout the way full states are cut.
+struct OwnedSlice {
+  std::string name;        // timm's name; optimizer state "<param>.<slot>" or "step"
+  bool optimizer = false;  // optimizer state (else a model weight)
+  nn::ShardSpec spec;      // which tensor-parallel part
+  Shape full;              // the full tensor's shape
+  int64_t begin = 0, end = 0;
+  Tensor data;  // CPU fp32, [end - begin]
+};
+
 // What a parallel strategy changes in a step. The default is one process. Call setup() before
 // building the optimizer, over optimizer_parameters() (ZeRO shards them).
 class Plugin {
@@ -142,6 +155,10 @@ class Plugin {
   virtual std::map<std::string, Tensor> full_optimizer_state(nn::ViT& model, optim::Optimizer& opt);
   virtual void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                                     const std::map<std::string, Tensor>& full);
+  // Per-rank (sharded) checkpoints, without communication: what this rank writes, every element
+  // of the model and the optimizer state written by exactly one rank over the world. The
+  // default (one process) owns everything whole.
+  virtual std::vector<OwnedSlice> owned_state(nn::ViT& model, optim::Optimizer& opt);
   virtual void barrier() {}
 };
 
