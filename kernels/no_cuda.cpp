@@ -222,6 +222,11 @@ void layernorm_bwd_t(DT, const void*, const float*, const float*, const float*, 
                      void*, float*, float*, int64_t, int64_t, void*) {
   CAI_STUB("layernorm_bwd_t");
 }
+void layernorm_bwd_add_t(DT, const void*, const float*, const float*, const float*, DT, const void*,
+                         DT, void*, const void*, DT, void*, float*, float*, int64_t, int64_t,
+                         void*) {
+  CAI_STUB("layernorm_bwd_add_t");
+}
 void layernorm_row_sums(const float*, const float*, float*, int64_t, int64_t, void*) {
   CAI_STUB("layernorm_row_sums");
 }
@@ -248,6 +253,9 @@ void gelu_tanh_fwd_t(DT, const void*, void*, int64_t, void*) {
 }
 void gelu_tanh_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
   CAI_STUB("gelu_tanh_bwd_t");
+}
+void gelu_bwd_bias_t(DT, bool, const void*, const void*, void*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("gelu_bwd_bias_t");
 }
 void dropout_fwd_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {
   CAI_STUB("dropout_fwd_t");
