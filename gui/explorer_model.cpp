@@ -101,26 +101,6 @@ schedule::Partition partition_for(const app::TrainConfig& c, int layers, int V,
   return schedule::partition_uniform(layers, V);
 }
 
-Category category_of(schedule::Op op) {
-  using schedule::Op;
-  switch (op) {
-    case Op::Forward:
-      return Category::Forward;
-    case Op::Backward:
-    case Op::BackwardInput:
-    case Op::BackwardWeight:
-      return Category::Backward;
-    case Op::LoadMicroBatch:
-      return Category::Load;
-    case Op::ReduceGrads:
-      return Category::Reduce;
-    case Op::OptimizerStep:
-      return Category::Optimizer;
-    default:
-      return Category::Comm;
-  }
-}
-
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
   CAI_CHECK(f.good(), "[gui] {} {}: cannot open the file", what, path);
@@ -150,6 +130,26 @@ int small_index(const std::string& name, size_t p) {
 }
 
 }  // namespace
+
+Category category_of(schedule::Op op) {
+  using schedule::Op;
+  switch (op) {
+    case Op::Forward:
+      return Category::Forward;
+    case Op::Backward:
+    case Op::BackwardInput:
+    case Op::BackwardWeight:
+      return Category::Backward;
+    case Op::LoadMicroBatch:
+      return Category::Load;
+    case Op::ReduceGrads:
+      return Category::Reduce;
+    case Op::OptimizerStep:
+      return Category::Optimizer;
+    default:
+      return Category::Comm;
+  }
+}
 
 const char* category_name(Category c) {
   switch (c) {

@@ -16,11 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "cai/schedule/schedule.h"
 #include "config.h"  // apps/vit_train: TrainConfig, load_config, validate
 
 namespace cai::gui {
 
 enum class Category { Forward, Backward, Comm, Optimizer, Load, Reduce };
+// The category a schedule instruction is drawn in (the replay and the simulator source alike).
+Category category_of(schedule::Op op);
 inline constexpr int kNumCategories = 6;
 const char* category_name(Category c);  // "forward", "backward", "comm", ...
 

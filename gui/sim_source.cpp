@@ -15,26 +15,6 @@ namespace cai::gui {
 
 namespace {
 
-Category category_of_instr(schedule::Op op) {
-  using schedule::Op;
-  switch (op) {
-    case Op::Forward:
-      return Category::Forward;
-    case Op::Backward:
-    case Op::BackwardInput:
-    case Op::BackwardWeight:
-      return Category::Backward;
-    case Op::LoadMicroBatch:
-      return Category::Load;
-    case Op::ReduceGrads:
-      return Category::Reduce;
-    case Op::OptimizerStep:
-      return Category::Optimizer;
-    default:
-      return Category::Comm;
-  }
-}
-
 MemoryPoint memory_point(const sim::MemPoint& m) {
   auto kind = [&](sim::MemKind k) { return static_cast<double>(m.kinds[static_cast<int>(k)]); };
   MemoryPoint p;
@@ -82,7 +62,7 @@ std::vector<Span> rank_spans(const sim::RankProgram& prog, const sim::RankResult
         continue;
       }
       s.name = in ? in->str() : op.name;
-      s.category = in ? category_of_instr(in->op) : Category::Forward;
+      s.category = in ? category_of(in->op) : Category::Forward;
       spans.push_back(std::move(s));
       open = &spans.back();
       open_instr = op.instr;

@@ -191,14 +191,23 @@ Tensor layernorm_fwd(const Tensor& x, const Tensor& gamma, const Tensor& beta, f
   return y;
 }
 
-Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                     const Tensor& dy, Tensor* dgamma, Tensor* dbeta) {
-  floating("layernorm", x);
+namespace {
+// The LayerNorm backward's operands: dy a float tensor of x's shape, the parameter gradients fp32
+// of gamma's shape where given.
+void check_layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& dy,
+                         const Tensor* dgamma, const Tensor* dbeta) {
   floating("layernorm", dy);
   CAI_CHECK(dy.shape() == x.shape(), "[layernorm] grad {} does not match input {}", dy.str(),
             x.str());
   check_grad("layernorm", "weight", dgamma, gamma);
   check_grad("layernorm", "bias", dbeta, gamma);
+}
+}  // namespace
+
+Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& dy, Tensor* dgamma, Tensor* dbeta) {
+  floating("layernorm", x);
+  check_layernorm_bwd(x, gamma, dy, dgamma, dbeta);
   const int64_t d = x.size(-1), m = rows_of(x);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.dtype() == DType::F32 && dy.dtype() == DType::F32) {
@@ -230,11 +239,7 @@ Tensor layernorm_bwd_add(const Tensor& x, const Tensor& gamma, const Tensor& mea
     if (half_out) *half_out = as(dx, half);
     return dx;
   }
-  floating("layernorm", dy);
-  CAI_CHECK(dy.shape() == x.shape(), "[layernorm] grad {} does not match input {}", dy.str(),
-            x.str());
-  check_grad("layernorm", "weight", dgamma, gamma);
-  check_grad("layernorm", "bias", dbeta, gamma);
+  check_layernorm_bwd(x, gamma, dy, dgamma, dbeta);
   const int64_t d = x.size(-1), m = rows_of(x);
   Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
   if (half_out) *half_out = Tensor::empty(x.shape(), half, x.device());
