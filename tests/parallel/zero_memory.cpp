@@ -17,8 +17,8 @@
 //    the in-flight buckets;
 //  - ZeRO-1/2: the after-step all-gather allocates no more than the in-flight bucket window;
 //  - the peak of every stage is below stage 0's by the persistent bytes the stage drops
-//    (theory: DDP holds parameters, gradients and bucket buffers in full and Adam's two moments
-//    in full), less that stage's window.
+//    (theory: DDP holds parameters and gradients in full, the gradients being views into its
+//    fp32 buckets, and Adam's two moments in full), less that stage's window.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -202,10 +202,10 @@ int main(int argc, char** argv) {
 
     // Persistent bytes by theory (Adam: two moments per optimizer element).
     int64_t theory[4];
-    theory[0] = N + N + N + 2 * N;             // params, grads, bucket buffers, moments
-    theory[1] = N + N + N + sh + sh + 2 * sh;  // + shard values and grads, shard moments
-    theory[2] = N + sh + sh + 2 * sh;          // full params, shard values/grads/moments
-    theory[3] = sh + sh + 2 * sh;              // shards only
+    theory[0] = N + N + 2 * N;             // params, grads (= the bucket buffers), moments
+    theory[1] = N + N + sh + sh + 2 * sh;  // + shard values and grads, shard moments
+    theory[2] = N + sh + sh + 2 * sh;      // full params, shard values/grads/moments
+    theory[3] = sh + sh + 2 * sh;          // shards only
     for (int s = 0; s < 4; ++s) {
       const Figures& f = fs[s];
       int64_t fwd_excess = 0, bwd_excess = 0;

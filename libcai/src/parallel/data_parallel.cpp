@@ -148,16 +148,32 @@ struct DataParallelPlugin::Impl {
       for (nn::Parameter* p : k.params) {
         bucket_of[p] = b;
         const int64_t n = shape_numel(shapes[index[p]]);
-        k.numel += n;
+        k.numel += grad_views() ? schedule::bucket_view_numel(n) : n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
       if (!sharded_grads()) k.flat = Tensor::zeros({k.numel}, cfg.bucket_dtype, device);
+      if (!grad_views()) continue;
+      // The gradients become views into the bucket (their values so far copied in).
+      int64_t off = 0;
+      for (nn::Parameter* p : k.params) {
+        const Shape& shape = shapes[index[p]];
+        const int64_t n = shape_numel(shape);
+        Tensor view = span(k.flat, off, n).reshape(shape);
+        if (p->grad.defined()) copy_span(view, 0, p->grad, 0, n);
+        p->grad = view;
+        off += schedule::bucket_view_numel(n);
+      }
     }
   }
+
+  // Stage 0/1 with fp32 buckets: the gradients live in the buckets (see build_buckets), so the
+  // all-reduce works on them in place. bf16 buckets: packed (cast) and copied back.
+  bool grad_views() const { return !sharded_grads() && cfg.bucket_dtype == DType::F32; }
 
   // Stage 0/1: the bucket's gradients back to back. Stage 2/3: rank-major chunks.
   void pack(Bucket& b) {
     int64_t out = 0;
+    if (grad_views()) return;  // in place already
     if (!sharded_grads()) {
       for (nn::Parameter* p : b.params) {
         copy_span(b.flat, out, p->grad, 0, p->grad.numel());
@@ -205,7 +221,9 @@ struct DataParallelPlugin::Impl {
     if (!b.launched) return;
     b.work->wait();
     b.work.reset();
-    if (!sharded_grads()) {
+    if (grad_views()) {
+      // the sums are in the gradients already
+    } else if (!sharded_grads()) {
       int64_t in = 0;
       for (nn::Parameter* p : b.params) {
         copy_span(p->grad, 0, b.flat, in, p->grad.numel());
@@ -592,9 +610,13 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
 
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   Impl& m = *impl_;
-  opt.zero_grad();
+  if (m.cfg.zero_stage >= 1 || !m.grad_views()) opt.zero_grad();  // else: the buckets below
   if (m.offload()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
+  if (m.grad_views()) {
+    for (Bucket& b : m.buckets) b.flat.zero_();  // every gradient, one fill per bucket
+    return;
+  }
   for (nn::Parameter* p : m.params) p->grad.zero_();
 }
 

@@ -652,6 +652,14 @@ struct Replay {
     for (int i : buckets[b]) n += numels[i];
     return n;
   }
+  // Stage 0/1 with fp32 buckets: the gradients are views into the buckets, each at a 16-element
+  // boundary (schedule::bucket_view_numel): the bucket's elements, padding included.
+  bool grad_views() const { return l.zero_stage <= 1 && l.bucket_dtype == DType::F32; }
+  int64_t bucket_view_numel(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += schedule::bucket_view_numel(numels[i]);
+    return n;
+  }
   int64_t bucket_chunk(int b) const {
     int64_t n = 0;
     for (int i : buckets[b]) n += schedule::zero_chunk_size(numels[i], me, d);
@@ -782,8 +790,13 @@ void replay(const StepPlan& plan, RankPlan& r) {
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
   m.shards = l.zero_stage >= 1 ? 8 * S : 0;
   m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
-  m.buffers =
-      rp.plugin() && l.zero_stage <= 1 ? static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N : 0;
+  // The stage 0/1 buckets: fp32, the gradients themselves (only the alignment padding is extra);
+  // bf16, a half-size copy the gradients are cast into.
+  int64_t padded = 0;
+  for (int64_t n : rp.numels) padded += schedule::bucket_view_numel(n);
+  m.buffers = !rp.plugin() || l.zero_stage >= 2 ? 0
+              : rp.grad_views()                 ? 4 * (padded - N)
+                                : static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N;
   m.host = offload ? 4 * (2 + slots) * S : 0;
   Tracker& t = rp.t;
   t.live = m.persistent();
@@ -928,8 +941,9 @@ void replay(const StepPlan& plan, RankPlan& r) {
     const int64_t bytes = 4 * rp.bucket_numel(b);
     const std::string name = fmt::format("bucket {}", b);
     if (l.zero_stage <= 1) {
-      const int64_t wire =
-          static_cast<int64_t>(dtype_size(l.bucket_dtype)) * rp.bucket_numel(b);  // bf16: half
+      const int64_t wire = rp.grad_views() ? 4 * rp.bucket_view_numel(b)
+                                           : static_cast<int64_t>(dtype_size(l.bucket_dtype)) *
+                                                 rp.bucket_numel(b);  // bf16: half
       r.collectives.push_back(
           {CollectiveKind::AllReduce, Group::Dp, d, wire, "", name, Phase::Backward, 1});
     } else {

@@ -15,6 +15,14 @@ inline int64_t zero_chunk_size(int64_t n, int r, int d) {
   return zero_chunk_begin(n, r + 1, d) - zero_chunk_begin(n, r, d);
 }
 
+// DDP / ZeRO-1 with fp32 buckets: each parameter's gradient is a view into its bucket (no copies
+// in or out, PyTorch's gradient_as_bucket_view), starting at a multiple of 16 elements (64 bytes:
+// the vectorised kernels that write gradients need 16-byte alignment). Elements a parameter takes
+// in its bucket, padding included.
+inline int64_t bucket_view_numel(int64_t n) {
+  return (n + 15) / 16 * 16;
+}
+
 // Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
 // numels: elements per parameter (model order); layer_of: the layer index of each parameter.
 // Stage 3: one bucket per layer that has parameters, last layer first. Stages 0-2: parameters in
