@@ -5,11 +5,18 @@
 
 #include "cai/core/error.h"
 #include "cai/core/version.h"
+#include "cai/dist/launch.h"
 #include "cmd_benchmark.h"
 #include "cmd_check.h"
 #include "cmd_run.h"
 
 int main(int argc, char** argv) {
+  // A rank of a multi-process benchmark or calibration: before any CUDA call (see launch.h).
+  try {
+    cai::dist::prefer_eager_cuda_module_loading(cai::dist::launch_from_env());
+  } catch (const cai::Error&) {
+    // A malformed launcher environment is reported by the subcommand that needs it.
+  }
   CLI::App app{
       "ColossalAI-cpp: train Vision Transformers with data, pipeline, tensor and ZeRO "
       "parallelism"};

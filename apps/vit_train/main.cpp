@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   dist::LaunchInfo li;
   try {
     li = dist::launch_from_env();
+    dist::prefer_eager_cuda_module_loading(li);  // before the first CUDA call
     cfg = app::load_config(config_path, overrides);
     cfg.path = app::expand_env(cfg.path, "data.path");
     cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");

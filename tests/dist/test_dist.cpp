@@ -80,6 +80,27 @@ TEST(Launch, ReadsOpenMpiSlurmAndTorchrunVariables) {
   }
 }
 
+TEST(Launch, SeveralGpuProcessesLoadCudaModulesEagerly) {
+  const char* saved = std::getenv("CUDA_MODULE_LOADING");
+  const std::string before = saved ? saved : "";
+  unsetenv("CUDA_MODULE_LOADING");
+  LaunchInfo one;
+  EXPECT_FALSE(prefer_eager_cuda_module_loading(one));
+  EXPECT_EQ(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  LaunchInfo two;
+  two.world_size = 2;
+  EXPECT_TRUE(prefer_eager_cuda_module_loading(two));
+  ASSERT_NE(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  EXPECT_STREQ(std::getenv("CUDA_MODULE_LOADING"), "EAGER");
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);  // the user's choice stays
+  EXPECT_FALSE(prefer_eager_cuda_module_loading(two));
+  EXPECT_STREQ(std::getenv("CUDA_MODULE_LOADING"), "LAZY");
+  if (saved)
+    setenv("CUDA_MODULE_LOADING", before.c_str(), 1);
+  else
+    unsetenv("CUDA_MODULE_LOADING");
+}
+
 TEST(Mesh, ColossalAiRankOrder) {
   ProcessMesh m(16, 2, 2);  // dp 4 × pp 2 × tp 2
   EXPECT_EQ(m.dp_size(), 4);

@@ -24,6 +24,7 @@
 #include "cai/core/error.h"
 #include "cai/data/data.h"
 #include "cai/dist/communicator.h"
+#include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/optimizer.h"
@@ -181,6 +182,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
 }  // namespace
 
 int main(int argc, char** argv) {
+  dist::prefer_eager_cuda_module_loading(dist::launch_from_env());  // before MPI and CUDA start
   dist::MpiEnvironment env(&argc, &argv);
   int zero = 0, accum = 1, steps = 4;
   bool overlap = true, cpu_offload = false;

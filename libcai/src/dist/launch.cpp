@@ -102,4 +102,9 @@ std::string ProcessMesh::describe() const {
   return fmt::format("dp {} × pp {} × tp {}", dp_, pp_, tp_);
 }
 
+bool prefer_eager_cuda_module_loading(const LaunchInfo& li) {
+  if (li.world_size <= 1 || std::getenv("CUDA_MODULE_LOADING")) return false;
+  return ::setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}
+
 }  // namespace cai::dist

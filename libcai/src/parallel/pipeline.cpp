@@ -31,6 +31,7 @@ const char* category_of(schedule::Op op) {
 }  // namespace
 
 struct PipelinePlugin::Impl {
+  bool warm = false;  // a training step has completed (receives may be posted ahead, see below)
   dist::Communicator& world;
   dist::ProcessMesh mesh;
   PipelineConfig cfg;
@@ -263,16 +264,25 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
                        : m.pp_grad->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs + 1, V, kGrad));
     posted[pos] = std::move(p);
   };
+  // On GPUs, not in the first step: an NCCL receive spins on the device until its peer sends, and
+  // the first step is where this process first builds cuBLAS handles, loads kernels and grows
+  // the allocator, calls that can wait for the device to drain. With a receive posted ahead, a
+  // stage waiting there never reaches the send its peer needs to get to that receive's send: on
+  // 2 H200, vit_train pp 2 hung in the first step (each rank's receive timed out). From the
+  // second step the step's calls are warm; receives go out ahead again.
+  const bool ahead = !m.device.is_cuda() || m.warm;
   auto take = [&](int kind, size_t pos) {
     if (!posted.count(pos)) post(kind);
     Posted p = std::move(posted.at(pos));
     posted.erase(pos);
     p.work->wait();
-    post(kind);  // the next one of this kind goes out now
+    if (ahead) post(kind);  // the next one of this kind goes out now
     return p.buffer;
   };
-  post(0);
-  post(1);
+  if (ahead) {
+    post(0);
+    post(1);
+  }
   train::StepMetrics metrics;
   const double step_t0 = trace::Recorder::now_us();
   double compute_us = 0;
@@ -365,6 +375,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     }
     if (in.op != schedule::Op::OptimizerStep) m.record(in.str(), category_of(in.op), t0);
   }
+  m.warm = true;
   const double wall = trace::Recorder::now_us() - step_t0;
   m.bubbles.push_back(wall > 0 ? 1.0 - compute_us / wall : 0.0);
   m.rec.span("step", "step", step_t0, step_t0 + wall);
