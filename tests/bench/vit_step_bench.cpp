@@ -2,14 +2,16 @@
 // device with synthetic data. Prints img/s, achieved TFLOP/s, MFU against a peak, and peak memory.
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
-//                  [--zero 0..3] [--tp T [--sp 1]] [--peak-tflops 989]
+//                  [--zero 0..3] [--bucket-dtype fp32|bf16] [--tp T [--sp 1]]
+//                  [--peak-tflops 989]
 //                  [--kernel-profile FILE.md [--profile-steps 3]]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
 // Under mpirun / colossalai run with several processes: data parallel over NCCL, one GPU per
 // process (local rank), batch per GPU, DDP (--zero 0, bucketed all-reduce overlapped with
-// backward) or ZeRO 1-3; rank 0 prints the total img/s of all GPUs. --tp T: 1D tensor parallelism
+// backward; --bucket-dtype bf16: the buckets reduced in bf16, parallel.gradient_comm_dtype) or
+// ZeRO 1-3; rank 0 prints the total img/s of all GPUs. --tp T: 1D tensor parallelism
 // over T consecutive ranks (--sp 1: with sequence parallelism) through the HybridParallelPlugin,
 // data parallel over the rest; --batch is per data-parallel rank. tp_comm_share: the time the
 // tensor-parallel collectives take when each is timed alone (profiled steps), over the step time.
@@ -52,7 +54,7 @@ int main(int argc, char** argv) {
   int64_t batch = 256, steps = 10, warmup = 3;
   double peak = 989.0;
   int zero = 0, tp = 1, sp = 0;
-  std::string act = "gelu", kernel_profile;
+  std::string act = "gelu", kernel_profile, bucket_dtype = "fp32";
   int64_t profile_steps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -80,6 +82,8 @@ int main(int argc, char** argv) {
       kernel_profile = v;
     else if (a == "--profile-steps")
       profile_steps = std::atoll(v.c_str());
+    else if (a == "--bucket-dtype")
+      bucket_dtype = v;
     else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
     else {
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
   }
   try {
     const dist::LaunchInfo li = dist::launch_from_env();
+    dist::prefer_eager_cuda_module_loading(li);
     std::unique_ptr<dist::MpiEnvironment> mpi;
     std::unique_ptr<dist::Communicator> world, nccl;
     std::unique_ptr<train::Plugin> dp;
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
     }
     parallel::DataParallelConfig dc;
     dc.zero_stage = zero;
+    dc.bucket_dtype = dtype_from_name(bucket_dtype);
     if (li.world_size > 1) {
       mpi = std::make_unique<dist::MpiEnvironment>(&argc, &argv);
       world = mpi->world();
@@ -182,18 +188,21 @@ int main(int argc, char** argv) {
       tp_comm = tpc->comm_seconds();
       tpc->set_profiling(false);
     }
-    if (!kernel_profile.empty() && dev.is_cuda() && li.rank == 0) {
+    if (!kernel_profile.empty() && dev.is_cuda()) {
+      // Every rank runs the steps (their collectives need all ranks); rank 0 records.
       sync();
-      profile::kernel_profile_start();
+      if (li.rank == 0) profile::kernel_profile_start();
       const auto tk = Clock::now();
       for (int64_t s = 0; s < profile_steps; ++s) step(warmup + steps + 2 * profiled + s, false);
       sync();
       const double wall = 1e3 * since(tk) / static_cast<double>(profile_steps);
-      profile::write_kernel_profile(
-          kernel_profile, profile::kernel_profile_stop(), static_cast<int>(profile_steps), wall,
-          fmt::format("{} batch {} {} ({}), per-kernel GPU time of a training step", model, batch,
-                      precision, act));
-      std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", kernel_profile.c_str());
+      if (li.rank == 0)
+        profile::write_kernel_profile(
+            kernel_profile, profile::kernel_profile_stop(), static_cast<int>(profile_steps), wall,
+            fmt::format("{} batch {} {} ({}), per-kernel GPU time of a training step", model, batch,
+                        precision, act));
+      if (li.rank == 0)
+        std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", kernel_profile.c_str());
     }
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
     const double peak_gib =
@@ -203,6 +212,7 @@ int main(int argc, char** argv) {
                                                zero ? "zero" + std::to_string(zero) : "ddp", ranks)
                                  : "colossalai-cpp " + precision;
     if (tp > 1) impl += fmt::format(" tp{}{}", tp, sp ? "+sp" : "");
+    if (ranks > 1 && dc.bucket_dtype != DType::F32) impl += " " + bucket_dtype + "-buckets";
     const std::string label = act == "gelu" ? impl : impl + " " + act;
     if (li.rank == 0)
       std::printf(
