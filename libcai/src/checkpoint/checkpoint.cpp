@@ -130,6 +130,9 @@ void prune(const CheckpointConfig& cfg, const std::string& newest) {
 
 // trainer_state.json last (what marks a directory complete), the commit, then `latest`.
 void finish_rank0(const CheckpointConfig& cfg, AtomicDir& out, const TrainingState& state) {
+  // trainer_state.json last, once everything else is on disk: a temporary directory holding it
+  // is complete, one without it (a job killed before) is refused by the loader.
+  out.flush_files();
   write_json(out.path() + "/trainer_state.json", to_json(state));
   out.commit();
   write_atomically(cfg.dir + "/latest", step_name(state.global_step) + "\n");

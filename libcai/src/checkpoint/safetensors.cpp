@@ -296,10 +296,14 @@ AtomicDir::~AtomicDir() {
   fs::remove_all(tmp_, ec);
 }
 
-void AtomicDir::commit() {
-  CAI_CHECK(!committed_, "[checkpoint] {} committed twice", final_);
+void AtomicDir::flush_files() {
   for (const auto& e : fs::directory_iterator(tmp_))
     if (e.is_regular_file()) fsync_path(e.path().string(), false);
+}
+
+void AtomicDir::commit() {
+  CAI_CHECK(!committed_, "[checkpoint] {} committed twice", final_);
+  flush_files();
   fsync_path(tmp_, true);
   std::error_code ec;
   std::string old;

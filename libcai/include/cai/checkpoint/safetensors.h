@@ -59,6 +59,9 @@ class AtomicDir {
   AtomicDir(const AtomicDir&) = delete;
   AtomicDir& operator=(const AtomicDir&) = delete;
   const std::string& path() const { return tmp_; }  // where to write
+  // fsyncs every file written so far: a marker written after this (the checkpoint's
+  // trainer_state.json) means the rest is on disk, even if the process dies before commit().
+  void flush_files();
   void commit();
 
  private:
