@@ -147,4 +147,12 @@ TEST(Safetensors, AtomicDirectoriesAppearWholeOrNotAtAll) {
   b.commit();
   EXPECT_TRUE(fs::exists(root + "/ckpt/m.safetensors"));
   EXPECT_THROW(AtomicDir(root + "/ckpt"), Error);  // never written over
+  // Replacing (the same step saved again): the new contents, nothing else left beside them.
+  AtomicDir c(root + "/ckpt", root + "/ckpt.tmp", true);
+  save_safetensors(c.path() + "/n.safetensors", {{"w", ramp({3}, DType::F32)}});
+  EXPECT_TRUE(fs::exists(root + "/ckpt/m.safetensors"));  // the old one until the commit
+  c.commit();
+  EXPECT_TRUE(fs::exists(root + "/ckpt/n.safetensors"));
+  EXPECT_FALSE(fs::exists(root + "/ckpt/m.safetensors"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 1);
 }

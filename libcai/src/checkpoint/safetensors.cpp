@@ -1,6 +1,7 @@
 #include "cai/checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -308,6 +309,17 @@ void AtomicDir::commit() {
   std::error_code ec;
   std::string old;
   if (replace_ && fs::exists(final_)) {
+    // One atomic swap where the file system has it (Linux renameat2): `final_` names a complete
+    // directory at every instant, the old one before, the new one after; the old one is then
+    // removed under the temporary name. Elsewhere two renames, with a window between them in
+    // which `final_` does not exist (a `latest` naming it would dangle until the next save).
+    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp_, ec);
+      const fs::path parent = fs::path(final_).parent_path();
+      fsync_path(parent.empty() ? "." : parent.string(), true);
+      committed_ = true;
+      return;
+    }
     old = final_ + ".old-" + std::to_string(::getpid());
     fs::remove_all(old);
     fs::rename(final_, old, ec);
