@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cai/core/error.h"
+#include "cai/core/toml_text.h"
 
 namespace cai::sim {
 
@@ -164,8 +165,11 @@ constexpr double kTera = 1e12, kGiga = 1e9, kGiB = 1024.0 * 1024.0 * 1024.0, kMi
 
 Cluster parse_cluster(const std::string& text, const std::string& origin) {
   toml::table root;
+  const std::string_view body = strip_utf8_bom(text);
+  if (const std::string why = toml_text_problem(body); !why.empty())
+    fail("[cluster] {}: {}", origin, why);
   try {
-    root = toml::parse(text, origin);
+    root = toml::parse(body, origin);
   } catch (const toml::parse_error& e) {
     fail("[cluster] {}:{}:{}: {}", origin, e.source().begin.line, e.source().begin.column,
          e.description());

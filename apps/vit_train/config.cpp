@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cai/core/error.h"
+#include "cai/core/toml_text.h"
 
 namespace cai::app {
 
@@ -250,8 +251,11 @@ TrainConfig parse_config(const std::string& text, const std::string& origin,
                          const std::vector<std::string>& overrides) {
   TrainConfig c;
   auto fs = fields(c);
+  const std::string_view body = strip_utf8_bom(text);
+  if (const std::string why = toml_text_problem(body); !why.empty())
+    fail("[config] {}: {}", origin, why);
   try {
-    walk(toml::parse(text, origin), "", fs, c, origin);
+    walk(toml::parse(body, origin), "", fs, c, origin);
   } catch (const toml::parse_error& e) {
     fail("[config] {}:{}:{}: {}", origin, e.source().begin.line, e.source().begin.column,
          e.description());
@@ -271,8 +275,10 @@ TrainConfig parse_config(const std::string& text, const std::string& origin,
     }
     // A TOML value, or a bare word taken as a string (so --set data.dataset=cifar10 works).
     toml::table t;
+    const std::string line = "v = " + value;
     try {
-      t = toml::parse("v = " + value);
+      // A value toml++ must not see (see toml_text.h) is no TOML value: a string.
+      t = toml_text_problem(line).empty() ? toml::parse(line) : toml::table{{"v", value}};
     } catch (const toml::parse_error&) {
       t = toml::table{{"v", value}};
     }

@@ -128,6 +128,17 @@ TEST(ClusterFiles, MemoryBeyondInt64AndInfinitiesAreErrors) {
   EXPECT_THROW(parse_cluster(s, "inf.toml"), cai::Error);
 }
 
+TEST(ClusterFiles, NonAsciiOutsideStringsIsAnError) {
+  const std::string good = test_cluster_text(2, 4);
+  EXPECT_NO_THROW(parse_cluster("\xEF\xBB\xBF# caf\xC3\xA9\n" + good, "bom.toml"));
+  try {
+    parse_cluster(good + "\xC2\xA1\n", "odd.toml");
+    ADD_FAILURE() << "accepted";
+  } catch (const cai::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("odd.toml: line "), std::string::npos) << e.what();
+  }
+}
+
 TEST(ClusterFiles, BadFilesNameTheFileAndTheKey) {
   const std::string good = test_cluster_text(2, 4);
   auto replace = [&](const std::string& from, const std::string& to) {
