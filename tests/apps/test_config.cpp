@@ -52,29 +52,35 @@ dataset = "mnist"
   EXPECT_NO_THROW(validate(c, 1));
 }
 
-// Non-ASCII text where toml++ 3.3.0 would ask whether it is whitespace (undefined behaviour in
-// that version, found by libFuzzer) is an error naming the place; in strings and comments it is
-// fine, and a leading UTF-8 byte-order mark is skipped.
-TEST(Config, NonAsciiOutsideStringsIsAnErrorNotUndefinedBehaviour) {
+// Non-ASCII text where toml++ 3.3.0 asks whether it is whitespace reached its
+// __builtin_unreachable() (undefined behaviour; found by libFuzzer + UBSan, cai/core/tomlpp.h):
+// now a parse error naming file, line and column. The inputs are libFuzzer's and smaller ones;
+// non-ASCII in strings and comments parses, a --set value that is no TOML value is a string.
+TEST(Config, NonAsciiOutsideStringsIsAParseErrorNotUndefinedBehaviour) {
   for (const std::string bad :
        {"[train]\nbatch_size = 8 \xC3\xA9\n", "\xEF\xBB\xBF\xEF\xBB\xBF",
-        "[data]\npath = \"a\\\xC3\xA9\"\n", "[data]\npath = \"\"\"a\\\n  \xC2\xA1\"\"\"\n"}) {
+        "[data]\npath = \"a\\\xC3\xA9\"\n", "''=7777$'p\xD2\x91-=\x04",
+        "q=1\"ccc\xEF\xB7\xBBq7=", "n=5.'3St\xC7\xA2xc\"", "a=-''.'\xEF\xB9\xBF#'",
+        "1=2hhhZZZ=1hhhh''['\xEF\xBB\xB6\x05", "2={26=6=F={{={\"\xC7\x9F\n 71",
+        "-=--=-\x03--=''''-=\xEF\xBB\xBE"
+        "0",
+        "-=7\x07=\"\xCF\x80"
+        "7{{[{:{-"}) {
     try {
       parse_config(bad, "odd.toml", {});
       ADD_FAILURE() << "accepted: " << bad;
     } catch (const cai::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("odd.toml: line "), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("non-ASCII"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[config] odd.toml:"), std::string::npos) << e.what();
     }
   }
   const TrainConfig c = parse_config(
-      "\xEF\xBB\xBF# r\xC3\xA9sum\xC3\xA9\n[data]\npath = \"/home/jos\xC3\xA9/\xC2\xA1"
+      "# r\xC3\xA9sum\xC3\xA9\n[data]\npath = \"/home/jos\xC3\xA9/\xC2\xA1"
       "data\"\n",
       "ok.toml", {"train.metrics_file=/tmp/\xC3\xA9.jsonl"});
   EXPECT_EQ(c.path,
             "/home/jos\xC3\xA9/\xC2\xA1"
             "data");
-  EXPECT_EQ(c.metrics_file, "/tmp/\xC3\xA9.jsonl");  // a --set value toml++ must not see: a string
+  EXPECT_EQ(c.metrics_file, "/tmp/\xC3\xA9.jsonl");
 }
 
 TEST(Config, UnknownKeysAndSectionsNameWhatIsAllowed) {

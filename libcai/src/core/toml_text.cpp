@@ -13,6 +13,13 @@ std::string toml_text_problem(std::string_view t) {
   int line = 1;
   size_t line_start = 0;
   bool trimming = false;  // after a line-ending backslash in a multi-line basic string
+  // Outside strings and comments, toml++ reads a bare token (a key, a number, a date, a word)
+  // up to a terminator (whitespace, ',', ']', '}', '#'; a key also at '=' and '.') and asks
+  // about every character of it, quotes and brackets included: `7777$'p...` or `1"cc...` is one
+  // token, and a quote protects what follows only where a string may start, after structure.
+  bool key = true;        // before the '=' of a line (or after '{' / ',' of an inline table)
+  bool in_token = false;  // inside a bare token
+  char prev = '\n';       // the last structural character outside strings and comments
   auto where = [&](size_t i) {
     return fmt::format("line {}, column {}", line, i - line_start + 1);
   };
@@ -23,6 +30,7 @@ std::string toml_text_problem(std::string_view t) {
         where(i), static_cast<unsigned char>(t[i]), what);
   };
   auto starts = [&](size_t i, std::string_view s) { return t.substr(i, s.size()) == s; };
+  const std::string_view basic3 = "\"\"\"", literal3 = "'''";
   for (size_t i = 0; i < t.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(t[i]);
     if (c == '\n') {
@@ -32,20 +40,33 @@ std::string toml_text_problem(std::string_view t) {
     switch (in) {
       case In::Code:
         if (c >= 0x80) return non_ascii(i, "outside a string or comment");
-        if (c == '#') {
-          in = In::Comment;
-        } else if (starts(i, "\"\"\"")) {
-          in = In::MultiBasic, i += 2;
-        } else if (starts(i, "'''")) {
-          in = In::MultiLiteral, i += 2;
-        } else if (c == '"') {
-          in = In::Basic;
-        } else if (c == '\'') {
-          in = In::Literal;
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+          in_token = false;
+          if (c == '\n') prev = '\n', key = true;
+        } else if (c == '#') {
+          in = In::Comment, in_token = false;
+        } else if (c == ',' || c == ']' || c == '}' || ((c == '=' || c == '.') && key) ||
+                   (!in_token && (c == '[' || c == '{'))) {
+          in_token = false, prev = static_cast<char>(c);
+          if (c == '=') key = false;
+          if (c == ',' || c == '{') key = true;
+        } else if ((c == '"' || c == '\'') && !in_token &&
+                   (prev == '\n' || prev == '=' || prev == '[' || prev == ',' || prev == '{' ||
+                    prev == '.')) {
+          if (starts(i, basic3)) {
+            in = In::MultiBasic, i += 2;
+          } else if (starts(i, literal3)) {
+            in = In::MultiLiteral, i += 2;
+          } else {
+            in = c == '"' ? In::Basic : In::Literal;
+          }
+          prev = '"';  // a string is a token: what follows it directly is no string start
+        } else {
+          in_token = true;
         }
         break;
       case In::Comment:
-        if (c == '\n') in = In::Code;
+        if (c == '\n') in = In::Code, prev = '\n', key = true;
         break;
       case In::Basic:
         if (c == '\\' && i + 1 < t.size()) {
