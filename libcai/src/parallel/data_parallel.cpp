@@ -166,9 +166,11 @@ struct DataParallelPlugin::Impl {
     }
   }
 
-  // Stage 0/1 with fp32 buckets: the gradients live in the buckets (see build_buckets), so the
-  // all-reduce works on them in place. bf16 buckets: packed (cast) and copied back.
-  bool grad_views() const { return !sharded_grads() && cfg.bucket_dtype == DType::F32; }
+  // The gradients live in the buckets (see build_buckets): the all-reduce works on them in place.
+  // Otherwise (bf16 buckets) they are packed (cast) and copied back.
+  bool grad_views() const {
+    return schedule::gradients_in_buckets(cfg.zero_stage, cfg.bucket_dtype == DType::F32);
+  }
 
   // Stage 0/1: the bucket's gradients back to back. Stage 2/3: rank-major chunks.
   void pack(Bucket& b) {
@@ -214,21 +216,21 @@ struct DataParallelPlugin::Impl {
     b.ready = 0;
   }
 
-  // Completes bucket i's reduction: stage 0/1 copy the sums back into the gradients; stage 2/3
-  // add this rank's chunk into the shard gradients and drop the bucket's buffers.
+  // Completes bucket i's reduction: stage 0/1 copy the sums back into the gradients (unless the
+  // gradients are the bucket); stage 2/3 add this rank's chunk into the shard gradients and drop
+  // the bucket's buffers.
   void finish(size_t i) {
     Bucket& b = buckets[i];
     if (!b.launched) return;
     b.work->wait();
     b.work.reset();
-    if (grad_views()) {
-      // the sums are in the gradients already
-    } else if (!sharded_grads()) {
+    if (!sharded_grads()) {
       int64_t in = 0;
-      for (nn::Parameter* p : b.params) {
-        copy_span(p->grad, 0, b.flat, in, p->grad.numel());
-        in += p->grad.numel();
-      }
+      if (!grad_views())
+        for (nn::Parameter* p : b.params) {
+          copy_span(p->grad, 0, b.flat, in, p->grad.numel());
+          in += p->grad.numel();
+        }
     } else {
       int64_t in = 0;
       for (nn::Parameter* p : b.params) {

@@ -654,7 +654,9 @@ struct Replay {
   }
   // Stage 0/1 with fp32 buckets: the gradients are views into the buckets, each at a 16-element
   // boundary (schedule::bucket_view_numel): the bucket's elements, padding included.
-  bool grad_views() const { return l.zero_stage <= 1 && l.bucket_dtype == DType::F32; }
+  bool grad_views() const {
+    return schedule::gradients_in_buckets(l.zero_stage, l.bucket_dtype == DType::F32);
+  }
   int64_t bucket_view_numel(int b) const {
     int64_t n = 0;
     for (int i : buckets[b]) n += schedule::bucket_view_numel(numels[i]);

@@ -22,6 +22,11 @@ inline int64_t zero_chunk_size(int64_t n, int r, int d) {
 inline int64_t bucket_view_numel(int64_t n) {
   return (n + 15) / 16 * 16;
 }
+// Whether the gradients are such views: stages 0/1 (whole gradients all-reduced) with fp32
+// buckets; bf16 buckets are a cast copy, stages 2/3 pack rank-major chunks per launch.
+inline bool gradients_in_buckets(int zero_stage, bool fp32_buckets) {
+  return zero_stage <= 1 && fp32_buckets;
+}
 
 // Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
 // numels: elements per parameter (model order); layer_of: the layer index of each parameter.
