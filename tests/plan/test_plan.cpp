@@ -184,3 +184,57 @@ TEST(Plan, BadLayoutsAreNamed) {
   l.world = 2, l.zero_stage = 2;
   EXPECT_THROW(plan::make_plan(tiny(), l), Error);
 }
+
+// ZeRO-3's gather window (DataParallelPlugin::fetch, the plan's replay and the simulator use it):
+// layer 1 has no parameters; one layer prefetched in the direction of travel.
+TEST(GatherWindow, PrefetchesTheNextLayersWithParameters) {
+  using cai::schedule::GatherWindow;
+  using V = std::vector<int>;
+  GatherWindow w({1, 0, 1, 1, 1}, 1);
+  EXPECT_EQ(w.fetch(0, false), (V{0, 2}));
+  EXPECT_EQ(w.pending(), (V{2}));
+  EXPECT_EQ(w.fetch(1, false), V{});  // nothing to gather
+  EXPECT_EQ(w.fetch(2, false), (V{3}));
+  EXPECT_EQ(w.fetch(3, false), (V{4}));
+  EXPECT_EQ(w.fetch(4, false), V{});
+  EXPECT_TRUE(w.pending().empty());
+  EXPECT_EQ(w.fetch(4, true), (V{4, 3}));  // backward: the preceding layers
+  EXPECT_EQ(w.fetch(3, true), (V{2}));
+  EXPECT_EQ(w.fetch(2, true), (V{0}));
+  EXPECT_EQ(w.fetch(0, true), V{});
+  EXPECT_TRUE(w.pending().empty());
+
+  GatherWindow none({1, 1, 1}, 0);  // no prefetch: each layer's own gather, when it is needed
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(none.fetch(i, false), (V{i}));
+
+  GatherWindow two({1, 0, 1, 1, 1}, 2);
+  EXPECT_EQ(two.fetch(0, false), (V{0, 2, 3}));
+  EXPECT_EQ(two.fetch(2, false), (V{4}));
+  EXPECT_EQ(two.pending(), (V{3, 4}));
+  two.clear();  // the optimizer step drains what was issued ahead
+  EXPECT_EQ(two.fetch(3, false), (V{3, 4}));
+  EXPECT_THROW(two.fetch(5, false), cai::Error);
+  EXPECT_THROW(GatherWindow({1}, -1), cai::Error);
+}
+
+// ZeRO-2/3's reductions in flight: a bucket's previous reduction first, then the oldest while the
+// window is full.
+TEST(ReductionWindow, WaitsForTheOldestWhenFull) {
+  using cai::schedule::ReductionWindow;
+  using V = std::vector<int>;
+  ReductionWindow w(2);
+  EXPECT_EQ(w.launch(0), V{});
+  EXPECT_EQ(w.launch(1), V{});
+  EXPECT_EQ(w.launch(2), (V{0}));
+  EXPECT_EQ(w.inflight(), (V{1, 2}));
+  w.finish(1);  // found complete early
+  w.finish(7);  // not in flight: nothing
+  EXPECT_EQ(w.launch(3), V{});
+  EXPECT_EQ(w.launch(2), (V{2}));  // the next micro-batch's bucket 2: its previous one first
+  EXPECT_EQ(w.inflight(), (V{3, 2}));
+  EXPECT_EQ(w.launch(4), (V{3}));
+  ReductionWindow one(1);
+  EXPECT_EQ(one.launch(0), V{});
+  EXPECT_EQ(one.launch(1), (V{0}));
+  EXPECT_THROW(ReductionWindow(0), cai::Error);
+}

@@ -76,13 +76,15 @@ struct DataParallelPlugin::Impl {
   Tensor dev_value, dev_grad, host_value, host_grad;
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
-  std::deque<size_t> inflight;  // stage 2/3: launched buckets, oldest first
+  // Stage 2/3: the launched reductions, oldest first, at most zero_max_inflight_buckets.
+  schedule::ReductionWindow inflight;
   std::map<const nn::Parameter*, size_t> bucket_of;
   std::map<const nn::Layer*, std::vector<nn::Parameter*>> layer_params;
   std::vector<Shape> shapes;  // full shapes (stage 3 frees the values)
   nn::LayerHooks last_hooks, accumulate_hooks, eval;
 
-  Impl(dist::Communicator& c, DataParallelConfig g) : dp(c), cfg(g) {
+  Impl(dist::Communicator& c, DataParallelConfig g)
+      : dp(c), cfg(g), inflight(std::max(1, g.zero_max_inflight_buckets)) {
     rank = dp.rank();
     size = dp.size();
     CAI_CHECK(cfg.zero_stage >= 0 && cfg.zero_stage <= 3,
@@ -202,15 +204,14 @@ struct DataParallelPlugin::Impl {
       pack(b);
       b.work = dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
     } else {
-      finish(i);  // the previous micro-batch's reduction of this bucket
-      while (static_cast<int>(inflight.size()) >= cfg.zero_max_inflight_buckets)
-        finish(inflight.front());
+      // The previous micro-batch's reduction of this bucket, then the oldest while the window
+      // is full (schedule::ReductionWindow, which the plan and the simulator follow too).
+      for (int k : inflight.launch(static_cast<int>(i))) finish(static_cast<size_t>(k));
       b.flat = Tensor::empty({b.numel}, DType::F32, device);
       b.recv = Tensor::empty({b.counts[rank]}, DType::F32, device);
       pack(b);
       for (nn::Parameter* p : b.params) p->grad = Tensor();
       b.work = dp.reduce_scatter_async(b.flat, b.recv, b.counts, dist::ReduceOp::Sum);
-      inflight.push_back(i);
     }
     b.launched = true;
     b.ready = 0;
@@ -241,7 +242,7 @@ struct DataParallelPlugin::Impl {
       }
       b.flat = Tensor();
       b.recv = Tensor();
-      inflight.erase(std::find(inflight.begin(), inflight.end(), i));
+      inflight.finish(static_cast<int>(i));
     }
     b.launched = false;
   }
@@ -260,9 +261,9 @@ struct DataParallelPlugin::Impl {
         if (b.launched && b.work) b.work->test();
       return;
     }
-    const std::vector<size_t> now(inflight.begin(), inflight.end());
-    for (size_t i : now)
-      if (buckets[i].work->test()) finish(i);
+    const std::vector<int> now = inflight.inflight();
+    for (int i : now)
+      if (buckets[i].work->test()) finish(static_cast<size_t>(i));
   }
 
   void grads_ready(nn::Layer& layer) {
@@ -277,9 +278,10 @@ struct DataParallelPlugin::Impl {
   // ---- parameter gathering ------------------------------------------------------------------
 
   std::map<const nn::Layer*, int> layer_pos;  // index in `layers`
-  // ZeRO-3: all-gathers issued ahead of their layer's use, in issue order (the same on every
-  // rank); at most zero3_prefetch + 1 (the layer being fetched).
-  std::vector<std::pair<const nn::Layer*, Gather>> pending;
+  // ZeRO-3: all-gathers issued ahead of their layer's use, by layer position, in the order of
+  // schedule::GatherWindow (shared with the plan and the simulator; the same on every rank).
+  schedule::GatherWindow window;
+  std::map<int, Gather> pending;
 
   // Starts the all-gather of the shards of `ps`.
   Gather start_gather(const std::vector<nn::Parameter*>& ps) {
@@ -337,36 +339,16 @@ struct DataParallelPlugin::Impl {
     for (Gather& g : q) complete(g, false);
   }
 
-  bool is_pending(const nn::Layer* l) const {
-    for (const auto& e : pending)
-      if (e.first == l) return true;
-    return false;
-  }
-
-  void issue(const nn::Layer* l) {
-    const auto& ps = layer_params[l];
-    if (ps.empty() || is_pending(l)) return;
-    pending.emplace_back(l, start_gather(ps));
-  }
-
-  // ZeRO-3: makes `layer`'s full values available. Issues its all-gather unless a prefetch did,
-  // then the next zero3_prefetch layers' (forward: the following ones in `layers`; backward: the
-  // preceding ones), then waits on this layer's gather only: the prefetched ones run on the
-  // communicator while this layer computes.
+  // ZeRO-3: makes `layer`'s full values available. Issues the gathers the window starts now (this
+  // layer's unless a prefetch did, then the next zero3_prefetch layers': forward the following
+  // ones in `layers`, backward the preceding ones), then waits on this layer's gather only: the
+  // prefetched ones run on the communicator while this layer computes.
   void fetch(nn::Layer& layer, bool backward) {
     if (layer_params[&layer].empty()) return;
-    issue(&layer);
-    const int step = backward ? -1 : 1;
-    int ahead = 0;
-    for (int i = layer_pos[&layer] + step;
-         i >= 0 && i < static_cast<int>(layers.size()) && ahead < cfg.zero3_prefetch; i += step) {
-      if (layer_params[layers[i]].empty()) continue;
-      ++ahead;
-      if (static_cast<int>(pending.size()) > cfg.zero3_prefetch) break;
-      issue(layers[i]);
-    }
-    auto it = std::find_if(pending.begin(), pending.end(),
-                           [&](const auto& e) { return e.first == &layer; });
+    const int pos = layer_pos[&layer];
+    for (int i : window.fetch(pos, backward))
+      pending.emplace(i, start_gather(layer_params[layers[i]]));
+    auto it = pending.find(pos);
     Gather g = std::move(it->second);
     pending.erase(it);
     complete(g, true);
@@ -376,6 +358,7 @@ struct DataParallelPlugin::Impl {
   void drain() {
     for (auto& e : pending) e.second.work->wait();
     pending.clear();
+    window.clear();
   }
 
   void gather_layer(nn::Layer& layer, bool with_grads) {
@@ -457,11 +440,14 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
             "[data_parallel] cpu_offload = true needs zero_stage >= 1 (got {}): the host holds "
             "the optimizer's shard",
             m.cfg.zero_stage);
+  std::vector<char> has_params;
   for (nn::Layer* l : layers) {
     std::vector<nn::Parameter*> ps;
     l->collect(ps);
+    has_params.push_back(!ps.empty());
     m.layer_params[l] = ps;
   }
+  m.window = schedule::GatherWindow(has_params, m.cfg.zero3_prefetch);
   // Every rank starts from rank 0's parameters.
   int64_t total = 0;
   for (nn::Parameter* p : m.params) total += p->value.numel();

@@ -605,15 +605,17 @@ struct Replay {
   std::vector<std::vector<int>> buckets;
   std::vector<int> bucket_of;
   std::vector<int> ready;
-  std::deque<int> inflight;  // stage 2/3 launched buckets
+  schedule::ReductionWindow inflight;  // stage 2/3 launched buckets (DataParallelPlugin's window)
   std::vector<int64_t> inflight_bytes;
   std::vector<int> first_param;  // per layer position: index of its first parameter
   bool hooks = false;
-  // ZeRO-3: layer positions whose gather is pending, with their buffer bytes.
-  std::vector<std::pair<int, int64_t>> pending;
+  // ZeRO-3: the gathers issued ahead (DataParallelPlugin's window), with their buffer bytes.
+  schedule::GatherWindow window;
+  std::map<int, int64_t> pending;
   std::vector<bool> grads_alive;
 
-  Replay(const StepPlan& p, RankPlan& r) : plan(p), l(p.layout), rank(r) {
+  Replay(const StepPlan& p, RankPlan& r)
+      : plan(p), l(p.layout), rank(r), inflight(std::max(1, p.layout.zero_max_inflight_buckets)) {
     d = l.dp();
     me = r.dp_rank;
     for (size_t i = 0; i < r.layer_plans.size(); ++i) {
@@ -633,6 +635,9 @@ struct Replay {
     ready.assign(buckets.size(), 0);
     inflight_bytes.assign(buckets.size(), 0);
     grads_alive.assign(r.layer_plans.size(), false);
+    std::vector<char> has_params;
+    for (size_t i = 0; i < r.layer_plans.size(); ++i) has_params.push_back(layer_numel(i) > 0);
+    window = schedule::GatherWindow(has_params, l.zero3_prefetch);
     // DataParallelPlugin::train_hooks: none for one DDP rank.
     hooks = plugin() && !(d == 1 && l.zero_stage == 0);
   }
@@ -668,32 +673,18 @@ struct Replay {
     return n;
   }
 
-  // ZeRO-3 gathers (DataParallelPlugin::Impl::fetch).
-  void issue(int pos, const std::string& where) {
-    if (layer_numel(pos) == 0) return;
-    for (auto& e : pending)
-      if (e.first == pos) return;
-    const int64_t bytes = 4 * (layer_chunk(pos, me) + layer_numel(pos));
-    pending.emplace_back(pos, bytes);
-    t.win += bytes;
-    t.add(bytes, where);
-  }
+  // ZeRO-3 gathers (DataParallelPlugin::Impl::fetch): the window's gathers start (their
+  // buffers: this rank's chunk and the gathered layer), then pos's completes into the full values.
   void fetch(int pos, bool backward, const std::string& where) {
     if (layer_numel(pos) == 0) return;
-    issue(pos, where);
-    const int step = backward ? -1 : 1;
-    int ahead = 0;
-    const int L = static_cast<int>(rank.layer_plans.size());
-    for (int i = pos + step; i >= 0 && i < L && ahead < l.zero3_prefetch; i += step) {
-      if (layer_numel(i) == 0) continue;
-      ++ahead;
-      if (static_cast<int>(pending.size()) > l.zero3_prefetch) break;
-      issue(i, where);
+    for (int i : window.fetch(pos, backward)) {
+      const int64_t bytes = 4 * (layer_chunk(i, me) + layer_numel(i));
+      pending[i] = bytes;
+      t.win += bytes;
+      t.add(bytes, where);
     }
-    auto it =
-        std::find_if(pending.begin(), pending.end(), [&](const auto& e) { return e.first == pos; });
-    const int64_t bytes = it->second;
-    pending.erase(it);
+    const int64_t bytes = pending.at(pos);
+    pending.erase(pos);
     t.add(4 * layer_numel(pos), where);  // the full values, while the gather's buffers live
     t.win -= bytes;
     t.live -= bytes;
@@ -707,16 +698,13 @@ struct Replay {
     t.live -= bytes;
     t.win -= bytes;
     inflight_bytes[b] = 0;
-    inflight.erase(std::find(inflight.begin(), inflight.end(), b));
+    inflight.finish(b);
   }
   void launch(int b, const std::string& where) {
     if (l.zero_stage < 2) return;  // the persistent flat buffer
-    if (inflight_bytes[b] > 0) finish(b);
-    while (static_cast<int>(inflight.size()) >= l.zero_max_inflight_buckets)
-      finish(inflight.front());
+    for (int k : inflight.launch(b)) finish(k);
     const int64_t bytes = 4 * (bucket_numel(b) + bucket_chunk(b));
     inflight_bytes[b] = bytes;
-    inflight.push_back(b);
     t.win += bytes;
     t.add(bytes, where);
     t.live -= 4 * bucket_numel(b);  // the packed full gradients are freed
@@ -902,7 +890,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
       if (posted[k]) t.live -= bnd, t.win -= bnd;
   }
   // sync_gradients: the rest of the stage 2/3 buckets complete.
-  while (!rp.inflight.empty()) rp.finish(rp.inflight.front());
+  while (!rp.inflight.inflight().empty()) rp.finish(rp.inflight.inflight().front());
   // The optimizer step: ZeRO-1/2 all-gather the stepped shards bucket by bucket (window of
   // zero_max_inflight_buckets); LAMB's update buffer per parameter.
   if (l.zero_stage == 1 || l.zero_stage == 2) {

@@ -1,5 +1,7 @@
 #include "cai/schedule/buckets.h"
 
+#include <algorithm>
+
 #include "cai/core/error.h"
 
 namespace cai::schedule {
@@ -38,6 +40,66 @@ std::vector<std::vector<int>> gradient_buckets(const std::vector<int64_t>& numel
   }
   if (!cur.empty()) out.push_back(std::move(cur));
   return out;
+}
+
+}  // namespace cai::schedule
+
+namespace cai::schedule {
+
+GatherWindow::GatherWindow(std::vector<char> has_params, int prefetch)
+    : has_params_(std::move(has_params)), prefetch_(prefetch) {
+  CAI_CHECK(prefetch >= 0, "[buckets] zero3_prefetch {} must be at least 0", prefetch);
+}
+
+bool GatherWindow::is_pending(int pos) const {
+  return std::find(pending_.begin(), pending_.end(), pos) != pending_.end();
+}
+
+std::vector<int> GatherWindow::fetch(int pos, bool backward) {
+  const int L = static_cast<int>(has_params_.size());
+  CAI_CHECK(pos >= 0 && pos < L, "[buckets] gather window: layer position {} of {}", pos, L);
+  std::vector<int> issued;
+  if (!has_params_[pos]) return issued;
+  auto issue = [&](int i) {
+    if (is_pending(i)) return;
+    pending_.push_back(i);
+    issued.push_back(i);
+  };
+  issue(pos);
+  const int step = backward ? -1 : 1;
+  int ahead = 0;
+  for (int i = pos + step; i >= 0 && i < L && ahead < prefetch_; i += step) {
+    if (!has_params_[i]) continue;
+    ++ahead;
+    if (static_cast<int>(pending_.size()) > prefetch_) break;
+    issue(i);
+  }
+  pending_.erase(std::find(pending_.begin(), pending_.end(), pos));
+  return issued;
+}
+
+ReductionWindow::ReductionWindow(int max_inflight) : max_(max_inflight) {
+  CAI_CHECK(max_inflight >= 1, "[buckets] zero_max_inflight_buckets {} must be at least 1",
+            max_inflight);
+}
+
+std::vector<int> ReductionWindow::launch(int b) {
+  std::vector<int> first;
+  if (std::find(inflight_.begin(), inflight_.end(), b) != inflight_.end()) {
+    first.push_back(b);
+    finish(b);
+  }
+  while (static_cast<int>(inflight_.size()) >= max_) {
+    first.push_back(inflight_.front());
+    inflight_.erase(inflight_.begin());
+  }
+  inflight_.push_back(b);
+  return first;
+}
+
+void ReductionWindow::finish(int b) {
+  auto it = std::find(inflight_.begin(), inflight_.end(), b);
+  if (it != inflight_.end()) inflight_.erase(it);
 }
 
 }  // namespace cai::schedule

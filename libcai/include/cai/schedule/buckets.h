@@ -38,4 +38,46 @@ std::vector<std::vector<int>> gradient_buckets(const std::vector<int64_t>& numel
                                                double ddp_bucket_cap_mb,
                                                double zero_bucket_size_in_m);
 
+// ZeRO-3's parameter all-gathers ahead of their layer's use (DataParallelPlugin's fetch, the
+// plan's memory replay and the simulator's step program all follow this one window). Layers are
+// positions 0..L-1; those without parameters are never gathered. fetch(pos, backward) is called
+// before layer `pos` runs: it returns the positions whose gathers start now, in issue order (pos
+// unless already pending, then the next `prefetch` layers with parameters in the direction of
+// travel: forward the following positions, backward the preceding ones, skipping pending ones
+// and stopping once more than `prefetch` are pending), and takes pos off the pending list: the
+// caller waits for pos's gather and uses its values while the prefetched ones run.
+class GatherWindow {
+ public:
+  GatherWindow() = default;
+  GatherWindow(std::vector<char> has_params, int prefetch);
+  std::vector<int> fetch(int pos, bool backward);
+  const std::vector<int>& pending() const { return pending_; }  // issue order
+  void clear() { pending_.clear(); }  // the pending gathers were completed and dropped
+
+ private:
+  bool is_pending(int pos) const;
+  std::vector<char> has_params_;
+  int prefetch_ = 0;
+  std::vector<int> pending_;
+};
+
+// ZeRO-2/3's gradient-bucket reductions in flight (DataParallelPlugin's launch, the plan's
+// replay, the simulator): at most `max_inflight` at once. launch(b) returns the buckets whose
+// reductions must complete before b's starts, in order (b's own previous one if still in flight,
+// then the oldest while `max_inflight` are in flight), drops them and records b as in flight.
+// finish(b) records a completion found earlier (no-op when b is not in flight). On one
+// communicator the reductions complete in launch order, so finishing the ones found complete
+// early never changes which launch must wait.
+class ReductionWindow {
+ public:
+  explicit ReductionWindow(int max_inflight = 1);
+  std::vector<int> launch(int b);
+  void finish(int b);
+  const std::vector<int>& inflight() const { return inflight_; }  // launch order
+
+ private:
+  int max_;
+  std::vector<int> inflight_;
+};
+
 }  // namespace cai::schedule
