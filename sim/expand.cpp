@@ -65,6 +65,35 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
         if (rp.ops[i].stream == 0) last0 = i;
         return i;
       };
+      // An op of a callback's list (the k-th, the list starting at index `base`): its deps are
+      // list positions (0 <= d < k) or, negative, earlier ops of the program (-1 - index).
+      auto push_extra = [&](sim::Op o, int k, int base, const std::string& name) {
+        for (int& d : o.deps) {
+          if (d < 0) {
+            d = -1 - d;
+            CAI_CHECK(d < base,
+                      "[sim] expand: op '{}' of {} depends on program op {}, not an earlier one",
+                      o.name, name, d);
+            continue;
+          }
+          CAI_CHECK(d < k,
+                    "[sim] expand: op '{}' of {} depends on {}, not an earlier op of the list",
+                    o.name, name, d);
+          d += base;
+        }
+        // The host issues it after what came before on stream 0.
+        if (o.stream != 0 && last0 >= 0) o.deps.push_back(last0);
+        if (o.stream != 0) sends.push_back(static_cast<int>(rp.ops.size()));
+        return push(std::move(o));
+      };
+      // The ops `after` adds behind instruction `in` (ReduceGrads, OptimizerStep).
+      auto push_after = [&](const schedule::Instr& in, const std::string& name) {
+        if (!opt.after) return;
+        const int base = static_cast<int>(rp.ops.size());
+        std::vector<sim::Op> ops = opt.after(in, rank, base, w);
+        for (size_t k = 0; k < ops.size(); ++k)
+          push_extra(std::move(ops[k]), static_cast<int>(k), base, name);
+      };
       for (size_t ii = 0; ii < s.programs[st].size(); ++ii) {
         const schedule::Instr& in = s.programs[st][ii];
         cur_instr = static_cast<int>(ii);
@@ -83,22 +112,13 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
           if (vs > 0) boundary.push_back({MemKind::Buffers, bytes});
         }
         if (opt.compute && schedule::is_compute(in.op)) {
-          std::vector<sim::Op> ops = opt.compute(in, rank, vs, w);
           const int base = static_cast<int>(rp.ops.size());
+          std::vector<sim::Op> ops = opt.compute(in, rank, vs, base, w);
           int last_compute = -1;
           for (size_t k = 0; k < ops.size(); ++k) {
             sim::Op& o = ops[k];
-            for (int& d : o.deps) {
-              CAI_CHECK(d >= 0 && d < static_cast<int>(k),
-                        "[sim] expand: op '{}' of {} depends on {}, not an earlier op of the list",
-                        o.name, name, d);
-              d += base;
-            }
             if (o.mb < 0) o.mb = in.mb;
-            // The host issues it after what came before on stream 0.
-            if (o.stream != 0 && last0 >= 0) o.deps.push_back(last0);
-            if (o.stream != 0) sends.push_back(static_cast<int>(rp.ops.size()));
-            const int i = push(std::move(o));
+            const int i = push_extra(std::move(o), static_cast<int>(k), base, name);
             if (rp.ops[i].stream == 0) last_compute = i;
           }
           CAI_CHECK(last_compute >= 0,
@@ -172,6 +192,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             o.category = "reduce";
             o.deps = sends;
             push(std::move(o));
+            push_after(in, name);
             break;
           }
           case Op::OptimizerStep:
@@ -186,6 +207,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             } else {
               push(sim::Op::compute("OptStep", opt.optimizer_s, -1, "optimizer"));
             }
+            push_after(in, name);
             break;
         }
       }

@@ -51,14 +51,22 @@ struct ExpandOptions {
   int64_t global_batch = 0;
   DType dtype = DType::BF16;
   // Optional: the ops of one compute instruction (Forward, Backward, BackwardInput,
-  // BackwardWeight) on `rank` (global) for virtual stage `vstage`, in issue order. Their `deps`
-  // index the returned list (the expansion offsets them); stream-0 ops follow the program's
-  // previous stream-0 op by stream order, ops on other streams get it as a dependency (the host
-  // issues them in program order). Collective ops name groups of `w` (w.add_group). With it,
-  // forward_s / backward_s / activation_bytes do not apply to compute instructions (the ops carry
-  // their own memory events); the boundary buffers are still accounted on the last stream-0 op.
-  std::function<std::vector<Op>(const schedule::Instr& in, int rank, int vstage, Workload& w)>
+  // BackwardWeight) on `rank` (global) for virtual stage `vstage`, in issue order; the first
+  // takes index `base` of the rank's program. Their `deps` index the returned list (the
+  // expansion offsets them), or, when negative, name an earlier op of the program by index
+  // (-1 - index: a host wait on a collective issued by an earlier instruction); stream-0 ops
+  // follow the program's previous stream-0 op by stream order, ops on other streams get it as a
+  // dependency (the host issues them in program order) and ReduceGrads waits for them.
+  // Collective ops name groups of `w` (w.add_group). With it, forward_s / backward_s /
+  // activation_bytes do not apply to compute instructions (the ops carry their own memory
+  // events); the boundary buffers are still accounted on the last stream-0 op.
+  std::function<std::vector<Op>(const schedule::Instr& in, int rank, int vstage, int base,
+                                Workload& w)>
       compute;
+  // Optional: ops issued right after a ReduceGrads or OptimizerStep instruction's own op (the
+  // data-parallel plugin's completions after the reductions, ZeRO-1/2's parameter all-gathers
+  // after the step), with `compute`'s conventions.
+  std::function<std::vector<Op>(const schedule::Instr& in, int rank, int base, Workload& w)> after;
 };
 
 // Throws "[sim] ..." when the option vectors have the wrong sizes.

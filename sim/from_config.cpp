@@ -5,6 +5,7 @@
 
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
+#include "cai/schedule/buckets.h"
 #include "expand.h"
 #include "platform.h"
 #include "replay.h"
@@ -167,7 +168,8 @@ class ConfigProgram {
 
   // The ops of a Forward or Backward of virtual stage `vstage` for micro-batch `mb` on sim rank
   // `rank`; groups are registered in `w` (one Workload per ConfigProgram: the ids are cached).
-  std::vector<Op> ops(bool fwd, int mb, int chunk, int rank, int vstage, Workload& w) {
+  std::vector<Op> ops(bool fwd, int mb, int chunk, int rank, int vstage, Workload& w,
+                      int base = 0) {
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     Groups& g = groups_[rank];
     // The sim ranks of a tensor sub-group ("tp": the whole group); with folded tensor slices
@@ -196,21 +198,36 @@ class ConfigProgram {
       layers.push_back(part_.first_layer(vstage) + i);
     if (!fwd) std::reverse(layers.begin(), layers.end());
     std::vector<Op> ops;
-    // The data-parallel reductions go out during the last backward of the step (chunk 0 is the
-    // last a rank runs), spread over its layers as the hooks launch buckets.
-    std::vector<const plan::Collective*> dp_colls;
-    if (!fwd && mb == plan_.micro_batches - 1 && chunk == 0 && D_ > 1)
-      for (const plan::Collective& c : plan_.stages[s].collectives)
-        if (c.group == plan::Group::Dp)
-          for (int k = 0; k < c.count; ++k) dp_colls.push_back(&c);
-    if (!dp_colls.empty() && g.dp < 0) {
-      std::vector<int> dp_ranks;
-      for (int k = 0; k < listed_dp_; ++k) dp_ranks.push_back(((k * T + t) * P) + s);
-      g.dp = w.add_group(dp_ranks, listed_dp_ < D_);
-    }
-    size_t next_dp = 0;
+    (void)chunk;
+    Dp* dp = data_parallel(rank, w);
+    // A host wait on op `abs` of the program (or of this list, from index `base` on).
+    auto wait_on = [&](Op& o, int abs) { o.deps.push_back(abs >= base ? abs - base : -1 - abs); };
+    auto at = [&](size_t i) { return base + static_cast<int>(i); };
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
+      const int pos = dp ? dp->pos.at(layers[li]) : -1;
+      // ZeRO-3: the gathers the window starts now, then this layer's completes into its values.
+      if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0) {
+        for (int i : dp->window.fetch(pos, !fwd)) {
+          ops.push_back(
+              dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i]));
+          Op ag = Op::collective(OpKind::AllGather,
+                                 fmt::format("{} parameters all_gather", dp->name[i]), dp->group,
+                                 4 * dp->layer_numel[i], 3);
+          ag.category = "reduce";
+          ag.mem_start.push_back({MemKind::Buffers, 4 * (dp->layer_chunk[i] + dp->layer_numel[i])});
+          dp->gather_op[i] = at(ops.size());
+          ops.push_back(std::move(ag));
+        }
+        Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos]);
+        wait_on(un, dp->gather_op.at(pos));
+        dp->gather_op.erase(pos);
+        // The full values are allocated while the gather's buffers still live.
+        un.mem_start.push_back({MemKind::Parameters, 4 * dp->layer_numel[pos]});
+        un.mem_end.push_back(
+            {MemKind::Buffers, -4 * (dp->layer_chunk[pos] + dp->layer_numel[pos])});
+        ops.push_back(std::move(un));
+      }
       const size_t first_op = ops.size();
       for (const plan::OpCost& c : lp.ops) {
         const bool mine =
@@ -241,6 +258,10 @@ class ConfigProgram {
         if (!fwd && work > 0) ops[first_op].mem_start.push_back({MemKind::Activations, work});
         if (work > 0 || (!fwd && lp.saved > 0))
           ops.back().mem_end.push_back({MemKind::Activations, fwd ? -work : -work - lp.saved});
+        if (dp && !fwd && layout_.zero_stage >= 2 && dp->layer_numel[pos] > 0)  // full gradients
+          ops[first_op].mem_start.push_back({MemKind::Gradients, 4 * dp->layer_numel[pos]});
+        if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0)  // values released
+          ops.back().mem_end.push_back({MemKind::Parameters, -4 * dp->layer_numel[pos]});
       }
       if (g.tp >= 0)
         for (const plan::Collective& c : lp.collectives) {
@@ -262,19 +283,82 @@ class ConfigProgram {
                 fmt::format("{} {} {}", lp.name, c.op, plan::collective_name(c.kind)),
                 group_of(c.subgroup), c.bytes, 0));
         }
-      // This layer's share of the gradient reductions, on stream 3 after its backward.
-      const size_t until = (li + 1) * dp_colls.size() / layers.size();
-      for (; next_dp < until; ++next_dp) {
-        const plan::Collective& c = *dp_colls[next_dp];
-        Op op = Op::collective(
-            kind_of(c.kind),
-            fmt::format("{} {}", c.op.empty() ? c.layer : c.op, plan::collective_name(c.kind)),
-            g.dp, c.bytes, 3);
-        op.category = "reduce";
-        if (!ops.empty()) op.deps.push_back(static_cast<int>(ops.size()) - 1);
-        ops.push_back(std::move(op));
-      }
+      // The buckets this layer's backward completes: DDP / ZeRO-1 in the step's last
+      // micro-batch (all-reduced in place), ZeRO-2/3 in every micro-batch (packed, then
+      // reduce-scattered, at most zero_max_inflight_buckets in flight).
+      const bool reduces = layout_.zero_stage >= 2 || mb == plan_.micro_batches - 1;
+      if (dp && !fwd && reduces)
+        for (int b : dp->launch_at[pos]) {
+          const std::string bn = fmt::format("bucket {}", b);
+          if (layout_.zero_stage >= 2) {
+            for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
+            Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b]);
+            // The bucket's buffers while the gradients are packed into them, then those go.
+            pack.mem_start.push_back(
+                {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
+            pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
+            ops.push_back(std::move(pack));
+          } else if (dp->cast_bytes > 0) {  // bf16 buckets: the gradients cast into the bucket
+            ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b]));
+          }
+          Op r = Op::collective(
+              layout_.zero_stage >= 2 ? OpKind::ReduceScatter : OpKind::AllReduce,
+              fmt::format("{} {}", bn, layout_.zero_stage >= 2 ? "reduce_scatter" : "all_reduce"),
+              dp->group, dp->bucket_wire[b], 3);
+          r.category = "reduce";
+          dp->reduce_op[b] = at(ops.size());
+          ops.push_back(std::move(r));
+        }
     }
+    return ops;
+  }
+
+  // What DataParallelPlugin does after the reductions (ReduceGrads: sync_gradients) and after
+  // the optimizer step (ZeRO-1/2: every rank's stepped shards gathered into the parameters).
+  std::vector<Op> after(const schedule::Instr& in, int rank, int base, Workload& w) {
+    std::vector<Op> ops;
+    Dp* dp = data_parallel(rank, w);
+    if (!dp) return ops;
+    if (in.op == schedule::Op::ReduceGrads) {
+      if (layout_.zero_stage >= 2) {
+        const std::vector<int> left = dp->inflight.inflight();
+        for (int k : left) {
+          ops.push_back(dp_finish(*dp, k, base));
+          dp->inflight.finish(k);
+        }
+      }
+      if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
+        ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total));
+      if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
+        ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total));
+      return ops;
+    }
+    if (in.op != schedule::Op::OptimizerStep) return ops;
+    dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
+    dp->gather_op.clear();
+    if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
+    std::vector<std::pair<int, int>> q;  // bucket, its all-gather (list index)
+    auto complete = [&](std::pair<int, int> e) {
+      const int b = e.first;
+      Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp->bucket_numel[b]);
+      un.deps.push_back(e.second);
+      un.mem_end.push_back({MemKind::Buffers, -4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
+      ops.push_back(std::move(un));
+    };
+    for (size_t b = 0; b < dp->bucket_numel.size(); ++b) {
+      if (static_cast<int>(q.size()) == layout_.zero_max_inflight_buckets) {
+        complete(q.front());
+        q.erase(q.begin());
+      }
+      ops.push_back(dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp->bucket_chunk[b]));
+      Op ag = Op::collective(OpKind::AllGather, fmt::format("bucket {} parameters all_gather", b),
+                             dp->group, dp->gather_bytes[b], 3);
+      ag.category = "reduce";
+      ag.mem_start.push_back({MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
+      q.emplace_back(static_cast<int>(b), static_cast<int>(ops.size()));
+      ops.push_back(std::move(ag));
+    }
+    for (const auto& e : q) complete(e);
     return ops;
   }
 
@@ -289,6 +373,112 @@ class ConfigProgram {
     int tp = -1, dp = -1;
     std::map<std::string, int> sub;
   };
+  // One rank's data parallelism as DataParallelPlugin runs it (parallel/data_parallel.cpp):
+  // its stage's parameters in buckets (schedule::gradient_buckets, the plan's and the
+  // executor's rule), this rank's ZeRO chunks, the ZeRO-3 gather window and the ZeRO-2/3
+  // reduction window (schedule::GatherWindow / ReductionWindow), and where the ops issued so
+  // far sit in the program (for the host's waits on them).
+  struct Dp {
+    int group = -1;
+    std::map<int, int> pos;  // global layer -> position in the stage
+    std::vector<std::string> name;
+    std::vector<int64_t> layer_numel, layer_chunk;  // per position
+    std::vector<int64_t> bucket_numel, bucket_chunk, bucket_wire, gather_bytes;
+    std::vector<std::vector<int>> launch_at;  // per position: buckets its backward completes
+    int64_t numel_total = 0, chunk_total = 0;
+    int64_t cast_bytes =
+        0;  // bf16 buckets: bytes per element of a cast (0: the grads are the bucket)
+    schedule::GatherWindow window;
+    schedule::ReductionWindow inflight;
+    std::map<int, int> gather_op;  // position -> program index of its pending all-gather
+    std::vector<int> reduce_op;    // per bucket: program index of its latest reduction
+  };
+  // The rank's data-parallel state, made on first use; null without data parallelism.
+  Dp* data_parallel(int rank, Workload& w) {
+    if (D_ <= 1 || layout_.body != plan::Body::ViT) return nullptr;
+    auto it = dp_.find(rank);
+    if (it != dp_.end()) return &it->second;
+    const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
+    Dp& x = dp_[rank];
+    std::vector<int> ranks;
+    for (int k = 0; k < listed_dp_; ++k) ranks.push_back(((k * T + t) * P) + s);
+    x.group = w.add_group(ranks, listed_dp_ < D_);
+    const plan::RankPlan& r = plan_.stages[s];
+    std::vector<int64_t> numels;
+    std::vector<int> layer_of;
+    std::vector<char> has;
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      const plan::LayerPlan& lp = r.layer_plans[i];
+      x.pos[r.layers[i]] = static_cast<int>(i);
+      x.name.push_back(lp.name);
+      int64_t n = 0, c = 0;
+      for (int64_t v : lp.parameter_numels) {
+        numels.push_back(v);
+        layer_of.push_back(static_cast<int>(i));
+        n += v;
+        c += schedule::zero_chunk_size(v, d, D_);
+      }
+      x.layer_numel.push_back(n);
+      x.layer_chunk.push_back(c);
+      x.numel_total += n;
+      x.chunk_total += c;
+      has.push_back(n > 0);
+    }
+    const std::vector<std::vector<int>> buckets =
+        schedule::gradient_buckets(numels, layer_of, layout_.zero_stage, layout_.ddp_bucket_cap_mb,
+                                   layout_.zero_bucket_size_in_m);
+    x.launch_at.resize(r.layers.size());
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      int64_t n = 0, c = 0;
+      int first = static_cast<int>(r.layers.size());
+      for (int i : buckets[b]) {
+        n += numels[i];
+        c += schedule::zero_chunk_size(numels[i], d, D_);
+        first = std::min(first, layer_of[i]);
+      }
+      x.bucket_numel.push_back(n);
+      x.bucket_chunk.push_back(c);
+      x.launch_at[first].push_back(static_cast<int>(b));  // the backward reaches it last
+    }
+    // The wire bytes are the plan's collectives' ("bucket b": its reduction in the backward,
+    // ZeRO-1/2's all-gather at the step).
+    x.bucket_wire.assign(buckets.size(), 0);
+    x.gather_bytes.assign(buckets.size(), 0);
+    for (const plan::Collective& c : r.collectives) {
+      if (c.group != plan::Group::Dp || c.op.rfind("bucket ", 0) != 0) continue;
+      const size_t b = std::stoul(c.op.substr(7));
+      CAI_CHECK(b < buckets.size(), "[sim] the plan's {} of {} buckets", c.op, buckets.size());
+      (c.phase == plan::Phase::OptimizerStep ? x.gather_bytes : x.bucket_wire)[b] = c.bytes;
+    }
+    if (!schedule::gradients_in_buckets(layout_.zero_stage,
+                                        layout_.bucket_dtype == cai::DType::F32) &&
+        layout_.zero_stage <= 1)
+      x.cast_bytes = 4 + static_cast<int64_t>(cai::dtype_size(layout_.bucket_dtype));
+    x.window = schedule::GatherWindow(has, layout_.zero3_prefetch);
+    x.inflight = schedule::ReductionWindow(std::max(1, layout_.zero_max_inflight_buckets));
+    x.reduce_op.assign(buckets.size(), -1);
+    return &x;
+  }
+  // A device copy of the plugin (packing, unpacking, shard updates): memory-bound elementwise
+  // work on the compute stream, timed by the roofline (no calibration entry yet).
+  static Op dp_copy(std::string name, int64_t bytes) {
+    Op o;
+    o.kind = OpKind::Compute;
+    o.name = std::move(name);
+    o.category = "compute";
+    o.mem_bytes = static_cast<double>(bytes);
+    o.op_kind = "elementwise";
+    return o;
+  }
+  // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
+  // gradients (the list starts at program index `base`).
+  static Op dp_finish(Dp& x, int k, int base) {
+    Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k]);
+    const int abs = x.reduce_op[k];
+    o.deps.push_back(abs >= base ? abs - base : -1 - abs);
+    o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
+    return o;
+  }
   plan::Layout layout_;
   plan::StepPlan plan_;
   int P_ = 1, T_ = 1, D_ = 1, listed_dp_ = 1, listed_tp_ = 1;
@@ -296,6 +486,7 @@ class ConfigProgram {
   schedule::Partition part_;
   std::map<int, const plan::LayerPlan*> layer_plan_;
   std::map<int, Groups> groups_;
+  std::map<int, Dp> dp_;
 };
 
 }  // namespace
@@ -331,8 +522,11 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
     mem[static_cast<int>(MemKind::Buffers)] = m.buffers;
     eo.static_mem.push_back(mem);
   }
-  eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, Workload& w) {
-    return prog.ops(in.op == schedule::Op::Forward, in.mb, in.chunk, rank, vstage, w);
+  eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, int base, Workload& w) {
+    return prog.ops(in.op == schedule::Op::Forward, in.mb, in.chunk, rank, vstage, w, base);
+  };
+  eo.after = [&prog](const schedule::Instr& in, int rank, int base, Workload& w) {
+    return prog.after(in, rank, base, w);
   };
   ConfigWorkload out;
   out.workload = expand_schedule(prog.schedule(), eo);

@@ -8,11 +8,18 @@
 // its virtual stage run as compute ops (roofline time from the cluster and calibration), each
 // followed by its tensor-parallel collectives over the rank's tp group on the compute stream (the
 // executor's compute waits for them; the column-parallel overlap with the weight gradient is not
-// modelled, an upper bound); the last micro-batch's backward issues the plan's data-parallel
-// reductions (DDP buckets, ZeRO reduce-scatter / all-gather) over the dp group on a stream of
-// their own, spread over its layers (overlapping the backward as the runtime's hooks do);
-// ReduceGrads waits for them. Memory: the plan's persistent bytes from the start, each layer's
-// saved activations from its forward to its backward.
+// modelled, an upper bound). Data parallelism as DataParallelPlugin runs it, over the dp group on
+// stream 3 (one NCCL communicator: its operations run in issue order): each gradient bucket's
+// reduction goes out after the backward of the layer that completes it (schedule::
+// gradient_buckets; DDP / ZeRO-1 all-reduce in the last micro-batch, ZeRO-2/3 pack and
+// reduce-scatter in every one, at most zero_max_inflight_buckets in flight, the host waiting for
+// the oldest: schedule::ReductionWindow); ZeRO-3 gathers each layer's parameters before its
+// forward and its backward, prefetching as schedule::GatherWindow says, the layer waiting for
+// its own; ReduceGrads waits for the reductions, then the shard updates; after the optimizer
+// step ZeRO-1/2 all-gather the stepped shards bucket by bucket. The plugin's packing, unpacking
+// and shard adds are memory-bound compute ops (roofline). Memory: the plan's persistent bytes
+// from the start, each layer's working tensors and saved activations as the plan's replay
+// counts them, and ZeRO's gradients, bucket buffers and gathers as the plugin holds them.
 #pragma once
 #include <string>
 #include <vector>

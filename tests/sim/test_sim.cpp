@@ -2,6 +2,8 @@
 // step-by-step, the replay engine's stream/dependency semantics, schedule replays against the
 // validator, memory curves, errors; folded copies and merged compute runs against the replay of
 // every rank and op.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -573,7 +575,7 @@ TEST(Replay, ExpansionHookPerLayerOpsAndBuckets) {
   const auto s = cai::schedule::make("1f1b", so, cai::schedule::partition_uniform(4, 2));
   ExpandOptions eo;
   eo.dp = 2;
-  eo.compute = [&](const cai::schedule::Instr& in, int rank, int, Workload& w) {
+  eo.compute = [&](const cai::schedule::Instr& in, int rank, int, int, Workload& w) {
     std::vector<Op> ops;
     const bool fwd = in.op == cai::schedule::Op::Forward;
     ops.push_back(Op::compute(fwd ? "F layer a" : "B layer b", fwd ? 0.25 : 0.5));
@@ -961,22 +963,104 @@ TEST(CalibratedCollectives, ConfigCollectivesUseTheProfile) {
 
 // The replay's memory curve counts each layer as the plan's replay does (its cache from the
 // start of its forward to the end of its backward, the output, the output's gradient and the
-// working tensors while its ops run), so the simulated peak is the plan's predicted one where
-// nothing but layers and persistent state sets it: one process, DDP and ZeRO-1 on 2, tensor 1d
-// (ZeRO-2/3's bucket windows and gathers are not in the replay's curve yet). Before, the
-// working tensors were missing: the CPU peaks were 10-20% below the measured ones.
+// working tensors while its ops run), and ZeRO's buffers as DataParallelPlugin holds them (the
+// stage 2/3 layer gradients until their bucket is packed, the packed buckets in flight, the
+// stage 3 gathers and gathered values, the stage 1/2 all-gathers after the step), so the
+// simulated peak is the plan's predicted one: one process, DDP and ZeRO 1-3 on 2 (with gradient
+// accumulation too), tensor 1d. Before, the working tensors were missing (the CPU peaks were
+// 10-20% below the measured ones), and then ZeRO-2/3's windows.
 TEST(Memory, SimulatedPeakIsThePlansWhereLayersSetIt) {
   const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
   const std::vector<std::pair<int, std::vector<std::string>>> cases = {
       {1, {}},
       {2, {}},
       {2, {"parallel.zero_stage=1"}},
+      {2, {"parallel.zero_stage=2", "train.batch_size=4"}},  // batch 2 per rank: the
+      {2, {"parallel.zero_stage=3", "train.batch_size=4"}},  // windows are much of the peak
+      {2, {"parallel.zero_stage=2", "train.batch_size=8", "train.gradient_accumulation=2"}},
+      {2, {"parallel.zero_stage=3", "train.batch_size=8", "train.gradient_accumulation=2"}},
       {2, {"parallel.tensor.mode=1d", "parallel.tensor.size=2"}}};
   for (const auto& [n, sets] : cases) {
     const ConfigWorkload cw = workload_from_config(fmnist(sets), n, cpu, false);
     const ReplayResult r = replay(cw.workload, cpu);
     const double plan_peak = static_cast<double>(cw.plan.peak());
     EXPECT_NEAR(static_cast<double>(r.ranks[0].peak_mem) / plan_peak, 1.0, 0.005)
-        << n << " processes, " << sets.size() << " settings";
+        << n << " processes, " << fmt::format("{}", fmt::join(sets, " ")) << ": simulated "
+        << r.ranks[0].peak_mem << ", plan " << cw.plan.peak();
+  }
+}
+
+// ZeRO's collectives where DataParallelPlugin issues them, with its host waits (the simulator
+// once put every data-parallel collective, ZeRO-3's forward gathers and ZeRO-1/2's parameter
+// all-gathers included, behind the last backward): ZeRO-3 gathers each layer before its forward
+// and backward, the next layer's gather issued before this layer computes (prefetch 1), and the
+// layer waits for its own; ZeRO-2 keeps at most 2 reduce-scatters in flight (the pack of bucket
+// b after bucket b-2's completion); ZeRO-1/2 all-gather the stepped shards after the step, which
+// ends after them.
+TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  auto index = [](const Workload& w, const std::string& name, int from = 0) {
+    const auto& ops = w.ranks[0].ops;
+    for (int i = from; i < static_cast<int>(ops.size()); ++i)
+      if (ops[i].name == name) return i;
+    return -1;
+  };
+  {  // ZeRO-3
+    const ConfigWorkload cw =
+        workload_from_config(fmnist({"parallel.zero_stage=3"}), 2, cpu, false);
+    const Workload& w = cw.workload;
+    const ReplayResult r = replay(w, cpu);
+    const auto& sp = r.ranks[0].spans;
+    for (int b = 0; b < 4; ++b) {
+      const std::string layer = fmt::format("blocks.{}", b);
+      const int gather = index(w, layer + " parameters all_gather");
+      const int first = index(w, layer + " norm1");
+      const int unpack = index(w, layer + " gather unpack");
+      ASSERT_GE(gather, 0) << layer;
+      ASSERT_GT(first, unpack);
+      EXPECT_EQ(w.ranks[0].ops[gather].stream, 3);
+      EXPECT_GE(sp[unpack].start, sp[gather].end - 1e-12) << layer;  // the host waits for it
+      EXPECT_GE(sp[first].start, sp[unpack].end - 1e-12) << layer;
+      if (b < 3)  // the next layer's gather goes out before this layer computes
+        EXPECT_LT(index(w, fmt::format("blocks.{} parameters all_gather", b + 1)), first) << layer;
+      // and again before its backward, after the forward's
+      const int again = index(w, layer + " parameters all_gather", gather + 1);
+      EXPECT_GT(again, index(w, "blocks.3 norm1")) << layer;
+      EXPECT_LT(again, index(w, layer + " norm1 bwd")) << layer;
+    }
+  }
+  {  // ZeRO-2, ~14 buckets
+    const ConfigWorkload cw = workload_from_config(
+        fmnist({"parallel.zero_stage=2", "parallel.zero_bucket_size_in_m=0.01"}), 2, cpu, false);
+    const Workload& w = cw.workload;
+    const ReplayResult r = replay(w, cpu);
+    const auto& sp = r.ranks[0].spans;
+    int buckets = 0;
+    while (index(w, fmt::format("bucket {} reduce_scatter", buckets)) >= 0) ++buckets;
+    ASSERT_GE(buckets, 4);
+    for (int b = 0; b < buckets; ++b) {
+      const int rs = index(w, fmt::format("bucket {} reduce_scatter", b));
+      const int add = index(w, fmt::format("bucket {} shard add", b));
+      ASSERT_GT(add, rs);
+      EXPECT_GE(sp[add].start, sp[rs].end - 1e-12) << b;
+      if (b >= 2)  // the window is full: bucket b-2 completes before bucket b is packed
+        EXPECT_LT(index(w, fmt::format("bucket {} shard add", b - 2)),
+                  index(w, fmt::format("bucket {} pack", b)))
+            << b;
+    }
+    const int step = index(w, "OptStep");
+    const int gather = index(w, "bucket 0 parameters all_gather");
+    ASSERT_GT(gather, step);
+    EXPECT_GE(sp[gather].start, sp[step].end - 1e-12);
+    EXPECT_GE(r.step_s, sp[index(w, fmt::format("bucket {} parameters unpack", buckets - 1))].end);
+  }
+  {  // ZeRO-1: DDP's all-reduces, then the shards' all-gathers after the step
+    const ConfigWorkload cw =
+        workload_from_config(fmnist({"parallel.zero_stage=1"}), 2, cpu, false);
+    const Workload& w = cw.workload;
+    EXPECT_LT(index(w, "bucket 0 all_reduce"), index(w, "ReduceGrads"));
+    EXPECT_GT(index(w, "bucket 0 parameters all_gather"), index(w, "OptStep"));
+    EXPECT_EQ(index(w, "bucket 0 parameters all_gather", index(w, "OptStep")),
+              index(w, "bucket 0 parameters all_gather"));
   }
 }
