@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <map>
+#include <tuple>
+
 #include "cai/core/error.h"
 
 namespace cai::sim {
@@ -55,6 +58,25 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       rp.label = fmt::format("rank {} (pp {}, dp {})", rank, st, d);
       rp.stage = st;
       if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
+      // Receives are posted ahead (pipeline.cpp, as the plan's replay counts them): one buffer
+      // per kind from the start, and each receive, once its data is there, posts the next one
+      // of its kind; the received buffer becomes the consumer's input.
+      const schedule::Program& prog = s.programs[st];
+      auto boundary_bytes = [&](const schedule::Instr& in) {
+        return opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
+      };
+      auto next_recv = [&](size_t from, Op kind) -> const schedule::Instr* {
+        for (size_t i = from; i < prog.size(); ++i)
+          if (prog[i].op == kind) return &prog[i];
+        return nullptr;
+      };
+      for (Op kind : {Op::RecvActivation, Op::RecvGrad})
+        if (const schedule::Instr* first = next_recv(0, kind))
+          rp.initial_mem[static_cast<int>(MemKind::Buffers)] += boundary_bytes(*first);
+      std::map<std::tuple<int, int, int>, int64_t> transfers;  // {op, mb, chunk} -> bytes
+      for (const schedule::Instr& in : prog)
+        if (schedule::is_send(in.op) || schedule::is_recv(in.op))
+          transfers[{static_cast<int>(in.op), in.mb, in.chunk}] = in.bytes;
       std::vector<int> sends;  // ops on other streams, waited by ReduceGrads
       int last0 = -1;          // last op on stream 0
       int cur_instr = -1;      // the instruction being expanded (Op::instr)
@@ -103,13 +125,20 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
         const std::string name = in.str();
         // Boundary buffers: a Forward consumes its received input and produces the output to
         // send; a Backward(Input) consumes the received gradient and produces the one to send.
+        // A compute instruction without bytes of its own (the plan's programs size only the
+        // transfers) takes those of the receive and the send of its micro-batch and chunk.
+        auto transfer = [&](Op kind) {
+          if (opt.boundary_bytes >= 0 || in.bytes > 0) return bytes;
+          auto it = transfers.find({static_cast<int>(kind), in.mb, in.chunk});
+          return it == transfers.end() ? int64_t{0} : it->second;
+        };
         std::vector<MemDelta> boundary;
         if (in.op == Op::Forward) {
-          if (vs > 0) boundary.push_back({MemKind::Buffers, -bytes});
-          if (vs < V - 1) boundary.push_back({MemKind::Buffers, bytes});
+          if (vs > 0) boundary.push_back({MemKind::Buffers, -transfer(Op::RecvActivation)});
+          if (vs < V - 1) boundary.push_back({MemKind::Buffers, transfer(Op::SendActivation)});
         } else if (in.op == Op::Backward || in.op == Op::BackwardInput) {
-          if (vs < V - 1) boundary.push_back({MemKind::Buffers, -bytes});
-          if (vs > 0) boundary.push_back({MemKind::Buffers, bytes});
+          if (vs < V - 1) boundary.push_back({MemKind::Buffers, -transfer(Op::RecvGrad)});
+          if (vs > 0) boundary.push_back({MemKind::Buffers, transfer(Op::SendGrad)});
         }
         if (opt.compute && schedule::is_compute(in.op)) {
           const int base = static_cast<int>(rp.ops.size());
@@ -134,8 +163,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             sim::Op o =
                 sim::Op::compute(name, per<double>(opt.forward_s, vs, V, "forward_s", 0), in.mb);
             if (act) o.mem_end.push_back({MemKind::Activations, act});
-            if (vs > 0) o.mem_end.push_back({MemKind::Buffers, -bytes});     // input consumed
-            if (vs < V - 1) o.mem_end.push_back({MemKind::Buffers, bytes});  // output to send
+            for (const MemDelta& d : boundary) o.mem_end.push_back(d);  // input, output
             push(std::move(o));
             break;
           }
@@ -147,10 +175,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
                              : in.op == Op::BackwardInput ? b * opt.backward_input_share
                                                           : b * (1 - opt.backward_input_share);
             sim::Op o = sim::Op::compute(name, t, in.mb);
-            if (in.op != Op::BackwardWeight) {
-              if (vs < V - 1) o.mem_end.push_back({MemKind::Buffers, -bytes});  // grad consumed
-              if (vs > 0) o.mem_end.push_back({MemKind::Buffers, bytes});       // grad to send
-            }
+            for (const MemDelta& d : boundary) o.mem_end.push_back(d);  // grads in and out
             if (act && in.op != Op::BackwardInput)
               o.mem_end.push_back({MemKind::Activations, -act});
             push(std::move(o));
@@ -175,7 +200,8 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
                 name, global(in.peer),
                 a ? tag_of(in.mb, vs - 1, V, kActivation) : tag_of(in.mb, vs + 1, V, kGrad), bytes);
             o.mb = in.mb;
-            o.mem_start.push_back({MemKind::Buffers, bytes});
+            if (const schedule::Instr* next = next_recv(ii + 1, in.op))
+              o.mem_end.push_back({MemKind::Buffers, boundary_bytes(*next)});  // posted
             push(std::move(o));
             break;
           }
