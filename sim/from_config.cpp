@@ -209,8 +209,8 @@ class ConfigProgram {
       // ZeRO-3: the gathers the window starts now, then this layer's completes into its values.
       if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0) {
         for (int i : dp->window.fetch(pos, !fwd)) {
-          ops.push_back(
-              dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i]));
+          ops.push_back(dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i],
+                                dp->layer_params[i]));
           Op ag = Op::collective(OpKind::AllGather,
                                  fmt::format("{} parameters all_gather", dp->name[i]), dp->group,
                                  4 * dp->layer_numel[i], 3);
@@ -219,7 +219,8 @@ class ConfigProgram {
           dp->gather_op[i] = at(ops.size());
           ops.push_back(std::move(ag));
         }
-        Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos]);
+        Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos],
+                        dp->layer_params[pos] * D_);
         wait_on(un, dp->gather_op.at(pos));
         dp->gather_op.erase(pos);
         // The full values are allocated while the gather's buffers still live.
@@ -292,14 +293,15 @@ class ConfigProgram {
           const std::string bn = fmt::format("bucket {}", b);
           if (layout_.zero_stage >= 2) {
             for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
-            Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b]);
+            Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], dp->bucket_params[b] * D_);
             // The bucket's buffers while the gradients are packed into them, then those go.
             pack.mem_start.push_back(
                 {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
             pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
             ops.push_back(std::move(pack));
           } else if (dp->cast_bytes > 0) {  // bf16 buckets: the gradients cast into the bucket
-            ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b]));
+            ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b],
+                                  2 * dp->bucket_params[b]));  // a cast and a copy each
           }
           Op r = Op::collective(
               layout_.zero_stage >= 2 ? OpKind::ReduceScatter : OpKind::AllReduce,
@@ -328,9 +330,10 @@ class ConfigProgram {
         }
       }
       if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
-        ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total));
+        ops.push_back(
+            dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total, 2 * dp->params_total));
       if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
-        ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total));
+        ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, dp->params_total));
       return ops;
     }
     if (in.op != schedule::Op::OptimizerStep) return ops;
@@ -340,7 +343,8 @@ class ConfigProgram {
     std::vector<std::pair<int, int>> q;  // bucket, its all-gather (list index)
     auto complete = [&](std::pair<int, int> e) {
       const int b = e.first;
-      Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp->bucket_numel[b]);
+      Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp->bucket_numel[b],
+                      dp->bucket_params[b] * D_);
       un.deps.push_back(e.second);
       un.mem_end.push_back({MemKind::Buffers, -4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
       ops.push_back(std::move(un));
@@ -350,7 +354,8 @@ class ConfigProgram {
         complete(q.front());
         q.erase(q.begin());
       }
-      ops.push_back(dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp->bucket_chunk[b]));
+      ops.push_back(dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp->bucket_chunk[b],
+                            dp->bucket_params[b]));
       Op ag = Op::collective(OpKind::AllGather, fmt::format("bucket {} parameters all_gather", b),
                              dp->group, dp->gather_bytes[b], 3);
       ag.category = "reduce";
@@ -382,10 +387,10 @@ class ConfigProgram {
     int group = -1;
     std::map<int, int> pos;  // global layer -> position in the stage
     std::vector<std::string> name;
-    std::vector<int64_t> layer_numel, layer_chunk;  // per position
-    std::vector<int64_t> bucket_numel, bucket_chunk, bucket_wire, gather_bytes;
+    std::vector<int64_t> layer_numel, layer_chunk, layer_params;  // per position
+    std::vector<int64_t> bucket_numel, bucket_chunk, bucket_params, bucket_wire, gather_bytes;
     std::vector<std::vector<int>> launch_at;  // per position: buckets its backward completes
-    int64_t numel_total = 0, chunk_total = 0;
+    int64_t numel_total = 0, chunk_total = 0, params_total = 0;
     int64_t cast_bytes =
         0;  // bf16 buckets: bytes per element of a cast (0: the grads are the bucket)
     schedule::GatherWindow window;
@@ -420,6 +425,8 @@ class ConfigProgram {
       }
       x.layer_numel.push_back(n);
       x.layer_chunk.push_back(c);
+      x.layer_params.push_back(static_cast<int64_t>(lp.parameter_numels.size()));
+      x.params_total += static_cast<int64_t>(lp.parameter_numels.size());
       x.numel_total += n;
       x.chunk_total += c;
       has.push_back(n > 0);
@@ -438,6 +445,7 @@ class ConfigProgram {
       }
       x.bucket_numel.push_back(n);
       x.bucket_chunk.push_back(c);
+      x.bucket_params.push_back(static_cast<int64_t>(buckets[b].size()));
       x.launch_at[first].push_back(static_cast<int>(b));  // the backward reaches it last
     }
     // The wire bytes are the plan's collectives' ("bucket b": its reduction in the backward,
@@ -460,9 +468,12 @@ class ConfigProgram {
     return &x;
   }
   // A device copy of the plugin (packing, unpacking, shard updates): memory-bound elementwise
-  // work on the compute stream, timed by the roofline (no calibration entry yet).
-  static Op dp_copy(std::string name, int64_t bytes) {
+  // work on the compute stream, `calls` copies or adds (one per parameter, and per rank where
+  // the plugin loops over the ranks' chunks), timed by the roofline with at least the
+  // calibration's "copy|call" per call.
+  static Op dp_copy(std::string name, int64_t bytes, int64_t calls) {
     Op o;
+    o.calls = calls;
     o.kind = OpKind::Compute;
     o.name = std::move(name);
     o.category = "compute";
@@ -473,7 +484,8 @@ class ConfigProgram {
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`).
   static Op dp_finish(Dp& x, int k, int base) {
-    Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k]);
+    Op o =
+        dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], x.bucket_params[k]);
     const int abs = x.reduce_op[k];
     o.deps.push_back(abs >= base ? abs - base : -1 - abs);
     o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});

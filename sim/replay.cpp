@@ -43,6 +43,7 @@ int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas) {
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
                                                    const Calibration& cal, TimingSources* sources) {
   const double peak = c.gpu.peak_flops(w.dtype);
+  const double per_call = std::max(0.0, cal.seconds_of("copy|call", 1.0, nullptr));
   std::vector<std::vector<double>> out(w.ranks.size());
   for (size_t r = 0; r < w.ranks.size(); ++r) {
     out[r].assign(w.ranks[r].ops.size(), 0.0);
@@ -69,7 +70,8 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
       }
       const Efficiency& e = cal.of(o.op_kind);
       const double f = o.op_kind == "optimizer" ? 0.0 : o.flops / (peak * e.flops);
-      out[r][i] = std::max(f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes));
+      out[r][i] = std::max({f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes),
+                            static_cast<double>(o.calls) * per_call});
       if (count) ++count->roofline;
     }
   }

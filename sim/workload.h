@@ -80,6 +80,9 @@ struct Op {
   double flops = 0, mem_bytes = 0;  // roofline when seconds < 0
   std::string op_kind = "default";  // calibration entry
   std::string cal_key;              // calibration samples ("attn.qkv|fwd"); empty: none
+  // Device calls the op stands for (the data-parallel plugin's copies, one per parameter and
+  // rank): it takes at least calls × the calibration's "copy|call" seconds (0: no floor).
+  int64_t calls = 0;
   // Communication
   int64_t bytes = 0;
   int group = -1;   // collectives: index into Workload::groups (must contain this rank)

@@ -201,6 +201,24 @@ double time_optimizer(int64_t elements, Device dev) {
       dev);
 }
 
+// Seconds per call of the data-parallel plugin's smallest device operation: a copy of 64
+// elements between two spans (parallel/data_parallel.cpp's copy_span), 256 of them back to back,
+// as the plugin packs and unpacks a bucket one parameter at a time. On a GPU this is the launch
+// rate of small copies (their kernels take less than their launches); the simulator charges a
+// plugin op of k such calls at least k times this ("copy|call").
+double time_copy_call(Device dev) {
+  const int64_t n = 64, calls = 256;
+  const Tensor src = randn({n * calls}, DType::F32, dev, 40);
+  const Tensor dst = Tensor::zeros({n * calls}, DType::F32, dev);
+  return time_it(
+             [&] {
+               for (int64_t k = 0; k < calls; ++k)
+                 dst.narrow(k * n, n).copy_from(src.narrow((calls - 1 - k) * n, n));
+             },
+             dev) /
+         static_cast<double>(calls);
+}
+
 // The real layers' forward and backward (T = 1): embedding, one block, head; seconds per
 // {layer, phase} for micro-batch b.
 std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev) {
@@ -489,6 +507,7 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   for (int64_t n = 10000; n < params; n *= 10)
     samples["optimizer|step"].push_back({double(n), 36.0 * n, time_optimizer(n, dev)});
   samples["optimizer|step"].push_back({double(params), 36.0 * params, time_optimizer(params, dev)});
+  samples["copy|call"].push_back({1.0, 8.0 * 64, time_copy_call(dev)});
 
   nlohmann::json j;
   nlohmann::json scales = nlohmann::json::object();

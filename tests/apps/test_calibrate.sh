@@ -23,6 +23,8 @@ import json, sys
 for path in sys.argv[1:]:
     j = json.load(open(path))
     params = j["samples"]["optimizer|step"][-1][0]  # the model's parameter count
+    calls = j["samples"]["copy|call"]  # the data-parallel plugin's smallest copy, per call
+    assert len(calls) == 1 and calls[0][0] == 1 and 0 < calls[0][2] < 1e-3, calls
     coll = j.get("collectives")
     assert coll, f"{path}: no collectives section"
     by = {}

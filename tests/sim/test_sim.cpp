@@ -1073,6 +1073,29 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
     EXPECT_GE(sp[gather].start, sp[step].end - 1e-12);
     EXPECT_GE(r.step_s, sp[index(w, fmt::format("bucket {} parameters unpack", buckets - 1))].end);
   }
+  {  // The plugin's copies are one call per parameter (and per rank when unpacking): with a
+     // profile's "copy|call" of 1 ms, an unpack of a block's gathered values takes 1 ms per
+     // parameter and rank, whatever the roofline says.
+    const Calibration cal =
+        parse_calibration(R"({"samples": {"copy|call": [[1, 512, 1e-3]]}})", "calls.json");
+    const ConfigWorkload cw =
+        workload_from_config(fmnist({"parallel.zero_stage=3"}), 2, cpu, false);
+    ReplayOptions opt;
+    opt.calibration = cal;
+    const ReplayResult r = replay(cw.workload, cpu, opt);
+    const int unpack = index(cw.workload, "blocks.0 gather unpack");
+    const int pack = index(cw.workload, "blocks.1 gather pack");
+    ASSERT_GE(unpack, 0);
+    const auto& lp = cw.plan.stages[0].layer_plans[1];  // blocks.0
+    ASSERT_EQ(lp.name, "blocks.0");
+    const double params = static_cast<double>(lp.parameter_numels.size());
+    EXPECT_NEAR(r.ranks[0].spans[unpack].end - r.ranks[0].spans[unpack].start, 2 * params * 1e-3,
+                1e-9);
+    EXPECT_NEAR(r.ranks[0].spans[pack].end - r.ranks[0].spans[pack].start, params * 1e-3, 1e-9);
+    // Without the entry, the roofline: microseconds.
+    const ReplayResult bare = replay(cw.workload, cpu);
+    EXPECT_LT(bare.ranks[0].spans[unpack].end - bare.ranks[0].spans[unpack].start, 1e-4);
+  }
   {  // ZeRO-1: DDP's all-reduces, then the shards' all-gathers after the step
     const ConfigWorkload cw =
         workload_from_config(fmnist({"parallel.zero_stage=1"}), 2, cpu, false);
