@@ -531,7 +531,7 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
     mem[static_cast<int>(MemKind::Parameters)] = m.parameters + m.shards;
     mem[static_cast<int>(MemKind::Gradients)] = m.gradients;
     mem[static_cast<int>(MemKind::Optimizer)] = m.optimizer_state;
-    mem[static_cast<int>(MemKind::Buffers)] = m.buffers;
+    mem[static_cast<int>(MemKind::Buffers)] = m.buffers + m.data;  // with the input batches
     eo.static_mem.push_back(mem);
   }
   eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, int base, Workload& w) {

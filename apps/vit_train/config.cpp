@@ -14,6 +14,7 @@
 
 #include "cai/core/error.h"
 #include "cai/core/toml_text.h"
+#include "cai/data/data.h"
 
 namespace cai::app {
 
@@ -501,6 +502,12 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.bucket_dtype = dtype_from_name(c.gradient_comm_dtype);
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
   l.gpu = c.device == "cuda";
+  // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on
+  // the CPU the step's batches and those the loader's workers build ahead (LoaderConfig's
+  // prefetch plus one per worker; main.cpp keeps the default prefetch).
+  const int ahead =
+      c.num_workers > 0 ? data::LoaderConfig{}.prefetch + static_cast<int>(c.num_workers) : 0;
+  l.input_batches = l.gpu ? 2 : 1 + ahead;
   // main.cpp: a DataParallelPlugin (or the pipeline / hybrid plugin over one) whenever there
   // are several processes, ZeRO, a pipeline or tensor parallelism.
   l.data_parallel_plugin = world > 1 || c.zero_stage > 0 || c.pipeline > 1 || c.tensor_size > 1;

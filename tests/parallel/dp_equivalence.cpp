@@ -39,6 +39,7 @@ namespace {
 
 struct Result {
   std::vector<double> losses;
+  train::EvalResult eval;  // after training, on held-out images
   std::vector<float> params;
   int64_t state_bytes = 0, param_bytes = 0;
   int64_t state_gpu_bytes = 0, state_host_bytes = 0;
@@ -78,6 +79,15 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   lc.transform.normalize = data::normalization_for("fashion_mnist");
   lc.transform.random_crop = 28, lc.transform.crop_padding = 2;
   data::DataLoader loader(ds, lc);
+  // Evaluation: 48 test images, batches of 8 per data-parallel rank (4 data-parallel ranks: a
+  // short last batch of 4; a pipeline splits each batch into its micro-batches, 3 micro-batches:
+  // 3, 3 and 2 rows; 2d/2.5d/3d split a batch into 2 or 4 chunks: multiples of 4).
+  auto eval_ds = data::subset(data::load_mnist_dir(data, false, "fashion-mnist"), 48);
+  data::LoaderConfig ec;
+  ec.batch_size = 8;
+  ec.world = world, ec.rank = rank, ec.seed = 9, ec.num_workers = 0, ec.shuffle = false;
+  ec.transform.normalize = lc.transform.normalize;
+  data::DataLoader eval_loader(eval_ds, ec);
 
   nn::ViTConfig c;
   c.img_size = 28, c.patch_size = 7, c.in_chans = 1, c.num_classes = 10, c.embed_dim = 24;
@@ -152,6 +162,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   Result r;
   t.add_hook(std::make_shared<RecordLoss>(r.losses));
   t.fit();
+  r.eval = t.evaluate(eval_loader);
   r.state_bytes = opt->state_bytes();
   r.state_gpu_bytes = opt->state_bytes(true);
   r.state_host_bytes = opt->state_bytes(false);
@@ -276,6 +287,10 @@ int main(int argc, char** argv) {
     const bool half = pa.precision != "fp32" || pa.bucket_dtype != "fp32";
     const double tol = !half ? 1e-5 : pa.precision == "fp16" ? 5e-3 : 2e-2;
     ok = ok && loss_err <= tol && param_err <= tol;
+    // The evaluation after training: the same samples, loss and accuracy (one sample's worth).
+    const double eval_err = std::abs(ref.eval.loss - dist.eval.loss) / std::abs(ref.eval.loss);
+    ok = ok && dist.eval.samples == ref.eval.samples && ref.eval.samples == 48 && eval_err <= tol &&
+         std::abs(ref.eval.accuracy - dist.eval.accuracy) * ref.eval.samples <= 1.0 + 1e-9;
     if (pa.bucket_dtype != "fp32") ok = ok && param_err > 1e-7;
     const int W = world->size() / pa.pp / pa.tp;  // data-parallel size
     const double state_ratio = double(dist.state_bytes) / double(ref.state_bytes);
@@ -306,13 +321,16 @@ int main(int argc, char** argv) {
         "losses "
         "%.6f..%.6f, max loss rel err "
         "%.2e, param rel err %.2e, optimizer state %lld B (single %lld B, ratio %.3f), "
-        "parameters %lld B (single %lld B, ratio %.3f): %s\n",
+        "parameters %lld B (single %lld B, ratio %.3f), eval loss %.6f (single %.6f, rel err "
+        "%.2e) accuracy %.3f (single %.3f) on %lld samples: %s\n",
         world->rank(), dev.str().c_str(), pa.tp, pa.tp_mode.c_str(), pa.sp ? " (sp)" : "", pa.pp,
         pa.style.c_str(), pa.chunks, zero, W, accum, pa.precision.c_str(), pa.bucket_dtype.c_str(),
         dist.losses.size(), dist.losses.front(), dist.losses.back(), loss_err, param_err,
         static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
         state_ratio, static_cast<long long>(dist.param_bytes),
-        static_cast<long long>(ref.param_bytes), param_ratio, ok ? "OK" : "MISMATCH");
+        static_cast<long long>(ref.param_bytes), param_ratio, dist.eval.loss, ref.eval.loss,
+        eval_err, dist.eval.accuracy, ref.eval.accuracy, static_cast<long long>(dist.eval.samples),
+        ok ? "OK" : "MISMATCH");
     if (cpu_offload)
       std::printf(
           "[rank %d] cpu_offload: optimizer state on the GPU %lld B, on the host %lld B "

@@ -382,33 +382,48 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
   return metrics;
 }
 
+// Evaluation goes through the stages in micro-batches of the training step's size (the
+// configured count, the configured rows per micro-batch, or the stage count as in training), one
+// after the other: a stage then
+// never holds more than a training micro-batch's forward, where a whole evaluation batch could
+// take several times the training step's peak (no schedule: nothing is kept for a backward).
 train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch) {
   Impl& m = *impl_;
   const int V = m.V();
-  const int64_t rows = batch.labels.numel();
+  const int64_t n = batch.labels.numel();
+  const int64_t want = m.cfg.num_microbatches > 0 ? m.cfg.num_microbatches
+                       : m.cfg.microbatch_size > 0
+                           ? (n + m.cfg.microbatch_size - 1) / m.cfg.microbatch_size
+                           : m.p();
+  const int mbs = static_cast<int>(std::clamp<int64_t>(want, 1, std::max<int64_t>(n, 1)));
   train::StepMetrics metrics;
-  std::vector<std::unique_ptr<dist::Work>> sends;
-  Tensor x;
-  for (int vs = 0; vs < V; ++vs) {
-    if (m.part.num_layers(vs) == 0 || vs % m.p() != m.me.pp) continue;
-    const int chunk = vs / m.p();
-    if (vs == 0) {
-      x = batch.images;
-    } else {
-      x = m.boundary(rows);
-      m.pp->recv(x, (vs - 1) % m.p(), tag_of(0, vs - 1, V, kEval));
+  for (int mb = 0; mb < mbs; ++mb) {
+    const auto [off, rows] = m.slice(n, mbs, mb);
+    std::vector<std::unique_ptr<dist::Work>> sends;
+    Tensor x;
+    for (int vs = 0; vs < V; ++vs) {
+      if (m.part.num_layers(vs) == 0 || vs % m.p() != m.me.pp) continue;
+      const int chunk = vs / m.p();
+      if (vs == 0) {
+        x = batch.images.narrow(off, rows);
+      } else {
+        x = m.boundary(rows);
+        m.pp->recv(x, (vs - 1) % m.p(), tag_of(mb, vs - 1, V, kEval));
+      }
+      for (nn::Layer* l : m.chunk_layers(chunk)) {
+        std::unique_ptr<nn::Cache> cache;
+        x = l->forward(x, cache, nn::ForwardCtx{});
+      }
+      if (vs == V - 1) {
+        const Tensor labels = batch.labels.narrow(off, rows);
+        metrics.add(ops::cross_entropy_fwd(x, labels, 0.0f), x, labels);
+      } else {
+        sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(mb, vs, V, kEval)));
+      }
     }
-    for (nn::Layer* l : m.chunk_layers(chunk)) {
-      std::unique_ptr<nn::Cache> cache;
-      x = l->forward(x, cache, nn::ForwardCtx{});
-    }
-    if (vs == V - 1) {
-      metrics.add(ops::cross_entropy_fwd(x, batch.labels, 0.0f), x, batch.labels);
-    } else {
-      sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(0, vs, V, kEval)));
-    }
+    // The peer receives this micro-batch before its next one: done by the next micro-batch.
+    for (auto& w : sends) w->wait();
   }
-  for (auto& w : sends) w->wait();
   return metrics;
 }
 

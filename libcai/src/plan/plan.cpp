@@ -788,6 +788,13 @@ void replay(const StepPlan& plan, RankPlan& r) {
               : rp.grad_views()                 ? 4 * (padded - N)
                                 : static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N;
   m.host = offload ? 4 * (2 + slots) * S : 0;
+  // Every rank of a pipeline or tensor group holds the whole batch (the stages take their
+  // micro-batches' slices from it; the last one reads the labels).
+  if (vit && l.input_batches > 0) {
+    const int64_t rows = l.batch * (l.pp == 1 ? l.gradient_accumulation : 1);
+    const int64_t sample = 4 * plan.model.in_chans * plan.model.img_size * plan.model.img_size + 4;
+    m.data = l.input_batches * rows * sample;
+  }
   Tracker& t = rp.t;
   t.live = m.persistent();
   t.peak = t.live;
@@ -1075,10 +1082,11 @@ std::string summary(const StepPlan& p) {
                                      : std::string("every rank");
     out += fmt::format(
         "# memory per process, {}: parameters {}, gradients {}, ZeRO shards {}, optimizer state "
-        "{}, buckets {}, activations {} ({} micro-batch(es) in flight), communication {}, "
-        "transient {}, allocator {}: peak {} at {}{}; {:.3g} GFLOP per micro-batch\n",
+        "{}, buckets {}, input batches {}, activations {} ({} micro-batch(es) in flight), "
+        "communication {}, transient {}, allocator {}: peak {} at {}{}; {:.3g} GFLOP per "
+        "micro-batch\n",
         who, mib(m.parameters), mib(m.gradients), mib(m.shards), mib(m.optimizer_state),
-        mib(m.buffers), mib(m.activations), m.micro_batches_in_flight, mib(m.window),
+        mib(m.buffers), mib(m.data), mib(m.activations), m.micro_batches_in_flight, mib(m.window),
         mib(m.transient), mib(m.allocator), mib(m.peak), m.peak_at,
         m.host ? fmt::format(" (host: {})", mib(m.host)) : std::string(), flops(r) / 1e9);
   }

@@ -66,6 +66,11 @@ struct Layout {
   // Allocator overhead as a fraction of the peak (CPU accounting counts exact bytes: 0; a GPU
   // caching allocator rounds and fragments).
   double allocator_overhead = 0.0;
+  // Steps' worth of input batches (fp32 images and int32 labels) the trainer holds on this
+  // rank's device through the step: vit_train on a GPU 2 (its prefetcher's device slots: this
+  // step's and the next one's), on the CPU 1 (the step's batches) plus what the loader's workers
+  // build ahead (num_workers + prefetch). 0: a bare plugin step (nothing beyond its inputs).
+  int input_batches = 0;
 
   int dp() const { return world / (tp * pp); }
   bool nd() const { return tp > 1 && tp_mode != "1d"; }
@@ -127,6 +132,7 @@ struct Memory {
   int64_t optimizer_state = 0;  // slots × what the optimizer steps (on the device)
   int64_t buffers = 0;          // DDP / ZeRO-1 persistent flat buckets
   int64_t host = 0;             // cpu_offload: master shard, its gradient and optimizer state
+  int64_t data = 0;             // the trainer's input batches on the device (Layout::input_batches)
   int64_t activations = 0;      // saved activations of the micro-batches in flight at the peak
   int micro_batches_in_flight = 0;
   int64_t window = 0;     // communication buffers alive at the peak (buckets, gathers, p2p)
@@ -134,7 +140,9 @@ struct Memory {
   int64_t allocator = 0;
   int64_t peak = 0;     // the sum of the above (host excluded): the predicted peak
   std::string peak_at;  // "Backward(mb=1) blocks.5"
-  int64_t persistent() const { return parameters + gradients + shards + optimizer_state + buffers; }
+  int64_t persistent() const {
+    return parameters + gradients + shards + optimizer_state + buffers + data;
+  }
 };
 
 struct RankPlan {
