@@ -45,6 +45,7 @@ class BatchPrefetcher {
       s.copied = kernels::cuda::event_create();
       s.computed = kernels::cuda::event_create();
     }
+    issued_ = kernels::cuda::event_create();
   }
   ~BatchPrefetcher() {
     if (!dev_.is_cuda()) return;
@@ -60,6 +61,7 @@ class BatchPrefetcher {
       kernels::cuda::event_destroy(s.copied);
       kernels::cuda::event_destroy(s.computed);
     }
+    kernels::cuda::event_destroy(issued_);
     kernels::cuda::stream_destroy(stream_);
   }
   BatchPrefetcher(const BatchPrefetcher&) = delete;
@@ -99,6 +101,12 @@ class BatchPrefetcher {
         if (s.used) kernels::cuda::event_synchronize(s.computed);
         buf.images = Tensor::empty(b.images.shape(), DType::F32, dev_);
         buf.labels = Tensor::empty(b.labels.shape(), DType::I32, dev_);
+        // The caching allocator may hand out memory the host freed while kernels that read it
+        // are still queued on the compute stream (an activation of the step in flight); the
+        // copy stream does not follow that stream, so the copies into new buffers wait for
+        // everything issued so far.
+        kernels::cuda::event_record(issued_, nullptr);
+        kernels::cuda::stream_wait_event(stream_, issued_);
       }
       // Into pinned memory on the CPU pool's threads (a ViT-B batch of 256 is 154 MB: one
       // thread's memcpy would hold this thread, which launches the kernels, for ~20 ms).
@@ -144,6 +152,7 @@ class BatchPrefetcher {
   };
   Device dev_;
   void* stream_ = nullptr;
+  void* issued_ = nullptr;  // recorded on the compute stream before copies into new buffers
   Slot slots_[2];
   int next_ = 0, staged_ = 0, in_use_ = 0;
 };
