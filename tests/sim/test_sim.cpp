@@ -1040,8 +1040,9 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
       EXPECT_EQ(w.ranks[0].ops[gather].stream, 3);
       EXPECT_GE(sp[unpack].start, sp[gather].end - 1e-12) << layer;  // the host waits for it
       EXPECT_GE(sp[first].start, sp[unpack].end - 1e-12) << layer;
-      if (b < 3)  // the next layer's gather goes out before this layer computes
+      if (b < 3) {  // the next layer's gather goes out before this layer computes
         EXPECT_LT(index(w, fmt::format("blocks.{} parameters all_gather", b + 1)), first) << layer;
+      }
       // and again before its backward, after the forward's
       const int again = index(w, layer + " parameters all_gather", gather + 1);
       EXPECT_GT(again, index(w, "blocks.3 norm1")) << layer;
@@ -1062,10 +1063,11 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
       const int add = index(w, fmt::format("bucket {} shard add", b));
       ASSERT_GT(add, rs);
       EXPECT_GE(sp[add].start, sp[rs].end - 1e-12) << b;
-      if (b >= 2)  // the window is full: bucket b-2 completes before bucket b is packed
+      if (b >= 2) {  // the window is full: bucket b-2 completes before bucket b is packed
         EXPECT_LT(index(w, fmt::format("bucket {} shard add", b - 2)),
                   index(w, fmt::format("bucket {} pack", b)))
             << b;
+      }
     }
     const int step = index(w, "OptStep");
     const int gather = index(w, "bucket 0 parameters all_gather");

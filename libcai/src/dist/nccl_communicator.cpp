@@ -303,6 +303,13 @@ class NcclWork : public Work {
     if (done_) return;
     activate(ch_->device);
     CAI_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, done->get(), 0));
+    // Whatever reuses these buffers' memory from now on is issued later, on the compute stream
+    // (ordered after this wait) or on a stream that first waits for it (NCCL operations, the
+    // trainer's copies into new buffers): they need not stay allocated until the host sees the
+    // completion. Tensor parallelism kept up to 16 activations alive this way (1.2 GB for
+    // ViT-B/16 batch 256 on 2 GPUs, about the gap between its measured and planned peaks; not
+    // re-measured on a GPU since).
+    keep.clear();
   }
 
   std::shared_ptr<cuda::Event> done;  // recorded on the channel's stream after the NCCL call

@@ -28,8 +28,11 @@ class Work {
   virtual bool test() = 0;  // true when complete
   // Orders what is issued afterwards on the compute stream after this operation without
   // blocking the host, where the backend can (NCCL: the compute stream waits for the operation's
-  // completion event). The Work still holds its buffers: keep it until test() or wait() reports
-  // completion. Host backends (MPI, fake) simply wait().
+  // completion event). Everything issued afterwards on the device is then ordered after the
+  // operation (every NCCL operation first waits for the compute stream, and the trainer's copy
+  // stream waits for it before writing new buffers), so the NCCL Work lets its buffers go back to
+  // the allocator here; keep the Work until test() or wait() reports completion, which is where
+  // a failure is reported. Host backends (MPI, fake) simply wait().
   virtual void wait_on_device() { wait(); }
 };
 

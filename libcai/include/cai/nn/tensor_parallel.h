@@ -158,7 +158,8 @@ class TensorParallel {
   Tensor gather_features(const Tensor& part);
 
   // An operation whose result the next kernels read: on GPUs the compute stream waits for it
-  // without blocking the host, and the Work is kept (its buffers alive) until it has completed;
+  // without blocking the host, and the Work is kept (for its failure, not its buffers: see
+  // dist::Work::wait_on_device) until it has completed;
   // host backends wait now. At most kMaxPending operations stay pending: beyond that the oldest
   // is waited for on the host (bounded by the communicator's timeout, so a dead peer is named
   // instead of hanging).
