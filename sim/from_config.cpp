@@ -168,8 +168,7 @@ class ConfigProgram {
 
   // The ops of a Forward or Backward of virtual stage `vstage` for micro-batch `mb` on sim rank
   // `rank`; groups are registered in `w` (one Workload per ConfigProgram: the ids are cached).
-  std::vector<Op> ops(bool fwd, int mb, int chunk, int rank, int vstage, Workload& w,
-                      int base = 0) {
+  std::vector<Op> ops(bool fwd, int mb, int rank, int vstage, Workload& w, int base = 0) {
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     Groups& g = groups_[rank];
     // The sim ranks of a tensor sub-group ("tp": the whole group); with folded tensor slices
@@ -198,10 +197,7 @@ class ConfigProgram {
       layers.push_back(part_.first_layer(vstage) + i);
     if (!fwd) std::reverse(layers.begin(), layers.end());
     std::vector<Op> ops;
-    (void)chunk;
     Dp* dp = data_parallel(rank, w);
-    // A host wait on op `abs` of the program (or of this list, from index `base` on).
-    auto wait_on = [&](Op& o, int abs) { o.deps.push_back(abs >= base ? abs - base : -1 - abs); };
     auto at = [&](size_t i) { return base + static_cast<int>(i); };
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
@@ -221,7 +217,7 @@ class ConfigProgram {
         }
         Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos],
                         dp->layer_params[pos] * D_);
-        wait_on(un, dp->gather_op.at(pos));
+        un.deps.push_back(dep_on(dp->gather_op.at(pos), base));
         dp->gather_op.erase(pos);
         // The full values are allocated while the gather's buffers still live.
         un.mem_start.push_back({MemKind::Parameters, 4 * dp->layer_numel[pos]});
@@ -340,30 +336,27 @@ class ConfigProgram {
     dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
     dp->gather_op.clear();
     if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
-    std::vector<std::pair<int, int>> q;  // bucket, its all-gather (list index)
-    auto complete = [&](std::pair<int, int> e) {
-      const int b = e.first;
+    schedule::InflightWindow window(std::max(1, layout_.zero_max_inflight_buckets));
+    std::map<int, int> gather;  // bucket -> its all-gather (list index)
+    auto complete = [&](int b) {
       Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp->bucket_numel[b],
                       dp->bucket_params[b] * D_);
-      un.deps.push_back(e.second);
+      un.deps.push_back(gather.at(b));
       un.mem_end.push_back({MemKind::Buffers, -4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
       ops.push_back(std::move(un));
     };
-    for (size_t b = 0; b < dp->bucket_numel.size(); ++b) {
-      if (static_cast<int>(q.size()) == layout_.zero_max_inflight_buckets) {
-        complete(q.front());
-        q.erase(q.begin());
-      }
+    for (int b = 0; b < static_cast<int>(dp->bucket_numel.size()); ++b) {
+      for (int k : window.launch(b)) complete(k);
       ops.push_back(dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp->bucket_chunk[b],
                             dp->bucket_params[b]));
       Op ag = Op::collective(OpKind::AllGather, fmt::format("bucket {} parameters all_gather", b),
                              dp->group, dp->gather_bytes[b], 3);
       ag.category = "reduce";
       ag.mem_start.push_back({MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
-      q.emplace_back(static_cast<int>(b), static_cast<int>(ops.size()));
+      gather[b] = static_cast<int>(ops.size());
       ops.push_back(std::move(ag));
     }
-    for (const auto& e : q) complete(e);
+    for (int k : window.inflight()) complete(k);
     return ops;
   }
 
@@ -381,7 +374,7 @@ class ConfigProgram {
   // One rank's data parallelism as DataParallelPlugin runs it (parallel/data_parallel.cpp):
   // its stage's parameters in buckets (schedule::gradient_buckets, the plan's and the
   // executor's rule), this rank's ZeRO chunks, the ZeRO-3 gather window and the ZeRO-2/3
-  // reduction window (schedule::GatherWindow / ReductionWindow), and where the ops issued so
+  // reduction window (schedule::GatherWindow / InflightWindow), and where the ops issued so
   // far sit in the program (for the host's waits on them).
   struct Dp {
     int group = -1;
@@ -391,10 +384,10 @@ class ConfigProgram {
     std::vector<int64_t> bucket_numel, bucket_chunk, bucket_params, bucket_wire, gather_bytes;
     std::vector<std::vector<int>> launch_at;  // per position: buckets its backward completes
     int64_t numel_total = 0, chunk_total = 0, params_total = 0;
-    int64_t cast_bytes =
-        0;  // bf16 buckets: bytes per element of a cast (0: the grads are the bucket)
+    // bf16 buckets: bytes per element of a cast (0: the gradients are the bucket).
+    int64_t cast_bytes = 0;
     schedule::GatherWindow window;
-    schedule::ReductionWindow inflight;
+    schedule::InflightWindow inflight;
     std::map<int, int> gather_op;  // position -> program index of its pending all-gather
     std::vector<int> reduce_op;    // per bucket: program index of its latest reduction
   };
@@ -463,7 +456,7 @@ class ConfigProgram {
         layout_.zero_stage <= 1)
       x.cast_bytes = 4 + static_cast<int64_t>(cai::dtype_size(layout_.bucket_dtype));
     x.window = schedule::GatherWindow(has, layout_.zero3_prefetch);
-    x.inflight = schedule::ReductionWindow(std::max(1, layout_.zero_max_inflight_buckets));
+    x.inflight = schedule::InflightWindow(std::max(1, layout_.zero_max_inflight_buckets));
     x.reduce_op.assign(buckets.size(), -1);
     return &x;
   }
@@ -481,13 +474,15 @@ class ConfigProgram {
     o.op_kind = "elementwise";
     return o;
   }
+  // A dependency of an op in a list that starts at program index `base` on program op `abs`
+  // (an earlier list's, or this one's): expand.h's convention.
+  static int dep_on(int abs, int base) { return abs >= base ? abs - base : -1 - abs; }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`).
   static Op dp_finish(Dp& x, int k, int base) {
     Op o =
         dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], x.bucket_params[k]);
-    const int abs = x.reduce_op[k];
-    o.deps.push_back(abs >= base ? abs - base : -1 - abs);
+    o.deps.push_back(dep_on(x.reduce_op[k], base));
     o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
     return o;
   }
@@ -535,7 +530,7 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
     eo.static_mem.push_back(mem);
   }
   eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, int base, Workload& w) {
-    return prog.ops(in.op == schedule::Op::Forward, in.mb, in.chunk, rank, vstage, w, base);
+    return prog.ops(in.op == schedule::Op::Forward, in.mb, rank, vstage, w, base);
   };
   eo.after = [&prog](const schedule::Instr& in, int rank, int base, Workload& w) {
     return prog.after(in, rank, base, w);
@@ -615,10 +610,10 @@ double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& c
   for (int s = 0; s < P; ++s) {
     for (int c = 0; c < sched.chunks; ++c) {
       const int v = sched.virtual_stage(s, c);
-      fwd[v] = time_of(prog.ops(true, 0, c, s, v, w), true);
-      bwd[v] = time_of(prog.ops(false, 0, c, s, v, w), true);
+      fwd[v] = time_of(prog.ops(true, 0, s, v, w), true);
+      bwd[v] = time_of(prog.ops(false, 0, s, v, w), true);
     }
-    dp[s] = time_of(prog.ops(false, m - 1, 0, s, sched.virtual_stage(s, 0), w), false);
+    dp[s] = time_of(prog.ops(false, m - 1, s, sched.virtual_stage(s, 0), w), false);
   }
   // Stage s starts its first forward after the first micro-batch's forward went through the
   // stages before it, runs every micro-batch's forward and backward on its stream 0, and the

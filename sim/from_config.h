@@ -13,7 +13,7 @@
 // reduction goes out after the backward of the layer that completes it (schedule::
 // gradient_buckets; DDP / ZeRO-1 all-reduce in the last micro-batch, ZeRO-2/3 pack and
 // reduce-scatter in every one, at most zero_max_inflight_buckets in flight, the host waiting for
-// the oldest: schedule::ReductionWindow); ZeRO-3 gathers each layer's parameters before its
+// the oldest: schedule::InflightWindow); ZeRO-3 gathers each layer's parameters before its
 // forward and its backward, prefetching as schedule::GatherWindow says, the layer waiting for
 // its own; ReduceGrads waits for the reductions, then the shard updates; after the optimizer
 // step ZeRO-1/2 all-gather the stepped shards bucket by bucket. The plugin's packing, unpacking

@@ -219,10 +219,10 @@ TEST(GatherWindow, PrefetchesTheNextLayersWithParameters) {
 
 // ZeRO-2/3's reductions in flight: a bucket's previous reduction first, then the oldest while the
 // window is full.
-TEST(ReductionWindow, WaitsForTheOldestWhenFull) {
-  using cai::schedule::ReductionWindow;
+TEST(InflightWindow, WaitsForTheOldestWhenFull) {
+  using cai::schedule::InflightWindow;
   using V = std::vector<int>;
-  ReductionWindow w(2);
+  InflightWindow w(2);
   EXPECT_EQ(w.launch(0), V{});
   EXPECT_EQ(w.launch(1), V{});
   EXPECT_EQ(w.launch(2), (V{0}));
@@ -233,8 +233,8 @@ TEST(ReductionWindow, WaitsForTheOldestWhenFull) {
   EXPECT_EQ(w.launch(2), (V{2}));  // the next micro-batch's bucket 2: its previous one first
   EXPECT_EQ(w.inflight(), (V{3, 2}));
   EXPECT_EQ(w.launch(4), (V{3}));
-  ReductionWindow one(1);
+  InflightWindow one(1);
   EXPECT_EQ(one.launch(0), V{});
   EXPECT_EQ(one.launch(1), (V{0}));
-  EXPECT_THROW(ReductionWindow(0), cai::Error);
+  EXPECT_THROW(InflightWindow(0), cai::Error);
 }

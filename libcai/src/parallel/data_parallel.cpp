@@ -1,7 +1,6 @@
 #include "cai/parallel/data_parallel.h"
 
 #include <algorithm>
-#include <deque>
 #include <map>
 
 #include "cai/core/error.h"
@@ -77,7 +76,7 @@ struct DataParallelPlugin::Impl {
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   // Stage 2/3: the launched reductions, oldest first, at most zero_max_inflight_buckets.
-  schedule::ReductionWindow inflight;
+  schedule::InflightWindow inflight;
   std::map<const nn::Parameter*, size_t> bucket_of;
   std::map<const nn::Layer*, std::vector<nn::Parameter*>> layer_params;
   std::vector<Shape> shapes;  // full shapes (stage 3 frees the values)
@@ -205,7 +204,7 @@ struct DataParallelPlugin::Impl {
       b.work = dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
     } else {
       // The previous micro-batch's reduction of this bucket, then the oldest while the window
-      // is full (schedule::ReductionWindow, which the plan and the simulator follow too).
+      // is full (schedule::InflightWindow, which the plan and the simulator follow too).
       for (int k : inflight.launch(static_cast<int>(i))) finish(static_cast<size_t>(k));
       b.flat = Tensor::empty({b.numel}, DType::F32, device);
       b.recv = Tensor::empty({b.counts[rank]}, DType::F32, device);
@@ -326,17 +325,18 @@ struct DataParallelPlugin::Impl {
 
   // ZeRO-1/2 after the step: every rank's updated shards into the full parameters' storage,
   // bucket by bucket with at most zero_max_inflight_buckets gathers in flight (no full-size
-  // staging buffer).
+  // staging buffer; schedule::InflightWindow).
   void gather_into_params() {
-    std::deque<Gather> q;
-    for (const Bucket& b : buckets) {
-      if (static_cast<int>(q.size()) == cfg.zero_max_inflight_buckets) {
-        complete(q.front(), false);
-        q.pop_front();
+    schedule::InflightWindow window(std::max(1, cfg.zero_max_inflight_buckets));
+    std::map<int, Gather> q;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int k : window.launch(static_cast<int>(b))) {
+        complete(q.at(k), false);
+        q.erase(k);
       }
-      q.push_back(start_gather(b.params));
+      q.emplace(static_cast<int>(b), start_gather(buckets[b].params));
     }
-    for (Gather& g : q) complete(g, false);
+    for (int k : window.inflight()) complete(q.at(k), false);
   }
 
   // ZeRO-3: makes `layer`'s full values available. Issues the gathers the window starts now (this

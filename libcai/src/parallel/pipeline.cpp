@@ -382,19 +382,17 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
   return metrics;
 }
 
-// Evaluation goes through the stages in micro-batches of the training step's size (the
-// configured count, the configured rows per micro-batch, or the stage count as in training), one
-// after the other: a stage then
-// never holds more than a training micro-batch's forward, where a whole evaluation batch could
-// take several times the training step's peak (no schedule: nothing is kept for a backward).
+// Evaluation goes through the stages in micro-batches of the training step's size (the count
+// training asks for: schedule::requested_micro_batches, at most one per sample), one after the
+// other: a stage then never holds more than a training micro-batch's forward, where a whole
+// evaluation batch could take several times the training step's peak (no schedule: nothing is
+// kept for a backward).
 train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch) {
   Impl& m = *impl_;
   const int V = m.V();
   const int64_t n = batch.labels.numel();
-  const int64_t want = m.cfg.num_microbatches > 0 ? m.cfg.num_microbatches
-                       : m.cfg.microbatch_size > 0
-                           ? (n + m.cfg.microbatch_size - 1) / m.cfg.microbatch_size
-                           : m.p();
+  const int want =
+      schedule::requested_micro_batches(n, m.cfg.num_microbatches, m.cfg.microbatch_size, m.p());
   const int mbs = static_cast<int>(std::clamp<int64_t>(want, 1, std::max<int64_t>(n, 1)));
   train::StepMetrics metrics;
   for (int mb = 0; mb < mbs; ++mb) {

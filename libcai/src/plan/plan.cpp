@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <deque>
 #include <map>
 
 #include "cai/core/error.h"
@@ -605,7 +604,7 @@ struct Replay {
   std::vector<std::vector<int>> buckets;
   std::vector<int> bucket_of;
   std::vector<int> ready;
-  schedule::ReductionWindow inflight;  // stage 2/3 launched buckets (DataParallelPlugin's window)
+  schedule::InflightWindow inflight;  // stage 2/3 launched buckets (DataParallelPlugin's window)
   std::vector<int64_t> inflight_bytes;
   std::vector<int> first_param;  // per layer position: index of its first parameter
   bool hooks = false;
@@ -901,22 +900,15 @@ void replay(const StepPlan& plan, RankPlan& r) {
   // The optimizer step: ZeRO-1/2 all-gather the stepped shards bucket by bucket (window of
   // zero_max_inflight_buckets); LAMB's update buffer per parameter.
   if (l.zero_stage == 1 || l.zero_stage == 2) {
-    std::deque<int64_t> q;
-    int64_t live = 0;
-    for (size_t b = 0; b < rp.buckets.size(); ++b) {
-      if (static_cast<int>(q.size()) == l.zero_max_inflight_buckets) {
-        live -= q.front();
-        t.live -= q.front();
-        q.pop_front();
-      }
-      const int64_t bytes = 4 * (rp.bucket_numel(b) + rp.bucket_chunk(b));
-      q.push_back(bytes);
-      live += bytes;
-      t.win += bytes;
-      t.add(bytes, "OptStep all-gather");
-      t.win -= bytes;
+    schedule::InflightWindow window(std::max(1, l.zero_max_inflight_buckets));
+    auto bytes = [&](int b) { return 4 * (rp.bucket_numel(b) + rp.bucket_chunk(b)); };
+    for (int b = 0; b < static_cast<int>(rp.buckets.size()); ++b) {
+      for (int k : window.launch(b)) t.live -= bytes(k);
+      t.win += bytes(b);
+      t.add(bytes(b), "OptStep all-gather");
+      t.win -= bytes(b);
     }
-    t.live -= live;
+    for (int k : window.inflight()) t.live -= bytes(k);
   }
   if (l.optimizer == "lamb") {
     int64_t big = 0;

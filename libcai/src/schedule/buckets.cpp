@@ -42,10 +42,6 @@ std::vector<std::vector<int>> gradient_buckets(const std::vector<int64_t>& numel
   return out;
 }
 
-}  // namespace cai::schedule
-
-namespace cai::schedule {
-
 GatherWindow::GatherWindow(std::vector<char> has_params, int prefetch)
     : has_params_(std::move(has_params)), prefetch_(prefetch) {
   CAI_CHECK(prefetch >= 0, "[buckets] zero3_prefetch {} must be at least 0", prefetch);
@@ -78,12 +74,12 @@ std::vector<int> GatherWindow::fetch(int pos, bool backward) {
   return issued;
 }
 
-ReductionWindow::ReductionWindow(int max_inflight) : max_(max_inflight) {
+InflightWindow::InflightWindow(int max_inflight) : max_(max_inflight) {
   CAI_CHECK(max_inflight >= 1, "[buckets] zero_max_inflight_buckets {} must be at least 1",
             max_inflight);
 }
 
-std::vector<int> ReductionWindow::launch(int b) {
+std::vector<int> InflightWindow::launch(int b) {
   std::vector<int> first;
   if (std::find(inflight_.begin(), inflight_.end(), b) != inflight_.end()) {
     first.push_back(b);
@@ -97,7 +93,7 @@ std::vector<int> ReductionWindow::launch(int b) {
   return first;
 }
 
-void ReductionWindow::finish(int b) {
+void InflightWindow::finish(int b) {
   auto it = std::find(inflight_.begin(), inflight_.end(), b);
   if (it != inflight_.end()) inflight_.erase(it);
 }

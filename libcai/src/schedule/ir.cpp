@@ -216,12 +216,15 @@ Partition partition_layers(int num_layers, int virtual_stages, const std::string
   return partition_uniform(num_layers, virtual_stages);
 }
 
+int requested_micro_batches(int64_t batch, int num_microbatches, int microbatch_size, int stages) {
+  if (num_microbatches > 0) return num_microbatches;
+  if (microbatch_size > 0) return static_cast<int>((batch + microbatch_size - 1) / microbatch_size);
+  return stages;
+}
+
 int micro_batch_count(int64_t batch, int num_microbatches, int microbatch_size, int stages,
                       const std::string& style) {
-  int m = num_microbatches;
-  if (m == 0 && microbatch_size > 0)
-    m = static_cast<int>((batch + microbatch_size - 1) / microbatch_size);
-  if (m == 0) m = stages;
+  const int m = requested_micro_batches(batch, num_microbatches, microbatch_size, stages);
   if (style == "interleaved")
     CAI_CHECK(m % stages == 0,
               "[pipeline] interleaved schedules need the micro-batch count ({}) to be a multiple "

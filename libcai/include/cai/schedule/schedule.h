@@ -119,6 +119,9 @@ Partition partition_layers(int num_layers, int virtual_stages, const std::string
 // and not a multiple of the stages, or when the batch has fewer samples than micro-batches.
 int micro_batch_count(int64_t batch, int num_microbatches, int microbatch_size, int stages,
                       const std::string& style);
+// The count the settings ask for, unchecked: num_microbatches, else ceil(batch /
+// microbatch_size), else the stage count (micro_batch_count's rule before its checks).
+int requested_micro_batches(int64_t batch, int num_microbatches, int microbatch_size, int stages);
 // Micro-batch i of a batch of n samples split in m nearly equal parts: (first sample, rows).
 inline std::pair<int64_t, int64_t> micro_batch_slice(int64_t n, int m, int i) {
   const int64_t b = n * i / m, e = n * (i + 1) / m;
