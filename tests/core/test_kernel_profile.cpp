@@ -37,7 +37,8 @@ TEST(KernelProfile, TableFromRecords) {
          t + 20000, t + 24000, 7, 10, 256});
   }
   const std::string path = ::testing::TempDir() + "/kp.md";
-  profile::write_kernel_profile(path, r, 2, 0.1, "test profile");
+  profile::write_kernel_profile(path, r, 2, 0.1, "test profile",
+                                "## Host time per step by trainer phase\n\n");
   const std::string md = slurp(path);
   // Busy per step: [0, 10] ∪ [20, 24] µs = 14 µs = 0.014 ms; kernel sum 15 µs.
   EXPECT_NE(md.find("GPU busy (union of kernels and copies) 0.01 ms (14.0%)"), std::string::npos)
@@ -50,5 +51,9 @@ TEST(KernelProfile, TableFromRecords) {
   EXPECT_NE(md.find("| GEMM (cuBLAS) | 0.01 | 46.7% |"), std::string::npos) << md;
   const std::string csv = slurp(path + ".csv");
   EXPECT_NE(csv.find("1,3.0,7.0,8,4,384,nvjet_sm90"), std::string::npos) << csv;
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // header + one step
+  // Every profiled step's kernels, in order (the second step from 100 µs on).
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7) << csv;
+  EXPECT_NE(csv.find("4,103.0,7.0,8,4,384,nvjet_sm90"), std::string::npos) << csv;
+  // The extra section sits between the summary and the tables.
+  EXPECT_LT(md.find("## Host time per step"), md.find("## By category")) << md;
 }

@@ -213,7 +213,8 @@ std::vector<KernelRecord> kernel_profile_stop() {
 }
 
 void write_kernel_profile(const std::string& path, const std::vector<KernelRecord>& records,
-                          int steps, double wall_ms_per_step, const std::string& title) {
+                          int steps, double wall_ms_per_step, const std::string& title,
+                          const std::string& extra) {
   struct Row {
     double ns = 0;
     int64_t calls = 0;
@@ -255,6 +256,7 @@ void write_kernel_profile(const std::string& path, const std::vector<KernelRecor
       "records).\n\n",
       wall_ms_per_step, busy / per, 100.0 * busy / per / wall_ms_per_step, total / per,
       records.size() / std::max(steps, 1), steps);
+  f << extra;
   f << "## By category\n\n| category | ms per step | share |\n| --- | ---: | ---: |\n";
   std::vector<std::pair<std::string, double>> cats(by_cat.begin(), by_cat.end());
   std::sort(cats.begin(), cats.end(),
@@ -269,7 +271,7 @@ void write_kernel_profile(const std::string& path, const std::vector<KernelRecor
                      r.ns / 1e3 / static_cast<double>(r.calls));
   std::ofstream csv(path + ".csv");
   csv << "index,start_us,duration_us,stream,grid,block,name\n";
-  const size_t one = records.size() / std::max(steps, 1);
+  const size_t one = records.size();
   const uint64_t t0 = records.empty() ? 0 : records.front().start_ns;
   for (size_t i = 0; i < one; ++i) {
     const auto& r = records[i];

@@ -27,9 +27,12 @@ std::vector<KernelRecord> kernel_profile_stop();
 
 // Writes `path` (Markdown): the per-kernel table (calls, ms per step, share of kernel time, mean
 // µs), kernel time per category (GEMM, attention, layernorm, GELU, optimizer, ...), the GPU's busy
-// time (union of intervals) against `wall_ms_per_step`, and `path`.csv with one step's kernels in
-// order (name, start offset, duration) for attributing kernels to layers.
+// time (union of intervals) against `wall_ms_per_step`, and `path`.csv with the profiled steps'
+// kernels in order (name, start offset, duration, stream) for attributing kernels to layers and
+// finding the device's idle gaps.
+// `extra` (Markdown) goes after the summary line (the trainer's host time per phase).
 void write_kernel_profile(const std::string& path, const std::vector<KernelRecord>& records,
-                          int steps, double wall_ms_per_step, const std::string& title);
+                          int steps, double wall_ms_per_step, const std::string& title,
+                          const std::string& extra = "");
 
 }  // namespace cai::profile

@@ -43,6 +43,9 @@ struct StepInfo {
   int64_t images = 0;         // images this step, over all ranks
   double images_per_sec = 0;  // over the epoch so far
   double epoch_seconds = 0;   // elapsed in this epoch (at a read step: once the step has run)
+  // The trainer thread's time in this step by phase, in order (milliseconds; "hooks" is the
+  // previous step's hooks): where the host spends a step, beside the kernel profile.
+  std::vector<std::pair<const char*, double>> host_ms;
 };
 
 struct EpochInfo {
@@ -315,6 +318,7 @@ class KernelProfileHook : public Hook {
   int64_t start_, steps_;
   bool running_ = false;
   double t0_ = 0;
+  std::vector<std::pair<const char*, double>> host_ms_;  // summed over the profiled steps
 };
 
 std::string format_duration(double seconds);  // "1:02:03" or "2:03"
