@@ -42,9 +42,10 @@ std::shared_ptr<Dataset> load_cifar10(const std::string& dir, bool train);
 // as RGB and resized (bilinear) to image_size × image_size.
 std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size);
 // Random images with fixed labels, for benchmarking the whole training path without I/O: n
-// samples of channels × size × size values uniform in [0, 1), and a label in [0, num_classes),
-// all drawn from philox(seed, sample index, ·), so sample i is the same on every call and
-// every epoch. `name` goes into describe() (e.g. "synthetic train").
+// samples of channels × size × size values uniform in [0, 1), and a label in [0, num_classes):
+// the label and a key from philox(seed, sample index, 0), the values an integer hash of (key,
+// position), so sample i is the same on every call and every epoch, and cheap to make (a
+// benchmark must not wait for its loader). `name` goes into describe() (e.g. "synthetic train").
 std::shared_ptr<Dataset> synthetic(int64_t n, int64_t channels, int64_t size, int64_t num_classes,
                                    uint64_t seed, const std::string& name = "synthetic");
 // The first n samples of a dataset (n clamped to its size).
