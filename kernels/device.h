@@ -66,6 +66,10 @@ void event_destroy(void* event);
 void event_record(void* event, void* stream);
 void stream_wait_event(void* stream, void* event);  // later work on `stream` waits (no host block)
 void event_synchronize(void* event);                // the host waits
+// An event with timing on (for measuring, not for ordering), and the milliseconds between two
+// recorded, completed ones.
+void* event_create_timed();
+float event_elapsed_ms(void* start, void* end);
 // Asynchronous host-to-device copy on `stream` (src should be pinned for a true overlap).
 void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
 int current_device();

@@ -179,6 +179,12 @@ void stream_wait_event(void*, void*) {
 void event_synchronize(void*) {
   CAI_STUB("event_synchronize");
 }
+void* event_create_timed() {
+  CAI_STUB("event_create_timed");
+}
+float event_elapsed_ms(void*, void*) {
+  CAI_STUB("event_elapsed_ms");
+}
 void copy_h2d_async(void*, const void*, size_t, void*) {
   CAI_STUB("copy_h2d_async");
 }

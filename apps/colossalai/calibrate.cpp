@@ -219,42 +219,73 @@ double time_copy_call(Device dev) {
          static_cast<double>(calls);
 }
 
-// The real layers' forward and backward (T = 1): embedding, one block, head; seconds per
-// {layer, phase} for micro-batch b.
+double seconds_since(Clock::time_point t0);
+
+// The real layers' forward and backward (T = 1) as a training step runs them: the whole model's
+// forward, layer after layer, then its backward, repeated back to back for about half a second;
+// each layer timed in place (CUDA: events between the layers on the compute stream, so the
+// kernels queue as in a step; CPU: the host clock). In place, a layer finds its weights and
+// inputs where the previous layer left them (not in a cache warmed by repeating it alone), with
+// the launch gaps between its kernels and the clocks of a GPU under sustained load. Seconds per
+// {layer, phase} for micro-batch b: embedding, blocks.0 (the mean over the blocks, which are
+// alike), head.
 std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev) {
   const nn::ViTConfig& c = m.config();
-  const int64_t n = c.num_patches() + 1;
   const Tensor img = randn({b, c.in_chans, c.img_size, c.img_size}, DType::F32, dev, 30);
-  const Tensor x = randn({b, n, c.embed_dim}, DType::F32, dev, 31);
   nn::ForwardCtx ctx{true, 1, 0, 0};
-  std::map<std::string, double> out;
   auto& layers = m.layers();
-  const std::pair<std::string, size_t> which[] = {
-      {"embedding", 0}, {"blocks.0", 1}, {"head", layers.size() - 1}};
-  for (const auto& [name, i] : which) {
-    nn::Layer& l = *layers[i];
-    const Tensor& in = i == 0 ? img : x;
-    std::unique_ptr<nn::Cache> cache;
-    const Tensor y = l.forward(in, cache, ctx);
-    const Tensor dy = randn(y.shape(), y.dtype(), dev, 32);
-    cache.reset();
-    const double f = time_it(
-        [&] {
-          std::unique_ptr<nn::Cache> k;
-          l.forward(in, k, ctx);
-        },
-        dev);
-    const double fb = time_it(
-        [&] {
-          std::unique_ptr<nn::Cache> k;
-          l.forward(in, k, ctx);
-          l.backward(dy, k, ctx);
-        },
-        dev);
-    out[name + "|fwd"] = f;
-    out[name + "|bwd"] = std::max(fb - f, 1e-9);
-  }
-  return out;
+  const size_t L = layers.size();
+  const bool cuda = dev.is_cuda();
+  // Marks between the layers: forward 0..L, backward L..2L (shared at L).
+  std::vector<void*> ev;
+  std::vector<Clock::time_point> host(2 * L + 1);
+  if (cuda)
+    for (size_t k = 0; k <= 2 * L; ++k) ev.push_back(kernels::cuda::event_create_timed());
+  auto mark = [&](size_t k) {
+    if (cuda)
+      kernels::cuda::event_record(ev[k], nullptr);
+    else
+      host[k] = Clock::now();
+  };
+  Tensor dlogits;
+  std::vector<double> sum(2 * L, 0.0);
+  auto step = [&](bool timed) {
+    std::vector<std::unique_ptr<nn::Cache>> caches(L);
+    Tensor x = img;
+    if (timed) mark(0);
+    for (size_t i = 0; i < L; ++i) {
+      x = layers[i]->forward(x, caches[i], ctx);
+      if (timed) mark(i + 1);
+    }
+    if (!dlogits.defined()) dlogits = randn(x.shape(), x.dtype(), dev, 32);
+    Tensor dy = dlogits;
+    for (size_t i = L; i-- > 0;) {
+      dy = layers[i]->backward(dy, caches[i], ctx);
+      if (timed) mark(L + (L - i));
+    }
+    if (!timed) return;
+    if (cuda) kernels::cuda::event_synchronize(ev[2 * L]);
+    for (size_t k = 0; k < 2 * L; ++k)
+      sum[k] += cuda ? 1e-3 * kernels::cuda::event_elapsed_ms(ev[k], ev[k + 1])
+                     : std::chrono::duration<double>(host[k + 1] - host[k]).count();
+  };
+  step(false);  // warm: workspaces, allocator
+  if (cuda) kernels::cuda::synchronize();
+  const auto t0 = Clock::now();
+  int reps = 0;
+  do {
+    step(true);
+    ++reps;
+  } while ((seconds_since(t0) < 0.5 || reps < 3) && reps < 50);
+  for (void* e : ev) kernels::cuda::event_destroy(e);
+  // Forward of layer i: mark i .. i + 1; its backward: mark L + (L - 1 - i) .. L + (L - i).
+  auto fwd = [&](size_t i) { return sum[i] / reps; };
+  auto bwd = [&](size_t i) { return std::max(sum[L + (L - 1 - i)] / reps, 1e-9); };
+  double bf = 0, bb = 0;
+  for (size_t i = 1; i + 1 < L; ++i) bf += fwd(i), bb += bwd(i);
+  const double blocks = static_cast<double>(L - 2);
+  return {{"embedding|fwd", fwd(0)},     {"embedding|bwd", bwd(0)}, {"blocks.0|fwd", bf / blocks},
+          {"blocks.0|bwd", bb / blocks}, {"head|fwd", fwd(L - 1)},  {"head|bwd", bwd(L - 1)}};
 }
 
 const char* phase_key(plan::Phase p) {
@@ -374,6 +405,70 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
   return out;
 }
 
+OverlapTiming time_overlap(dist::Communicator& comm, const std::string& config,
+                           const std::vector<std::string>& overrides, const std::string& precision,
+                           int cuda_device) {
+  const TrainConfig cfg = load_config(config, overrides);
+  nn::ViTConfig vc = cfg.vit();
+  vc.depth = 1;  // one block of the model
+  const Device dev = Device::cuda(cuda_device);
+  const DType ct = dtype_from_name(precision);
+  nn::ViT m(vc);
+  m.init(5);
+  m.to(dev);
+  m.set_compute_dtype(ct);
+  nn::Layer& block = *m.layers().at(1);
+  const int64_t b = cfg.batch_size, n = vc.num_patches() + 1;
+  const Tensor x = randn({b, n, vc.embed_dim}, DType::F32, dev, 50);
+  nn::ForwardCtx ctx{true, 1, 0, 0};
+  std::unique_ptr<nn::Cache> cache;
+  const Tensor dy = randn(block.forward(x, cache, ctx).shape(), DType::F32, dev, 51);
+  cache.reset();
+  auto fb = [&] {
+    std::unique_ptr<nn::Cache> k;
+    block.forward(x, k, ctx);
+    block.backward(dy, k, ctx);
+  };
+  OverlapTiming o;
+  o.group = comm.size();
+  o.bytes = 64.0 * (1 << 20);  // larger than DDP's 25 MiB buckets: fewer calls to cover the window
+  Tensor buf = Tensor::zeros({static_cast<int64_t>(o.bytes) / 4}, DType::F32, dev);
+  // One all-reduce alone, and the repetitions of the block that fill about 100 ms (the same
+  // counts on every member).
+  const double ar = time_collective(comm, [&] { comm.all_reduce(buf); });
+  const double one = comm.all_reduce_scalar(time_it(fb, dev), dist::ReduceOp::Max);
+  const int reps = std::clamp(static_cast<int>(std::ceil(0.1 / std::max(one, 1e-6))), 3, 200);
+  const int calls =
+      static_cast<int>(std::ceil(1.5 * reps * one / std::max(ar, 1e-6))) + 2;  // outlast them
+  void* done = kernels::cuda::event_create();
+  auto window = [&](bool beside) {
+    kernels::cuda::synchronize();
+    comm.barrier();
+    std::vector<std::unique_ptr<dist::Work>> works;
+    const auto t0 = Clock::now();
+    if (beside)
+      for (int k = 0; k < calls; ++k)
+        works.push_back(comm.all_reduce_async(buf, dist::ReduceOp::Sum));
+    for (int k = 0; k < reps; ++k) fb();
+    kernels::cuda::event_record(done, nullptr);  // the blocks' end on the compute stream
+    kernels::cuda::event_synchronize(done);
+    const double s = seconds_since(t0) / reps;
+    for (auto& w : works) w->wait();
+    return comm.all_reduce_scalar(s, dist::ReduceOp::Max);
+  };
+  // Alone, beside, alone again: the alone time is their mean (the clocks move over a run).
+  const double a1 = window(false);
+  o.beside_s = window(true);
+  o.alone_s = 0.5 * (a1 + window(false));
+  kernels::cuda::event_destroy(done);
+  if (comm.rank() == 0)
+    std::cerr << fmt::format(
+        "[calibrate] overlap: one block's forward + backward {:.3f} ms alone, {:.3f} ms beside "
+        "{} all-reduces of {:.0f} MiB ({:.3f} ms each alone) on {} ranks\n",
+        1e3 * o.alone_s, 1e3 * o.beside_s, calls, o.bytes / (1 << 20), 1e3 * ar, o.group);
+  return o;
+}
+
 int run_calibrate_ranks(const BenchmarkOptions& o) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
@@ -404,13 +499,15 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
         "[calibrate] collectives on {} {} ranks ({}), {} message sizes from {} to {} bytes\n",
         world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
   const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
+  OverlapTiming overlap;
+  if (cuda) overlap = time_overlap(comm, o.config, o.overrides, opts.precision, device);
   // Rank 0 times the kernels alone while the others wait (minutes on a large model).
   world->set_timeout(std::max(world->timeout(), 3600.0));
   int rc = 0;
   std::string error;
   if (world->rank() == 0) {
     try {
-      rc = run_calibrate(opts, coll, device);
+      rc = run_calibrate(opts, coll, device, overlap);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -421,7 +518,7 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
 }
 
 int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>& collectives,
-                  int cuda_device) {
+                  int cuda_device, const OverlapTiming& overlap) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
   const TrainConfig cfg = load_config(o.config, o.overrides);
@@ -527,6 +624,12 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
       jc.push_back({{"op", c.op}, {"group", c.group}, {"bytes", c.bytes}, {"seconds", c.seconds}});
     j["collectives"] = jc;
   }
+  if (overlap.group > 0)
+    j["overlap"] = {{"op", "all_reduce"},
+                    {"group", overlap.group},
+                    {"bytes", overlap.bytes},
+                    {"alone_seconds", overlap.alone_s},
+                    {"beside_seconds", overlap.beside_s}};
   std::ofstream f(o.calibrate);
   CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
   f << j.dump(1) << "\n";

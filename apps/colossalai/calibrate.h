@@ -7,7 +7,9 @@
 // (libcai's `plan`) lists each layer's ops with their FLOPs and bytes; each distinct (op, phase,
 // FLOPs) is run with the shapes that give it (ops::linear_fwd/bwd, attention_fwd/bwd,
 // layernorm, GELU, residual adds, patch embedding, class token and position embedding, the
-// classifier, cross-entropy) and timed (synchronised, warm, repeated). The optimizer step
+// classifier, cross-entropy) and timed (synchronised, warm, repeated), then scaled so the ops of a
+// layer add up to the real layer timed in place (the whole model's forward and backward back to
+// back, events between the layers: time_layers in calibrate.cpp). The optimizer step
 // (clipping, AdamW, zero_grad) is timed over parameter counts from 10^4 to the model's. The
 // profile holds per-op and per-collective timings only: no whole-step figure feeds the simulator.
 //
@@ -50,10 +52,26 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
                                                const std::vector<double>& sizes, bool cuda,
                                                int cuda_device);
 
+// SM sharing on GPUs: one real block's forward + backward at the config's batch size, timed alone
+// and beside all-reduces of `bytes` that every member runs back to back on the communicator's
+// stream meanwhile (as DDP's buckets run beside the backward, NCCL's kernels holding SMs). The
+// profile's "overlap" entry; the simulator slows the compute of a rank by beside / alone while a
+// collective or transfer of that rank is in flight.
+struct OverlapTiming {
+  double bytes = 0, alone_s = 0, beside_s = 0;
+  int group = 0;  // 0: not measured
+};
+
+// Every rank of `comm` (a NCCL communicator) calls it; the blocks run on CUDA device `dev`.
+OverlapTiming time_overlap(dist::Communicator& comm, const std::string& config,
+                           const std::vector<std::string>& overrides, const std::string& precision,
+                           int cuda_device);
+
 // Times the kernels (on CUDA device `cuda_device` when --device cuda) and writes the profile with
-// `collectives` in it.
+// `collectives` (and `overlap` when measured) in it.
 int run_calibrate(const BenchmarkOptions& opts,
-                  const std::vector<CollectiveTiming>& collectives = {}, int cuda_device = 0);
+                  const std::vector<CollectiveTiming>& collectives = {}, int cuda_device = 0,
+                  const OverlapTiming& overlap = {});
 
 // One rank of a multi-process calibration (-g N > 1, under MPI): the collectives on every rank,
 // then the kernels and the file on rank 0.

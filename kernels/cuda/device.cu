@@ -195,6 +195,17 @@ void stream_wait_event(void* stream, void* event) {
 void event_synchronize(void* event) {
   CAI_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
+void* event_create_timed() {
+  cudaEvent_t e = nullptr;
+  CAI_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+float event_elapsed_ms(void* start, void* end) {
+  float ms = 0;
+  CAI_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
 void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
   CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                                  stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
