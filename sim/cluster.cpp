@@ -375,10 +375,25 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         std::sort(
             list.begin(), list.end(),
             [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
+    } else if (k == "overlap") {
+      auto num = [&](const char* key) {
+        CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
+                      std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
+                  "[calibration] {}: overlap.{} is missing or not a number > 0 (overlap: "
+                  "{{\"op\", \"group\", \"bytes\", \"alone_seconds\", \"beside_seconds\"}})",
+                  origin, key);
+        return v[key].get<double>();
+      };
+      const double alone = num("alone_seconds"), beside = num("beside_seconds");
+      num("bytes");
+      num("group");
+      // Slower beside the collectives: that share of the GPU's compute went to them. Faster
+      // (noise) is no share.
+      c.overlap_share = std::clamp(1.0 - alone / beside, 0.0, 0.9);
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives",
+          "layer_scale, collectives, overlap",
           origin, k);
     }
   }

@@ -114,6 +114,12 @@ struct Calibration {
   // *interpolated tells which (may be null).
   double collective_seconds(const std::string& op, int group_size, double bytes,
                             bool* interpolated) const;
+  // The share of a GPU's compute that its in-flight communication takes (NCCL's kernels hold
+  // SMs, also while they wait for a peer): 1 - alone / beside of the profile's "overlap" entry
+  // (a block's forward + backward alone and beside all-reduces); 0 without one. The replay runs a
+  // rank's compute at (1 - share) of its speed while a collective or transfer of that rank is in
+  // flight.
+  double overlap_share = 0;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
@@ -121,7 +127,9 @@ struct Calibration {
 Calibration default_calibration();
 // JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...},
 // "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...},
-// "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...]};
+// "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...],
+// "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
+// "beside_seconds": s}};
 // every efficiency in (0, 1],
 // every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);

@@ -174,10 +174,20 @@ struct Replayer {
   std::unordered_map<int, std::pair<double, double>> chain_cache;
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
+  // Calibration::overlap_share: the compute share a rank's in-flight communication takes.
+  double share = 0;
+  // Posted receives (the pipeline's, one per kind ahead, as the executor posts them): NCCL's
+  // receive kernel holds its SMs from its posting until its data is in. Per rank: how many are
+  // posted, the hold while any is, and per receive op whether another of its kind follows (it is
+  // posted when this one completes).
+  std::vector<int> receives_posted;
+  std::vector<std::vector<sg4::ExecPtr>> receive_hold;
+  std::vector<std::vector<char>> posts_next;
+
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
            const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
-           bool merge)
-      : w(w_), m(m_), c(c_), dur(d), comm_dur(cd), model(mo) {
+           bool merge, double overlap_share)
+      : w(w_), m(m_), c(c_), dur(d), comm_dur(cd), model(mo), share(overlap_share) {
     const size_t R = w.ranks.size();
     start.resize(R);
     end.resize(R);
@@ -199,17 +209,75 @@ struct Replayer {
       awaited[r].assign(ops.size(), 0);
       needed_elsewhere[r].assign(ops.size(), 0);
       std::vector<int> streams;
+      bool talks = false;
       for (size_t i = 0; i < ops.size(); ++i) {
         for (int d : ops[i].deps)
           if (ops[d].stream != ops[i].stream) needed_elsewhere[r][d] = 1;
         if (ops[i].kind == OpKind::Compute && dur[r][i] > 0 &&
             std::find(streams.begin(), streams.end(), ops[i].stream) == streams.end())
           streams.push_back(ops[i].stream);
+        talks = talks || takes_share(static_cast<int>(r), static_cast<int>(i));
       }
-      computing[w.gpu_of(static_cast<int>(r)) % gpus] += static_cast<int>(streams.size());
+      // A rank whose communication takes a share of its GPU computes at a changing speed.
+      computing[w.gpu_of(static_cast<int>(r)) % gpus] +=
+          static_cast<int>(streams.size()) + (talks ? 1 : 0);
     }
     for (size_t r = 0; r < R; ++r)
       exclusive[r] = merge && computing[w.gpu_of(static_cast<int>(r)) % gpus] <= 1;
+    receives_posted.assign(R, 0);
+    receive_hold.resize(R);
+    posts_next.resize(R);
+    for (size_t r = 0; r < R; ++r) {
+      const auto& ops = w.ranks[r].ops;
+      posts_next[r].assign(ops.size(), 0);
+      std::map<std::string, int> last;  // kind (the name up to its first '(' or space) -> op
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].kind != OpKind::Recv) continue;
+        const std::string kind = ops[i].name.substr(0, ops[i].name.find_first_of("( "));
+        auto it = last.find(kind);
+        if (it == last.end())
+          ++receives_posted[r];
+        else
+          posts_next[r][it->second] = 1;
+        last[kind] = static_cast<int>(i);
+      }
+    }
+  }
+
+  // Whether op i of rank r is communication that holds a share of the rank's GPU while in flight:
+  // a transfer, or a collective over more than one rank.
+  bool takes_share(int r, int i) const {
+    if (share <= 0) return false;
+    const Op& o = w.ranks[r].ops[i];
+    switch (o.kind) {
+      case OpKind::Compute:
+      case OpKind::HostCopy:
+        return false;
+      case OpKind::Send:
+      case OpKind::Recv:
+        return true;
+      default:
+        return w.group_size(m.instances[m.instance_of[r][i]].group_id) > 1;
+    }
+  }
+
+  // While data moves, the communication's kernels take `share` of each GPU it moves on: an
+  // execution bounded to that share of the host's speed beside the compute's, which SimGrid's
+  // max-min sharing slows accordingly (waiting for a peer takes none).
+  std::vector<sg4::ExecPtr> hold(const std::vector<int>& ranks) const {
+    std::vector<sg4::ExecPtr> held;
+    if (share <= 0) return held;
+    for (int q : ranks)
+      held.push_back(sg4::Exec::init()
+                         ->set_flops_amount(1e300)
+                         ->set_host(p.hosts[q])
+                         ->set_bound(share * p.hosts[q]->get_speed())
+                         ->start());
+    return held;
+  }
+  static void let_go(std::vector<sg4::ExecPtr>& held) {
+    for (const sg4::ExecPtr& e : held) e->cancel();
+    held.clear();
   }
 
   void wait_deps(int r, const Op& o) {
@@ -229,6 +297,8 @@ struct Replayer {
   void finish(int r, int i) {
     end[r][i] = sg4::Engine::get_clock();
     done[r][i] = 1;
+    if (w.ranks[r].ops[i].kind == OpKind::Recv && !posts_next[r][i] && --receives_posted[r] == 0)
+      let_go(receive_hold[r]);
     if (awaited[r][i] > 0) {
       std::unique_lock<sg4::Mutex> lock(*mutex[r]);
       cv[r]->notify_all();
@@ -344,12 +414,15 @@ struct Replayer {
       // Calibrated: the measured time of this collective on this group size, from the moment
       // every member is there (either model; the links carry nothing for it).
       if (!meet()) return;
+      auto held = hold(w.groups[in.group_id]);
       if (comm_dur.instance[id] > 0) sg4::this_actor::sleep_for(comm_dur.instance[id]);
+      let_go(held);
       release();
       return;
     }
     if (model == CollectiveModel::Bulk) {
       if (!meet()) return;
+      auto held = hold(w.groups[in.group_id]);
       std::vector<sg4::CommPtr> flows;
       double after = 0;
       if (chain) {
@@ -386,9 +459,12 @@ struct Replayer {
       }
       for (const sg4::CommPtr& f : flows) f->wait();
       if (after > 0) sg4::this_actor::sleep_for(after);
+      let_go(held);
       release();
       return;
     }
+    // Step by step: each member holds its own GPU for its part (waits included).
+    auto held = hold({r});
     const uint64_t b = as_bytes(chunk);
     if (round) {
       // n chains from each member in turn, step by step (mailboxes per broadcast).
@@ -457,6 +533,7 @@ struct Replayer {
             sg4::Mailbox::by_name(p2p_box(o.peer, r, o.tag))->get_async<char>(&data[k]);
     }
     sg4::Host* me = p.hosts[r];
+    if (!posted.empty() && receives_posted[r] > 0) receive_hold[r] = hold({r});
     for (size_t k = 0; k < ops.size(); ++k) {
       const int i = ops[k];
       const Op& o = prog[i];
@@ -499,7 +576,9 @@ struct Replayer {
             std::vector<sg4::Link*> links;
             double lat = 0;
             me->route_to(p.hosts[o.peer], links, &lat);
+            auto held = hold({r, o.peer});
             if (cal > lat) sg4::this_actor::sleep_for(cal - lat);
+            let_go(held);
             sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))->put(&payload, 0);
             break;
           }
@@ -507,7 +586,9 @@ struct Replayer {
                                   ->put_init(&payload, static_cast<uint64_t>(o.bytes));
           if (p.node_of[r] != p.node_of[o.peer]) comm->set_rate(c.inter.nic_bandwidth);
           comm->start();
+          auto held = hold({r, o.peer});
           comm->wait();
+          let_go(held);
           break;
         }
         case OpKind::Recv:
@@ -580,7 +661,8 @@ bool write_all(int fd, const void* buf, size_t n) {
     argv.push_back(nullptr);
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
-    Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute);
+    Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute,
+                opt.calibration.overlap_share);
     rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();

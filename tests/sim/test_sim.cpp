@@ -1108,3 +1108,81 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
               index(w, "bucket 0 parameters all_gather"));
   }
 }
+
+// SM sharing (the profile's "overlap"): while a collective moves data, the compute of its ranks
+// runs at 1 - share of the GPU; waiting for a late peer takes nothing. Rank 0 computes 10 ms on
+// stream 0 beside an all-reduce on stream 1 that rank 1 joins after computing 5 ms; the
+// all-reduce then moves 4 ms (calibrated), during which rank 0 does 3 ms of its work: it ends
+// at 11 ms. Rank 1's compute ended before the transfer: untouched.
+TEST(Overlap, ComputeBesideMovingDataRunsAtTheRestOfTheGpu) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  const int64_t bytes = 1 << 20;
+  auto profile = [&](const char* overlap) {
+    return parse_calibration(
+        fmt::format(R"({{"collectives": [{{"op": "all_reduce", "group": 2, "bytes": {},
+                         "seconds": 0.004}}]{}}})",
+                    bytes, overlap),
+        "cal.json");
+  };
+  Workload w;
+  const int g = w.add_group({0, 1});
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::collective(OpKind::AllReduce, "grads", g, bytes, 1));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.005));
+  w.ranks[1].ops.push_back(Op::collective(OpKind::AllReduce, "grads", g, bytes, 1));
+  w.ranks[1].ops.back().deps = {0};
+  ReplayOptions opt;
+  opt.calibration = profile(
+      R"(, "overlap": {"op": "all_reduce", "group": 2, "bytes": 1e6, "alone_seconds": 0.3,
+                       "beside_seconds": 0.4})");
+  EXPECT_NEAR(opt.calibration.overlap_share, 0.25, 1e-12);
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[0].spans[0].end, 0.011, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[0].spans[1].end, 0.009, 1e-9);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.005, 1e-9);
+  }
+  // Without the entry (or beside faster than alone): no share.
+  opt.calibration = profile("");
+  EXPECT_EQ(opt.calibration.overlap_share, 0);
+  EXPECT_NEAR(replay(w, c, opt).ranks[0].spans[0].end, 0.010, 1e-9);
+  opt.calibration = profile(
+      R"(, "overlap": {"op": "all_reduce", "group": 2, "bytes": 1e6, "alone_seconds": 0.4,
+                       "beside_seconds": 0.3})");
+  EXPECT_EQ(opt.calibration.overlap_share, 0);
+  EXPECT_THROW(profile(R"(, "overlap": {"alone_seconds": 0.4})"), cai::Error);
+}
+
+// A posted receive holds the share from its posting (the start, for the first of its kind) until
+// its data is in, as NCCL's receive kernel waits on its SMs: rank 1 computes 4 ms while its
+// receive is posted (5.33 ms at 0.75 of the GPU), then waits for rank 0's send, which leaves
+// after 10 ms of compute and takes 1 ms (p2p calibrated).
+TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  const int64_t bytes = 1 << 20;
+  ReplayOptions opt;
+  opt.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "overlap": {{"op": "all_reduce", "group": 2, "bytes": 1e6,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}}}})",
+                  bytes),
+      "cal.json");
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
+  w.ranks[0].ops.back().deps = {0};
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 / 0.75, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[1].end, 0.011, 1e-9);
+    EXPECT_NEAR(r.ranks[1].spans[2].end, 0.013, 1e-9);  // nothing posted after: full speed
+    EXPECT_NEAR(r.ranks[0].spans[0].end, 0.010, 1e-9);
+  }
+}
