@@ -9,6 +9,7 @@
 #include "cai/core/error.h"
 #include "cai/data/data.h"
 #include "cai/nn/vit.h"
+#include "cai/ops/ops.h"
 #include "cai/optim/lr_scheduler.h"
 #include "cai/optim/optimizer.h"
 #include "cai/train/trainer.h"
@@ -221,6 +222,41 @@ TEST(Trainer, ClippingOnTheDeviceMatchesTheHostFormula) {
   const auto v = stats.to_vector();
   EXPECT_NEAR(v[0], 0.25 - optim::grad_norm({ps.front()}) * optim::grad_norm({ps.front()}), 1e-5);
   EXPECT_EQ(v[1], 0.0f);
+}
+
+// The reduction over ranks done where the gradients live (reduce_on_device, as the hybrid plugin
+// does on GPUs) gives the norm and the clipped gradients of the host reduction: here a stand-in
+// for two ranks holding equal squares (the sum doubles), against reduce_sq doing the same.
+TEST(Trainer, ClippingReducedOnTheDeviceMatchesTheHostReduction) {
+  auto grads = [](nn::ViT& m) {
+    auto ps = m.parameters();
+    uint64_t k = 0;
+    for (auto* p : ps) {
+      std::vector<float> g(static_cast<size_t>(p->grad.numel()));
+      for (float& v : g) v = 0.01f * static_cast<float>(static_cast<int64_t>(k++ % 5) - 2);
+      p->grad.copy_from(Tensor::from_vector(g, p->grad.shape()));
+    }
+    return ps;
+  };
+  nn::ViT a(tiny()), b(tiny());
+  a.init(4), b.init(4);
+  auto pa = grads(a), pb = grads(b);
+  int device_calls = 0;
+  const double host = optim::clip_grad_norm_async(pa, 0.5, [](double sq) { return 2 * sq; }).item();
+  const double dev =
+      optim::clip_grad_norm_async(
+          pb, 0.5, [](double) -> double { throw Error("host reduction used"); }, nullptr,
+          [&](Tensor& stats) {
+            ++device_calls;
+            ops::add_(stats, stats.clone());
+          })
+          .item();
+  EXPECT_EQ(device_calls, 1);
+  EXPECT_NEAR(dev, host, 1e-5 * host);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto x = pa[i]->grad.to_vector(), y = pb[i]->grad.to_vector();
+    for (size_t j = 0; j < x.size(); ++j) ASSERT_NEAR(x[j], y[j], 1e-7) << pa[i]->name << j;
+  }
 }
 
 TEST(Trainer, SyntheticDatasetIsFixedPerIndex) {

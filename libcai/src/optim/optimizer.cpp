@@ -320,13 +320,16 @@ Tensor grad_stats(const std::vector<nn::Parameter*>& params,
 
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq,
-                            const std::function<double(const nn::Parameter&)>& weight) {
+                            const std::function<double(const nn::Parameter&)>& weight,
+                            const std::function<void(Tensor&)>& reduce_on_device) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   auto lists = grad_lists(params, weight);
-  if (lists.size() == 1 && !reduce_sq) {
-    // Everything on the device: the factor comes from the device sum of squares.
+  if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
+    // Everything on the device: the factor comes from the device sum of squares (summed over
+    // the ranks there with reduce_on_device).
     GradLists& l = lists[0];
-    const Tensor stats = stats_of(l, 1.0f);
+    Tensor stats = stats_of(l, 1.0f);
+    if (reduce_on_device) reduce_on_device(stats);
     Tensor norm = Tensor::empty({1}, DType::F32, l.device);
     clip_with(l, stats, static_cast<float>(max_norm), &norm);
     return norm;

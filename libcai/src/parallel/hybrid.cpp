@@ -56,8 +56,14 @@ struct HybridParallelPlugin::Impl {
 
   // Drains the tensor-parallel operations still pending, bounded by the timeout: a dead peer is
   // named here rather than hanging a later device read.
+  // Collectives the compute stream waits for (the clip's sum of squares), kept until the host
+  // has seen them complete (where a failure is reported): at the next drain.
+  std::vector<std::unique_ptr<dist::Work>> settling;
+
   void drain() {
     if (tp) tp->drain();
+    for (auto& w : settling) w->wait();
+    settling.clear();
   }
 
   // Checkpoint gathers, collective over the pipeline and tensor groups.
@@ -185,9 +191,18 @@ Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
     const bool counts = m.sharded.count(p.name) ? m.primary.count(p.name) > 0 : m.me.tp == 0;
     return dp_counts && counts ? 1.0 : 0.0;
   };
+  // On a GPU the sum of squares is reduced there (no host read: the host runs on into the next
+  // step while the clip and the optimizer run); on the CPU through the host.
+  std::function<void(Tensor&)> on_device;
+  if (m.device.is_cuda() && m.world.supports(m.device))
+    on_device = [&m](Tensor& stats) {
+      auto w = m.world.all_reduce_async(stats, dist::ReduceOp::Sum);
+      w->wait_on_device();
+      if (!w->test()) m.settling.push_back(std::move(w));
+    };
   return optim::clip_grad_norm_async(
       train::optimizer_params(opt), max_norm,
-      [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight);
+      [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight, on_device);
 }
 
 void HybridParallelPlugin::optimizer_step(optim::Optimizer& opt) {

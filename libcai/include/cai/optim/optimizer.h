@@ -135,13 +135,17 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 // tensor where the gradients live and reads nothing without reduce_sq (one pass of the
 // multi-tensor kernels for the sum of squares, one that computes the factor on the device and
 // scales); with reduce_sq it reads the local sum of squares once (the one host read of the step),
-// reduces it and applies the factor from the reduced value.
+// reduces it and applies the factor from the reduced value. `reduce_on_device` (optional, taken
+// instead of reduce_sq where the gradients sit on one device) sums the local {sum of squares,
+// non-finite count} fp32 [2] tensor over the ranks in place, ordered on the device (an
+// all-reduce the compute stream waits for): nothing is read to the host.
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
                       const std::function<double(double)>& reduce_sq = nullptr,
                       const std::function<double(const nn::Parameter&)>& weight = nullptr);
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq = nullptr,
-                            const std::function<double(const nn::Parameter&)>& weight = nullptr);
+                            const std::function<double(const nn::Parameter&)>& weight = nullptr,
+                            const std::function<void(Tensor&)>& reduce_on_device = nullptr);
 // One pass over the gradients of `params` (multi-tensor kernels on a GPU): multiplies them by
 // `scale` first when scale != 1 (the fp16 unscale), then returns {Σ weight(p)·‖grad‖², number of
 // inf/NaN elements} as an fp32 [2] tensor where the gradients live; nothing is read to the host.
