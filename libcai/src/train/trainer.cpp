@@ -642,17 +642,22 @@ void KernelProfileHook::after_step(Trainer& t, const StepInfo& s) {
   const bool cuda = t.model().device().is_cuda();
   if (!running_ && s.global_step == start_) {
     CAI_CHECK(cuda, "[profile] train.kernel_profile needs train.device = \"cuda\"");
+    const auto began = Clock::now();
     kernels::cuda::synchronize();
     profile::kernel_profile_start();
+    start_ms_ = 1e3 * std::chrono::duration<double>(Clock::now() - began).count();
     running_ = true;
     t0_ = seconds_since(Clock::time_point{});
     host_ms_.clear();
     return;
   }
   if (!running_) return;
-  // Host phases of the profiled steps (a step's "hooks" are the hooks after the step before it:
-  // the first profiled step's include the profile's own start).
-  for (const auto& [name, ms] : s.host_ms) {
+  // Host phases of the profiled steps. A step's "hooks" are the hooks after the step before it:
+  // the first profiled step's include this hook's start (a device synchronisation and CUPTI's
+  // start), which is taken out.
+  for (auto [name, ms] : s.host_ms) {
+    if (s.global_step == start_ + 1 && std::string(name) == "hooks")
+      ms = std::max(0.0, ms - start_ms_);
     auto it = std::find_if(host_ms_.begin(), host_ms_.end(),
                            [&](const auto& e) { return std::string(e.first) == name; });
     if (it == host_ms_.end())

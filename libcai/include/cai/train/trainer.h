@@ -319,6 +319,7 @@ class KernelProfileHook : public Hook {
   bool running_ = false;
   double t0_ = 0;
   std::vector<std::pair<const char*, double>> host_ms_;  // summed over the profiled steps
+  double start_ms_ = 0;  // host time of the profile's start (out of the first step's "hooks")
 };
 
 std::string format_duration(double seconds);  // "1:02:03" or "2:03"
