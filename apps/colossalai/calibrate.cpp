@@ -405,20 +405,18 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
   return out;
 }
 
-OverlapTiming time_overlap(dist::Communicator& comm, const std::string& config,
-                           const std::vector<std::string>& overrides, const std::string& precision,
-                           int cuda_device) {
-  const TrainConfig cfg = load_config(config, overrides);
-  nn::ViTConfig vc = cfg.vit();
+OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
+                           DType compute, int cuda_device) {
+  nn::ViTConfig vc = model;
   vc.depth = 1;  // one block of the model
   const Device dev = Device::cuda(cuda_device);
-  const DType ct = dtype_from_name(precision);
+  const DType ct = compute;
   nn::ViT m(vc);
   m.init(5);
   m.to(dev);
   m.set_compute_dtype(ct);
   nn::Layer& block = *m.layers().at(1);
-  const int64_t b = cfg.batch_size, n = vc.num_patches() + 1;
+  const int64_t b = batch, n = vc.num_patches() + 1;
   const Tensor x = randn({b, n, vc.embed_dim}, DType::F32, dev, 50);
   nn::ForwardCtx ctx{true, 1, 0, 0};
   std::unique_ptr<nn::Cache> cache;
@@ -500,7 +498,8 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
         world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
   const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
   OverlapTiming overlap;
-  if (cuda) overlap = time_overlap(comm, o.config, o.overrides, opts.precision, device);
+  if (cuda)
+    overlap = time_overlap(comm, vc, cfg.batch_size, dtype_from_name(opts.precision), device);
   // Rank 0 times the kernels alone while the others wait (minutes on a large model).
   world->set_timeout(std::max(world->timeout(), 3600.0));
   int rc = 0;

@@ -26,10 +26,14 @@
 #include <string>
 #include <vector>
 
+#include "cai/core/tensor.h"
 #include "cmd_benchmark.h"
 
 namespace cai::dist {
 class Communicator;
+}
+namespace cai::nn {
+struct ViTConfig;
 }
 
 namespace cai::app {
@@ -62,10 +66,10 @@ struct OverlapTiming {
   int group = 0;  // 0: not measured
 };
 
-// Every rank of `comm` (a NCCL communicator) calls it; the blocks run on CUDA device `dev`.
-OverlapTiming time_overlap(dist::Communicator& comm, const std::string& config,
-                           const std::vector<std::string>& overrides, const std::string& precision,
-                           int cuda_device);
+// Every rank of `comm` (a NCCL communicator) calls it; one block of `model` at micro-batch
+// `batch` in `compute` precision runs on CUDA device `cuda_device`.
+OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
+                           DType compute, int cuda_device);
 
 // Times the kernels (on CUDA device `cuda_device` when --device cuda) and writes the profile with
 // `collectives` (and `overlap` when measured) in it.

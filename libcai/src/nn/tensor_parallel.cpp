@@ -481,18 +481,11 @@ std::pair<int64_t, int64_t> TensorParallel::feature_range(int64_t features, int 
 }
 
 void TensorParallel::complete(std::unique_ptr<dist::Work> w) {
-  w->wait_on_device();
-  pending_.push_back(std::move(w));
-  while (!pending_.empty() && pending_.front()->test()) pending_.pop_front();
-  while (pending_.size() > kMaxPending) {
-    pending_.front()->wait();
-    pending_.pop_front();
-  }
+  pending_.add(std::move(w));
 }
 
 void TensorParallel::drain() {
-  for (auto& w : pending_) w->wait();
-  pending_.clear();
+  pending_.drain();
 }
 
 namespace {

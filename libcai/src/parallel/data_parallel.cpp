@@ -45,9 +45,6 @@ struct Bucket {
   Tensor recv;                  // stage 2/3: this rank's chunk of the reduction (while in flight)
   std::vector<int64_t> counts;  // elements per rank
   std::unique_ptr<dist::Work> work;
-  // A completed reduction the compute stream waits for (finish()), kept until the host has seen
-  // it complete (where a failure is reported): at the bucket's next launch.
-  std::unique_ptr<dist::Work> settling;
   int64_t numel = 0;
 };
 
@@ -78,6 +75,8 @@ struct DataParallelPlugin::Impl {
   Tensor dev_value, dev_grad, host_value, host_grad;
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
+  // Finished reductions the compute stream waits for (finish()), until the host sees them done.
+  dist::DeviceWaits settling;
   // Stage 2/3: the launched reductions, oldest first, at most zero_max_inflight_buckets.
   schedule::InflightWindow inflight;
   std::map<const nn::Parameter*, size_t> bucket_of;
@@ -114,10 +113,9 @@ struct DataParallelPlugin::Impl {
     // complete before its buffers go (a timeout here has nowhere to be reported).
     try {
       drain();
-      for (Bucket& b : buckets) {
+      for (Bucket& b : buckets)
         if (b.work) b.work->wait();
-        if (b.settling) b.settling->wait();
-      }
+      settling.drain();
     } catch (...) {
     }
   }
@@ -203,10 +201,6 @@ struct DataParallelPlugin::Impl {
   // stream), so a layer's full gradients live from its backward to its bucket's launch.
   void launch(size_t i) {
     Bucket& b = buckets[i];
-    if (b.settling) {  // the previous step's reduction: long complete by now
-      b.settling->wait();
-      b.settling.reset();
-    }
     if (!sharded_grads()) {
       if (b.launched) return;
       pack(b);
@@ -233,11 +227,7 @@ struct DataParallelPlugin::Impl {
     if (!b.launched) return;
     // What reads the sums is issued on the compute stream, which waits for the reduction there:
     // the host does not wait for the backward's end (NCCL; host backends wait here).
-    b.work->wait_on_device();
-    if (b.work->test())  // complete (host backends wait above): its buffers go now
-      b.work.reset();
-    else
-      b.settling = std::move(b.work);
+    settling.add(std::move(b.work));
     if (!sharded_grads()) {
       int64_t in = 0;
       if (!grad_views())

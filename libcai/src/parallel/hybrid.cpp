@@ -54,16 +54,14 @@ struct HybridParallelPlugin::Impl {
     }
   }
 
-  // Drains the tensor-parallel operations still pending, bounded by the timeout: a dead peer is
-  // named here rather than hanging a later device read.
-  // Collectives the compute stream waits for (the clip's sum of squares), kept until the host
-  // has seen them complete (where a failure is reported): at the next drain.
-  std::vector<std::unique_ptr<dist::Work>> settling;
+  // The clip's reduction of the squared norm, which the compute stream waits for on the device.
+  dist::DeviceWaits settling;
 
+  // Drains the tensor-parallel operations and the clip's reduction still pending, bounded by the
+  // timeout: a dead peer is named here rather than hanging a later device read.
   void drain() {
     if (tp) tp->drain();
-    for (auto& w : settling) w->wait();
-    settling.clear();
+    settling.drain();
   }
 
   // Checkpoint gathers, collective over the pipeline and tensor groups.
@@ -196,9 +194,7 @@ Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
   std::function<void(Tensor&)> on_device;
   if (m.device.is_cuda() && m.world.supports(m.device))
     on_device = [&m](Tensor& stats) {
-      auto w = m.world.all_reduce_async(stats, dist::ReduceOp::Sum);
-      w->wait_on_device();
-      if (!w->test()) m.settling.push_back(std::move(w));
+      m.settling.add(m.world.all_reduce_async(stats, dist::ReduceOp::Sum));
     };
   return optim::clip_grad_norm_async(
       train::optimizer_params(opt), max_norm,

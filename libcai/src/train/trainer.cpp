@@ -11,12 +11,13 @@
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <thread>
+#include <string_view>
 
 #include "cai/core/error.h"
 #include "cai/core/kernel_profile.h"
 #include "cai/core/log.h"
 #include "cai/ops/ops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::train {
@@ -170,23 +171,15 @@ class BatchPrefetcher {
     unsigned char* pinned;
     void *dev_images, *dev_labels;
   };
-  // memcpy into pinned memory on a few threads: one thread's copy of a ViT-B batch (154 MB)
-  // takes ~20 ms, the threads share it.
+  // memcpy into pinned memory on the CPU pool's threads (one thread's copy of a ViT-B batch, 154
+  // MB, takes ~20 ms; inline when another thread holds the pool).
   static void pinned_copy(unsigned char* dst, const unsigned char* src, size_t n) {
-    const size_t per = 32 << 20;
-    const size_t k = std::clamp<size_t>(n / per, 1, 4);
-    if (k == 1) {
-      std::memcpy(dst, src, n);
-      return;
-    }
-    const size_t part = (n + k - 1) / k;
-    std::vector<std::thread> threads;
-    for (size_t t = 1; t < k; ++t) {
-      const size_t lo = t * part, hi = std::min(n, lo + part);
-      threads.emplace_back([=] { std::memcpy(dst + lo, src + lo, hi - lo); });
-    }
-    std::memcpy(dst, src, std::min(n, part));
-    for (auto& th : threads) th.join();
+    const int64_t chunk = 4 << 20, chunks = static_cast<int64_t>((n + chunk - 1) / chunk);
+    kernels::cpu::parallel_for(chunks, 1, [&](int64_t lo, int64_t hi) {
+      const size_t from = static_cast<size_t>(lo * chunk);
+      const size_t to = std::min(n, static_cast<size_t>(hi * chunk));
+      std::memcpy(dst + from, src + from, to - from);
+    });
   }
   Device dev_;
   void* stream_ = nullptr;
@@ -427,6 +420,10 @@ void Trainer::fit(int64_t start_epoch) {
     std::vector<data::Batch> batches, next_batches;
     int64_t step_samples = 0, next_samples = 0;
     if (first < steps) load(next_batches, next_samples);
+    // The next step's batches go to the device while this one computes. On a GPU they are
+    // staged before this step's launches (a plugin may wait for the device at the end of
+    // forward_backward); on the CPU after it, so one step's batches are held at a time.
+    const bool stage_early = device.is_cuda();
     // The trainer thread's time per phase of the step (StepInfo::host_ms).
     std::vector<std::pair<const char*, double>> host_ms;
     auto mark = Clock::now();
@@ -441,10 +438,6 @@ void Trainer::fit(int64_t start_epoch) {
       step_samples = next_samples;
       prefetch.use();
       phase("wait for the batch");
-      // The next step's batches go to the device while this one computes. On a GPU they are
-      // staged before this step's launches (a plugin may wait for the device at the end of
-      // forward_backward); on the CPU after it, so one step's batches are held at a time.
-      const bool stage_early = device.is_cuda();
       if (stage_early && s + 1 < steps) load(next_batches, next_samples);
       phase("next batch: loader and staging");
       // fp16: the loss (so every gradient) is multiplied by the loss scale.
@@ -656,10 +649,10 @@ void KernelProfileHook::after_step(Trainer& t, const StepInfo& s) {
   // the first profiled step's include this hook's start (a device synchronisation and CUPTI's
   // start), which is taken out.
   for (auto [name, ms] : s.host_ms) {
-    if (s.global_step == start_ + 1 && std::string(name) == "hooks")
+    if (s.global_step == start_ + 1 && std::string_view(name) == "hooks")
       ms = std::max(0.0, ms - start_ms_);
     auto it = std::find_if(host_ms_.begin(), host_ms_.end(),
-                           [&](const auto& e) { return std::string(e.first) == name; });
+                           [&](const auto& e) { return std::string_view(e.first) == name; });
     if (it == host_ms_.end())
       host_ms_.emplace_back(name, ms);
     else

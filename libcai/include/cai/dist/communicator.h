@@ -10,6 +10,7 @@
 // (source, destination) pairs it will use with connect_p2p() before the first send.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,6 +35,33 @@ class Work {
   // the allocator here; keep the Work until test() or wait() reports completion, which is where
   // a failure is reported. Host backends (MPI, fake) simply wait().
   virtual void wait_on_device() { wait(); }
+};
+
+// Operations the compute stream waits for on the device (Work::wait_on_device), kept until the
+// host has seen them complete, where a failure is reported: add() prunes the completed ones from
+// the front (test()) and, with a bound, waits for the oldest beyond it; drain() waits for all.
+// Tensor-parallel collectives, DDP / ZeRO buckets and the clip's reduction go through it.
+class DeviceWaits {
+ public:
+  explicit DeviceWaits(size_t bound = 0) : bound_(bound) {}  // 0: no bound
+  void add(std::unique_ptr<Work> w) {
+    w->wait_on_device();
+    pending_.push_back(std::move(w));
+    while (!pending_.empty() && pending_.front()->test()) pending_.pop_front();
+    while (bound_ > 0 && pending_.size() > bound_) {
+      pending_.front()->wait();
+      pending_.pop_front();
+    }
+  }
+  void drain() {
+    for (auto& w : pending_) w->wait();
+    pending_.clear();
+  }
+  size_t size() const { return pending_.size(); }
+
+ private:
+  size_t bound_;
+  std::deque<std::unique_ptr<Work>> pending_;
 };
 
 class Communicator {

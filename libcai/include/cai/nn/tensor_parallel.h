@@ -227,7 +227,7 @@ class TensorParallel {
   const std::map<std::string, CommCount>& comm_by_group() const { return by_group_; }
 
  private:
-  std::deque<std::unique_ptr<dist::Work>> pending_;
+  dist::DeviceWaits pending_{kMaxPending};
   bool profiling_ = false;
   double comm_seconds_ = 0;
   int64_t comm_bytes_ = 0;
