@@ -6,12 +6,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "cai/core/error.h"
 #include "cai/core/kernel_profile.h"
@@ -30,19 +34,19 @@ double seconds_since(Clock::time_point t0) {
 
 // Moves a step's host batches to the GPU ahead of their step, on a copy stream: each of two
 // slots owns pinned host buffers and device buffers per micro-batch. stage() hands the slot to a
-// background task that copies the host batches into its pinned buffers and starts the
-// asynchronous copies to its device buffers (the batches hold views of those at once); use()
-// waits for that task (the host part only) and makes the compute stream wait for the copies (by
-// event); done() records when the compute stream has finished with the slot. The trainer stages
-// step s + 1 before launching step s, so the host copy (154 MB for a ViT-B batch of 256: about
-// 12 ms) overlaps step s on the GPU even where a plugin waits for the device at the end of its
-// forward_backward (tensor and pipeline parallelism), where staging after it left the GPU idle.
-// The device buffers stay owned by the slot, so the caching allocator (which is not stream-aware)
-// never hands them to other work while a copy or a kernel may still touch them; a copy into a
-// slot waits (on the device) for the compute that last read it, and the host waits for the copy
-// out of a pinned buffer before refilling it (issued two steps earlier: in practice long done).
-// Everything that touches the allocator or the compute stream stays on the calling thread.
-// With a CPU model, batches are used as they come.
+// staging thread (one for the prefetcher's life) that copies the host
+// batches into its pinned buffers and starts the asynchronous copies to its device buffers (the
+// batches hold views of those at once); use() waits for that task (the host part only) and makes
+// the compute stream wait for the copies (by event); done() records when the compute stream has
+// finished with the slot. The trainer stages step s + 1 before launching step s, so the host copy
+// (154 MB for a ViT-B batch of 256: about 12 ms) overlaps step s on the GPU even where a plugin
+// waits for the device at the end of its forward_backward (tensor and pipeline parallelism), where
+// staging after it left the GPU idle. The device buffers stay owned by the slot, so the caching
+// allocator (which is not stream-aware) never hands them to other work while a copy or a kernel may
+// still touch them; a copy into a slot waits (on the device) for the compute that last read it, and
+// the host waits for the copy out of a pinned buffer before refilling it (issued two steps earlier:
+// in practice long done). Everything that touches the allocator or the compute stream stays on the
+// calling thread. With a CPU model, batches are used as they come.
 class BatchPrefetcher {
  public:
   explicit BatchPrefetcher(Device dev) : dev_(dev) {
@@ -54,9 +58,16 @@ class BatchPrefetcher {
       s.computed = kernels::cuda::event_create();
     }
     issued_ = kernels::cuda::event_create();
+    worker_ = std::thread([this] { work(); });
   }
   ~BatchPrefetcher() {
     if (!dev_.is_cuda()) return;
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();  // runs the queued jobs first
     for (Slot& s : slots_) {
       try {
         if (s.task.valid()) s.task.get();
@@ -124,27 +135,69 @@ class BatchPrefetcher {
       b.images = buf.images;
       b.labels = buf.labels;
     }
-    s.task = std::async(std::launch::async, [this, copies = std::move(copies), slot = next_] {
-      kernels::cuda::set_device(dev_.index);
-      for (const Copy& c : copies) {
-        const size_t ib = c.images.nbytes(), lb = c.labels.nbytes();
-        pinned_copy(c.pinned, static_cast<const unsigned char*>(c.images.raw()), ib);
-        std::memcpy(c.pinned + ib, c.labels.raw(), lb);
-        kernels::cuda::copy_h2d_async(c.dev_images, c.pinned, ib, stream_);
-        kernels::cuda::copy_h2d_async(c.dev_labels, c.pinned + ib, lb, stream_);
-      }
-      kernels::cuda::event_record(slots_[slot].copied, stream_);
-    });
+    const auto queued = Clock::now();
+    std::packaged_task<void()> job(
+        [this, copies = std::move(copies), slot = next_, queued]() mutable {
+          Timing& t = slots_[slot].timing;
+          auto mark = queued;
+          auto lap = [&mark] {
+            const auto now = Clock::now();
+            const double ms = 1e3 * std::chrono::duration<double>(now - mark).count();
+            mark = now;
+            return ms;
+          };
+          t = Timing{};
+          t.start_ms = lap();
+          for (const Copy& c : copies) {
+            const size_t ib = c.images.nbytes(), lb = c.labels.nbytes();
+            pinned_copy(c.pinned, static_cast<const unsigned char*>(c.images.raw()), ib);
+            std::memcpy(c.pinned + ib, c.labels.raw(), lb);
+            t.pinned_ms += lap();
+            kernels::cuda::copy_h2d_async(c.dev_images, c.pinned, ib, stream_);
+            kernels::cuda::copy_h2d_async(c.dev_labels, c.pinned + ib, lb, stream_);
+            t.issue_ms += lap();
+          }
+          kernels::cuda::event_record(slots_[slot].copied, stream_);
+          t.issue_ms += lap();
+          // The host batches go here, not with the task's state in use()'s get() on the trainer
+          // thread: freeing a ViT-B batch (154 MB, returned to the system) took ~5 ms there, the
+          // GPU idle at every step boundary where the trainer had waited for the device.
+          copies.clear();
+          t.free_ms = lap();
+          t.end = mark;
+        });
+    s.task = job.get_future();
+    {
+      std::lock_guard<std::mutex> l(m_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
     s.used = true;
     staged_ = next_;
     next_ = 1 - next_;
   }
-  // The compute stream waits for the staged batches' copies (no host block).
-  void use() {
+  // The compute stream waits for the staged batches' copies (no host block). On a GPU, `staging`
+  // gets the background task's time for these batches.
+  void use(std::vector<std::pair<const char*, double>>* staging = nullptr) {
     if (dev_.is_cuda()) {
       Slot& s = slots_[staged_];
-      if (s.task.valid()) s.task.get();  // the copies are issued and `copied` recorded
+      const auto t0 = Clock::now();
+      if (s.task.valid()) {
+        s.task.get();  // the copies are issued and `copied` recorded
+        if (staging) {
+          staging->emplace_back("trainer thread: waiting for the job", 1e3 * seconds_since(t0));
+          staging->emplace_back("waiting for the staging thread", s.timing.start_ms);
+          staging->emplace_back("copy into pinned memory", s.timing.pinned_ms);
+          staging->emplace_back("issue the device copies", s.timing.issue_ms);
+          staging->emplace_back("free the host batches", s.timing.free_ms);
+          staging->emplace_back("the task ended before use() (ms; < 0: after)",
+                                1e3 * std::chrono::duration<double>(t0 - s.timing.end).count());
+        }
+      }
+      const auto t1 = Clock::now();
       kernels::cuda::stream_wait_event(nullptr, s.copied);
+      if (staging)
+        staging->emplace_back("trainer thread: the compute stream's wait", 1e3 * seconds_since(t1));
     }
     in_use_ = staged_;
   }
@@ -159,8 +212,17 @@ class BatchPrefetcher {
     size_t capacity = 0;
     Tensor images, labels;  // device
   };
+  // The background task's time for a slot's batches, in milliseconds.
+  struct Timing {
+    double start_ms = 0;    // from stage() until the task ran
+    double pinned_ms = 0;   // host copies into pinned memory
+    double issue_ms = 0;    // issuing the device copies and the event
+    double free_ms = 0;     // freeing the host batches
+    Clock::time_point end;  // when the task finished
+  };
   struct Slot {
     std::vector<Buffer> buffers;  // one per micro-batch
+    Timing timing;                // written by the task, read after it is joined
     void* copied = nullptr;       // recorded on the copy stream after the slot's copies
     void* computed = nullptr;     // recorded on the compute stream after the slot's step
     bool used = false;
@@ -171,6 +233,24 @@ class BatchPrefetcher {
     unsigned char* pinned;
     void *dev_images, *dev_labels;
   };
+  // The staging thread: runs the jobs in order (a job's exception goes to its future).
+  void work() {
+    try {
+      kernels::cuda::set_device(dev_.index);
+    } catch (...) {  // the jobs' own CUDA calls report it
+    }
+    for (;;) {
+      std::packaged_task<void()> job;
+      {
+        std::unique_lock<std::mutex> l(m_);
+        cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
   // memcpy into pinned memory on the CPU pool's threads (one thread's copy of a ViT-B batch, 154
   // MB, takes ~20 ms; inline when another thread holds the pool).
   static void pinned_copy(unsigned char* dst, const unsigned char* src, size_t n) {
@@ -186,6 +266,11 @@ class BatchPrefetcher {
   void* issued_ = nullptr;  // recorded on the compute stream before copies into new buffers
   Slot slots_[2];
   int next_ = 0, staged_ = 0, in_use_ = 0;
+  std::mutex m_;  // guards jobs_ and stop_
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stop_ = false;
+  std::thread worker_;  // last: started once everything above exists
 };
 
 }  // namespace
@@ -436,7 +521,8 @@ void Trainer::fit(int64_t start_epoch) {
       phase("hooks");
       batches = std::move(next_batches);
       step_samples = next_samples;
-      prefetch.use();
+      std::vector<std::pair<const char*, double>> staging;
+      prefetch.use(&staging);
       phase("wait for the batch");
       if (stage_early && s + 1 < steps) load(next_batches, next_samples);
       phase("next batch: loader and staging");
@@ -495,6 +581,7 @@ void Trainer::fit(int64_t start_epoch) {
       phase("read values");
       info.host_ms = std::move(host_ms);
       host_ms.clear();
+      info.staging_ms = std::move(staging);
       info.epoch_seconds = seconds_since(t0);
       info.images_per_sec = seen / std::max(info.epoch_seconds, 1e-9);
       for (auto& h : hooks_) h->after_step(*this, info);
@@ -642,32 +729,49 @@ void KernelProfileHook::after_step(Trainer& t, const StepInfo& s) {
     running_ = true;
     t0_ = seconds_since(Clock::time_point{});
     host_ms_.clear();
+    staging_ms_.clear();
     return;
   }
   if (!running_) return;
   // Host phases of the profiled steps. A step's "hooks" are the hooks after the step before it:
   // the first profiled step's include this hook's start (a device synchronisation and CUPTI's
   // start), which is taken out.
-  for (auto [name, ms] : s.host_ms) {
-    if (s.global_step == start_ + 1 && std::string_view(name) == "hooks")
-      ms = std::max(0.0, ms - start_ms_);
-    auto it = std::find_if(host_ms_.begin(), host_ms_.end(),
+  // Each phase's time in each profiled step (a table row per phase, a column per step).
+  const auto step = static_cast<size_t>(s.global_step - start_ - 1);
+  auto add = [&](Phases& rows, const char* name, double ms) {
+    auto it = std::find_if(rows.begin(), rows.end(),
                            [&](const auto& e) { return std::string_view(e.first) == name; });
-    if (it == host_ms_.end())
-      host_ms_.emplace_back(name, ms);
-    else
-      it->second += ms;
+    if (it == rows.end()) it = rows.insert(rows.end(), {name, std::vector<double>(steps_, 0.0)});
+    it->second[step] += ms;
+  };
+  for (auto [name, ms] : s.host_ms) {
+    if (step == 0 && std::string_view(name) == "hooks") ms = std::max(0.0, ms - start_ms_);
+    add(host_ms_, name, ms);
   }
+  for (const auto& [name, ms] : s.staging_ms) add(staging_ms_, name, ms);
   if (s.global_step == start_ + steps_) {
     kernels::cuda::synchronize();
     const double wall = seconds_since(Clock::time_point{}) - t0_;
     running_ = false;
+    auto table = [&](const Phases& rows, const char* what) {
+      std::string t = fmt::format("| {} |", what), rule = "| --- |";
+      for (int64_t k = 1; k <= steps_; ++k) t += fmt::format(" step {} |", k), rule += " ---: |";
+      t += " mean |\n" + rule + " ---: |\n";
+      for (const auto& [name, ms] : rows) {
+        t += fmt::format("| {} |", name);
+        double sum = 0;
+        for (double v : ms) t += fmt::format(" {:.2f} |", v), sum += v;
+        t += fmt::format(" {:.2f} |\n", sum / static_cast<double>(steps_));
+      }
+      return t + "\n";
+    };
     std::string host =
-        "## Host time per step by trainer phase (rank 0)\n\n| phase | ms per step |\n| --- | ---: "
-        "|\n";
-    for (const auto& [name, ms] : host_ms_)
-      host += fmt::format("| {} | {:.2f} |\n", name, ms / steps_);
-    host += "\n";
+        "## Host time per step by trainer phase (rank 0, ms)\n\n" + table(host_ms_, "phase");
+    if (!staging_ms_.empty())
+      host +=
+          "## Batch staging per step (rank 0, ms): the staging thread's parts overlap the step "
+          "before; the trainer thread's are in \"wait for the batch\"\n\n" +
+          table(staging_ms_, "part");
     profile::write_kernel_profile(path_, profile::kernel_profile_stop(), static_cast<int>(steps_),
                                   1e3 * wall / steps_, title_, host);
     log::info("[profile] kernel profile of steps {}-{} in {}", start_ + 1, start_ + steps_, path_);

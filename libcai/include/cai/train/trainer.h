@@ -46,6 +46,9 @@ struct StepInfo {
   // The trainer thread's time in this step by phase, in order (milliseconds; "hooks" is the
   // previous step's hooks): where the host spends a step, beside the kernel profile.
   std::vector<std::pair<const char*, double>> host_ms;
+  // On a GPU: the background task that staged this step's batches (pinned copy, issue of the
+  // device copies), by part, in milliseconds; it overlaps the step before.
+  std::vector<std::pair<const char*, double>> staging_ms;
 };
 
 struct EpochInfo {
@@ -318,7 +321,9 @@ class KernelProfileHook : public Hook {
   int64_t start_, steps_;
   bool running_ = false;
   double t0_ = 0;
-  std::vector<std::pair<const char*, double>> host_ms_;  // summed over the profiled steps
+  // Per phase, its time in each profiled step (StepInfo::host_ms, StepInfo::staging_ms).
+  using Phases = std::vector<std::pair<const char*, std::vector<double>>>;
+  Phases host_ms_, staging_ms_;
   double start_ms_ = 0;  // host time of the profile's start (out of the first step's "hooks")
 };
 
