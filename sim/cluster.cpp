@@ -375,25 +375,39 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         std::sort(
             list.begin(), list.end(),
             [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
-    } else if (k == "overlap") {
+    } else if (k == "overlap" || k == "contention") {
+      // Both entries are a block's compute timed two ways: positive numbers.
+      const bool overlap = k == "overlap";
+      const char* form = overlap ? "{\"op\", \"group\", \"bytes\", \"alone_seconds\", "
+                                   "\"beside_seconds\"}"
+                                 : "{\"group\", \"alone_seconds\", \"together_seconds\"}";
       auto num = [&](const char* key) {
         CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
                       std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
-                  "[calibration] {}: overlap.{} is missing or not a number > 0 (overlap: "
-                  "{{\"op\", \"group\", \"bytes\", \"alone_seconds\", \"beside_seconds\"}})",
-                  origin, key);
+                  "[calibration] {}: {}.{} is missing or not a number > 0 ({}: {})", origin, k, key,
+                  k, form);
         return v[key].get<double>();
       };
-      const double alone = num("alone_seconds"), beside = num("beside_seconds");
-      num("bytes");
-      num("group");
-      // Slower beside the collectives: that share of the GPU's compute went to them. Faster
-      // (noise) is no share.
-      c.overlap_share = std::clamp(1.0 - alone / beside, 0.0, 0.9);
+      const double alone = num("alone_seconds"), g = num("group");
+      if (overlap) {
+        const double beside = num("beside_seconds");
+        num("bytes");
+        // Slower beside the collectives: that share of the GPU's compute went to them. Faster
+        // (noise) is no share.
+        c.overlap_share = std::clamp(1.0 - alone / beside, 0.0, 0.9);
+      } else {
+        const double together = num("together_seconds");
+        CAI_CHECK(g >= 2 && g == std::floor(g),
+                  "[calibration] {}: contention.group is {}: expected a whole number of ranks >= 2",
+                  origin, g);
+        // Each of the group - 1 others computing took that share of a rank's speed. Faster
+        // together (noise) is no share.
+        c.contention_share = std::clamp((1.0 - alone / together) / (g - 1.0), 0.0, 0.45);
+      }
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives, overlap",
+          "layer_scale, collectives, overlap, contention",
           origin, k);
     }
   }

@@ -120,6 +120,12 @@ struct Calibration {
   // rank's compute at (1 - share) of its speed while a collective or transfer of that rank is in
   // flight.
   double overlap_share = 0;
+  // On CPUs, the share of a core's speed that each other rank computing on the same node takes
+  // (memory bandwidth and caches): (1 - alone / together) / (group - 1) of the profile's
+  // "contention" entry (a block's forward + backward on one rank alone and on `group` ranks at
+  // once); 0 without one. The replay runs a rank's compute at 1 - share × (the other ranks of its
+  // node computing meanwhile) of its speed.
+  double contention_share = 0;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
@@ -129,7 +135,7 @@ Calibration default_calibration();
 // "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...},
 // "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...],
 // "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
-// "beside_seconds": s}};
+// "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t}};
 // every efficiency in (0, 1],
 // every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);

@@ -176,6 +176,10 @@ struct Replayer {
 
   // Calibration::overlap_share: the compute share a rank's in-flight communication takes.
   double share = 0;
+  // Calibration::contention_share: the share of a core each other computing rank of the node
+  // takes; per rank, the other hosts of its node (filled in launch()).
+  double contention = 0;
+  std::vector<std::vector<sg4::Host*>> node_peers;
   // Posted receives (the pipeline's, one per kind ahead, as the executor posts them): NCCL's
   // receive kernel holds its SMs from its posting until its data is in. Per rank: how many are
   // posted, the hold while any is, and per receive op whether another of its kind follows (it is
@@ -186,8 +190,15 @@ struct Replayer {
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
            const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
-           bool merge, double overlap_share)
-      : w(w_), m(m_), c(c_), dur(d), comm_dur(cd), model(mo), share(overlap_share) {
+           bool merge, double overlap_share, double contention_share)
+      : w(w_),
+        m(m_),
+        c(c_),
+        dur(d),
+        comm_dur(cd),
+        model(mo),
+        share(overlap_share),
+        contention(contention_share) {
     const size_t R = w.ranks.size();
     start.resize(R);
     end.resize(R);
@@ -272,6 +283,20 @@ struct Replayer {
                          ->set_flops_amount(1e300)
                          ->set_host(p.hosts[q])
                          ->set_bound(share * p.hosts[q]->get_speed())
+                         ->start());
+    return held;
+  }
+  // While rank r computes, it takes `contention` of every other host of its node: an execution
+  // bounded to that share on each, which slows whatever computes there meanwhile (max-min
+  // sharing) and costs nothing where nothing does.
+  std::vector<sg4::ExecPtr> press(int r) const {
+    std::vector<sg4::ExecPtr> held;
+    if (contention <= 0) return held;
+    for (sg4::Host* h : node_peers[r])
+      held.push_back(sg4::Exec::init()
+                         ->set_flops_amount(1e300)
+                         ->set_host(h)
+                         ->set_bound(contention * h->get_speed())
                          ->start());
     return held;
   }
@@ -566,7 +591,11 @@ struct Replayer {
       }
       switch (o.kind) {
         case OpKind::Compute:
-          if (dur[r][i] > 0) sg4::this_actor::execute(dur[r][i] * me->get_speed());
+          if (dur[r][i] > 0) {
+            auto pressed = press(r);
+            sg4::this_actor::execute(dur[r][i] * me->get_speed());
+            let_go(pressed);
+          }
           break;
         case OpKind::Send: {
           const double cal = comm_dur.send[r][i];
@@ -607,6 +636,17 @@ struct Replayer {
   }
 
   void launch() {
+    node_peers.assign(w.ranks.size(), {});
+    if (contention > 0)
+      for (size_t r = 0; r < w.ranks.size(); ++r) {
+        for (size_t q = 0; q < w.ranks.size(); ++q)
+          if (p.node_of[q] == p.node_of[r] && p.hosts[q] != p.hosts[r] &&
+              std::find(node_peers[r].begin(), node_peers[r].end(), p.hosts[q]) ==
+                  node_peers[r].end())
+            node_peers[r].push_back(p.hosts[q]);
+        // Its compute speed changes with the others': op by op, not merged.
+        if (!node_peers[r].empty()) exclusive[r] = 0;
+      }
     for (size_t r = 0; r < w.ranks.size(); ++r) {
       std::map<int, std::vector<int>> streams;
       const auto& prog = w.ranks[r].ops;
@@ -661,8 +701,8 @@ bool write_all(int fd, const void* buf, size_t n) {
     argv.push_back(nullptr);
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
-    Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute,
-                opt.calibration.overlap_share);
+    Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
+                opt.calibration.contention_share);
     rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();

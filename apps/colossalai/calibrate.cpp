@@ -10,6 +10,9 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <thread>
+
+#include <sched.h>
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
@@ -405,28 +408,44 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
   return out;
 }
 
+namespace {
+// One real block of a model at a micro-batch size, whose forward + backward the sharing
+// measurements (overlap, contention) time.
+class OneBlock {
+ public:
+  OneBlock(const nn::ViTConfig& model, int64_t batch, Device dev, DType compute)
+      : vc_(one_block(model)), m_(vc_) {
+    m_.init(5);
+    if (dev.is_cuda()) m_.to(dev);
+    m_.set_compute_dtype(compute);
+    x_ = randn({batch, vc_.num_patches() + 1, vc_.embed_dim}, DType::F32, dev, 50);
+    std::unique_ptr<nn::Cache> cache;
+    dy_ = randn(block().forward(x_, cache, ctx_).shape(), DType::F32, dev, 51);
+  }
+  void run() {
+    std::unique_ptr<nn::Cache> k;
+    block().forward(x_, k, ctx_);
+    block().backward(dy_, k, ctx_);
+  }
+
+ private:
+  static nn::ViTConfig one_block(nn::ViTConfig vc) {
+    vc.depth = 1;
+    return vc;
+  }
+  nn::Layer& block() { return *m_.layers().at(1); }
+  nn::ViTConfig vc_;
+  nn::ViT m_;
+  Tensor x_, dy_;
+  nn::ForwardCtx ctx_{true, 1, 0, 0};
+};
+}  // namespace
+
 OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
                            DType compute, int cuda_device) {
-  nn::ViTConfig vc = model;
-  vc.depth = 1;  // one block of the model
   const Device dev = Device::cuda(cuda_device);
-  const DType ct = compute;
-  nn::ViT m(vc);
-  m.init(5);
-  m.to(dev);
-  m.set_compute_dtype(ct);
-  nn::Layer& block = *m.layers().at(1);
-  const int64_t b = batch, n = vc.num_patches() + 1;
-  const Tensor x = randn({b, n, vc.embed_dim}, DType::F32, dev, 50);
-  nn::ForwardCtx ctx{true, 1, 0, 0};
-  std::unique_ptr<nn::Cache> cache;
-  const Tensor dy = randn(block.forward(x, cache, ctx).shape(), DType::F32, dev, 51);
-  cache.reset();
-  auto fb = [&] {
-    std::unique_ptr<nn::Cache> k;
-    block.forward(x, k, ctx);
-    block.backward(dy, k, ctx);
-  };
+  OneBlock one_block(model, batch, dev, compute);
+  auto fb = [&] { one_block.run(); };
   OverlapTiming o;
   o.group = comm.size();
   o.bytes = 64.0 * (1 << 20);  // larger than DDP's 25 MiB buckets: fewer calls to cover the window
@@ -467,6 +486,49 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
   return o;
 }
 
+ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& model,
+                                 int64_t batch) {
+  OneBlock one_block(model, batch, Device::cpu(), DType::F32);
+  auto fb = [&] { one_block.run(); };
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  ContentionTiming t;
+  t.group = std::min(comm.size(), std::max(1, cores));
+  // The same count everywhere: the repetitions of the block that fill about 0.2 s on rank 0.
+  fb();
+  const double one = comm.all_reduce_scalar(comm.rank() == 0 ? time_it(fb, Device::cpu()) : 0.0,
+                                            dist::ReduceOp::Max);
+  const int reps = std::clamp(static_cast<int>(std::ceil(0.2 / std::max(one, 1e-6))), 3, 500);
+  // Ranks below `computing` run the block `reps` times from a common start; rank 0's time per
+  // block is the figure (the others do the same work, so they finish together). The other ranks
+  // sleep through the window: a wait that polls would take cores from the computing ranks where
+  // there are more ranks than cores.
+  auto window = [&](int computing) {
+    comm.barrier();
+    double s = 0;
+    if (comm.rank() < computing) {
+      const auto t0 = Clock::now();
+      for (int k = 0; k < reps; ++k) fb();
+      s = seconds_since(t0) / reps;
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(2.0 * reps * one + 0.05));
+    }
+    comm.barrier();
+    return comm.all_reduce_scalar(s, dist::ReduceOp::Max);
+  };
+  // Alone, together, alone again: the alone time is their mean (a host's speed drifts).
+  const double a1 = window(1);
+  t.together_s = window(t.group);
+  t.alone_s = 0.5 * (a1 + window(1));
+  if (comm.rank() == 0)
+    std::cerr << fmt::format(
+        "[calibrate] contention: one block's forward + backward {:.3f} ms alone, {:.3f} ms with "
+        "{} ranks computing at once\n",
+        1e3 * t.alone_s, 1e3 * t.together_s, t.group);
+  return t;
+}
+
 int run_calibrate_ranks(const BenchmarkOptions& o) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
@@ -498,15 +560,18 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
         world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
   const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
   OverlapTiming overlap;
+  ContentionTiming contention;
   if (cuda)
     overlap = time_overlap(comm, vc, cfg.batch_size, dtype_from_name(opts.precision), device);
+  else
+    contention = time_contention(comm, vc, cfg.batch_size);
   // Rank 0 times the kernels alone while the others wait (minutes on a large model).
   world->set_timeout(std::max(world->timeout(), 3600.0));
   int rc = 0;
   std::string error;
   if (world->rank() == 0) {
     try {
-      rc = run_calibrate(opts, coll, device, overlap);
+      rc = run_calibrate(opts, coll, device, overlap, contention);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -517,7 +582,8 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
 }
 
 int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>& collectives,
-                  int cuda_device, const OverlapTiming& overlap) {
+                  int cuda_device, const OverlapTiming& overlap,
+                  const ContentionTiming& contention) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
   const TrainConfig cfg = load_config(o.config, o.overrides);
@@ -629,6 +695,10 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
                     {"bytes", overlap.bytes},
                     {"alone_seconds", overlap.alone_s},
                     {"beside_seconds", overlap.beside_s}};
+  if (contention.group > 1)
+    j["contention"] = {{"group", contention.group},
+                       {"alone_seconds", contention.alone_s},
+                       {"together_seconds", contention.together_s}};
   std::ofstream f(o.calibrate);
   CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
   f << j.dump(1) << "\n";

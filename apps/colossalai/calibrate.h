@@ -71,11 +71,27 @@ struct OverlapTiming {
 OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
                            DType compute, int cuda_device);
 
+// Compute contention on CPUs: one real block's forward + backward at the config's batch size,
+// timed on rank 0 alone (the other ranks waiting) and on `group` ranks at once (the processes of
+// one machine computing together share its memory bandwidth and caches, as the ranks of a
+// data-parallel or pipeline step do). The profile's "contention" entry; the simulator slows a
+// rank's compute while other ranks of its node compute.
+struct ContentionTiming {
+  double alone_s = 0, together_s = 0;
+  int group = 0;  // 0: not measured
+};
+
+// Every rank of `comm` (on CPUs) calls it; ranks [0, group) compute together, where group is the
+// smaller of the communicator's size and the CPUs this process may run on (one rank per core,
+// as the CPU clusters place them).
+ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& model,
+                                 int64_t batch);
+
 // Times the kernels (on CUDA device `cuda_device` when --device cuda) and writes the profile with
-// `collectives` (and `overlap` when measured) in it.
+// `collectives` (and `overlap` / `contention` when measured) in it.
 int run_calibrate(const BenchmarkOptions& opts,
                   const std::vector<CollectiveTiming>& collectives = {}, int cuda_device = 0,
-                  const OverlapTiming& overlap = {});
+                  const OverlapTiming& overlap = {}, const ContentionTiming& contention = {});
 
 // One rank of a multi-process calibration (-g N > 1, under MPI): the collectives on every rank,
 // then the kernels and the file on rank 0.

@@ -1186,3 +1186,47 @@ TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
     EXPECT_NEAR(r.ranks[0].spans[0].end, 0.010, 1e-9);
   }
 }
+
+// Compute contention on CPUs (the profile's "contention"): while another rank of the same node
+// computes, a rank computes at 1 - share of its core. On cpu-2 (two cores of one machine), rank 1
+// computes 4 ms of work beside rank 0's 10 ms: both at 0.75 until rank 1 ends at 5.33 ms, rank 0
+// then alone at full speed for its last 6 ms. A 4-rank group measured the same slowdown shares it
+// over the 3 others.
+TEST(Contention, ComputeBesideTheNodesOtherRanksRunsSlower) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  auto profile = [](const std::string& entry) {
+    return parse_calibration(entry.empty() ? "{}" : "{\"contention\": " + entry + "}", "cal.json");
+  };
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  ReplayOptions opt;
+  opt.calibration = profile(R"({"group": 2, "alone_seconds": 0.3, "together_seconds": 0.4})");
+  EXPECT_NEAR(opt.calibration.contention_share, 0.25, 1e-12);
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 / 0.75, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[0].spans[0].end, 0.004 / 0.75 + 0.006, 1e-9) << merge;
+  }
+  // One rank alone on the node: its own speed.
+  Workload one;
+  one.ranks.resize(1);
+  one.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  EXPECT_NEAR(replay(one, c, opt).ranks[0].spans[0].end, 0.010, 1e-9);
+  // Without the entry, or faster together (noise): no share.
+  opt.calibration = profile("");
+  EXPECT_NEAR(replay(w, c, opt).ranks[0].spans[0].end, 0.010, 1e-9);
+  EXPECT_EQ(
+      profile(R"({"group": 2, "alone_seconds": 0.4, "together_seconds": 0.3})").contention_share,
+      0);
+  EXPECT_NEAR(
+      profile(R"({"group": 4, "alone_seconds": 0.3, "together_seconds": 0.4})").contention_share,
+      0.25 / 3, 1e-12);
+  for (const char* bad : {R"({"alone_seconds": 0.3, "together_seconds": 0.4})",
+                          R"({"group": 1, "alone_seconds": 0.3, "together_seconds": 0.4})",
+                          R"({"group": 2.5, "alone_seconds": 0.3, "together_seconds": 0.4})",
+                          R"({"group": 2, "alone_seconds": -1, "together_seconds": 0.4})", "3"})
+    EXPECT_THROW(profile(bad), cai::Error) << bad;
+}
