@@ -15,6 +15,7 @@
 #include <sched.h>
 
 #include "cai/core/error.h"
+#include "cai/core/host_memory.h"
 #include "cai/core/rng.h"
 #include "cai/dist/communicator.h"
 #include "cai/dist/launch.h"
@@ -560,6 +561,7 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
         world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
   const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
   OverlapTiming overlap;
+  if (!cuda) keep_freed_host_memory();  // as vit_train on CPUs
   ContentionTiming contention;
   if (cuda)
     overlap = time_overlap(comm, vc, cfg.batch_size, dtype_from_name(opts.precision), device);
@@ -591,6 +593,8 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   std::string device = o.device;
   if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
   const Device dev = device == "cuda" ? Device::cuda(cuda_device) : Device::cpu();
+  // On CPUs, time the kernels with the host allocator vit_train runs with.
+  if (!dev.is_cuda()) keep_freed_host_memory();
   if (dev.is_cuda())
     CAI_CHECK(kernels::cuda::device_count() > 0, "[benchmark] --device cuda but no GPU: {}",
               kernels::cuda::runtime_info().device_error);

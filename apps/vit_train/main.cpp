@@ -9,6 +9,7 @@
 
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/core/error.h"
+#include "cai/core/host_memory.h"
 #include "cai/core/log.h"
 #include "cai/data/data.h"
 #include "cai/dist/communicator.h"
@@ -184,6 +185,8 @@ int main(int argc, char** argv) {
                 kernels::cuda::runtime_info().device_error);
       device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       if (world) gpu_world = dist::make_nccl(*world, device.index);
+    } else {
+      keep_freed_host_memory();  // the step's buffers stay in the heap (cai/core/host_memory.h)
     }
     // Several processes, or any parallel feature: the hybrid plugin (tp × pp × dp, ZeRO), the
     // one path that also gathers and cuts checkpoints for every layout.
