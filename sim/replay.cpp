@@ -278,13 +278,17 @@ struct Replayer {
   std::vector<sg4::ExecPtr> hold(const std::vector<int>& ranks) const {
     std::vector<sg4::ExecPtr> held;
     if (share <= 0) return held;
-    for (int q : ranks)
-      held.push_back(sg4::Exec::init()
-                         ->set_flops_amount(1e300)
-                         ->set_host(p.hosts[q])
-                         ->set_bound(share * p.hosts[q]->get_speed())
-                         ->start());
+    for (int q : ranks) held.push_back(take(p.hosts[q], share));
     return held;
+  }
+  // An endless execution on `h` bounded to `fraction` of its speed: what else runs there gets
+  // the rest (SimGrid's max-min sharing); cancelled by let_go().
+  static sg4::ExecPtr take(sg4::Host* h, double fraction) {
+    return sg4::Exec::init()
+        ->set_flops_amount(1e300)
+        ->set_host(h)
+        ->set_bound(fraction * h->get_speed())
+        ->start();
   }
   // While rank r computes, it takes `contention` of every other host of its node: an execution
   // bounded to that share on each, which slows whatever computes there meanwhile (max-min
@@ -292,12 +296,7 @@ struct Replayer {
   std::vector<sg4::ExecPtr> press(int r) const {
     std::vector<sg4::ExecPtr> held;
     if (contention <= 0) return held;
-    for (sg4::Host* h : node_peers[r])
-      held.push_back(sg4::Exec::init()
-                         ->set_flops_amount(1e300)
-                         ->set_host(h)
-                         ->set_bound(contention * h->get_speed())
-                         ->start());
+    for (sg4::Host* h : node_peers[r]) held.push_back(take(h, contention));
     return held;
   }
   static void let_go(std::vector<sg4::ExecPtr>& held) {

@@ -12,8 +12,6 @@
 #include <set>
 #include <thread>
 
-#include <sched.h>
-
 #include "cai/core/error.h"
 #include "cai/core/host_memory.h"
 #include "cai/core/rng.h"
@@ -26,6 +24,7 @@
 #include "cai/optim/optimizer.h"
 #include "cai/plan/plan.h"
 #include "config.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::app {
@@ -491,11 +490,8 @@ ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& 
                                  int64_t batch) {
   OneBlock one_block(model, batch, Device::cpu(), DType::F32);
   auto fb = [&] { one_block.run(); };
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   ContentionTiming t;
-  t.group = std::min(comm.size(), std::max(1, cores));
+  t.group = std::min(comm.size(), kernels::cpu::usable_cpus());
   // The same count everywhere: the repetitions of the block that fill about 0.2 s on rank 0.
   fb();
   const double one = comm.all_reduce_scalar(comm.rank() == 0 ? time_it(fb, Device::cpu()) : 0.0,

@@ -1,6 +1,7 @@
 #include "kernels/cpu/parallel.h"
 
 #include <cblas.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -111,6 +112,12 @@ std::unique_ptr<Pool>& pool() {
 }
 
 }  // namespace
+
+int usable_cpus() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? std::max(1, CPU_COUNT(&cpus)) : 1;
+}
 
 int num_threads() {
   return pool()->threads();

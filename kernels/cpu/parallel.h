@@ -8,6 +8,8 @@
 namespace cai::kernels::cpu {
 
 int num_threads();
+// The CPUs this process may run on (its affinity mask; 1 when it cannot be read).
+int usable_cpus();
 void set_num_threads(int n);  // recreates the pool; n >= 1
 
 // Runs fn(begin, end) over contiguous blocks covering [0, n), in parallel when n ≥ 2·grain

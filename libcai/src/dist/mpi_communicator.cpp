@@ -1,7 +1,6 @@
 // MPI backend of the Communicator (CPU tensors). Non-blocking MPI calls; waits poll MPI_Testall
 // against a deadline so a dead or hung peer becomes an error naming the operation and group.
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +12,7 @@
 #include "cai/core/error.h"
 #include "cai/dist/communicator.h"
 #include "cai/dist/launch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace cai::dist {
 
@@ -28,9 +28,7 @@ bool oversubscribed() {
       local = launch_from_env().local_world_size;
     } catch (const Error&) {  // an inconsistent environment is reported where it is used
     }
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    const int allowed = kernels::cpu::usable_cpus();
     const int cores =
         allowed > 1 ? allowed : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return local > cores;
