@@ -22,6 +22,11 @@ double sum_squares(const float* x, int64_t n, void* stream = nullptr);
 // Typed elementwise.
 // cast: dst[i] = src[i] converted (round to nearest even).
 void cast(DT src_t, const void* src, DT dst_t, void* dst, int64_t n, void* stream = nullptr);
+// cast_multi: dst_i[k] = src_i[k] rounded to dst_t (bf16 or fp16) for i < count ≤ kCastMulti,
+// tensors of n_i fp32 elements, in one launch (a module's weights in the compute dtype).
+constexpr int kCastMulti = 16;
+void cast_multi(int count, const float* const* src, DT dst_t, void* const* dst, const int64_t* n,
+                void* stream = nullptr);
 // y = a + b with each operand in its own type (math in fp32).
 void add_t(DT at, const void* a, DT bt, const void* b, DT yt, void* y, int64_t n,
            void* stream = nullptr);

@@ -23,6 +23,10 @@ void linear_bwd(const float* x, const float* w, const float* dy, float* dx, floa
 // when given, must be in yt. t == F32 runs plain FP32 (tf32 = true allows TF32 tensor cores).
 void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void* y, int64_t m,
                   int64_t k, int64_t n, bool tf32 = false, void* stream = nullptr);
+// The residual stream's add in the GEMM's epilogue: y[m, n] = r + x·wᵀ + b, y, r and b fp32
+// (b may be null), x and w in t. y must not overlap r.
+void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, const float* r,
+                           float* y, int64_t m, int64_t k, int64_t n, void* stream = nullptr);
 // x, w, dy, dx in `t`: dx = dy·w (overwritten); dw[n, k] += dy^T·x and db[n] += Σ_rows dy, both
 // fp32 (the master gradients) and accumulated. Any of dx, dw, db may be null.
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,

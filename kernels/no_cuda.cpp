@@ -82,6 +82,10 @@ void linear_fwd_t(DT, const void*, const void*, const void*, DT, void*, int64_t,
                   bool, void*) {
   CAI_STUB("linear_fwd");
 }
+void linear_fwd_residual_t(DT, const void*, const void*, const float*, const float*, float*,
+                           int64_t, int64_t, int64_t, void*) {
+  CAI_STUB("linear_fwd_residual_t");
+}
 void linear_bwd_t(DT, const void*, const void*, const void*, void*, float*, float*, int64_t,
                   int64_t, int64_t, bool, void*) {
   CAI_STUB("linear_bwd");
@@ -292,6 +296,9 @@ void select_token_bwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64
 }
 void cast(DT, const void*, DT, void*, int64_t, void*) {
   CAI_STUB("cast");
+}
+void cast_multi(int, const float* const*, DT, void* const*, const int64_t*, void*) {
+  CAI_STUB("cast_multi");
 }
 void add_t(DT, const void*, DT, const void*, DT, void*, int64_t, void*) {
   CAI_STUB("add_t");

@@ -83,6 +83,8 @@ class OpTimer {
     if (op == "attn.proj") return linear(rows_, dt_, d_, fwd, ct_);
     if (op == "mlp.fc1") return linear(rows_, d_, hid_, fwd, ct_);
     if (op == "mlp.fc2") return linear(rows_, hid_, d_, fwd, ct_);
+    if (op == "attn.proj+residual") return linear_residual(rows_, dt_, d_);
+    if (op == "mlp.fc2+residual") return linear_residual(rows_, hid_, d_);
     if (op == "head") return linear(b_, dt_, c_.num_classes, fwd, DType::F32);
     if (op == "attn") return attention(fwd);
     if (op == "mlp.act") return gelu(fwd);
@@ -113,6 +115,15 @@ class OpTimer {
     Tensor dw = Tensor::zeros({out, in}, DType::F32, dev_),
            db = Tensor::zeros({out}, DType::F32, dev_);
     return time_it([&] { ops::linear_bwd(x, w, dy, &dw, &db); }, dev_);
+  }
+  // A forward with the residual add in its epilogue (the weight in the compute dtype, as the
+  // block's ComputeCopies hold it).
+  double linear_residual(int64_t rows, int64_t in, int64_t out) {
+    const Tensor x = randn({rows, in}, ct_, dev_, 2);
+    const Tensor w = randn({out, in}, DType::F32, dev_, 3).to(ct_);
+    const Tensor bias = Tensor::zeros({out}, DType::F32, dev_);
+    const Tensor r = randn({rows, out}, DType::F32, dev_, 4);
+    return time_it([&] { ops::linear_fwd_residual(x, w, &bias, r); }, dev_);
   }
   double attention(bool fwd) {
     const Tensor qkv = randn({b_, n_, 3 * dt_}, ct_, dev_, 5);

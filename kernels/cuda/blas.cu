@@ -1,5 +1,6 @@
 #include "kernels/cuda/blas.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <map>
@@ -155,7 +156,8 @@ uint64_t lt_gelu_epilogue_runs() {
 }
 
 bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const void* bias,
-               float alpha, float beta, cudaStream_t stream, const void* aux) {
+               float alpha, float beta, cudaStream_t stream, const void* aux, const void* c) {
+  if (!c) c = d;
   const bool gelu = g.epilogue != LtEpilogue::kDefault;
   if (gelu) {
     // cuBLASLt's constraints on the aux matrix (its ld a multiple of 8, ≥ the rows); the DGELU
@@ -177,7 +179,9 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
   if (wit == l.workspaces.end())
     wit = l.workspaces.emplace(std::pair{device, stream}, alloc(kLtWorkspace, device)).first;
 
-  const uint32_t align[4] = {alignment(a), alignment(b), alignment(d), bias ? alignment(bias) : 0u};
+  // C and D share a layout: the plan assumes the smaller of their alignments for both.
+  const uint32_t align[4] = {alignment(a), alignment(b), std::min(alignment(c), alignment(d)),
+                             bias ? alignment(bias) : 0u};
   const LtKey key{device,
                   g.ab,
                   g.cd,
@@ -208,7 +212,7 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
   if (!p.ok) return false;
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (gelu) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);  // plans are shared
-  CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d,
+  CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d,
                                 &p.algo, wit->second, kLtWorkspace, stream));
   if (gelu) ++l.gelu_runs;
   return true;

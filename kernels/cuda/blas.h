@@ -28,11 +28,11 @@ enum class LtEpilogue : int32_t {
   kDGelu,        // D = (A·B) ∘ gelu'(aux), aux the GELU's input (CUBLASLT_EPILOGUE_DGELU)
 };
 
-// One cuBLASLt GEMM in cuBLAS's column-major terms: D[m, n] = alpha·op(A)·op(B) + beta·D (C is D),
-// then + bias[m] broadcast over the columns when a bias is given (CUBLASLT_EPILOGUE_BIAS; the
-// bias has D's type), or the GELU epilogues. op(A) is m × k, op(B) is k × n. The GELU epilogues'
-// aux matrix is column-major m × n of D's type with leading dimension ldaux (a multiple of 8,
-// ≥ m, as cuBLASLt requires).
+// One cuBLASLt GEMM in cuBLAS's column-major terms: D[m, n] = alpha·op(A)·op(B) + beta·C (C is D
+// unless lt_matmul is given another), then + bias[m] broadcast over the columns when a bias is
+// given (CUBLASLT_EPILOGUE_BIAS; the bias has D's type), or the GELU epilogues. op(A) is m × k,
+// op(B) is k × n. The GELU epilogues' aux matrix is column-major m × n of D's type with leading
+// dimension ldaux (a multiple of 8, ≥ m, as cuBLASLt requires).
 struct LtGemm {
   cudaDataType_t ab = CUDA_R_32F;  // A and B
   cudaDataType_t cd = CUDA_R_32F;  // C, D and the bias
@@ -49,10 +49,11 @@ struct LtGemm {
 // sizes, leading dimensions, epilogue, pointer alignments) was seen. Returns false, running
 // nothing, when cuBLASLt has no algorithm for it (or the epilogue's constraints do not hold);
 // throws cai::CudaError when a call fails. `aux` is the GELU epilogues' matrix (written by
-// kGeluAuxBias, read by kDGelu). Thread-safe (one process-wide mutex around the plan lookup and
-// the enqueue).
+// kGeluAuxBias, read by kDGelu). `c` (null: D itself) is the C of beta·C, with D's type and
+// layout. Thread-safe (one process-wide mutex around the plan lookup and the enqueue).
 bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const void* bias,
-               float alpha, float beta, cudaStream_t stream, const void* aux = nullptr);
+               float alpha, float beta, cudaStream_t stream, const void* aux = nullptr,
+               const void* c = nullptr);
 
 // Test hook: how many lt_matmul calls of this process ran a GELU or DGELU epilogue.
 uint64_t lt_gelu_epilogue_runs();

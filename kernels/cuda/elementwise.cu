@@ -81,6 +81,35 @@ __global__ void cast_kernel(const TS* __restrict__ src, TD* __restrict__ dst, in
     dst[i] = from_f32<TD>(to_f32(src[i]));
 }
 
+// Up to kCastMulti fp32 tensors in one launch: a flat index over all elements, end[i] the
+// exclusive prefix end of tensor i (count ≤ 16: a linear search finds the tensor). Tensors whose
+// pointers and sizes allow it move 4 elements per access (vec bit i).
+struct CastList {
+  const float* src[kCastMulti];
+  void* dst[kCastMulti];
+  int64_t end[kCastMulti];  // in units: vectors of 4 for vec tensors, elements otherwise
+  int count;
+  unsigned vec;
+};
+
+template <typename TD>
+__global__ void cast_multi_kernel(const CastList l) {
+  const int64_t total = l.end[l.count - 1];
+  CAI_GRID_STRIDE(k, total) {
+    int t = 0;
+    while (k >= l.end[t]) ++t;
+    const int64_t i = k - (t ? l.end[t - 1] : 0);
+    TD* dst = static_cast<TD*>(l.dst[t]);
+    if ((l.vec >> t) & 1u) {
+      float a[kVec];
+      load_vec(l.src[t] + i * kVec, a);
+      store_vec(dst + i * kVec, a);
+    } else {
+      dst[i] = from_f32<TD>(l.src[t][i]);
+    }
+  }
+}
+
 template <typename TA, typename TB, typename TY>
 __global__ void add_t_kernel(const TA* __restrict__ a, const TB* __restrict__ b, TY* __restrict__ y,
                              int64_t n, bool vec) {
@@ -183,6 +212,36 @@ void cast(DT src_t, const void* src, DT dst_t, void* dst, int64_t n, void* strea
           static_cast<const TS*>(src), static_cast<TD*>(dst), n, vec);
       CAI_CUDA_CHECK_LAUNCH();
     });
+  });
+}
+
+void cast_multi(int count, const float* const* src, DT dst_t, void* const* dst, const int64_t* n,
+                void* stream) {
+  CAI_CHECK(count >= 0 && count <= kCastMulti, "[cast_multi] {} tensors: expected 0 to {}", count,
+            kCastMulti);
+  CAI_CHECK(dst_t == DT::BF16 || dst_t == DT::F16,
+            "[cast_multi] destination type {}: expected bf16 or fp16", dt_name(dst_t));
+  CastList l{};
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    CAI_CHECK(n[i] >= 0, "[cast_multi] tensor {} has {} elements", i, n[i]);
+    if (n[i] == 0) continue;
+    const bool vec = n[i] % kVec == 0 && vec_aligned<float, kVec>(src[i]) &&
+                     reinterpret_cast<uintptr_t>(dst[i]) % (kVec * dt_size(dst_t)) == 0;
+    l.src[l.count] = src[i];
+    l.dst[l.count] = dst[i];
+    total += vec ? n[i] / kVec : n[i];
+    l.end[l.count] = total;
+    if (vec) l.vec |= 1u << l.count;
+    ++l.count;
+  }
+  if (l.count == 0) return;
+  dispatch_dt(dst_t, "cast_multi", [&](auto td) {
+    using TD = decltype(td);
+    if constexpr (!std::is_same_v<TD, float>) {
+      cast_multi_kernel<TD><<<grid_for(total), kBlock, 0, as_stream(stream)>>>(l);
+      CAI_CUDA_CHECK_LAUNCH();
+    }
   });
 }
 

@@ -47,6 +47,15 @@ __global__ void broadcast_rows_kernel(const T* b, T* y, int64_t m, int64_t n) {
   CAI_GRID_STRIDE(t, m * n) y[t] = b ? b[t % n] : from_f32<T>(0.0f);
 }
 
+// y[i, j] += b[j] for fp32 y[m, n].
+__global__ void add_rows_kernel(const float* b, float* y, int64_t m, int64_t n) {
+  CAI_GRID_STRIDE(t, m * n) y[t] += b[t % n];
+}
+void axpy_rows(const float* b, float* y, int64_t m, int64_t n, cudaStream_t s) {
+  add_rows_kernel<<<grid_for(m * n), kBlock, 0, s>>>(b, y, m, n);
+  CAI_CUDA_CHECK_LAUNCH();
+}
+
 void broadcast_rows(DT t, const void* b, void* y, int64_t m, int64_t n, cudaStream_t s) {
   dispatch(t, [&](auto tag) {
     using T = decltype(tag);
@@ -86,12 +95,30 @@ __global__ void column_sum_kernel(const T* dy, float* db, double* part, int64_t 
   }
 }
 
-__global__ void column_sum_finish_kernel(const double* part, float* db, int64_t chunks, int64_t n) {
-  CAI_GRID_STRIDE(j, n) {
-    double total = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) total += part[c * n + j];
-    db[j] += static_cast<float>(total);
-  }
+// db[j] += Σ_c part[c, j]: a block of kFinishCols columns × kFinishLanes lanes; lane l adds the
+// chunks c ≡ l (mod kFinishLanes) in order, then the lanes are added in a fixed tree (shuffles
+// within the lane group), so the order is fixed and the chunks are read in parallel.
+constexpr int kFinishLanes = 16;
+constexpr int kFinishCols = 16;
+__global__ void __launch_bounds__(kFinishLanes* kFinishCols)
+    column_sum_finish_kernel(const double* __restrict__ part, float* db, int64_t chunks,
+                             int64_t n) {
+  const int lane = threadIdx.x % kFinishLanes;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kFinishCols + threadIdx.x / kFinishLanes;
+  double total = 0.0;
+  if (j < n)
+    for (int64_t c = lane; c < chunks; c += kFinishLanes) total += part[c * n + j];
+#pragma unroll
+  for (int o = kFinishLanes / 2; o > 0; o >>= 1)
+    total += __shfl_down_sync(0xffffffffu, total, o, kFinishLanes);
+  if (lane == 0 && j < n) db[j] += static_cast<float>(total);
+}
+void launch_column_sum_finish(const double* part, float* db, int64_t chunks, int64_t n,
+                              cudaStream_t s) {
+  const int64_t blocks = (n + kFinishCols - 1) / kFinishCols;
+  column_sum_finish_kernel<<<static_cast<unsigned>(blocks), kFinishLanes * kFinishCols, 0, s>>>(
+      part, db, chunks, n);
+  CAI_CUDA_CHECK_LAUNCH();
 }
 
 // The same sums with 16-byte loads: each thread owns V consecutive columns (V·sizeof(T) = 16), a
@@ -131,16 +158,26 @@ __global__ void __launch_bounds__(32 * kRows)
   const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * V;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kChunk;
   const int64_t end = part ? (begin + kChunk < m ? begin + kChunk : m) : m;
+  // fp32 partial sums of at most kFlush rows, added into the double sums (one conversion per
+  // kFlush rows instead of per element).
+  constexpr int kFlush = 32;
   double acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.0;
   if (j0 < n)
-    for (int64_t i = begin + threadIdx.y; i < end; i += kRows) {
-      float v[V];
-      load_vec(dy + i * n + j0, v);
-      op(i * n + j0, v);
+    for (int64_t i = begin + threadIdx.y; i < end;) {
+      float f[V];
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] += static_cast<double>(v[e]);
+      for (int e = 0; e < V; ++e) f[e] = 0.0f;
+      for (int r = 0; r < kFlush && i < end; ++r, i += kRows) {
+        float v[V];
+        load_vec(dy + i * n + j0, v);
+        op(i * n + j0, v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) f[e] += v[e];
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += static_cast<double>(f[e]);
     }
 #pragma unroll
   for (int e = 0; e < V; ++e) sums[threadIdx.y][threadIdx.x * V + e] = acc[e];
@@ -175,10 +212,7 @@ void launch_column_sum_vec(const T* dy, Op op, float* db, int64_t m, int64_t n, 
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   column_sum_vec_kernel<T, Op><<<grid, dim3(32, kRows), 0, s>>>(dy, op, db, pp, m, n);
   CAI_CUDA_CHECK_LAUNCH();
-  if (pp) {
-    column_sum_finish_kernel<<<grid_for(n), kBlock, 0, s>>>(pp, db, chunks, n);
-    CAI_CUDA_CHECK_LAUNCH();
-  }
+  if (pp) launch_column_sum_finish(pp, db, chunks, n, s);
 }
 
 void launch_column_sum(DT t, const void* dy, float* db, int64_t m, int64_t n, cudaStream_t s) {
@@ -212,10 +246,7 @@ void launch_column_sum(DT t, const void* dy, float* db, int64_t m, int64_t n, cu
         <<<grid, dim3(kColTile, kRows), 0, s>>>(static_cast<const T*>(dy), db, part, m, n);
   });
   CAI_CUDA_CHECK_LAUNCH();
-  if (part) {
-    column_sum_finish_kernel<<<grid_for(n), kBlock, 0, s>>>(part, db, chunks, n);
-    CAI_CUDA_CHECK_LAUNCH();
-  }
+  if (part) launch_column_sum_finish(part, db, chunks, n, s);
 }
 
 cublasComputeType_t compute_type(DT t, bool tf32) {
@@ -276,6 +307,27 @@ void linear_fwd_t(DT t, const void* x, const void* w, const void* b, DT yt, void
     return;
   if (b) broadcast_rows(yt, b, y, m, n, s);  // no epilogue for it: y = b, then y += x·wᵀ
   run("linear_fwd", "x·wᵀ", g, w, x, y, nullptr, b ? 1.0f : 0.0f, s, t, yt);
+}
+
+void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, const float* r,
+                           float* y, int64_t m, int64_t k, int64_t n, void* stream) {
+  check_dims("linear_fwd_residual", m, k, n);
+  if (m == 0 || n == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (k > 0) {
+    // C = r, beta 1: the epilogue adds the residual (and the bias) to the fp32 accumulators.
+    const LtGemm g = forward_gemm(t, DT::F32, false, m, k, n);
+    if ((!b || reinterpret_cast<uintptr_t>(b) % 16 == 0) &&
+        lt_matmul(g, w, x, y, b, 1.0f, 1.0f, s, nullptr, r))
+      return;
+  }
+  // No epilogue for it (or k = 0): y = r, then y += x·wᵀ + b in place.
+  CAI_CUDA_CHECK(cudaMemcpyAsync(y, r, static_cast<size_t>(m * n) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, s));
+  if (b) axpy_rows(b, y, m, n, s);
+  if (k > 0)
+    run("linear_fwd_residual", "r + x·wᵀ", forward_gemm(t, DT::F32, false, m, k, n), w, x, y,
+        nullptr, 1.0f, s, t, DT::F32);
 }
 
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,

@@ -1,7 +1,7 @@
 // Device side of the typed (fp32/bf16/fp16) kernels: element conversions through fp32, small
 // vector loads/stores, and the dispatch from a runtime DT to a C++ element type.
-// bf16 rounding is the host's bit arithmetic (cai::float_to_bf16: round to nearest even, NaN
-// keeps its sign and top payload bits), so a value rounded on the GPU equals the CPU's bit for bit.
+// bf16 rounding equals the host's (cai::float_to_bf16: round to nearest even, NaN keeps its sign
+// and top payload bits) bit for bit: the hardware conversion, and the host's bit arithmetic for NaN.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,12 +35,20 @@ template <>
 __device__ __forceinline__ float from_f32<float>(float v) {
   return v;
 }
+// NaN as the host rounds it: the sign and top payload bits kept, quiet.
+__device__ __forceinline__ bf16 bf16_nan(float v) {
+  return __ushort_as_bfloat16(static_cast<unsigned short>((__float_as_uint(v) >> 16) | 0x40u));
+}
+// The hardware's round-to-nearest-even conversion (one instruction; subnormals kept, overflow to
+// inf, as the host does) for everything but NaN, whose payload the host keeps.
 template <>
 __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
-  const uint32_t u = __float_as_uint(v);
-  const uint32_t h =
-      (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return __ushort_as_bfloat16(static_cast<unsigned short>(h));
+  return v != v ? bf16_nan(v) : __float2bfloat16_rn(v);
+}
+// Two values in one conversion instruction (a in the low half).
+__device__ __forceinline__ __nv_bfloat162 bf16x2_from_f32(float a, float b) {
+  if (a != a || b != b) return __nv_bfloat162(from_f32<bf16>(a), from_f32<bf16>(b));
+  return __floats2bfloat162_rn(a, b);
 }
 template <>
 __device__ __forceinline__ fp16 from_f32<fp16>(float v) {
@@ -62,8 +70,17 @@ __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
 template <int V, typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
   Vec<T, V> r;
+  if constexpr (std::is_same_v<T, bf16> && V % 2 == 0) {
 #pragma unroll
-  for (int e = 0; e < V; ++e) r.v[e] = from_f32<T>(in[e]);
+    for (int e = 0; e < V; e += 2) {
+      const __nv_bfloat162 h = bf16x2_from_f32(in[e], in[e + 1]);
+      r.v[e] = h.x;
+      r.v[e + 1] = h.y;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) r.v[e] = from_f32<T>(in[e]);
+  }
   *reinterpret_cast<Vec<T, V>*>(p) = r;
 }
 

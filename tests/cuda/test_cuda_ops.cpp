@@ -67,6 +67,56 @@ TEST_F(Cuda, Linear) {
   }
 }
 
+// The residual add in the GEMM's epilogue (r + x·wᵀ + b, fp32 out) against the CPU's linear then
+// add: bf16 and fp16 inputs, with and without a bias, a bias at an odd address (no epilogue: the
+// copy, bias and in-place GEMM path), and shapes cuBLASLt may refuse (n = 3).
+TEST_F(Cuda, LinearForwardResidual) {
+  for (DType t : {DType::BF16, DType::F16, DType::F32})
+    for (auto [m, k, n] : {std::tuple{300, 192, 576}, {5, 7, 3}, {394, 64, 768}})
+      for (int bias = 0; bias < 3; ++bias) {
+        Tensor x = random_tensor({m, k}, 31).to(t), w = random_tensor({n, k}, 32);
+        Tensor r = random_tensor({m, n}, 33), b_all = random_tensor({n + 1}, 34);
+        // bias 1: a 16-byte aligned bias; bias 2: the same values one element in (4-byte aligned).
+        Tensor b = bias == 2 ? b_all.narrow(1, n) : b_all.narrow(0, n).clone();
+        Tensor gb = bias == 2 ? gpu(b_all).narrow(1, n) : gpu(b);
+        const Tensor* bp = bias ? &b : nullptr;
+        const Tensor* gbp = bias ? &gb : nullptr;
+        const std::string what = fmt::format("linear_fwd_residual {} [{}, {}, {}] bias {}",
+                                             dtype_name(t), m, k, n, bias);
+        Tensor ref = ops::linear_fwd_residual(x, w, bp, r);
+        Tensor got = ops::linear_fwd_residual(gpu(x), gpu(w), gbp, gpu(r));
+        ASSERT_EQ(got.dtype(), DType::F32) << what;
+        expect_close(got, ref, what.c_str());
+        // The reference is the unfused pair on the CPU, fp32 product of the rounded operands.
+        Tensor unfused = ops::add(r, ops::linear_fwd(x, w, bp, DType::F32));
+        expect_close(got, unfused, (what + " against linear + add").c_str());
+      }
+}
+
+// to_dtype: fp32 tensors to bf16/fp16 in batched launches, equal bit for bit to Tensor::to, with
+// sizes that are not multiples of the vector width and misaligned views (the scalar path), and
+// more tensors than one launch takes.
+TEST_F(Cuda, CastMultiEqualsCast) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<Tensor> src;
+    for (int i = 0; i < 21; ++i) {
+      const int64_t n = i % 3 == 0 ? 1024 * (i + 1) : i % 3 == 1 ? 7 * i + 1 : 4 * i + 4;
+      Tensor base = gpu(random_tensor({n + 1}, 40 + i, 3.0f));
+      src.push_back(i % 4 == 3 ? base.narrow(1, n) : base.narrow(0, n));
+    }
+    std::vector<const Tensor*> ptrs;
+    for (const Tensor& x : src) ptrs.push_back(&x);
+    const std::vector<Tensor> got = ops::to_dtype(ptrs, t);
+    ASSERT_EQ(got.size(), src.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      ASSERT_EQ(got[i].dtype(), t);
+      ASSERT_TRUE(got[i].is_cuda());
+      EXPECT_EQ(got[i].to(DType::F32).to_vector(), src[i].to(t).to(DType::F32).to_vector())
+          << "tensor " << i << " of " << src[i].numel() << " elements, " << dtype_name(t);
+    }
+  }
+}
+
 TEST_F(Cuda, LayerNorm) {
   for (auto [m, d] : {std::pair{4, 9}, {1, 1}, {394, 768}}) {
     Tensor x = random_tensor({m, d}, 1), g = random_tensor({d}, 2), b = random_tensor({d}, 3);
@@ -121,7 +171,7 @@ TEST_F(Cuda, LayerNormBackwardAdd) {
 TEST_F(Cuda, GeluBackwardWithBiasGradient) {
   for (DType t : {DType::F32, DType::BF16})
     for (ops::Gelu kind : {ops::Gelu::Exact, ops::Gelu::Tanh})
-      for (auto [m, n] : {std::pair{394, 3072}, {7, 9}, {1100, 64}}) {
+      for (auto [m, n] : {std::pair{394, 3072}, {7, 9}, {1100, 64}, {20000, 64}}) {
         Tensor x = random_tensor({m, n}, 21, 2.0f).to(t), dy = random_tensor({m, n}, 22).to(t);
         Tensor db = random_tensor({n}, 23), gdb = gpu(db);
         Tensor dx = ops::gelu_bwd_bias(x, dy, kind, &db);

@@ -201,3 +201,36 @@ TEST(ViT, MicroBatchesAddUpToTheFullBatch) {
   EXPECT_EQ(full.forward(img, c1, ForwardCtx{}).to_vector(),
             full.forward(img, c2, ForwardCtx{false, 1, 2, 0}).to_vector());
 }
+
+// ComputeCopies: the weights and biases in the compute dtype for its lifetime, rounded as
+// Tensor::to rounds; nothing for fp32; an inner scope leaves an enclosing scope's copies alone
+// (a checkpointed block recomputes its forward inside its backward's scope).
+TEST(ViT, ComputeCopiesHoldRoundedWeightsForTheirScope) {
+  Linear a("a", 6, 5), b("b", 4, 3, /*bias=*/false);
+  for (Parameter* p : {&a.weight, &a.bias, &b.weight})
+    p->value = Tensor::from_vector(std::vector<float>(p->value.numel(), 1.0f + 1.0f / 1024),
+                                   p->value.shape());
+  {
+    const ComputeCopies none(DType::F32, {&a, &b});
+    EXPECT_FALSE(a.weight_c.defined());
+    EXPECT_EQ(&a.w(), &a.weight.value);
+  }
+  {
+    const ComputeCopies outer(DType::BF16, {&a});
+    ASSERT_TRUE(a.weight_c.defined() && a.bias_c.defined());
+    EXPECT_EQ(a.w().dtype(), DType::BF16);
+    EXPECT_EQ(a.b().dtype(), DType::BF16);
+    EXPECT_EQ(a.w().to(DType::F32).to_vector(),
+              a.weight.value.to(DType::BF16).to(DType::F32).to_vector());
+    EXPECT_FALSE(b.weight_c.defined());
+    {
+      const ComputeCopies inner(DType::BF16, {&a, &b});
+      EXPECT_TRUE(b.weight_c.defined());
+      EXPECT_FALSE(b.bias_c.defined());  // no bias
+    }
+    EXPECT_TRUE(a.weight_c.defined()) << "the inner scope cleared the outer scope's copy";
+    EXPECT_FALSE(b.weight_c.defined());
+  }
+  EXPECT_FALSE(a.weight_c.defined() || a.bias_c.defined());
+  EXPECT_EQ(a.w().dtype(), DType::F32);
+}

@@ -108,6 +108,30 @@ Linear Linear::sharded(const std::string& name, int64_t in, int64_t out, const S
   return l;
 }
 
+ComputeCopies::ComputeCopies(DType t, std::initializer_list<Linear*> layers) {
+  if (t == DType::F32) return;
+  std::vector<const Tensor*> src;
+  for (Linear* l : layers) {
+    if (l->weight_c.defined() || !l->weight.value.defined() ||
+        l->weight.value.dtype() != DType::F32)
+      continue;
+    set_.push_back(l);
+    src.push_back(&l->weight.value);
+    if (l->has_bias && l->bias.value.defined()) src.push_back(&l->bias.value);
+  }
+  if (set_.empty()) return;
+  std::vector<Tensor> c = ops::to_dtype(src, t);
+  size_t i = 0;
+  for (Linear* l : set_) {
+    l->weight_c = c[i++];
+    if (l->has_bias && l->bias.value.defined()) l->bias_c = c[i++];
+  }
+}
+
+ComputeCopies::~ComputeCopies() {
+  for (Linear* l : set_) l->weight_c = l->bias_c = Tensor();
+}
+
 void Linear::collect(std::vector<Parameter*>& out) {
   out.push_back(&weight);
   if (has_bias) out.push_back(&bias);

@@ -656,8 +656,7 @@ Tensor TensorParallel::gather_features(const Tensor& part) {
 
 Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
   const bool split = tp && tp->size() > 1;
-  Tensor y =
-      ops::linear_fwd(x, l.weight.value, !split || tp->rank() == 0 ? &l.bias.value : nullptr);
+  Tensor y = ops::linear_fwd(x, l.w(), !split || tp->rank() == 0 ? &l.b() : nullptr);
   if (!split) return y;
   return tp->sequence_parallel() ? tp->reduce_scatter_tokens(y) : tp->all_reduce(y);
 }
@@ -665,10 +664,11 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
                          bool bias_grad) {
   Tensor* db = bias_grad ? &l.bias.grad : nullptr;
-  if (!tp || tp->size() == 1) return ops::linear_bwd(x, l.weight.value, dy, &l.weight.grad, db);
+  if (!tp || tp->size() == 1) return ops::linear_bwd(x, l.w(), dy, &l.weight.grad, db);
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
-  const Tensor w = x.dtype() == DType::F32 ? l.weight.value : l.weight.value.to(x.dtype());
+  const Tensor w =
+      x.dtype() == DType::F32 || l.w().dtype() == x.dtype() ? l.w() : l.w().to(x.dtype());
   const Tensor g = dy.dtype() == x.dtype() ? dy : dy.to(x.dtype());
   Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
   auto pending =

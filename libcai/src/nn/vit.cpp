@@ -1,6 +1,7 @@
 #include "cai/nn/vit.h"
 
 #include <cmath>
+#include <optional>
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
@@ -350,19 +351,23 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1,
                            compute_dtype);
   if (sp()) a.a = tp_->gather_tokens(a.a, n);
-  a.qkv = ops::linear_fwd(a.a, qkv.weight.value, &qkv.bias.value);
+  a.qkv = ops::linear_fwd(a.a, qkv.w(), &qkv.b());
   a.o = ops::attention_fwd(a.qkv, heads_, &a.probs);
-  Tensor y = row_linear_fwd(tp_, a.o, proj);
-  if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
-  if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
-  a.h = ops::add(x, y);
+  if (fused_residual(ctx)) {
+    a.h = ops::linear_fwd_residual(a.o, proj.w(), &proj.bias.value, x);
+  } else {
+    Tensor y = row_linear_fwd(tp_, a.o, proj);
+    if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
+    if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
+    a.h = ops::add(x, y);
+  }
   a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
                            compute_dtype);
   if (sp()) a.b = tp_->gather_tokens(a.b, n);
   if (c_.act == "gelu_tanh") {
-    a.m = ops::linear_gelu_fwd(a.b, fc1.weight.value, fc1.bias.value, &a.f);
+    a.m = ops::linear_gelu_fwd(a.b, fc1.w(), fc1.b(), &a.f);
   } else {
-    a.f = ops::linear_fwd(a.b, fc1.weight.value, &fc1.bias.value);
+    a.f = ops::linear_fwd(a.b, fc1.w(), &fc1.b());
     a.m = ops::gelu_fwd(a.f);
   }
   if (drop) a.m = ops::dropout_fwd(a.m, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
@@ -374,6 +379,9 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
   CAI_CHECK(x.dim() == 3 && x.size(2) == features,
             "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, features, x.str());
   auto a = std::make_unique<Acts>();
+  // The weights in the compute dtype once for the block's GEMMs (1D and no tensor parallelism).
+  std::optional<ComputeCopies> copies;
+  if (!nd()) copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
   run_forward(x, *a, ctx);
   Tensor y;
   if (nd()) {
@@ -384,14 +392,15 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
                            nd_key(ctx, prefix_ + ".mlp.drop2", 0, bs, c_.embed_dim));
     if (ctx.training && drop_path_ > 0)
       y = ops::drop_path_fwd(y, drop_path_, chunk_ctx(ctx, 0, bs).key(prefix_ + ".drop_path2", 1));
-  } else {
+  } else if (!fused_residual(ctx)) {
     y = row_linear_fwd(tp_, a->m, fc2);
     if (ctx.training && c_.drop_rate > 0)
       y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
     if (ctx.training && drop_path_ > 0)
       y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   }
-  Tensor out = ops::add(a->h, y);
+  Tensor out = y.defined() ? ops::add(a->h, y)
+                           : ops::linear_fwd_residual(a->m, fc2.w(), &fc2.bias.value, a->h);
   if (checkpoint) {
     // Keep only the input; backward recomputes the rest with the same RNG keys.
     Tensor keep = a->x;
@@ -404,6 +413,8 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
 
 Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& a = cache_as<Acts>(cache, prefix_);
+  std::optional<ComputeCopies> copies;
+  if (!nd()) copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
   if (!a.full) run_forward(Tensor(a.x), a, ctx);
   if (nd()) {
     Tensor gx = backward_nd(dy, a, ctx);
@@ -434,9 +445,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gf;
   bool fc1_bias_done = false;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
-    gf = ops::linear_dgelu_bwd(a.m, fc2.weight.value, g, a.f, &fc2.weight.grad, &fc2.bias.grad);
+    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, &fc2.bias.grad);
   } else {
-    Tensor gm = ops::linear_bwd(a.m, fc2.weight.value, g, &fc2.weight.grad, &fc2.bias.grad);
+    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, &fc2.bias.grad);
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
@@ -457,7 +468,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
-  Tensor go = ops::linear_bwd(a.o, proj.weight.value, gy, &proj.weight.grad, &proj.bias.grad);
+  Tensor go = ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   Tensor gx =
@@ -607,10 +618,7 @@ ViT::ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp) : c_(c), tp_(st
   TensorParallel* t = tp_.get();
   layers_.push_back(std::make_unique<Embedding>(c, t));
   for (int64_t i = 0; i < c.depth; ++i) {
-    // timm: dpr = linspace(0, drop_path_rate, depth)
-    const float dp = c.depth > 1 ? c.drop_path_rate * static_cast<float>(i) / (c.depth - 1)
-                                 : c.drop_path_rate * 0.0f;
-    layers_.push_back(std::make_unique<Block>(c, i, dp, t));
+    layers_.push_back(std::make_unique<Block>(c, i, c.block_drop_path(i), t));
   }
   layers_.push_back(std::make_unique<Head>(c, t));
 }

@@ -127,6 +127,28 @@ Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, DType out) 
   return as(linear_fwd(up(x), up(wc), b ? &bf : nullptr), out);
 }
 
+Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& r) {
+  floating("linear", x);
+  CAI_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+            "[linear] input {} and weight {}: expected [..., K] and [N, K]", x.str(), w.str());
+  CAI_CHECK(r.shape() == with_last(x.shape(), w.size(0)) && r.dtype() == DType::F32,
+            "[linear] residual {}: expected fp32 [{}]", r.str(),
+            fmt::join(with_last(x.shape(), w.size(0)), ", "));
+  same_device("linear", x, r);
+  if (b) f32_only("linear", *b);
+  const DType t = x.dtype();
+  if (t == DType::F32 || !x.is_cuda()) return add(r, linear_fwd(x, w, b, DType::F32));
+  same_device("linear", x, w);
+  CAI_CHECK(b == nullptr || (b->dim() == 1 && b->size(0) == w.size(0)),
+            "[linear] bias {} does not match {} output features", b ? b->str() : "", w.size(0));
+  const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
+  Tensor y = Tensor::empty(r.shape(), DType::F32, x.device());
+  const Tensor wc = as(w, t);
+  kernels::cuda::linear_fwd_residual_t(kdt(t), x.raw(), wc.raw(), b ? f32(*b) : nullptr, f32(r),
+                                       f32m(y), m, k, n);
+  return y;
+}
+
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx) {
   floating("linear", x);
@@ -834,6 +856,39 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 void add_(Tensor& y, const Tensor& x) {
   axpy_(y, 1.0f, x);
+}
+
+std::vector<Tensor> to_dtype(const std::vector<const Tensor*>& ts, DType t) {
+  std::vector<Tensor> out(ts.size());
+  // fp32 → half on a GPU: batched, kCastMulti tensors per launch.
+  std::vector<size_t> batch;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    const float* src[kernels::cuda::kCastMulti];
+    void* dst[kernels::cuda::kCastMulti];
+    int64_t n[kernels::cuda::kCastMulti];
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const Tensor& x = *ts[batch[j]];
+      out[batch[j]] = Tensor::empty(x.shape(), t, x.device());
+      src[j] = f32(x);
+      dst[j] = out[batch[j]].raw();
+      n[j] = x.numel();
+    }
+    kernels::cuda::cast_multi(static_cast<int>(batch.size()), src, kdt(t), dst, n);
+    batch.clear();
+  };
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& x = *ts[i];
+    CAI_CHECK(x.defined(), "[to_dtype] tensor {} of {} is undefined", i, ts.size());
+    if (x.is_cuda() && x.dtype() == DType::F32 && is_half(t)) {
+      batch.push_back(i);
+      if (batch.size() == static_cast<size_t>(kernels::cuda::kCastMulti)) flush();
+    } else {
+      out[i] = x.dtype() == t ? x : x.to(t);
+    }
+  }
+  flush();
+  return out;
 }
 
 void axpy_(Tensor& y, float alpha, const Tensor& x) {

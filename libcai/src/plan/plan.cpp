@@ -245,12 +245,28 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   p.ops.push_back({p.name, "attn", Phase::Backward, (s.fused ? 2.5 : 2.0) * attn,
                    rows * (3 + 2) * s.dt * e + (s.fused ? 0 : b * s.heads * n * n * e),
                    rows * 3 * s.dt * e});
-  add_linear(p, "attn.proj", rows, s.dt, d, e);
+  // On a GPU in half precision the residual adds ride proj's and fc2's GEMMs when nothing sits
+  // between (nn::ViTConfig::fused_residual): those forwards read the fp32 residual and write the
+  // fp32 sum, and no separate add runs forward.
+  const bool half = l.precision != DType::F32;
+  const bool fused = half && c.fused_residual(index, l.tp, true);
+  const bool fused_gpu = fused && l.gpu;
+  auto add_residual_linear = [&](const std::string& op, int64_t in) {
+    add_linear(p, op, rows, in, d, e);
+    if (!fused_gpu) return;
+    OpCost& f = p.ops[p.ops.size() - 2];  // the forward
+    f.op += "+residual";
+    f.flops += 2.0 * rows * d;
+    f.bytes_read += rows * d * 4;
+    f.bytes_written = rows * d * 4;
+  };
+  add_residual_linear("attn.proj", s.dt);
   add_elementwise(p, "norm2", b * nr * d, 8, e);
   add_linear(p, "mlp.fc1", rows, d, s.hid, e);
   add_elementwise(p, "mlp.act", rows * s.hid, 8, e);
-  add_linear(p, "mlp.fc2", rows, s.hid, d, e);
+  add_residual_linear("mlp.fc2", s.hid);
   add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
+  if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
 
   // Collectives as the block issues them (nn/vit.cpp, tensor_parallel.cpp).
   if (s.tp) {
@@ -284,8 +300,12 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   const int64_t y = rows * d * e;  // a row-parallel output before the reduction
   // The fc2 output beside the new residual; under sequence parallelism its reduce-scatter's
   // staging buffer and result first.
-  const int64_t y_out = s.sp ? std::max(y + rows * d * s.es + b * nr * d * e - x, b * nr * d * e)
-                             : y + (s.tp && l.precision != DType::F32 && !l.gpu ? rows * d * 4 : 0);
+  // Fused: none on a GPU; on the CPU the fp32 product before the add.
+  const int64_t y_out = fused_gpu ? 0
+                        : fused   ? rows * d * 4
+                        : s.sp
+                            ? std::max(y + rows * d * s.es + b * nr * d * e - x, b * nr * d * e)
+                            : y + (s.tp && l.precision != DType::F32 && !l.gpu ? rows * d * 4 : 0);
   // Backward (Block::backward): function-scope gradients accumulate until the end.
   const int64_t g_full = s.sp ? rows * d * 4 : 0;  // gathered dy and gy
   const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = b * nr * d * e,
@@ -303,7 +323,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.backward_extra = (full - x) + bwd;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
-      if (o.phase == Phase::Forward && o.op != "mlp.fc2") {
+      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0) {
         OpCost r = o;
         r.phase = Phase::Recompute;
         p.ops.push_back(r);
@@ -318,6 +338,14 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.saved = full;
     p.forward_extra = y_out;
     p.backward_extra = bwd;
+  }
+  // nn::ComputeCopies: the block's weights and biases in the compute dtype through its forward
+  // and its backward (1d and no tensor parallelism).
+  if (half && !l.nd()) {
+    const int64_t copies =
+        (3 * s.dt * d + d * s.dt + s.hid * d + d * s.hid + 3 * s.dt + d + s.hid + d) * e;
+    p.forward_extra += copies;
+    p.backward_extra += copies;
   }
   return p;
 }

@@ -3,6 +3,7 @@
 // owns and backward consumes it, so a pipeline executor can hold several micro-batches in flight.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,12 @@ class Layer {
 struct Linear {
   Parameter weight, bias;
   bool has_bias = true;
+  // The weight and bias in the compute dtype for the duration of one pass (set by a
+  // ComputeCopies scope, undefined otherwise): rounded once for all the GEMMs of the pass
+  // instead of at each use. w() and b() give the copy when there is one, else the fp32 value.
+  Tensor weight_c, bias_c;
+  const Tensor& w() const { return weight_c.defined() ? weight_c : weight.value; }
+  const Tensor& b() const { return bias_c.defined() ? bias_c : bias.value; }
   Linear() = default;
   Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
   // Tensor parallel (1D): part `part` of `count`. Column: the output rows split (in `groups` equal
@@ -105,6 +112,20 @@ struct Linear {
   static Linear sharded(const std::string& name, int64_t in, int64_t out, const ShardSpec& weight,
                         const ShardSpec& bias);
   void collect(std::vector<Parameter*>& out);
+};
+
+// Sets the compute-dtype copies of some Linear layers' weights and biases (one launch on a GPU)
+// for its lifetime and clears them at its end. Nothing when t is fp32 or a layer already has
+// copies (an enclosing scope's: a checkpointed block's recomputation inside its backward).
+class ComputeCopies {
+ public:
+  ComputeCopies(DType t, std::initializer_list<Linear*> layers);
+  ~ComputeCopies();
+  ComputeCopies(const ComputeCopies&) = delete;
+  ComputeCopies& operator=(const ComputeCopies&) = delete;
+
+ private:
+  std::vector<Linear*> set_;
 };
 
 struct LayerNorm {

@@ -34,6 +34,17 @@ struct ViTConfig {
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
+  // Block i's drop-path rate (timm: linspace(0, drop_path_rate, depth)).
+  float block_drop_path(int64_t i) const {
+    return depth > 1 ? drop_path_rate * static_cast<float>(i) / static_cast<float>(depth - 1)
+                     : drop_path_rate * 0.0f;
+  }
+  // Whether block i's residual adds ride its proj and fc2 GEMMs (ops::linear_fwd_residual) on
+  // a GPU in half precision: no tensor parallelism (tp_size 1) and, in training, nothing
+  // (dropout, drop-path) between those linears and the adds.
+  bool fused_residual(int64_t i, int tp_size, bool training) const {
+    return tp_size == 1 && !(training && (drop_rate > 0 || block_drop_path(i) > 0));
+  }
   // The parameter count of the whole (unsplit) model, without building it.
   int64_t num_parameters() const;
   void validate() const;  // throws naming the bad value
@@ -89,6 +100,11 @@ class Block : public Layer {
   ops::RngKey hidden_key(const ForwardCtx& ctx, const std::string& site) const;
   bool sp() const { return tp_ && tp_->size() > 1 && tp_->sequence_parallel(); }
   bool nd() const { return tp_ && tp_->nd(); }
+  // Whether the residual adds ride proj's and fc2's GEMMs (ops::linear_fwd_residual): no tensor
+  // parallelism and nothing (dropout, drop-path) between the linear and the add.
+  bool fused_residual(const ForwardCtx& ctx) const {
+    return !(tp_ && tp_->size() > 1) && !(ctx.training && (c_.drop_rate > 0 || drop_path_ > 0));
+  }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // 2d/2.5d/3d: the forward and backward with the nd layers, and the mask key of this rank's
   // part (batch chunk and features) of a [batch, tokens, features] site in layout `orient`.

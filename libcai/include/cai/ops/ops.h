@@ -8,6 +8,7 @@
 // up.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "cai/core/tensor.h"
 
@@ -17,6 +18,10 @@ namespace cai::ops {
 // the fp32 weight and bias are rounded to it; `out` is x's dtype (default) or fp32.
 Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b);
 Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, DType out);
+// A residual connection's add with the linear before it: r + x·wᵀ + b in fp32 (r fp32 of the
+// output's shape; b fp32 or null). Half x: one GEMM whose epilogue adds b and r to the fp32
+// accumulators (the product is not rounded to x's dtype first); fp32 x: linear_fwd, then the add.
+Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& r);
 // Returns dx in x's dtype (undefined when need_dx is false); dw, db (fp32) accumulate. dy is
 // converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
@@ -147,6 +152,9 @@ void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha·x
 void scale_(Tensor& x, float alpha);
 void fill_(Tensor& x, float value);
 double sum_squares(const Tensor& x);
+// Each tensor converted to dtype t (as Tensor::to): fp32 tensors on a GPU to bf16/fp16 in one
+// launch per kernels::cuda::kCastMulti tensors; the rest one by one.
+std::vector<Tensor> to_dtype(const std::vector<const Tensor*>& ts, DType t);
 int64_t count_nonfinite(const Tensor& x);  // elements that are inf or NaN
 
 }  // namespace cai::ops
