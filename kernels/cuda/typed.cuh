@@ -1,7 +1,8 @@
 // Device side of the typed (fp32/bf16/fp16) kernels: element conversions through fp32, small
 // vector loads/stores, and the dispatch from a runtime DT to a C++ element type.
 // bf16 rounding equals the host's (cai::float_to_bf16: round to nearest even, NaN keeps its sign
-// and top payload bits) bit for bit: the hardware conversion, and the host's bit arithmetic for NaN.
+// and top payload bits) bit for bit: the hardware conversion, and the host's bit arithmetic for
+// NaN.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
