@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """PyTorch/timm side of scripts/bench-vit: training-step throughput of a timm ViT with AdamW on
 synthetic data, eager fp32, eager bf16 autocast and torch.compile bf16. One JSON line each.
 Under torchrun with several processes: DistributedDataParallel (NCCL), batch per GPU, total img/s
