@@ -3,9 +3,11 @@
 // accumulators), operands from shared memory through ldmatrix, tiles loaded with cp.async
 // (zero-filled past the last token and past hd, so tails need no special path).
 //
-// Forward, one CTA of 4 warps per (batch·head, block of 64 queries), each warp 16 query rows:
-//   for each block of 64 keys: S = Q·Kᵀ (registers), online softmax in fp32 (base 2, running max
-//   m and sum l), O = diag(α)·O + P·V with P reused from the S accumulators as the A operand.
+// Forward, one CTA of up to 8 warps per (batch·head, block of queries), each warp 16 query rows
+// (the warps per CTA chosen so a head's row tiles split evenly: n = 197 gives two CTAs of 7
+// warps, so K and V are read twice per head, not four times): for each block of 64 keys (K, V
+// double-buffered with cp.async): S = Q·Kᵀ (registers), online softmax in fp32 (base 2, running
+// max m and sum l), O = diag(α)·O + P·V with P reused from the S accumulators as the A operand.
 //   out = O / l, lse = (m + log2 l)·ln 2 (natural log-sum-exp of the scaled scores).
 // Backward in two kernels, no atomics and no fp32 dQ scratch (only D [b, h, n]):
 //   1. dQ, one CTA per (batch·head, block of 64 queries), each warp 16 queries: D = rowsum(dO ⊙ O)
@@ -52,9 +54,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -122,18 +121,44 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int 
   }
 }
 
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Rows [r0, r0 + count) of a [rows, hd] matrix into a shared tile [count, HDP + 8] with all the
+// block's threads (any block size); rows ≥ rows and columns ≥ hd become zeros. Asynchronous.
 template <typename T, int HDP>
-__global__ void __launch_bounds__(kThreads)
+__device__ __forceinline__ void load_rows(T* s, const T* g, int64_t stride, int r0, int rows,
+                                          int hd, int count) {
+  constexpr int kS = HDP + 8, kChunks = HDP / 8;
+  for (int c = threadIdx.x; c < count * kChunks; c += blockDim.x) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = r0 + r < rows && col < hd;
+    cp_async16(s + r * kS + col, valid ? g + static_cast<int64_t>(r0 + r) * stride + col : g,
+               valid);
+  }
+}
+
+// Forward: a block of blockDim.x / 32 warps takes 16 query rows per warp (fwd_warps picks the
+// count so the row tiles of a head split evenly over its blocks: fewer blocks re-read K and V),
+// with K and V double-buffered through cp.async.
+constexpr int kFwdMaxWarps = 8;
+template <typename T, int HDP>
+__global__ void __launch_bounds__(kFwdMaxWarps * 32)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int n,
                      int h, int hd, int q_blocks, float scale_log2) {
-  constexpr int kS = HDP + 8, kK = HDP / 16;
+  constexpr int kS = HDP + 8, kK = HDP / 16, kT = kTile * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = static_cast<int>(blockDim.x >> 5), qrows = warps * 16;
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + kTile * kS;
-  T* sV = sK + kTile * kS;
+  T* sKV = sQ + qrows * kS;  // stage s: K at sKV + 2·s·kT, V after it
 
   const int64_t bh = blockIdx.x / q_blocks;
-  const int q0 = static_cast<int>(blockIdx.x % q_blocks) * kTile;
+  const int q0 = static_cast<int>(blockIdx.x % q_blocks) * qrows;
   const int64_t bi = bh / h, hi = bh % h;
   const int64_t stride = 3LL * h * hd;  // between tokens in qkv
   const T* Qg = qkv + bi * n * stride + hi * hd;
@@ -144,7 +169,10 @@ __global__ void __launch_bounds__(kThreads)
   const int wq0 = q0 + warp * 16;
   const bool active = wq0 < n;
 
-  load_tile<T, HDP>(sQ, Qg, stride, q0, n, hd);
+  load_rows<T, HDP>(sQ, Qg, stride, q0, n, hd, qrows);
+  load_rows<T, HDP>(sKV, Kg, stride, 0, n, hd, kTile);
+  load_rows<T, HDP>(sKV + kT, Vg, stride, 0, n, hd, kTile);
+  cp_async_commit();
 
   uint32_t qf[kK][4];
   float o[HDP / 8][4];
@@ -152,13 +180,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < HDP / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-  for (int kb = 0; kb < n; kb += kTile) {
-    load_tile<T, HDP>(sK, Kg, stride, kb, n, hd);
-    load_tile<T, HDP>(sV, Vg, stride, kb, n, hd);
-    cp_async_wait_all();
+  const int nk = (n + kTile - 1) / kTile;
+  for (int it = 0; it < nk; ++it) {
+    const int kb = it * kTile;
+    if (it + 1 < nk) {
+      T* nxt = sKV + 2 * ((it + 1) & 1) * kT;
+      load_rows<T, HDP>(nxt, Kg, stride, kb + kTile, n, hd, kTile);
+      load_rows<T, HDP>(nxt + kT, Vg, stride, kb + kTile, n, hd, kTile);
+    }
+    cp_async_commit();
+    cp_async_wait_group<1>();
     __syncthreads();
+    const T* sK = sKV + 2 * (it & 1) * kT;
+    const T* sV = sK + kT;
     if (active) {
-      if (kb == 0) {
+      if (it == 0) {
 #pragma unroll
         for (int kk = 0; kk < kK; ++kk)
           ldsm_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
@@ -239,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // before the next block overwrites sK / sV
+    __syncthreads();  // before the next iteration's loads overwrite this stage
   }
   if (!active) return;
 #pragma unroll
@@ -262,14 +298,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (t4 == 0) lse[bh * n + row[r]] = (m_run[r] + log2f(l_run[r])) * kLn2;
   }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // dQ without atomics, one CTA per (batch·head, block of 64 queries), each warp 16 queries; runs
@@ -585,9 +613,16 @@ int padded_hd(int64_t hd) {
   return hd <= 32 ? 32 : hd <= 64 ? 64 : 128;
 }
 
+// Warps per forward block for n tokens: the 16-row tiles of a head split evenly over the fewest
+// blocks of at most kFwdMaxWarps warps (n = 197: 13 tiles, two blocks of 7 warps).
+int fwd_warps(int64_t n) {
+  const int64_t tiles = (n + 15) / 16;
+  const int64_t blocks = (tiles + kFwdMaxWarps - 1) / kFwdMaxWarps;
+  return static_cast<int>((tiles + blocks - 1) / blocks);
+}
 template <int HDP, typename T>
-size_t fwd_smem() {
-  return 3 * kTile * (HDP + 8) * sizeof(T);
+size_t fwd_smem(int warps) {
+  return (16 * warps + 4 * kTile) * (HDP + 8) * sizeof(T);
 }
 template <typename Kernel>
 void allow_smem(Kernel k, size_t bytes) {
@@ -617,12 +652,13 @@ void check_args(const char* op, DT t, int64_t b, int64_t n, int64_t h, int64_t h
 template <typename T, int HDP>
 void fwd_launch(const void* qkv, void* out, float* lse, int64_t b, int64_t n, int64_t h, int64_t hd,
                 cudaStream_t s) {
-  const int q_blocks = static_cast<int>((n + kTile - 1) / kTile);
-  const size_t smem = fwd_smem<HDP, T>();
+  const int warps = fwd_warps(n);
+  const int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
+  const size_t smem = fwd_smem<HDP, T>(warps);
   auto kernel = flash_fwd_kernel<T, HDP>;
-  allow_smem(kernel, smem);
+  allow_smem(kernel, fwd_smem<HDP, T>(kFwdMaxWarps));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(hd));
-  kernel<<<static_cast<unsigned>(b * h * q_blocks), kThreads, smem, s>>>(
+  kernel<<<static_cast<unsigned>(b * h * q_blocks), 32 * warps, smem, s>>>(
       static_cast<const T*>(qkv), static_cast<T*>(out), lse, static_cast<int>(n),
       static_cast<int>(h), static_cast<int>(hd), q_blocks, scale_log2);
   CAI_CUDA_CHECK_LAUNCH();

@@ -234,3 +234,28 @@ TEST(ViT, ComputeCopiesHoldRoundedWeightsForTheirScope) {
   EXPECT_FALSE(a.weight_c.defined() || a.bias_c.defined());
   EXPECT_EQ(a.w().dtype(), DType::F32);
 }
+
+// In bf16 a block hands the block before it its input gradient rounded in the LayerNorm pass
+// that makes it, instead of that block's fc2 backward rounding it again: the gradients are the
+// same bits as when the hand-off cannot happen (each gradient a fresh copy between the layers).
+TEST(ViT, RoundedGradientHandOffChangesNothing) {
+  ViTConfig c = small_config();
+  c.depth = 3;
+  Tensor img = test::random_tensor({4, 2, 8, 8}, 5);
+  Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3}, {4});
+  const ForwardCtx ctx{true, 7, 11, 0};
+  ViT a(c), b(c);
+  for (ViT* m : {&a, &b}) {
+    m->init(3);
+    m->set_compute_dtype(DType::BF16);
+  }
+  train_step(a, img, labels, ctx, 0.25f);
+  // b: the layers by hand, every gradient cloned before the layer below takes it.
+  std::vector<std::unique_ptr<Cache>> caches(b.layers().size());
+  Tensor x = img;
+  for (size_t i = 0; i < b.layers().size(); ++i) x = b.layers()[i]->forward(x, caches[i], ctx);
+  Tensor g = ops::cross_entropy_bwd(x, labels, 0.1f, 0.25f);
+  for (size_t i = b.layers().size(); i-- > 0;)
+    g = b.layers()[i]->backward(g.clone(), caches[i], ctx);
+  EXPECT_EQ(grads(a), grads(b));
+}

@@ -379,6 +379,8 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
   CAI_CHECK(x.dim() == 3 && x.size(2) == features,
             "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, features, x.str());
   auto a = std::make_unique<Acts>();
+  if (next && ctx.training && compute_dtype != DType::F32 && takes_dy_as_is(ctx))
+    next->send_half_dx_ = true;  // this block runs here: the next one's dx comes back to it
   // The weights in the compute dtype once for the block's GEMMs (1D and no tensor parallelism).
   std::optional<ComputeCopies> copies;
   if (!nd()) copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
@@ -437,7 +439,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   }
 
   // MLP half: out = h + dpath(drop(fc2(m)))
-  Tensor g = dy;
+  Tensor g = half_dy(dy, a.m.dtype());
+  if (!g.defined() || !takes_dy_as_is(ctx)) g = dy;
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (sp()) g = tp_->gather_tokens(g, n);
@@ -453,6 +456,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
     fc1_bias_done = true;
   }
+  g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
   Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
@@ -471,8 +475,13 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor go = ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
-  Tensor gx =
-      ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2], &ln[3]);
+  // The block before this one takes gx rounded: from the same pass.
+  const bool send =
+      send_half_dx_ && (a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16) && !sp();
+  Tensor gx_half;
+  Tensor gx = ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2],
+                                     &ln[3], a.o.dtype(), send ? &gx_half : nullptr);
+  if (send) dx_ = gx, dx_half_ = gx_half;
   if (sp()) {
     ln_flat = tp_->all_reduce(ln_flat);
     for (int i = 0; i < 4; ++i)
@@ -480,6 +489,16 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   }
   cache.reset();
   return gx;
+}
+
+Tensor Block::half_dy(const Tensor& dy, DType t) {
+  if (!next) return Tensor();
+  Tensor h;
+  if (next->dx_.defined() && next->dx_half_.defined() && next->dx_.raw() == dy.raw() &&
+      next->dx_.shape() == dy.shape() && next->dx_half_.dtype() == t)
+    h = next->dx_half_;
+  next->dx_ = next->dx_half_ = Tensor();
+  return h;
 }
 
 void Block::collect(std::vector<Parameter*>& out) {
@@ -617,8 +636,12 @@ ViT::ViT(const ViTConfig& c, std::shared_ptr<TensorParallel> tp) : c_(c), tp_(st
     c.validate_tensor_parallel(tp_->mode(), tp_->size(), tp_->depth(), tp_->sequence_parallel());
   TensorParallel* t = tp_.get();
   layers_.push_back(std::make_unique<Embedding>(c, t));
+  Block* prev = nullptr;
   for (int64_t i = 0; i < c.depth; ++i) {
-    layers_.push_back(std::make_unique<Block>(c, i, c.block_drop_path(i), t));
+    auto b = std::make_unique<Block>(c, i, c.block_drop_path(i), t);
+    if (prev) prev->next = b.get();
+    prev = b.get();
+    layers_.push_back(std::move(b));
   }
   layers_.push_back(std::make_unique<Head>(c, t));
 }

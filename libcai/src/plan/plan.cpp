@@ -311,11 +311,19 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = b * nr * d * e,
                 gh = b * nr * d * 4, go = rows * s.dt * e, gq = rows * 3 * s.dt * e,
                 ga = b * nr * d * e, gx = x;
-  const int64_t at_gelu = g_full + gm + gf;
+  // This block takes dy rounded from the next one (nn::Block::half_dy) until fc2's backward.
+  const bool takes_half = half && !l.nd() && !s.sp && index + 1 < c.depth &&
+                          !(c.drop_rate > 0 || c.block_drop_path(index) > 0);
+  const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0);
   const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
   const int64_t at_qkv =
       before_qkv + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
-  const int64_t at_end = before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0);
+  // The block before this one takes dy rounded (nn::Block::takes_dy_as_is): the copy is made
+  // with gx and lives until that block's fc2 backward.
+  const bool sends_half = half && !l.nd() && !s.sp && index > 0 &&
+                          !(c.drop_rate > 0 || c.block_drop_path(index - 1) > 0);
+  const int64_t at_end =
+      before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
   const int64_t bwd = std::max({at_gelu, at_qkv, at_end});
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest

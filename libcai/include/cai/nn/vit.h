@@ -90,6 +90,10 @@ class Block : public Layer {
   LayerNorm norm1, norm2;
   Linear qkv, proj, fc1, fc2;
   bool checkpoint = false;
+  // The block after this one in the model (set by ViT): its backward's input gradient is this
+  // block's output gradient, which it can round to the compute dtype in the pass that makes it
+  // (the rounded copy fc2's backward here takes; see half_dy).
+  Block* next = nullptr;
 
  private:
   struct Acts;
@@ -106,6 +110,18 @@ class Block : public Layer {
     return !(tp_ && tp_->size() > 1) && !(ctx.training && (c_.drop_rate > 0 || drop_path_ > 0));
   }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  // Whether fc2's backward takes the output gradient as it comes (1d, no sequence parallelism,
+  // no dropout or drop-path on it), so a rounded copy of it saves fc2 its own rounding pass.
+  bool takes_dy_as_is(const ForwardCtx& ctx) const {
+    return !nd() && !sp() && !(ctx.training && (c_.drop_rate > 0 || drop_path_ > 0));
+  }
+  // Takes the next block's copy of dy rounded to `t` when it made one for this very tensor
+  // (undefined otherwise); the stash is cleared either way.
+  Tensor half_dy(const Tensor& dy, DType t);
+  // Set by the block before this one when its forward ran here and it takes dy as is: this
+  // block's backward then also writes its input gradient rounded to the compute dtype.
+  bool send_half_dx_ = false;
+  Tensor dx_, dx_half_;  // the last input gradient returned and its rounded copy
   // 2d/2.5d/3d: the forward and backward with the nd layers, and the mask key of this rank's
   // part (batch chunk and features) of a [batch, tokens, features] site in layout `orient`.
   void run_forward_nd(const Tensor& x, Acts& a, const ForwardCtx& ctx);
