@@ -1,7 +1,7 @@
 // Fused (FlashAttention-2 style) bf16/fp16 attention from qkv[b, n, 3, h, hd] to out[b, n, h, hd]:
-// no n×n matrix ever reaches global memory. Tensor cores through mma.sync m16n8k16 (fp32
-// accumulators), operands from shared memory through ldmatrix, tiles loaded with cp.async
-// (zero-filled past the last token and past hd, so tails need no special path).
+// the forward keeps no n×n matrix (the backward writes dSᵀ once, below). Tensor cores through
+// mma.sync m16n8k16 (fp32 accumulators), operands from shared memory through ldmatrix, tiles loaded
+// with cp.async (zero-filled past the last token and past hd, so tails need no special path).
 //
 // Forward, one CTA of up to 8 warps per (batch·head, block of queries), each warp 16 query rows
 // (the warps per CTA chosen so a head's row tiles split evenly: n = 197 gives two CTAs of 7
@@ -9,19 +9,20 @@
 // double-buffered with cp.async): S = Q·Kᵀ (registers), online softmax in fp32 (base 2, running
 // max m and sum l), O = diag(α)·O + P·V with P reused from the S accumulators as the A operand.
 //   out = O / l, lse = (m + log2 l)·ln 2 (natural log-sum-exp of the scaled scores).
-// Backward in two kernels, no atomics and no fp32 dQ scratch (only D [b, h, n]):
-//   1. dQ, one CTA per (batch·head, block of 64 queries), each warp 16 queries: D = rowsum(dO ⊙ O)
-//      from the O and dO tiles (also written out for kernel 2), then over blocks of 64 keys (K, V
-//      double-buffered with cp.async): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(scale·S − lse),
-//      dS = P ⊙ (dP − D), dQ += dS·K; scale·dQ written straight into dqkv.
+// Backward in three kernels, no atomics:
+//   1. D = rowsum(dO ⊙ O) [b, h, n], one thread per (token, head).
 //   2. dK, dV, one CTA per (batch·head, block of 64 keys), each warp 16 keys, over blocks of 64
-//      queries (Q, dO, lse, D double-buffered): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ as above,
-//      dV += Pᵀ·dO, dK += dSᵀ·Q (registers, fp32); scale·dK and dV written into dqkv.
-//   S and dP are computed twice (7 GEMM passes instead of 5), which costs less than the 155 M fp32
-//   dQ atomics, the zeroing and conversion passes and the D pass of the single-kernel version.
-// Measured (H200, bf16, b 256, n 197, h 12, hd 64): forward 0.31 ms (99 TFLOP/s), backward
-// 0.905 ms (84 TFLOP/s at 2.5× the forward FLOPs; the single kernel with dQ atomics was 1.05 ms);
-// the cuBLAS path was 1.15 ms / 1.65 ms.
+//      queries (Q, dO, lse, D double-buffered): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(scale·Sᵀ − lse),
+//      dSᵀ = Pᵀ ⊙ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (registers, fp32); scale·dK and dV written
+//      into dqkv, and dSᵀ (rounded to the input type, as the products take it) into a scratch
+//      [b·h, n, n rounded up to 8].
+//   3. dQ = scale·dS·K from that scratch, one CTA per (batch·head, block of 64 queries).
+//   S and dP are computed once (5 GEMM passes). The earlier dQ kernel recomputed them (7 passes;
+//   0.445 ms of the ViT-B/16 layer's 0.948 ms on an H100); dSᵀ costs 242 MB of scratch per
+//   ViT-B/16 layer at batch 256 and one write and read of it.
+// Measured (H200, bf16, b 256, n 197, h 12, hd 64) before the forward's block resizing and the
+// dSᵀ backward: forward 0.31 ms (99 TFLOP/s), backward 0.905 ms; the cuBLAS path was 1.15 ms /
+// 1.65 ms.
 // hd is padded in shared memory to HDP ∈ {32, 64, 128} (zeros), so any multiple of 8 up to 128
 // runs.
 #include <cuda_bf16.h>
@@ -300,143 +301,98 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
   }
 }
 
-// dQ without atomics, one CTA per (batch·head, block of 64 queries), each warp 16 queries; runs
-// first and also writes D = rowsum(dO ⊙ O) (from the O and dO tiles it holds) for the dK/dV
-// kernel. Loops over key blocks (K, V double-buffered through cp.async), recomputing
-//   S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(scale·S − lse), dS = P ⊙ (dP − D), dQ += dS·K,
-// and writes scale·dQ straight into dqkv's q slot.
-template <typename T, int HDP, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
-    flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ out,
-                        const T* __restrict__ dout, const float* __restrict__ lse,
-                        float* __restrict__ Dsum, T* __restrict__ dqkv, int n, int h, int hd,
-                        int q_blocks, float scale, float scale_log2) {
-  constexpr int kS = HDP + 8, kK = HDP / 16, kT = kTile * kS;
+// D[bh, q] = Σ_d dO ⊙ O over a head's row (out and dout [b, n, h, hd]): one thread per (token,
+// head), 16-byte loads; hd a multiple of 8.
+template <typename T>
+__global__ void flash_bwd_d_kernel(const T* __restrict__ out, const T* __restrict__ dout,
+                                   float* __restrict__ Dsum, int64_t rows, int n, int h, int hd) {
+  CAI_GRID_STRIDE(i, rows) {  // i = (bi·n + q)·h + hi
+    const T* o = out + i * hd;
+    const T* d = dout + i * hd;
+    float acc = 0.0f;
+    for (int c = 0; c < hd; c += 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+      const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 x = unpack2<T>(ow[k]), y = unpack2<T>(dw[k]);
+        acc += x.x * y.x + x.y * y.y;
+      }
+    }
+    const int64_t hi = i % h, tok = i / h, q = tok % n, bi = tok / n;
+    Dsum[(bi * h + hi) * n + q] = acc;
+  }
+}
+
+// dQ = scale · dS·K from the dSᵀ the dK/dV kernel wrote ([b·h, n keys, ld queries], rounded to
+// T): one CTA per (batch·head, block of 64 queries), each warp 16 queries, over blocks of 64 keys
+// (dSᵀ and K double-buffered through cp.async); dS as the A operand through a transposing
+// ldmatrix of dSᵀ, K as B. Written straight into dqkv's q slot.
+template <typename T, int HDP>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ dst, int ld,
+                        T* __restrict__ dqkv, int n, int h, int hd, int q_blocks, float scale) {
+  constexpr int kS = HDP + 8, kT = kTile * kS;     // K tiles [64][HDP + 8]
+  constexpr int kA = kTile + 8, kAT = kTile * kA;  // dSᵀ tiles [64 keys][64 + 8 queries]
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sdO = sQ + kT;
-  T* sO = sdO + kT;
-  T* sKV = sO + kT;  // stage s: K at sKV + 2·s·kT, V after it
-  float* sDr = reinterpret_cast<float*>(sKV + 4 * kT);
+  T* sA = reinterpret_cast<T*>(smem_raw);  // stage s at sA + s·kAT
+  T* sK = sA + 2 * kAT;                    // stage s at sK + s·kT
 
   const int64_t bh = blockIdx.x / q_blocks;
   const int q0 = static_cast<int>(blockIdx.x % q_blocks) * kTile;
   const int64_t bi = bh / h, hi = bh % h;
-  const int64_t stride = 3LL * h * hd, ostride = static_cast<int64_t>(h) * hd;
-  const T* Qg = qkv + bi * n * stride + hi * hd;
-  const T* Kg = Qg + static_cast<int64_t>(h) * hd;
-  const T* Vg = Kg + static_cast<int64_t>(h) * hd;
-  const T* dOg = dout + bi * n * ostride + hi * hd;
-  const T* Og = out + bi * n * ostride + hi * hd;
+  const int64_t stride = 3LL * h * hd;
+  const T* Kg = qkv + bi * n * stride + (h + hi) * hd;
+  const T* Ag = dst + bh * n * static_cast<int64_t>(ld);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int wq0 = q0 + warp * 16;
   const bool active = wq0 < n;
 
-  load_tile<T, HDP>(sQ, Qg, stride, q0, n, hd);
-  load_tile<T, HDP>(sdO, dOg, ostride, q0, n, hd);
-  load_tile<T, HDP>(sO, Og, ostride, q0, n, hd);
-  cp_async_commit();
-  load_tile<T, HDP>(sKV, Kg, stride, 0, n, hd);
-  load_tile<T, HDP>(sKV + kT, Vg, stride, 0, n, hd);
-  cp_async_commit();
-  cp_async_wait_group<1>();
-  __syncthreads();
-  {  // D for the 64 rows: two threads per row, HDP / 2 columns each (zeros past hd and n).
-    const int r = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (HDP / 2);
-    float s = 0.0f;
-#pragma unroll
-    for (int c = 0; c < HDP / 2; c += 2) {
-      const float2 x = unpack2<T>(*reinterpret_cast<const uint32_t*>(sO + r * kS + c0 + c));
-      const float2 y = unpack2<T>(*reinterpret_cast<const uint32_t*>(sdO + r * kS + c0 + c));
-      s += x.x * y.x + x.y * y.y;
+  // Keys [k0, k0 + 64) × queries [q0, q0 + 64) of dSᵀ into stage st (zeros past n keys and past
+  // ld queries; ld is a multiple of 8, so a chunk of 8 is wholly inside or outside).
+  auto load_a = [&](T* sa, int k0) {
+    for (int c = threadIdx.x; c < kTile * (kTile / 8); c += kThreads) {
+      const int r = c / (kTile / 8), col = (c % (kTile / 8)) * 8;
+      const bool valid = k0 + r < n && q0 + col < ld;
+      cp_async16(sa + r * kA + col, valid ? Ag + static_cast<int64_t>(k0 + r) * ld + q0 + col : Ag,
+                 valid);
     }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if ((threadIdx.x & 1) == 0) {
-      sDr[r] = s;
-      if (q0 + r < n) Dsum[bh * n + q0 + r] = s;
-    }
-  }
-  __syncthreads();
+  };
+  load_a(sA, 0);
+  load_tile<T, HDP>(sK, Kg, stride, 0, n, hd);
+  cp_async_commit();
 
-  uint32_t qf[kK][4], df[kK][4];
   float dq[HDP / 8][4];
 #pragma unroll
   for (int i = 0; i < HDP / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-  float lrow[2], drow[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wq0 + g + 8 * r;
-    lrow[r] = row < n ? lse[bh * n + row] * kLog2e : INFINITY;  // P = 0 on rows past the end
-    drow[r] = sDr[warp * 16 + g + 8 * r];
-  }
-  if (active) {
-#pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-      ldsm_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-      ldsm_x4(df[kk], sdO + (warp * 16 + (lane & 15)) * kS + kk * 16 + (lane >> 4) * 8);
-    }
-  }
-
   const int nk = (n + kTile - 1) / kTile;
   for (int it = 0; it < nk; ++it) {
     const int kb = it * kTile;
     if (it + 1 < nk) {
-      T* nxt = sKV + 2 * ((it + 1) & 1) * kT;
-      load_tile<T, HDP>(nxt, Kg, stride, kb + kTile, n, hd);
-      load_tile<T, HDP>(nxt + kT, Vg, stride, kb + kTile, n, hd);
+      load_a(sA + ((it + 1) & 1) * kAT, kb + kTile);
+      load_tile<T, HDP>(sK + ((it + 1) & 1) * kT, Kg, stride, kb + kTile, n, hd);
     }
     cp_async_commit();
     cp_async_wait_group<1>();
     __syncthreads();
-    const T* sK = sKV + 2 * (it & 1) * kT;
-    const T* sV = sK + kT;
+    const T* a_s = sA + (it & 1) * kAT;
+    const T* k_s = sK + (it & 1) * kT;
     if (active) {
       const int kvalid = min(kTile, n - kb);
-      float s[8][4], dp[8][4];
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.0f;
 #pragma unroll
       for (int kc = 0; kc < 4; ++kc) {
         if (kc * 16 < kvalid) {
-#pragma unroll
-          for (int kk = 0; kk < kK; ++kk) {
-            const int off =
-                (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kS + kk * 16 + ((lane >> 3) & 1) * 8;
-            uint32_t b[4];
-            ldsm_x4(b, sK + off);
-            mma<T>(s[2 * kc], qf[kk], b[0], b[1]);
-            mma<T>(s[2 * kc + 1], qf[kk], b[2], b[3]);
-            ldsm_x4(b, sV + off);
-            mma<T>(dp[2 * kc], df[kk], b[0], b[1]);
-            mma<T>(dp[2 * kc + 1], df[kk], b[2], b[3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = kb + nt * 8 + 2 * t4 + (e & 1);
-          const float p = key < n ? exp2f(s[nt][e] * scale_log2 - lrow[e >> 1]) : 0.0f;
-          s[nt][e] = p * (dp[nt][e] - drow[e >> 1]);  // dS
-        }
-      }
-      // dQ += dS·K: dS from the accumulators as the A operand, B[key][d] = K through a
-      // transposing ldmatrix.
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        if (kc * 16 < kvalid) {
-          const uint32_t a[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                                 pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                 pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                 pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+          // A = dS[q][k] (16 queries × 16 keys) from dSᵀ[k][q]: matrices (q 0-7, k 0-7),
+          // (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15), each read transposed.
+          uint32_t a[4];
+          ldsm_x4_t(a, a_s + (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kA + warp * 16 +
+                           ((lane >> 3) & 1) * 8);
 #pragma unroll
           for (int dpi = 0; dpi < HDP / 16; ++dpi) {
             uint32_t b[4];
-            ldsm_x4_t(b, sK + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dpi * 16 +
+            ldsm_x4_t(b, k_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dpi * 16 +
                              (lane >> 4) * 8);
             mma<T>(dq[2 * dpi], a, b[0], b[1]);
             mma<T>(dq[2 * dpi + 1], a, b[2], b[3]);
@@ -468,8 +424,8 @@ template <typename T, int HDP, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     flash_bwd_dkdv_kernel(const T* __restrict__ qkv, const T* __restrict__ dout,
                           const float* __restrict__ lse, const float* __restrict__ Dsum,
-                          T* __restrict__ dqkv, int n, int h, int hd, int k_blocks, float scale,
-                          float scale_log2) {
+                          T* __restrict__ dqkv, T* __restrict__ dst, int ld, int n, int h, int hd,
+                          int k_blocks, float scale, float scale_log2) {
   constexpr int kS = HDP + 8, kK = HDP / 16, kT = kTile * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -570,6 +526,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                 pack2<T>(st2[1][0], st2[1][1]), pack2<T>(st2[1][2], st2[1][3])};
         const uint32_t da[4] = {pack2<T>(dpt[0][0], dpt[0][1]), pack2<T>(dpt[0][2], dpt[0][3]),
                                 pack2<T>(dpt[1][0], dpt[1][1]), pack2<T>(dpt[1][2], dpt[1][3])};
+        // dSᵀ (rounded as the dK product takes it) for the dQ kernel: rows of keys, ld queries
+        // (zeros past the last query: P is 0 there).
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int q = q0 + qc * 16 + nt * 8 + 2 * t4;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int key = kw0 + g + 8 * r;
+            if (key < n && q < ld)
+              *reinterpret_cast<uint32_t*>(dst + (bh * n + key) * static_cast<int64_t>(ld) + q) =
+                  da[2 * nt + r];
+          }
+        }
 #pragma unroll
         for (int dp = 0; dp < HDP / 16; ++dp) {
           uint32_t b[4];
@@ -680,39 +649,48 @@ struct Scratch {
 
 template <int HDP, typename T>
 size_t bwd_dq_smem() {
-  return 7 * kTile * (HDP + 8) * sizeof(T) + kTile * sizeof(float);
+  return (2 * kTile * (kTile + 8) + 2 * kTile * (HDP + 8)) * sizeof(T);
 }
 template <int HDP, typename T>
 size_t bwd_dkdv_smem() {
   return 6 * kTile * (HDP + 8) * sizeof(T) + 4 * kTile * sizeof(float);
 }
 
-// Backward: dQ (and D) first, then dK / dV; no atomics, no fp32 scratch but D [b, h, n].
+// Backward: D = rowsum(dO ⊙ O); dK, dV and dSᵀ (the only n×n matrix that reaches memory, in T,
+// [b·h, n, ld]); then dQ = dS·K from it: no atomics, S and dP computed once.
 template <typename T, int HDP>
 void bwd_launch(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
                 int64_t b, int64_t n, int64_t h, int64_t hd, cudaStream_t s) {
-  // 3 CTAs per SM (168 registers) for hd ≤ 64: measured 0.905 ms against 1.16 ms uncapped (200
-  // registers, 2 CTAs) and 1.13 ms at 4 CTAs (128 registers, spills); hd 128 spills under any cap.
+  // 3 CTAs per SM (168 registers) for hd ≤ 64 in the dK/dV kernel: measured 0.905 ms for both
+  // backward kernels against 1.16 ms uncapped (200 registers, 2 CTAs) and 1.13 ms at 4 CTAs (128
+  // registers, spills); hd 128 spills under any cap.
   constexpr int kMinB = HDP > 64 ? 1 : 3;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t ld = (n + 7) / 8 * 8;
   Scratch dsum(sizeof(float) * b * h * n);
+  Scratch dst(sizeof(T) * b * h * n * ld);
   float* D = static_cast<float*>(dsum.p);
-  const int blocks = static_cast<int>((n + kTile - 1) / kTile);
-  const size_t smem_q = bwd_dq_smem<HDP, T>();
-  auto kq = flash_bwd_dq_kernel<T, HDP, kMinB>;
-  allow_smem(kq, smem_q);
-  kq<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_q, s>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(out), static_cast<const T*>(dout), lse, D,
-      static_cast<T*>(dqkv), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks,
-      scale, scale * kLog2e);
+  T* dS = static_cast<T*>(dst.p);
+  const int64_t rows = b * n * h;
+  flash_bwd_d_kernel<T><<<grid_for(rows), kBlock, 0, s>>>(
+      static_cast<const T*>(out), static_cast<const T*>(dout), D, rows, static_cast<int>(n),
+      static_cast<int>(h), static_cast<int>(hd));
   CAI_CUDA_CHECK_LAUNCH();
+  const int blocks = static_cast<int>((n + kTile - 1) / kTile);
   const size_t smem_k = bwd_dkdv_smem<HDP, T>();
   auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
   allow_smem(kk, smem_k);
   kk<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_k, s>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv),
-      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks, scale,
-      scale * kLog2e);
+      static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv), dS,
+      static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks,
+      scale, scale * kLog2e);
+  CAI_CUDA_CHECK_LAUNCH();
+  const size_t smem_q = bwd_dq_smem<HDP, T>();
+  auto kq = flash_bwd_dq_kernel<T, HDP>;
+  allow_smem(kq, smem_q);
+  kq<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_q, s>>>(
+      static_cast<const T*>(qkv), dS, static_cast<int>(ld), static_cast<T*>(dqkv),
+      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks, scale);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

@@ -169,19 +169,15 @@ __global__ void __launch_bounds__(32 * kRows)
       float f[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) f[e] = 0.0f;
-      const int64_t left = (end - i + kRows - 1) / kRows;
-      const int rows = left < kFlush ? static_cast<int>(left) : kFlush;
-      // Unrolled: several rows' loads in flight per thread.
-#pragma unroll 4
-      for (int r = 0; r < rows; ++r) {
-        const int64_t at = (i + static_cast<int64_t>(r) * kRows) * n + j0;
+      // (Unrolling this loop measured slower: 544 µs against 390 for the GELU backward of
+      // ViT-B/16's fc1 on an H100, 62 against 55 for the plain sums.)
+      for (int r = 0; r < kFlush && i < end; ++r, i += kRows) {
         float v[V];
-        load_vec(dy + at, v);
-        op(at, v);
+        load_vec(dy + i * n + j0, v);
+        op(i * n + j0, v);
 #pragma unroll
         for (int e = 0; e < V; ++e) f[e] += v[e];
       }
-      i += static_cast<int64_t>(rows) * kRows;
 #pragma unroll
       for (int e = 0; e < V; ++e) acc[e] += static_cast<double>(f[e]);
     }

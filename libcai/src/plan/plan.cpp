@@ -242,9 +242,11 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   p.ops.push_back({p.name, "attn", Phase::Forward, attn,
                    rows * 3 * s.dt * e + (s.fused ? 0 : b * s.heads * n * n * e),
                    rows * s.dt * e + (s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e)});
+  // The fused backward writes dSᵀ [b·heads, n, n rounded up to 8] once and reads it back.
+  const int64_t dst = s.fused ? b * s.heads * n * ((n + 7) / 8 * 8) * e : 0;
   p.ops.push_back({p.name, "attn", Phase::Backward, (s.fused ? 2.5 : 2.0) * attn,
-                   rows * (3 + 2) * s.dt * e + (s.fused ? 0 : b * s.heads * n * n * e),
-                   rows * 3 * s.dt * e});
+                   rows * (3 + 2) * s.dt * e + (s.fused ? dst : b * s.heads * n * n * e),
+                   rows * 3 * s.dt * e + dst});
   // On a GPU in half precision the residual adds ride proj's and fc2's GEMMs when nothing sits
   // between (nn::ViTConfig::fused_residual): those forwards read the fp32 residual and write the
   // fp32 sum, and no separate add runs forward.
@@ -324,7 +326,9 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
                           !(c.drop_rate > 0 || c.block_drop_path(index - 1) > 0);
   const int64_t at_end =
       before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
-  const int64_t bwd = std::max({at_gelu, at_qkv, at_end});
+  // The fused attention backward's scratch: D [b·heads, n] and dSᵀ.
+  const int64_t at_attn = before_qkv + (s.fused ? dst + b * s.heads * n * 4 : 0);
+  const int64_t bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest
     p.forward_extra = (full - x) + y_out;
