@@ -301,27 +301,38 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
   }
 }
 
-// D[bh, q] = Σ_d dO ⊙ O over a head's row (out and dout [b, n, h, hd]): one thread per (token,
-// head), 16-byte loads; hd a multiple of 8.
-template <typename T>
+// D[bh, q] = Σ_d dO ⊙ O over a head's row (out and dout [b, n, h, hd], hd a multiple of 8):
+// L = 8 lanes per (token, head) row for hd ≤ 64, else 16, each adding 16-byte chunks, so a warp
+// reads whole rows (coalesced); the lanes are added by shuffles.
+template <typename T, int L>
 __global__ void flash_bwd_d_kernel(const T* __restrict__ out, const T* __restrict__ dout,
                                    float* __restrict__ Dsum, int64_t rows, int n, int h, int hd) {
-  CAI_GRID_STRIDE(i, rows) {  // i = (bi·n + q)·h + hi
-    const T* o = out + i * hd;
-    const T* d = dout + i * hd;
+  const int lane = threadIdx.x % L;
+  const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // A warp's first row, the same for its lanes, so every lane of a warp runs the same iterations
+  // (the shuffles below need them all).
+  const int64_t warp_row = gid / 32 * (32 / L), sub = (threadIdx.x % 32) / L;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x / L;
+  for (int64_t base = warp_row; base < rows; base += step) {
+    const int64_t i = base + sub;  // (bi·n + q)·h + hi
     float acc = 0.0f;
-    for (int c = 0; c < hd; c += 8) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-      const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+    if (i < rows)
+      for (int c = lane * 8; c < hd; c += 8 * L) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(out + i * hd + c);
+        const uint4 dv = *reinterpret_cast<const uint4*>(dout + i * hd + c);
+        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 x = unpack2<T>(ow[k]), y = unpack2<T>(dw[k]);
-        acc += x.x * y.x + x.y * y.y;
+        for (int k = 0; k < 4; ++k) {
+          const float2 x = unpack2<T>(ow[k]), y = unpack2<T>(dw[k]);
+          acc += x.x * y.x + x.y * y.y;
+        }
       }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, L);
+    if (lane == 0 && i < rows) {
+      const int64_t hi = i % h, tok = i / h, q = tok % n, bi = tok / n;
+      Dsum[(bi * h + hi) * n + q] = acc;
     }
-    const int64_t hi = i % h, tok = i / h, q = tok % n, bi = tok / n;
-    Dsum[(bi * h + hi) * n + q] = acc;
   }
 }
 
@@ -672,7 +683,9 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
   float* D = static_cast<float*>(dsum.p);
   T* dS = static_cast<T*>(dst.p);
   const int64_t rows = b * n * h;
-  flash_bwd_d_kernel<T><<<grid_for(rows), kBlock, 0, s>>>(
+  auto d_kernel = hd <= 64 ? flash_bwd_d_kernel<T, 8> : flash_bwd_d_kernel<T, 16>;
+  const int lanes = hd <= 64 ? 8 : 16;
+  d_kernel<<<grid_for(rows * lanes), kBlock, 0, s>>>(
       static_cast<const T*>(out), static_cast<const T*>(dout), D, rows, static_cast<int>(n),
       static_cast<int>(h), static_cast<int>(hd));
   CAI_CUDA_CHECK_LAUNCH();
