@@ -341,17 +341,19 @@ __global__ void flash_bwd_d_kernel(const T* __restrict__ out, const T* __restric
 // (dSᵀ and K double-buffered through cp.async); dS as the A operand through a transposing
 // ldmatrix of dSᵀ, K as B. Written straight into dqkv's q slot.
 template <typename T, int HDP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kFwdMaxWarps * 32)
     flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ dst, int ld,
                         T* __restrict__ dqkv, int n, int h, int hd, int q_blocks, float scale) {
-  constexpr int kS = HDP + 8, kT = kTile * kS;     // K tiles [64][HDP + 8]
-  constexpr int kA = kTile + 8, kAT = kTile * kA;  // dSᵀ tiles [64 keys][64 + 8 queries]
+  constexpr int kS = HDP + 8, kT = kTile * kS;  // K tiles [64][HDP + 8]
+  // As the forward: blockDim.x / 32 warps of 16 queries (fwd_warps), dSᵀ tiles [64 keys][qrows
+  // + 8 queries].
+  const int qrows = static_cast<int>(blockDim.x >> 5) * 16, kA = qrows + 8, kAT = kTile * kA;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sA = reinterpret_cast<T*>(smem_raw);  // stage s at sA + s·kAT
   T* sK = sA + 2 * kAT;                    // stage s at sK + s·kT
 
   const int64_t bh = blockIdx.x / q_blocks;
-  const int q0 = static_cast<int>(blockIdx.x % q_blocks) * kTile;
+  const int q0 = static_cast<int>(blockIdx.x % q_blocks) * qrows;
   const int64_t bi = bh / h, hi = bh % h;
   const int64_t stride = 3LL * h * hd;
   const T* Kg = qkv + bi * n * stride + (h + hi) * hd;
@@ -361,18 +363,19 @@ __global__ void __launch_bounds__(kThreads)
   const int wq0 = q0 + warp * 16;
   const bool active = wq0 < n;
 
-  // Keys [k0, k0 + 64) × queries [q0, q0 + 64) of dSᵀ into stage st (zeros past n keys and past
-  // ld queries; ld is a multiple of 8, so a chunk of 8 is wholly inside or outside).
+  // Keys [k0, k0 + 64) × queries [q0, q0 + qrows) of dSᵀ into a stage (zeros past n keys and
+  // past ld queries; ld is a multiple of 8, so a chunk of 8 is wholly inside or outside).
   auto load_a = [&](T* sa, int k0) {
-    for (int c = threadIdx.x; c < kTile * (kTile / 8); c += kThreads) {
-      const int r = c / (kTile / 8), col = (c % (kTile / 8)) * 8;
+    const int chunks = qrows / 8;
+    for (int c = threadIdx.x; c < kTile * chunks; c += blockDim.x) {
+      const int r = c / chunks, col = (c % chunks) * 8;
       const bool valid = k0 + r < n && q0 + col < ld;
       cp_async16(sa + r * kA + col, valid ? Ag + static_cast<int64_t>(k0 + r) * ld + q0 + col : Ag,
                  valid);
     }
   };
   load_a(sA, 0);
-  load_tile<T, HDP>(sK, Kg, stride, 0, n, hd);
+  load_rows<T, HDP>(sK, Kg, stride, 0, n, hd, kTile);
   cp_async_commit();
 
   float dq[HDP / 8][4];
@@ -383,7 +386,7 @@ __global__ void __launch_bounds__(kThreads)
     const int kb = it * kTile;
     if (it + 1 < nk) {
       load_a(sA + ((it + 1) & 1) * kAT, kb + kTile);
-      load_tile<T, HDP>(sK + ((it + 1) & 1) * kT, Kg, stride, kb + kTile, n, hd);
+      load_rows<T, HDP>(sK + ((it + 1) & 1) * kT, Kg, stride, kb + kTile, n, hd, kTile);
     }
     cp_async_commit();
     cp_async_wait_group<1>();
@@ -659,8 +662,8 @@ struct Scratch {
 };
 
 template <int HDP, typename T>
-size_t bwd_dq_smem() {
-  return (2 * kTile * (kTile + 8) + 2 * kTile * (HDP + 8)) * sizeof(T);
+size_t bwd_dq_smem(int warps) {
+  return (2 * kTile * (16 * warps + 8) + 2 * kTile * (HDP + 8)) * sizeof(T);
 }
 template <int HDP, typename T>
 size_t bwd_dkdv_smem() {
@@ -698,12 +701,15 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
       static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks,
       scale, scale * kLog2e);
   CAI_CUDA_CHECK_LAUNCH();
-  const size_t smem_q = bwd_dq_smem<HDP, T>();
+  // dQ in blocks of 16·warps queries, as the forward splits a head.
+  const int warps = fwd_warps(n);
+  const int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
+  const size_t smem_q = bwd_dq_smem<HDP, T>(warps);
   auto kq = flash_bwd_dq_kernel<T, HDP>;
-  allow_smem(kq, smem_q);
-  kq<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_q, s>>>(
+  allow_smem(kq, bwd_dq_smem<HDP, T>(kFwdMaxWarps));
+  kq<<<static_cast<unsigned>(b * h * q_blocks), 32 * warps, smem_q, s>>>(
       static_cast<const T*>(qkv), dS, static_cast<int>(ld), static_cast<T*>(dqkv),
-      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks, scale);
+      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale);
   CAI_CUDA_CHECK_LAUNCH();
 }
 
