@@ -109,6 +109,30 @@ TEST(MixedPrecision, BadDtypesAreErrorsThatNameThem) {
   EXPECT_THROW(ops::scale_(g, 2.0f), Error);  // fp32 only
 }
 
+// linear_fwd_residual on the CPU: the fp32 product of the rounded operands plus b and r (the
+// reference its GPU epilogue is tested against), fp32 out for any input dtype; a residual that is
+// not fp32 of the output's shape is an error that names it.
+TEST(MixedPrecision, LinearWithResidualIsLinearThenAdd) {
+  Tensor w = random_tensor({3, 4}, 1), b = random_tensor({3}, 2), r = random_tensor({5, 3}, 3);
+  for (DType t : {DType::F32, DType::BF16}) {
+    Tensor x = random_tensor({5, 4}, 4).to(t);
+    Tensor y = ops::linear_fwd_residual(x, w, &b, r);
+    ASSERT_EQ(y.dtype(), DType::F32);
+    const auto got = y.to_vector(),
+               ref = ops::add(r, ops::linear_fwd(x, w, &b, DType::F32)).to_vector();
+    EXPECT_EQ(got, ref) << dtype_name(t);
+  }
+  Tensor x = random_tensor({5, 4}, 4);
+  for (const Tensor& bad : {random_tensor({5, 4}, 5), r.to(DType::BF16)}) {
+    try {
+      ops::linear_fwd_residual(x, w, &b, bad);
+      FAIL() << "residual " << bad.str() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("residual " + bad.str()), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(MixedPrecision, HalfOpsStayWithinHalfPrecisionOfFp32) {
   // The unrounded fp32 computation against the half path: the error is the rounding of the
   // operands and the result, about 2^-8 for bf16 and 2^-11 for fp16 relative.
