@@ -108,20 +108,6 @@ __device__ __forceinline__ float2 unpack2(uint32_t u) {
   }
 }
 
-// Rows [r0, r0 + 64) of a [rows, hd] matrix with row stride `stride` (elements) into a shared
-// tile [64, HDP + 8]; rows ≥ rows and columns ≥ hd become zeros. Asynchronous (cp.async).
-template <typename T, int HDP>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int r0, int rows,
-                                          int hd) {
-  constexpr int kS = HDP + 8, kChunks = HDP / 8;
-  for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool valid = r0 + r < rows && col < hd;
-    cp_async16(s + r * kS + col, valid ? g + static_cast<int64_t>(r0 + r) * stride + col : g,
-               valid);
-  }
-}
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -130,8 +116,9 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Rows [r0, r0 + count) of a [rows, hd] matrix into a shared tile [count, HDP + 8] with all the
-// block's threads (any block size); rows ≥ rows and columns ≥ hd become zeros. Asynchronous.
+// Rows [r0, r0 + count) of a [rows, hd] matrix with row stride `stride` (elements) into a shared
+// tile [count, HDP + 8] with all the block's threads; rows ≥ rows and columns ≥ hd become zeros.
+// Asynchronous (cp.async).
 template <typename T, int HDP>
 __device__ __forceinline__ void load_rows(T* s, const T* g, int64_t stride, int r0, int rows,
                                           int hd, int count) {
@@ -142,6 +129,12 @@ __device__ __forceinline__ void load_rows(T* s, const T* g, int64_t stride, int 
     cp_async16(s + r * kS + col, valid ? g + static_cast<int64_t>(r0 + r) * stride + col : g,
                valid);
   }
+}
+// A [64, HDP + 8] tile: rows [r0, r0 + 64).
+template <typename T, int HDP>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int r0, int rows,
+                                          int hd) {
+  load_rows<T, HDP>(s, g, stride, r0, rows, hd, kTile);
 }
 
 // Forward: a block of blockDim.x / 32 warps takes 16 query rows per warp (fwd_warps picks the
@@ -171,8 +164,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
   const bool active = wq0 < n;
 
   load_rows<T, HDP>(sQ, Qg, stride, q0, n, hd, qrows);
-  load_rows<T, HDP>(sKV, Kg, stride, 0, n, hd, kTile);
-  load_rows<T, HDP>(sKV + kT, Vg, stride, 0, n, hd, kTile);
+  load_tile<T, HDP>(sKV, Kg, stride, 0, n, hd);
+  load_tile<T, HDP>(sKV + kT, Vg, stride, 0, n, hd);
   cp_async_commit();
 
   uint32_t qf[kK][4];
@@ -186,8 +179,8 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
     const int kb = it * kTile;
     if (it + 1 < nk) {
       T* nxt = sKV + 2 * ((it + 1) & 1) * kT;
-      load_rows<T, HDP>(nxt, Kg, stride, kb + kTile, n, hd, kTile);
-      load_rows<T, HDP>(nxt + kT, Vg, stride, kb + kTile, n, hd, kTile);
+      load_tile<T, HDP>(nxt, Kg, stride, kb + kTile, n, hd);
+      load_tile<T, HDP>(nxt + kT, Vg, stride, kb + kTile, n, hd);
     }
     cp_async_commit();
     cp_async_wait_group<1>();
@@ -375,7 +368,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
     }
   };
   load_a(sA, 0);
-  load_rows<T, HDP>(sK, Kg, stride, 0, n, hd, kTile);
+  load_tile<T, HDP>(sK, Kg, stride, 0, n, hd);
   cp_async_commit();
 
   float dq[HDP / 8][4];
@@ -386,7 +379,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
     const int kb = it * kTile;
     if (it + 1 < nk) {
       load_a(sA + ((it + 1) & 1) * kAT, kb + kTile);
-      load_rows<T, HDP>(sK + ((it + 1) & 1) * kT, Kg, stride, kb + kTile, n, hd, kTile);
+      load_tile<T, HDP>(sK + ((it + 1) & 1) * kT, Kg, stride, kb + kTile, n, hd);
     }
     cp_async_commit();
     cp_async_wait_group<1>();

@@ -13,6 +13,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/device.h"
+#include "kernels/elementwise.h"
 #include "kernels/gelu.h"
 #include "kernels/linear.h"
 
@@ -45,15 +46,6 @@ void dispatch(DT t, F&& f) {
 template <typename T>
 __global__ void broadcast_rows_kernel(const T* b, T* y, int64_t m, int64_t n) {
   CAI_GRID_STRIDE(t, m * n) y[t] = b ? b[t % n] : from_f32<T>(0.0f);
-}
-
-// y[i, j] += b[j] for fp32 y[m, n].
-__global__ void add_rows_kernel(const float* b, float* y, int64_t m, int64_t n) {
-  CAI_GRID_STRIDE(t, m * n) y[t] += b[t % n];
-}
-void axpy_rows(const float* b, float* y, int64_t m, int64_t n, cudaStream_t s) {
-  add_rows_kernel<<<grid_for(m * n), kBlock, 0, s>>>(b, y, m, n);
-  CAI_CUDA_CHECK_LAUNCH();
 }
 
 void broadcast_rows(DT t, const void* b, void* y, int64_t m, int64_t n, cudaStream_t s) {
@@ -323,13 +315,9 @@ void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, c
         lt_matmul(g, w, x, y, b, 1.0f, 1.0f, s, nullptr, r))
       return;
   }
-  // No epilogue for it (or k = 0): y = r, then y += x·wᵀ + b in place.
-  CAI_CUDA_CHECK(cudaMemcpyAsync(y, r, static_cast<size_t>(m * n) * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, s));
-  if (b) axpy_rows(b, y, m, n, s);
-  if (k > 0)
-    run("linear_fwd_residual", "r + x·wᵀ", forward_gemm(t, DT::F32, false, m, k, n), w, x, y,
-        nullptr, 1.0f, s, t, DT::F32);
+  // No epilogue for it (or k = 0): the linear into y (fp32), then y += r.
+  linear_fwd_t(t, x, w, b, DT::F32, y, m, k, n, false, stream);
+  axpy_t(1.0f, DT::F32, r, y, m * n, stream);
 }
 
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,

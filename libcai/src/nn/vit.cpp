@@ -461,8 +461,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take.
-  const bool half_gy =
-      (a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16) && !dpath && !drop && !sp();
+  const bool half = a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16;
+  const bool half_gy = half && !dpath && !drop && !sp();
   Tensor gh_half;
   Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
                                      &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr);
@@ -476,8 +476,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   // The block before this one takes gx rounded: from the same pass.
-  const bool send =
-      send_half_dx_ && (a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16) && !sp();
+  const bool send = send_half_dx_ && half && !sp();
   Tensor gx_half;
   Tensor gx = ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2],
                                      &ln[3], a.o.dtype(), send ? &gx_half : nullptr);

@@ -314,16 +314,14 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
                 gh = b * nr * d * 4, go = rows * s.dt * e, gq = rows * 3 * s.dt * e,
                 ga = b * nr * d * e, gx = x;
   // This block takes dy rounded from the next one (nn::Block::half_dy) until fc2's backward.
-  const bool takes_half = half && !l.nd() && !s.sp && index + 1 < c.depth &&
-                          !(c.drop_rate > 0 || c.block_drop_path(index) > 0);
+  const bool takes_half = half && !l.nd() && !s.sp && index + 1 < c.depth && !c.block_masked(index);
   const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0);
   const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
   const int64_t at_qkv =
       before_qkv + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
   // The block before this one takes dy rounded (nn::Block::takes_dy_as_is): the copy is made
   // with gx and lives until that block's fc2 backward.
-  const bool sends_half = half && !l.nd() && !s.sp && index > 0 &&
-                          !(c.drop_rate > 0 || c.block_drop_path(index - 1) > 0);
+  const bool sends_half = half && !l.nd() && !s.sp && index > 0 && !c.block_masked(index - 1);
   const int64_t at_end =
       before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
   // The fused attention backward's scratch: D [b·heads, n] and dSᵀ.

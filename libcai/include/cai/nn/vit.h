@@ -39,11 +39,13 @@ struct ViTConfig {
     return depth > 1 ? drop_path_rate * static_cast<float>(i) / static_cast<float>(depth - 1)
                      : drop_path_rate * 0.0f;
   }
-  // Whether block i's residual adds ride its proj and fc2 GEMMs (ops::linear_fwd_residual) on
-  // a GPU in half precision: no tensor parallelism (tp_size 1) and, in training, nothing
-  // (dropout, drop-path) between those linears and the adds.
+  // Whether block i draws dropout or drop-path masks in training.
+  bool block_masked(int64_t i) const { return drop_rate > 0 || block_drop_path(i) > 0; }
+  // Whether block i's residual adds ride its proj and fc2 GEMMs (ops::linear_fwd_residual): no
+  // tensor parallelism (tp_size 1) and, in training, nothing (dropout, drop-path) between those
+  // linears and the adds.
   bool fused_residual(int64_t i, int tp_size, bool training) const {
-    return tp_size == 1 && !(training && (drop_rate > 0 || block_drop_path(i) > 0));
+    return tp_size == 1 && !(training && block_masked(i));
   }
   // The parameter count of the whole (unsplit) model, without building it.
   int64_t num_parameters() const;
@@ -107,14 +109,16 @@ class Block : public Layer {
   // Whether the residual adds ride proj's and fc2's GEMMs (ops::linear_fwd_residual): no tensor
   // parallelism and nothing (dropout, drop-path) between the linear and the add.
   bool fused_residual(const ForwardCtx& ctx) const {
-    return !(tp_ && tp_->size() > 1) && !(ctx.training && (c_.drop_rate > 0 || drop_path_ > 0));
+    return !(tp_ && tp_->size() > 1) && !masked(ctx);
+  }
+  // Whether this pass draws dropout or drop-path masks.
+  bool masked(const ForwardCtx& ctx) const {
+    return ctx.training && (c_.drop_rate > 0 || drop_path_ > 0);
   }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // Whether fc2's backward takes the output gradient as it comes (1d, no sequence parallelism,
   // no dropout or drop-path on it), so a rounded copy of it saves fc2 its own rounding pass.
-  bool takes_dy_as_is(const ForwardCtx& ctx) const {
-    return !nd() && !sp() && !(ctx.training && (c_.drop_rate > 0 || drop_path_ > 0));
-  }
+  bool takes_dy_as_is(const ForwardCtx& ctx) const { return !nd() && !sp() && !masked(ctx); }
   // Takes the next block's copy of dy rounded to `t` when it made one for this very tensor
   // (undefined otherwise); the stash is cleared either way.
   Tensor half_dy(const Tensor& dy, DType t);
