@@ -497,6 +497,52 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
   return o;
 }
 
+// The waits' naps (ContentionTiming::poll_s, late_s, base_s), on every rank of `comm`.
+static void time_wake(dist::Communicator& comm, ContentionTiming& t) {
+  Tensor x = Tensor::zeros({16}, DType::F32, Device::cpu());
+  t.base_s = time_collective(comm, [&] { comm.all_reduce(x); });
+  const auto late_by = std::chrono::milliseconds(5);  // past every wait policy's yield window
+  std::vector<double> poll, late;
+  for (int k = 0; k < 15; ++k) {
+    // Rank 0 tests an all-reduce the others join 5 ms later: the time of one test.
+    comm.barrier();
+    if (comm.rank() == 0) {
+      auto w = comm.all_reduce_async(x, dist::ReduceOp::Sum);
+      const auto t0 = Clock::now();
+      int n = 0;
+      while (n < 1000 && !w->test()) ++n;
+      if (n == 1000) poll.push_back(seconds_since(t0) / n);
+      w->wait();
+    } else {
+      std::this_thread::sleep_for(late_by);
+      comm.all_reduce(x);
+    }
+    // The others wait (napping by 5 ms) for rank 0, which times its all-reduce.
+    comm.barrier();
+    if (comm.rank() == 0) {
+      std::this_thread::sleep_for(late_by);
+      const auto t0 = Clock::now();
+      comm.all_reduce(x);
+      late.push_back(seconds_since(t0));
+    } else {
+      comm.all_reduce(x);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  t.poll_s = comm.all_reduce_scalar(median(poll), dist::ReduceOp::Max);
+  t.late_s = comm.all_reduce_scalar(median(late), dist::ReduceOp::Max);
+  t.wake_group = comm.size();
+  if (comm.rank() == 0)
+    std::cerr << fmt::format(
+        "[calibrate] waits: a test {:.2f} µs; a 64-byte all-reduce on {} ranks {:.3f} ms with "
+        "all there, {:.3f} ms for one arriving 5 ms after the others\n",
+        1e6 * t.poll_s, t.wake_group, 1e3 * t.base_s, 1e3 * t.late_s);
+}
+
 ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& model,
                                  int64_t batch) {
   OneBlock one_block(model, batch, Device::cpu(), DType::F32);
@@ -534,7 +580,25 @@ ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& 
         "[calibrate] contention: one block's forward + backward {:.3f} ms alone, {:.3f} ms with "
         "{} ranks computing at once\n",
         1e3 * t.alone_s, 1e3 * t.together_s, t.group);
+  time_wake(comm, t);
   return t;
+}
+
+// A barrier whose waiting ranks test it every 20 ms and sleep in between. Rank 0 times kernels
+// for minutes while the others wait here: a wait that polls (MpiWork::wait naps only 50 µs)
+// took cores from rank 0 where processes share them (4 on 2 cores: a calibration 10-14% slower
+// than the trainer's own steps, in some runs and not others).
+void quiet_barrier(dist::Communicator& c) {
+  Tensor t = Tensor::zeros({1}, DType::F32, Device::cpu());
+  auto w = c.all_reduce_async(t, dist::ReduceOp::Sum);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(c.timeout());
+  while (!w->test()) {
+    if (Clock::now() > deadline)
+      throw Error(fmt::format(
+          "[calibrate] rank {} of {} waited {} s for rank 0's kernel timings: rank 0 died or hung",
+          c.rank(), c.name(), c.timeout()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 int run_calibrate_ranks(const BenchmarkOptions& o) {
@@ -585,7 +649,7 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
       error = e.what();
     }
   }
-  world->barrier();
+  quiet_barrier(*world);
   if (!error.empty()) throw Error(error);
   return rc;
 }
@@ -710,6 +774,11 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
     j["contention"] = {{"group", contention.group},
                        {"alone_seconds", contention.alone_s},
                        {"together_seconds", contention.together_s}};
+  if (contention.wake_group > 1 && contention.poll_s > 0 && contention.late_s > 0)
+    j["wake"] = {{"group", contention.wake_group},
+                 {"poll_seconds", contention.poll_s},
+                 {"base_seconds", contention.base_s},
+                 {"late_seconds", contention.late_s}};
   std::ofstream f(o.calibrate);
   CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
   f << j.dump(1) << "\n";

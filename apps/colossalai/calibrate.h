@@ -79,6 +79,11 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
 struct ContentionTiming {
   double alone_s = 0, together_s = 0;
   int group = 0;  // 0: not measured
+  // The waits' naps (dist::WaitPolicy), the profile's "wake" entry: one test of a pending
+  // collective (poll_s), and a small all-reduce on all ranks timed by the one arriving 5 ms after
+  // the others, who nap by then (late_s), against the same all-reduce with all there (base_s).
+  double poll_s = 0, late_s = 0, base_s = 0;
+  int wake_group = 0;  // 0: not measured
 };
 
 // Every rank of `comm` (on CPUs) calls it; ranks [0, group) compute together, where group is the
