@@ -36,6 +36,16 @@ bool oversubscribed() {
   return v;
 }
 
+}  // namespace
+
+WaitPolicy mpi_wait_policy(bool oversubscribed) {
+  WaitPolicy p;
+  if (oversubscribed) p.yield_seconds = 0;
+  return p;
+}
+
+namespace {
+
 MPI_Datatype mpi_type(const Tensor& t) {
   switch (t.dtype()) {
     case DType::F32:
@@ -130,16 +140,18 @@ class MpiWork : public Work {
     return done_;
   }
   void wait() override {
-    // Polls (MPI progresses the operation only inside MPI calls), then naps 50 µs between
-    // polls. With a core per process it polls for the first 2 ms: napping after 1,000 polls
-    // (~0.1 ms) made a wait for a peer slightly behind cost a nap that a 2-vCPU VM stretched to
-    // 0.3-0.6 ms (2 processes on 2 cores: tensor 1d 18.2 -> 14.8 ms a step, pipeline 2 14.9 ->
-    // 11.9). With more processes than cores it naps after 1,000 polls, leaving the core to a
-    // process that computes (polling longer made 4 processes on 2 cores slower).
+    // mpi_wait_policy: with a core per process it polls for the first 2 ms (napping after
+    // 1,000 polls, ~0.1 ms, made a wait for a peer slightly behind cost a nap that a 2-vCPU VM
+    // stretched to 0.3-0.6 ms: 2 processes on 2 cores, tensor 1d 18.2 -> 14.8 ms a step,
+    // pipeline 2 14.9 -> 11.9); with more processes than cores it naps after its busy polls
+    // (polling longer made 4 processes on 2 cores slower).
+    static const WaitPolicy policy = mpi_wait_policy(oversubscribed());
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration<double>(timeout_);
-    const auto spin_until =
-        start + (oversubscribed() ? std::chrono::microseconds(0) : std::chrono::microseconds(2000));
+    const auto spin_until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(policy.yield_seconds));
+    const auto nap = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(policy.nap_seconds));
     int spins = 0;
     while (!test()) {
       const auto now = std::chrono::steady_clock::now();
@@ -148,11 +160,11 @@ class MpiWork : public Work {
             "[mpi] {} did not complete within {} s: a peer has died or hung (set "
             "CAI_COLLECTIVE_TIMEOUT to change the limit)",
             what_, timeout_);
-      if (++spins <= 1000) continue;
+      if (++spins <= policy.busy_polls) continue;
       if (now < spin_until)
         std::this_thread::yield();  // a core shared after all (other jobs) goes to who needs it
       else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(nap);
     }
   }
 

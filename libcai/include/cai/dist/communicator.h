@@ -116,6 +116,20 @@ class Communicator {
   double timeout_ = 300.0;
 };
 
+// How the MPI communicator's waits poll (MPI progresses an operation only inside MPI calls), which
+// the simulator models: `busy_polls` tests back to back, then, until `yield_seconds` after the
+// wait began, tests with a yield of the core between them, then naps `nap_seconds` between tests.
+// A peer arriving after the naps began finds the waiting process asleep: the operation completes
+// when it wakes (on a VM a 50 µs nap stretches to 0.3-0.6 ms). With more processes than cores
+// (oversubscribed) a wait yields no time: it naps after its busy polls, leaving the core to a
+// process that computes.
+struct WaitPolicy {
+  int busy_polls = 1000;
+  double yield_seconds = 2e-3;
+  double nap_seconds = 50e-6;
+};
+WaitPolicy mpi_wait_policy(bool oversubscribed);
+
 // MPI: initialised (MPI_THREAD_FUNNELED) by the first MpiEnvironment and finalised when it goes.
 // Owned by main(); the library never initialises MPI behind the caller's back.
 class MpiEnvironment {
