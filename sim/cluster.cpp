@@ -375,6 +375,21 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         std::sort(
             list.begin(), list.end(),
             [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
+    } else if (k == "wake") {
+      const char* form = "{\"group\", \"poll_seconds\", \"base_seconds\", \"late_seconds\"}";
+      auto num = [&](const char* key) {
+        CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
+                      std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
+                  "[calibration] {}: wake.{} is missing or not a number > 0 (wake: {})", origin,
+                  key, form);
+        return v[key].get<double>();
+      };
+      const double g = num("group");
+      CAI_CHECK(g >= 2 && g == std::floor(g),
+                "[calibration] {}: wake.group is {}: expected a whole number of ranks >= 2", origin,
+                g);
+      c.wake_poll_s = num("poll_seconds");
+      c.wake_s = std::max(0.0, num("late_seconds") - num("base_seconds"));
     } else if (k == "overlap" || k == "contention") {
       // Both entries are a block's compute timed two ways: positive numbers.
       const bool overlap = k == "overlap";
@@ -407,7 +422,7 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives, overlap, contention",
+          "layer_scale, collectives, overlap, contention, wake",
           origin, k);
     }
   }

@@ -126,6 +126,13 @@ struct Calibration {
   // once); 0 without one. The replay runs a rank's compute at 1 - share × (the other ranks of its
   // node computing meanwhile) of its speed.
   double contention_share = 0;
+  // On CPUs, MPI waits that nap (dist::WaitPolicy), from the profile's "wake" entry: the time of
+  // one test of a pending operation (poll_seconds), and what an operation costs beyond its time
+  // when its other members had waited past their polling and napped (late_seconds -
+  // base_seconds, at least 0). The replay adds `wake_s` to a collective whose first member
+  // arrived longer before the last than that member's wait polls, and to a receive that waited
+  // longer; 0 without the entry (GPUs: NCCL's kernels wait on the device).
+  double wake_poll_s = 0, wake_s = 0;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
@@ -135,7 +142,8 @@ Calibration default_calibration();
 // "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...},
 // "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...],
 // "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
-// "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t}};
+// "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t},
+// "wake": {"group": g, "poll_seconds": p, "base_seconds": b, "late_seconds": l}};
 // every efficiency in (0, 1],
 // every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);

@@ -98,10 +98,37 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies,
                                                   c.inter.nic_bandwidth * c.inter.nics_per_node)
                        ->set_latency(c.inter.latency / 2)
                        ->seal();
+  // CPU processes on shared memory: the node is one host with a core per "GPU" slot, so the OS's
+  // work-conserving scheduling is what SimGrid's multicore CPU model does. A rank's compute runs
+  // on one core at a time (a sequential execution); ranks take whichever cores are free, and share
+  // them only while more compute than there are cores (4 processes on 2 cores: while both ranks
+  // of one pipeline stage wait in the bubble, the other stage's two have both cores).
+  const bool cpu_node = c.intra.fabric == Fabric::SharedMemory;
   for (int n = 0; n < nodes; ++n) {
     auto* nz = sg4::create_star_zone(fmt::format("node{}", n));
     nz->set_parent(root);
     auto* gw = nz->create_router(fmt::format("node{}-gw", n));
+    if (cpu_node) {
+      const int cores = std::min(c.gpus_per_node, used - n * c.gpus_per_node);
+      auto* h = nz->create_host(fmt::format("node{}-cpu", n), speed)->set_core_count(cores)->seal();
+      nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
+                    {{gpu_links[n * c.gpus_per_node], sg4::LinkInRoute::Direction::UP}}, true);
+      // Processes of the node talk through shared memory: the loopback.
+      auto* lb = nz->create_link(fmt::format("node{}-cpu-loopback", n), c.intra.bandwidth)
+                     ->set_latency(c.intra.latency)
+                     ->seal();
+      nz->add_route(h->get_netpoint(), h->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(lb)},
+                    false);
+      for (int g = 0; g < cores; ++g) {
+        gpu_hosts.push_back(h);
+        gpu_node.push_back(n);
+      }
+      nz->seal();
+      if (nics)
+        root->add_route(nz->get_netpoint(), nullptr, gw, nullptr,
+                        {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
+      continue;
+    }
     for (int g = 0; g < c.gpus_per_node && n * c.gpus_per_node + g < used; ++g) {
       const int r = n * c.gpus_per_node + g;
       auto* h = nz->create_host(fmt::format("node{}-gpu{}", n, g), speed)->seal();

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "cai/core/error.h"
+#include "cai/dist/communicator.h"
 #include "platform.h"
 
 namespace sg4 = simgrid::s4u;
@@ -168,6 +169,7 @@ struct Replayer {
   struct Meeting {  // a bulk collective's members so far
     int arrived = 0;
     std::vector<sg4::SemaphorePtr> waiting;
+    std::vector<std::pair<int, double>> arrivals;  // {rank, clock}; only with `wake`
   };
   std::vector<Meeting> meetings;  // per collective instance
   std::unordered_map<int, double> group_latency;
@@ -187,6 +189,13 @@ struct Replayer {
   std::vector<int> receives_posted;
   std::vector<std::vector<sg4::ExecPtr>> receive_hold;
   std::vector<std::vector<char>> posts_next;
+  // Calibration::wake_s, and per rank how long its waits poll before they nap
+  // (dist::mpi_wait_policy of its node: more ranks than cores or not), its compute ops running
+  // now, and when its last one ended: a rank that computes is not asleep in a wait.
+  double wake = 0, wake_poll = 0;
+  std::vector<double> wait_window;
+  std::vector<int> computing_now;
+  std::vector<double> idle_since;
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
            const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
@@ -302,6 +311,25 @@ struct Replayer {
   static void let_go(std::vector<sg4::ExecPtr>& held) {
     for (const sg4::ExecPtr& e : held) e->cancel();
     held.clear();
+  }
+
+  // Whether rank q, waiting since `since` (its arrival at an operation), naps by now: it
+  // computes nothing and has waited longer than its polling.
+  bool asleep(int q, double since) const {
+    const double waited = sg4::Engine::get_clock() - std::max(since, idle_since[q]);
+    return computing_now[q] == 0 && waited > wait_window[q];
+  }
+  // The wake-up a collective pays when the last member arrives (`arrivals`: each member's
+  // arrival): `wake` if a member arrived earlier and naps by now, else 0.
+  double woken(const std::vector<std::pair<int, double>>& arrivals) const {
+    if (wake <= 0) return 0;
+    for (const auto& [q, t] : arrivals)
+      if (asleep(q, t)) return wake;
+    return 0;
+  }
+  void computing(int r, int delta) {
+    computing_now[r] += delta;
+    if (computing_now[r] == 0) idle_since[r] = sg4::Engine::get_clock();
   }
 
   void wait_deps(int r, const Op& o) {
@@ -420,6 +448,7 @@ struct Replayer {
     // would do, with fewer SimGrid calls), then wakes them at its end (release()).
     Meeting& mt = meetings[id];
     auto meet = [&] {
+      if (wake > 0) mt.arrivals.emplace_back(r, sg4::Engine::get_clock());
       if (++mt.arrived < (chain ? n : listed)) {
         // Blocked on a semaphore of its own (suspending the actor would also suspend the
         // receives it posted ahead).
@@ -439,7 +468,8 @@ struct Replayer {
       // every member is there (either model; the links carry nothing for it).
       if (!meet()) return;
       auto held = hold(w.groups[in.group_id]);
-      if (comm_dur.instance[id] > 0) sg4::this_actor::sleep_for(comm_dur.instance[id]);
+      const double t = comm_dur.instance[id] + woken(mt.arrivals);
+      if (t > 0) sg4::this_actor::sleep_for(t);
       let_go(held);
       release();
       return;
@@ -447,6 +477,7 @@ struct Replayer {
     if (model == CollectiveModel::Bulk) {
       if (!meet()) return;
       auto held = hold(w.groups[in.group_id]);
+      if (const double late = woken(mt.arrivals); late > 0) sg4::this_actor::sleep_for(late);
       std::vector<sg4::CommPtr> flows;
       double after = 0;
       if (chain) {
@@ -582,7 +613,9 @@ struct Replayer {
           t += dur[r][ops[last]];
           end[r][ops[last]] = t;
         }
+        computing(r, 1);
         if (t > start[r][i]) sg4::this_actor::sleep_until(t);
+        computing(r, -1);
         for (size_t j = k; j < last; ++j) done[r][ops[j]] = 1;
         k = last;
         finish(r, ops[last]);
@@ -592,7 +625,9 @@ struct Replayer {
         case OpKind::Compute:
           if (dur[r][i] > 0) {
             auto pressed = press(r);
+            computing(r, 1);
             sg4::this_actor::execute(dur[r][i] * me->get_speed());
+            computing(r, -1);
             let_go(pressed);
           }
           break;
@@ -621,6 +656,8 @@ struct Replayer {
         }
         case OpKind::Recv:
           posted.at(i)->wait();
+          // A wait that napped notices the data when it wakes.
+          if (wake > 0 && asleep(r, start[r][i])) sg4::this_actor::sleep_for(wake);
           break;
         case OpKind::HostCopy:
           sg4::this_actor::sleep_for(c.host.latency +
@@ -635,17 +672,38 @@ struct Replayer {
   }
 
   void launch() {
+    const size_t R = w.ranks.size();
+    computing_now.assign(R, 0);
+    idle_since.assign(R, 0.0);
+    wait_window.assign(R, 0.0);
+    for (size_t r = 0; r < R; ++r) {
+      // The executor's wait policy: oversubscribed when the rank's host (a CPU node) has more
+      // ranks than cores.
+      int on_host = 0;
+      for (size_t q = 0; q < R; ++q) on_host += p.hosts[q] == p.hosts[r] ? 1 : 0;
+      const dist::WaitPolicy wp =
+          dist::mpi_wait_policy(on_host > static_cast<int>(p.hosts[r]->get_core_count()));
+      wait_window[r] = wp.busy_polls * wake_poll + wp.yield_seconds;
+    }
     node_peers.assign(w.ranks.size(), {});
-    if (contention > 0)
-      for (size_t r = 0; r < w.ranks.size(); ++r) {
-        for (size_t q = 0; q < w.ranks.size(); ++q)
-          if (p.node_of[q] == p.node_of[r] && p.hosts[q] != p.hosts[r] &&
-              std::find(node_peers[r].begin(), node_peers[r].end(), p.hosts[q]) ==
-                  node_peers[r].end())
-            node_peers[r].push_back(p.hosts[q]);
-        // Its compute speed changes with the others': op by op, not merged.
-        if (!node_peers[r].empty()) exclusive[r] = 0;
+    for (size_t r = 0; r < w.ranks.size(); ++r) {
+      // A multicore host (the CPU processes of a node): the rank computes beside the node's other
+      // ranks, op by op, and its contention presses on that one host (max-min sharing over its
+      // cores then slows each computing rank by `contention` per other computing rank, and a rank
+      // computing alone not at all, as with a host per core).
+      const bool multicore = p.hosts[r]->get_core_count() > 1;
+      bool shared = false;
+      for (size_t q = 0; q < w.ranks.size(); ++q) {
+        if (q == r || p.node_of[q] != p.node_of[r]) continue;
+        shared = shared || p.hosts[q] == p.hosts[r];
+        sg4::Host* h = multicore ? p.hosts[r] : p.hosts[q];
+        if (contention > 0 && (multicore || p.hosts[q] != p.hosts[r]) &&
+            std::find(node_peers[r].begin(), node_peers[r].end(), h) == node_peers[r].end())
+          node_peers[r].push_back(h);
       }
+      // Its compute speed changes with the others': op by op, not merged.
+      if (!node_peers[r].empty() || (multicore && shared)) exclusive[r] = 0;
+    }
     for (size_t r = 0; r < w.ranks.size(); ++r) {
       std::map<int, std::vector<int>> streams;
       const auto& prog = w.ranks[r].ops;
@@ -702,6 +760,8 @@ bool write_all(int fd, const void* buf, size_t n) {
     sg4::Engine e(&argc, argv.data());
     Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
                 opt.calibration.contention_share);
+    rp.wake = opt.calibration.wake_s;
+    rp.wake_poll = opt.calibration.wake_poll_s;
     rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();

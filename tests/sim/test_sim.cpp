@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "cai/core/error.h"
+#include "cai/dist/communicator.h"
 #include "cai/schedule/schedule.h"
 #include "cluster.h"
 #include "expand.h"
@@ -1229,4 +1230,78 @@ TEST(Contention, ComputeBesideTheNodesOtherRanksRunsSlower) {
                           R"({"group": 2.5, "alone_seconds": 0.3, "together_seconds": 0.4})",
                           R"({"group": 2, "alone_seconds": -1, "together_seconds": 0.4})", "3"})
     EXPECT_THROW(profile(bad), cai::Error) << bad;
+}
+
+// CPU processes share the node's cores, not a core each: on cpu-2 (2 cores) four ranks of which
+// two compute 10 ms at once take 10 ms (a core each, whichever ranks they are), and four
+// computing at once take 20 ms (two per core), as the OS schedules them.
+TEST(Contention, CpuRanksTakeWhicheverCoresAreFree) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  for (const std::vector<int>& busy : {std::vector<int>{0, 2}, {0, 1}, {1, 3}, {0, 1, 2, 3}}) {
+    Workload w;
+    w.ranks.resize(4);
+    for (int r : busy) w.ranks[r].ops.push_back(Op::compute("F", 0.010));
+    for (bool merge : {true, false}) {
+      ReplayOptions opt;
+      opt.merge_compute = merge;
+      const ReplayResult res = replay(w, c, opt);
+      for (int r : busy)
+        EXPECT_NEAR(res.ranks[r].spans[0].end, busy.size() > 2 ? 0.020 : 0.010, 1e-9)
+            << "rank " << r << " of " << busy.size() << ", merge " << merge;
+    }
+  }
+}
+
+// MPI waits that nap (the profile's "wake"): a rank that waited longer than its wait polls
+// (dist::mpi_wait_policy: 1,000 tests of 1 µs and 2 ms of yields with a core per process) is
+// asleep when the last member arrives, and the collective (or the receive) takes the calibrated
+// wake-up (late - base = 0.1 ms) more. Rank 1 reaches the all-reduce (1 ms) 9 ms early: it ends at
+// 11.1 ms; 1 ms early (still polling): 11 ms. The same for a receive.
+TEST(Wake, AWaitThatNappedPaysTheWakeUp) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  const int64_t bytes = 1 << 20;
+  ReplayOptions opt;
+  opt.calibration = parse_calibration(
+      fmt::format(
+          R"({{"collectives": [{{"op": "all_reduce", "group": 2, "bytes": {0}, "seconds": 0.001}},
+                                       {{"op": "p2p", "group": 2, "bytes": {0}, "seconds": 0.001}}],
+                   "wake": {{"group": 4, "poll_seconds": 1e-6, "base_seconds": 1e-5,
+                             "late_seconds": 1.1e-4}}}})",
+          bytes),
+      "cal.json");
+  EXPECT_NEAR(opt.calibration.wake_s, 1e-4, 1e-12);
+  const cai::dist::WaitPolicy wp = cai::dist::mpi_wait_policy(false);
+  const double window = wp.busy_polls * 1e-6 + wp.yield_seconds;
+  for (const double early : {0.009, 0.001}) {
+    ASSERT_NE(early > window, early < window);
+    const double wake = early > window ? 1e-4 : 0;
+    Workload w;
+    w.ranks.resize(2);
+    const int g = w.add_group({0, 1});
+    w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+    w.ranks[1].ops.push_back(Op::compute("F", 0.010 - early));
+    for (int r = 0; r < 2; ++r) {
+      w.ranks[r].ops.push_back(Op::collective(OpKind::AllReduce, "ar", g, bytes, 0));
+      w.ranks[r].ops.back().deps = {0};
+    }
+    // Then rank 0 computes `early` longer and sends; rank 1 waits in its receive.
+    w.ranks[0].ops.push_back(Op::compute("F", early));
+    w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes, 0));
+    w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+    for (bool merge : {true, false}) {
+      opt.merge_compute = merge;
+      const ReplayResult r = replay(w, c, opt);
+      EXPECT_NEAR(r.ranks[1].spans[1].end, 0.011 + wake, 1e-9) << early << " " << merge;
+      EXPECT_NEAR(r.ranks[0].spans[1].end, 0.011 + wake, 1e-9) << early << " " << merge;
+      EXPECT_NEAR(r.ranks[1].spans[2].end, 0.012 + early + 2 * wake, 1e-9) << early << " " << merge;
+    }
+  }
+  // Without the entry: no wake-up.
+  EXPECT_EQ(parse_calibration("{}", "cal.json").wake_s, 0);
+  for (
+      const char* bad :
+      {R"({"wake": {"group": 2, "poll_seconds": 1e-6, "base_seconds": 1e-5}})",
+       R"({"wake": {"group": 1, "poll_seconds": 1e-6, "base_seconds": 1e-5, "late_seconds": 1e-4}})",
+       R"({"wake": {"group": 2, "poll_seconds": -1, "base_seconds": 1e-5, "late_seconds": 1e-4}})"})
+    EXPECT_THROW(parse_calibration(bad, "cal.json"), cai::Error) << bad;
 }
