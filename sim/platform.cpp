@@ -108,40 +108,26 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies,
     auto* nz = sg4::create_star_zone(fmt::format("node{}", n));
     nz->set_parent(root);
     auto* gw = nz->create_router(fmt::format("node{}-gw", n));
-    if (cpu_node) {
-      const int cores = std::min(c.gpus_per_node, used - n * c.gpus_per_node);
-      auto* h = nz->create_host(fmt::format("node{}-cpu", n), speed)->set_core_count(cores)->seal();
-      nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
-                    {{gpu_links[n * c.gpus_per_node], sg4::LinkInRoute::Direction::UP}}, true);
-      // Processes of the node talk through shared memory: the loopback.
-      auto* lb = nz->create_link(fmt::format("node{}-cpu-loopback", n), c.intra.bandwidth)
-                     ->set_latency(c.intra.latency)
-                     ->seal();
-      nz->add_route(h->get_netpoint(), h->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(lb)},
-                    false);
-      for (int g = 0; g < cores; ++g) {
-        gpu_hosts.push_back(h);
-        gpu_node.push_back(n);
-      }
-      nz->seal();
-      if (nics)
-        root->add_route(nz->get_netpoint(), nullptr, gw, nullptr,
-                        {{nic_links[n], sg4::LinkInRoute::Direction::UP}}, true);
-      continue;
-    }
-    for (int g = 0; g < c.gpus_per_node && n * c.gpus_per_node + g < used; ++g) {
-      const int r = n * c.gpus_per_node + g;
-      auto* h = nz->create_host(fmt::format("node{}-gpu{}", n, g), speed)->seal();
+    // Host `name` (`cores` cores) on slot r's link; ranks sharing it talk through a loopback.
+    auto add_host = [&](const std::string& name, int cores, int r, bool loopback) {
+      auto* h = nz->create_host(name, speed)->set_core_count(cores)->seal();
       nz->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
                     {{gpu_links[r], sg4::LinkInRoute::Direction::UP}}, true);
-      if (nproc > used) {  // ranks sharing this GPU talk through a loopback
-        auto* lb = nz->create_link(fmt::format("node{}-gpu{}-loopback", n, g), c.intra.bandwidth)
+      if (loopback) {
+        auto* lb = nz->create_link(name + "-loopback", c.intra.bandwidth)
                        ->set_latency(c.intra.latency)
                        ->seal();
         nz->add_route(h->get_netpoint(), h->get_netpoint(), nullptr, nullptr,
                       {sg4::LinkInRoute(lb)}, false);
       }
-      gpu_hosts.push_back(h);
+      return h;
+    };
+    const int first = n * c.gpus_per_node, slots = std::min(c.gpus_per_node, used - first);
+    sg4::Host* cpu =
+        cpu_node ? add_host(fmt::format("node{}-cpu", n), slots, first, true) : nullptr;
+    for (int g = 0; g < slots; ++g) {
+      gpu_hosts.push_back(
+          cpu ? cpu : add_host(fmt::format("node{}-gpu{}", n, g), 1, first + g, nproc > used));
       gpu_node.push_back(n);
     }
     nz->seal();

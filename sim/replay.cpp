@@ -676,34 +676,36 @@ struct Replayer {
     computing_now.assign(R, 0);
     idle_since.assign(R, 0.0);
     wait_window.assign(R, 0.0);
+    std::unordered_map<const sg4::Host*, int> on_host;  // ranks per host
+    for (size_t r = 0; r < R; ++r) ++on_host[p.hosts[r]];
+    auto multicore = [&](size_t r) { return p.hosts[r]->get_core_count() > 1; };
     for (size_t r = 0; r < R; ++r) {
       // The executor's wait policy: oversubscribed when the rank's host (a CPU node) has more
       // ranks than cores.
-      int on_host = 0;
-      for (size_t q = 0; q < R; ++q) on_host += p.hosts[q] == p.hosts[r] ? 1 : 0;
       const dist::WaitPolicy wp =
-          dist::mpi_wait_policy(on_host > static_cast<int>(p.hosts[r]->get_core_count()));
+          dist::mpi_wait_policy(on_host[p.hosts[r]] > p.hosts[r]->get_core_count());
       wait_window[r] = wp.busy_polls * wake_poll + wp.yield_seconds;
+      // A rank beside others on a multicore host (the CPU processes of a node) computes op by
+      // op: its speed changes with theirs.
+      if (multicore(r) && on_host[p.hosts[r]] > 1) exclusive[r] = 0;
     }
-    node_peers.assign(w.ranks.size(), {});
-    for (size_t r = 0; r < w.ranks.size(); ++r) {
-      // A multicore host (the CPU processes of a node): the rank computes beside the node's other
-      // ranks, op by op, and its contention presses on that one host (max-min sharing over its
-      // cores then slows each computing rank by `contention` per other computing rank, and a rank
-      // computing alone not at all, as with a host per core).
-      const bool multicore = p.hosts[r]->get_core_count() > 1;
-      bool shared = false;
-      for (size_t q = 0; q < w.ranks.size(); ++q) {
-        if (q == r || p.node_of[q] != p.node_of[r]) continue;
-        shared = shared || p.hosts[q] == p.hosts[r];
-        sg4::Host* h = multicore ? p.hosts[r] : p.hosts[q];
-        if (contention > 0 && (multicore || p.hosts[q] != p.hosts[r]) &&
-            std::find(node_peers[r].begin(), node_peers[r].end(), h) == node_peers[r].end())
-          node_peers[r].push_back(h);
+    node_peers.assign(R, {});
+    if (contention > 0)
+      for (size_t r = 0; r < R; ++r) {
+        // While computing, a rank presses on every other host of its node, or on a multicore
+        // host on that one host (max-min sharing over its cores then slows each computing rank
+        // by `contention` per other computing rank, and a rank computing alone not at all, as
+        // with a host per core).
+        for (size_t q = 0; q < R; ++q) {
+          if (q == r || p.node_of[q] != p.node_of[r]) continue;
+          sg4::Host* h = multicore(r) ? p.hosts[r] : p.hosts[q];
+          if ((multicore(r) || h != p.hosts[r]) &&
+              std::find(node_peers[r].begin(), node_peers[r].end(), h) == node_peers[r].end())
+            node_peers[r].push_back(h);
+        }
+        // Its compute speed changes with the others': op by op, not merged.
+        if (!node_peers[r].empty()) exclusive[r] = 0;
       }
-      // Its compute speed changes with the others': op by op, not merged.
-      if (!node_peers[r].empty() || (multicore && shared)) exclusive[r] = 0;
-    }
     for (size_t r = 0; r < w.ranks.size(); ++r) {
       std::map<int, std::vector<int>> streams;
       const auto& prog = w.ranks[r].ops;
