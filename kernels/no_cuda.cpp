@@ -297,6 +297,9 @@ void select_token_bwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64
 void cast(DT, const void*, DT, void*, int64_t, void*) {
   CAI_STUB("cast");
 }
+void zero_multi(int, void* const*, const int64_t*, void*) {
+  CAI_STUB("zero_multi");
+}
 void cast_multi(int, const float* const*, DT, void* const*, const int64_t*, void*) {
   CAI_STUB("cast_multi");
 }

@@ -110,6 +110,29 @@ __global__ void cast_multi_kernel(const CastList l) {
   }
 }
 
+// Up to kZeroMulti byte ranges in one launch: a flat index over 16-byte units (ranges whose
+// start and length are multiples of 16) and single bytes (the others), end[i] the exclusive
+// prefix end of range i in those units (a linear search finds the range).
+struct ZeroList {
+  void* p[kZeroMulti];
+  int64_t end[kZeroMulti];
+  unsigned long long vec;  // bit i: range i in 16-byte units
+  int count;
+};
+
+__global__ void zero_multi_kernel(const ZeroList l) {
+  const int64_t total = l.end[l.count - 1];
+  CAI_GRID_STRIDE(k, total) {
+    int t = 0;
+    while (k >= l.end[t]) ++t;
+    const int64_t i = k - (t ? l.end[t - 1] : 0);
+    if ((l.vec >> t) & 1ull)
+      static_cast<uint4*>(l.p[t])[i] = make_uint4(0, 0, 0, 0);
+    else
+      static_cast<unsigned char*>(l.p[t])[i] = 0;
+  }
+}
+
 template <typename TA, typename TB, typename TY>
 __global__ void add_t_kernel(const TA* __restrict__ a, const TB* __restrict__ b, TY* __restrict__ y,
                              int64_t n, bool vec) {
@@ -243,6 +266,26 @@ void cast_multi(int count, const float* const* src, DT dst_t, void* const* dst, 
       CAI_CUDA_CHECK_LAUNCH();
     }
   });
+}
+
+void zero_multi(int count, void* const* p, const int64_t* bytes, void* stream) {
+  CAI_CHECK(count >= 0 && count <= kZeroMulti, "[zero_multi] {} ranges: expected 0 to {}", count,
+            kZeroMulti);
+  ZeroList l{};
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    CAI_CHECK(bytes[i] >= 0, "[zero_multi] range {} has {} bytes", i, bytes[i]);
+    if (bytes[i] == 0) continue;
+    const bool vec = bytes[i] % 16 == 0 && reinterpret_cast<uintptr_t>(p[i]) % 16 == 0;
+    l.p[l.count] = p[i];
+    total += vec ? bytes[i] / 16 : bytes[i];
+    l.end[l.count] = total;
+    if (vec) l.vec |= 1ull << l.count;
+    ++l.count;
+  }
+  if (l.count == 0) return;
+  zero_multi_kernel<<<grid_for(total), kBlock, 0, as_stream(stream)>>>(l);
+  CAI_CUDA_CHECK_LAUNCH();
 }
 
 void add_t(DT at, const void* a, DT bt, const void* b, DT yt, void* y, int64_t n, void* stream) {

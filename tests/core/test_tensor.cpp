@@ -25,6 +25,16 @@ TEST(Tensor, ShapeStridesAndViews) {
   EXPECT_EQ(t.data<float>()[1], 1);
 }
 
+TEST(Tensor, ZeroAllClearsOnlyTheViews) {
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {6});
+  Tensor b = Tensor::from_vector(std::vector<float>{7, 8}, {2});
+  Tensor mid = a.narrow(2, 3);
+  zero_all({&mid, &b});
+  EXPECT_EQ(a.to_vector(), (std::vector<float>{1, 2, 0, 0, 0, 6}));
+  EXPECT_EQ(b.to_vector(), (std::vector<float>{0, 0}));
+  zero_all({});
+}
+
 TEST(Tensor, ErrorsNameTheValues) {
   Tensor t = Tensor::zeros({2, 3});
   try {

@@ -117,6 +117,31 @@ TEST_F(Cuda, CastMultiEqualsCast) {
   }
 }
 
+// zero_all on the GPU: 150 tensors (three launches of up to 64), fp32 and bf16, whole and
+// narrowed views at odd offsets and lengths (single-byte ranges), against the CPU: only the
+// views' elements become 0, their neighbours keep their values.
+TEST_F(Cuda, ZeroAllClearsExactlyTheTensors) {
+  std::vector<Tensor> base, view;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t n = i % 3 == 0 ? 768 * (i % 7 + 1) : i % 3 == 1 ? 5 * i + 3 : 4 * i + 4;
+    Tensor b = random_tensor({n + 2}, 70 + i, 2.0f);
+    if (i % 5 == 4) b = b.to(DType::BF16);
+    base.push_back(gpu(b));
+    view.push_back(i % 2 ? base.back().narrow(1, n) : base.back().narrow(0, n));
+  }
+  std::vector<std::vector<float>> before;
+  for (const Tensor& b : base) before.push_back(b.to(DType::F32).to_vector());
+  std::vector<Tensor*> ptrs;
+  for (Tensor& v : view) ptrs.push_back(&v);
+  zero_all(ptrs);
+  for (size_t i = 0; i < base.size(); ++i) {
+    std::vector<float> want = before[i];
+    const size_t off = i % 2, n = static_cast<size_t>(view[i].numel());
+    for (size_t k = 0; k < n; ++k) want[off + k] = 0.0f;
+    EXPECT_EQ(base[i].to(DType::F32).to_vector(), want) << "tensor " << i << " of " << n;
+  }
+}
+
 TEST_F(Cuda, LayerNorm) {
   for (auto [m, d] : {std::pair{4, 9}, {1, 1}, {394, 768}}) {
     Tensor x = random_tensor({m, d}, 1), g = random_tensor({d}, 2), b = random_tensor({d}, 3);

@@ -275,6 +275,29 @@ void Tensor::zero_() {
     std::memset(raw(), 0, nbytes());
 }
 
+void zero_all(const std::vector<Tensor*>& ts) {
+  void* ptrs[kernels::cuda::kZeroMulti];
+  int64_t bytes[kernels::cuda::kZeroMulti];
+  int count = 0;
+  auto flush = [&] {
+    // On the current device's legacy default stream, as zero_()'s cudaMemset.
+    if (count > 0) kernels::cuda::zero_multi(count, ptrs, bytes, nullptr);
+    count = 0;
+  };
+  for (Tensor* t : ts) {
+    if (!t->is_cuda()) {
+      t->zero_();
+      continue;
+    }
+    if (t->nbytes() == 0) continue;
+    if (count == kernels::cuda::kZeroMulti) flush();
+    ptrs[count] = t->raw();
+    bytes[count] = static_cast<int64_t>(t->nbytes());
+    ++count;
+  }
+  flush();
+}
+
 std::vector<float> Tensor::to_vector() const {
   const Tensor h = to(Device::cpu());
   std::vector<float> v(numel_);

@@ -699,7 +699,9 @@ int64_t ViT::num_parameters() {
 }
 
 void ViT::zero_grad() {
-  for (Parameter* p : parameters()) p->grad.zero_();
+  std::vector<Tensor*> grads;
+  for (Parameter* p : parameters()) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 void ViT::init(uint64_t seed) {

@@ -77,8 +77,10 @@ bool all_cuda(const ParamGroup& g) {
 }  // namespace
 
 void Optimizer::zero_grad() {
+  std::vector<Tensor*> grads;
   for (auto& g : groups_)
-    for (nn::Parameter* p : g.params) p->grad.zero_();
+    for (nn::Parameter* p : g.params) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 void Optimizer::set_lr(double lr) {

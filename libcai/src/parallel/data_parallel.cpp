@@ -609,7 +609,9 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
     for (Bucket& b : m.buckets) b.flat.zero_();  // every gradient, one fill per bucket
     return;
   }
-  for (nn::Parameter* p : m.params) p->grad.zero_();
+  std::vector<Tensor*> grads;
+  for (nn::Parameter* p : m.params) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 double DataParallelPlugin::all_reduce_sum(double v) {

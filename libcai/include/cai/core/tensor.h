@@ -97,6 +97,10 @@ class Tensor {
   bool defined_ = false;
 };
 
+// t->zero_() for every tensor of ts; the CUDA ones in launches of up to 64 tensors (a model's
+// gradients: one launch instead of a memset each), ordered as zero_() is.
+void zero_all(const std::vector<Tensor*>& ts);
+
 // Bytes held by all live tensors' storage on a device type in this process (an accounting of
 // the process's allocations, for traces and memory reports), and the peak since the last reset.
 int64_t memory_in_use(DeviceType t = DeviceType::CPU);
