@@ -81,6 +81,16 @@ __global__ void cast_kernel(const TS* __restrict__ src, TD* __restrict__ dst, in
     dst[i] = from_f32<TD>(to_f32(src[i]));
 }
 
+// The entry of a multi-tensor list (CastList, ZeroList) holding flat index k, found by a linear
+// search of the exclusive prefix ends l.end, and k's index i inside it.
+template <typename List>
+__device__ __forceinline__ int entry_of(const List& l, int64_t k, int64_t& i) {
+  int t = 0;
+  while (k >= l.end[t]) ++t;
+  i = k - (t ? l.end[t - 1] : 0);
+  return t;
+}
+
 // Up to kCastMulti fp32 tensors in one launch: a flat index over all elements, end[i] the
 // exclusive prefix end of tensor i (count ≤ 16: a linear search finds the tensor). Tensors whose
 // pointers and sizes allow it move 4 elements per access (vec bit i).
@@ -96,9 +106,8 @@ template <typename TD>
 __global__ void cast_multi_kernel(const CastList l) {
   const int64_t total = l.end[l.count - 1];
   CAI_GRID_STRIDE(k, total) {
-    int t = 0;
-    while (k >= l.end[t]) ++t;
-    const int64_t i = k - (t ? l.end[t - 1] : 0);
+    int64_t i;
+    const int t = entry_of(l, k, i);
     TD* dst = static_cast<TD*>(l.dst[t]);
     if ((l.vec >> t) & 1u) {
       float a[kVec];
@@ -123,9 +132,8 @@ struct ZeroList {
 __global__ void zero_multi_kernel(const ZeroList l) {
   const int64_t total = l.end[l.count - 1];
   CAI_GRID_STRIDE(k, total) {
-    int t = 0;
-    while (k >= l.end[t]) ++t;
-    const int64_t i = k - (t ? l.end[t - 1] : 0);
+    int64_t i;
+    const int t = entry_of(l, k, i);
     if ((l.vec >> t) & 1ull)
       static_cast<uint4*>(l.p[t])[i] = make_uint4(0, 0, 0, 0);
     else

@@ -114,6 +114,16 @@ __device__ __forceinline__ float2 unpack2(uint32_t u) {
   }
 }
 
+// f(std::true_type) for a whole tile of 64 (no per-chunk or per-key checks), else
+// f(std::false_type): the tile bodies take the tag as a compile-time constant.
+template <typename F>
+__device__ __forceinline__ void whole_or_tail(bool whole, F&& f) {
+  if (whole)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -294,10 +304,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, HDP > 64 ? 1 : 2)
           }
         }
       };
-      if (kvalid == kTile)
-        tile(std::true_type{});
-      else
-        tile(std::false_type{});
+      whole_or_tail(kvalid == kTile, tile);
     }
   }
   if (!active) return;
@@ -438,10 +445,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
           }
         }
       };
-      if (kvalid == kTile)
-        block(std::true_type{});
-      else
-        block(std::false_type{});
+      whole_or_tail(kvalid == kTile, block);
     }
     __syncthreads();  // before the next iteration's loads overwrite this stage
   }
@@ -605,10 +609,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
           }
         }
       };
-      if (qvalid == kTile)
-        block(std::true_type{});
-      else
-        block(std::false_type{});
+      whole_or_tail(qvalid == kTile, block);
     }
     if (threadIdx.x < kTile) {  // block it + 2's lse and D (that stage was last read in it − 1)
       sLse[nst * kTile + threadIdx.x] = nl;
