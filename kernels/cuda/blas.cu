@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/device.h"
@@ -29,12 +32,17 @@ Blas& blas() {
 // algorithm) per problem, so cublasLtMatmulAlgoGetHeuristic runs once per shape. All kept for
 // the process lifetime, like the cuBLAS handles.
 constexpr size_t kLtWorkspace = size_t{32} << 20;
+// How many of the heuristic's algorithms a plan times on its first call that may write D (see
+// tune()); 1 turns the timing off. CAI_GEMM_TUNE=0 keeps the heuristic's first choice.
+constexpr int kLtCandidates = 8;
 
 struct LtPlan {
   bool ok = false;  // false: cuBLASLt offered no algorithm (cached too, to not ask again)
+  bool tuned = false;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; empty once tuned
 };
 using LtKey = std::array<int64_t, 20>;
 
@@ -56,6 +64,14 @@ uint32_t alignment(const void* p) {
   uint32_t al = 256;
   while (al > 1 && a % al != 0) al >>= 1;
   return al;
+}
+
+bool tuning() {
+  static const bool on = [] {
+    const char* v = std::getenv("CAI_GEMM_TUNE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 void destroy(LtPlan& p) {
@@ -104,10 +120,11 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]);
     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]);
     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]);
-    cublasLtMatmulHeuristicResult_t result{};
+    std::array<cublasLtMatmulHeuristicResult_t, kLtCandidates> results{};
     int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d,
-                                                            pref, 1, &result, &found);
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref,
+                                       tuning() ? kLtCandidates : 1, results.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
     // No algorithm: NOT_SUPPORTED, or nothing found; with an epilogue any refusal (the caller
@@ -119,14 +136,62 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
       return;
     }
     CAI_CUDA_CHECK(s);
-    CAI_CUDA_CHECK(result.state);
-    p.algo = result.algo;
+    CAI_CUDA_CHECK(results[0].state);
+    p.algo = results[0].algo;
+    for (int i = 0; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+    if (p.candidates.size() < 2) p.candidates.clear(), p.tuned = true;
     p.ok = true;
   } catch (...) {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     destroy(p);
     throw;
   }
+}
+// Times the heuristic's candidates for this problem on its real operands and keeps the fastest:
+// the heuristic's first choice is not always the fastest on these shapes. Each candidate runs
+// once, then kReps times between two events on `stream`; the host waits for them (once per
+// problem and process). The first candidate within 2% of the fastest wins, so near ties keep
+// the heuristic's order. D is written by every run: the caller passes a scratch D where D is
+// also the C of beta·C.
+void tune(cublasLtHandle_t handle, LtPlan& p, const void* a, const void* b, void* d, const void* c,
+          float alpha, float beta, void* workspace, cudaStream_t stream) {
+  constexpr int kReps = 3;
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  std::vector<float> ms(p.candidates.size(), -1.f);
+  try {
+    CAI_CUDA_CHECK(cudaEventCreate(&ev[0]));
+    CAI_CUDA_CHECK(cudaEventCreate(&ev[1]));
+    for (size_t i = 0; i < p.candidates.size(); ++i) {
+      const cublasLtMatmulAlgo_t* algo = &p.candidates[i];
+      auto run = [&] {
+        return cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d, algo,
+                              workspace, kLtWorkspace, stream);
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) continue;  // not for this problem after all
+      CAI_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      for (int r = 0; r < kReps; ++r) CAI_CUDA_CHECK(run());
+      CAI_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      CAI_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      CAI_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[0], ev[1]));
+    }
+  } catch (...) {
+    for (cudaEvent_t e : ev)
+      if (e) cudaEventDestroy(e);
+    throw;
+  }
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  float best = -1.f;
+  for (float t : ms)
+    if (t >= 0 && (best < 0 || t < best)) best = t;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i] >= 0 && ms[i] <= best * 1.02f) {
+      p.algo = p.candidates[i];
+      break;
+    }
+  }
+  p.candidates.clear();
+  p.tuned = true;
 }
 }  // namespace
 
@@ -208,10 +273,36 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
     build_plan(hit->second, g, bias, aux, align, p);
     pit = l.plans.emplace(key, p).first;
   }
-  const LtPlan& p = pit->second;
+  LtPlan& p = pit->second;
   if (!p.ok) return false;
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (gelu) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);  // plans are shared
+  if (!p.tuned) {
+    // Not while a graph is being captured (the host cannot wait for the timing there).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CAI_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      if (beta == 0.f || c != d) {
+        tune(hit->second, p, a, b, d, c, alpha, beta, wit->second, stream);
+      } else {
+        // D accumulates (a weight gradient): the timing writes a scratch D, up to 64 MiB.
+        const size_t bytes = static_cast<size_t>(g.ldd) * static_cast<size_t>(g.n) *
+                             (g.cd == CUDA_R_32F   ? 4
+                              : g.cd == CUDA_R_64F ? 8
+                                                   : 2);
+        if (bytes <= (size_t{64} << 20)) {
+          void* scratch = alloc(bytes, device);
+          try {
+            tune(hit->second, p, a, b, scratch, c, alpha, beta, wit->second, stream);
+          } catch (...) {
+            free(scratch, device);
+            throw;
+          }
+          free(scratch, device);
+        }
+      }
+    }
+  }
   CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d,
                                 &p.algo, wit->second, kLtWorkspace, stream));
   if (gelu) ++l.gelu_runs;

@@ -45,8 +45,11 @@ struct LtGemm {
 };
 
 // Runs `g` on `stream` with the current device's cuBLASLt handle, a 32 MiB workspace of that
-// (device, stream) and the algorithm the heuristic chose the first time this problem (types,
-// sizes, leading dimensions, epilogue, pointer alignments) was seen. Returns false, running
+// (device, stream) and an algorithm chosen the first time this problem (types, sizes, leading
+// dimensions, epilogue, pointer alignments) was seen: the fastest of the heuristic's first 8,
+// each timed on the call's operands, the host waiting for the timing (not while `stream` is
+// capturing a graph; D is written by the timing, or a scratch D where D is also C), or with
+// CAI_GEMM_TUNE=0 in the environment the heuristic's first. Returns false, running
 // nothing, when cuBLASLt has no algorithm for it (or the epilogue's constraints do not hold);
 // throws cai::CudaError when a call fails. `aux` is the GELU epilogues' matrix (written by
 // kGeluAuxBias, read by kDGelu). `c` (null: D itself) is the C of beta·C, with D's type and
