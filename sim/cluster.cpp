@@ -203,11 +203,19 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   g.finish();
 
   Section in = top.table("intra_node");
-  in.accepts({"fabric", "bandwidth_gbytes_per_s", "latency_us"});
+  in.accepts({"fabric", "bandwidth_gbytes_per_s", "latency_us", "placement"});
   const std::string fabric = in.string("fabric", {"nvswitch", "pcie", "shared_memory"});
   c.intra.fabric = fabric == "nvswitch" ? Fabric::NvSwitch
                    : fabric == "pcie"   ? Fabric::Pcie
                                         : Fabric::SharedMemory;
+  if (in.has("placement")) {
+    if (c.intra.fabric != Fabric::SharedMemory)
+      fail(
+          "[cluster] {}: intra_node.placement is for fabric = \"shared_memory\" (processes on "
+          "cores), not \"{}\"",
+          origin, fabric);
+    c.intra.pinned = in.string("placement", {"shared", "pinned"}) == "pinned";
+  }
   c.intra.bandwidth = in.number("bandwidth_gbytes_per_s", "GB/s per GPU per direction", 0) * kGiga;
   c.intra.latency = in.number("latency_us", "microseconds", 0, false) * kMicro;
   in.finish();

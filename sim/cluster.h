@@ -32,6 +32,10 @@ struct IntraNode {
   Fabric fabric = Fabric::NvSwitch;
   double bandwidth = 0;  // bytes/s per GPU per direction
   double latency = 0;    // seconds, one GPU to another of the node
+  // Shared memory only ("placement" in the file): false ("shared") runs the processes wherever a
+  // core is free, as the OS does for unbound processes; true ("pinned") binds rank r to core
+  // r mod gpus_per_node (taskset or mpirun --bind-to core), ranks of one core sharing it.
+  bool pinned = false;
 };
 
 // The node's NICs into a full-bisection network ("fat-tree" or "non-blocking": the same model).

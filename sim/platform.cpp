@@ -103,7 +103,9 @@ Platform build_platform(const Cluster& c, int nproc, DType dtype, int copies,
   // on one core at a time (a sequential execution); ranks take whichever cores are free, and share
   // them only while more compute than there are cores (4 processes on 2 cores: while both ranks
   // of one pipeline stage wait in the bubble, the other stage's two have both cores).
-  const bool cpu_node = c.intra.fabric == Fabric::SharedMemory;
+  // Pinned processes (intra_node.placement = "pinned"): a host per core, rank r on core r mod
+  // cores, as for GPUs; ranks of one core share it and talk through its loopback.
+  const bool cpu_node = c.intra.fabric == Fabric::SharedMemory && !c.intra.pinned;
   for (int n = 0; n < nodes; ++n) {
     auto* nz = sg4::create_star_zone(fmt::format("node{}", n));
     nz->set_parent(root);

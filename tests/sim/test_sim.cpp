@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "cai/core/error.h"
 #include "cai/dist/communicator.h"
@@ -171,6 +173,18 @@ TEST(ClusterFiles, BadFilesNameTheFileAndTheKey) {
       << e;
   e = error_of(replace("[inter_node]", "[inter]"));
   EXPECT_NE(e.find("missing key 'inter_node'"), std::string::npos) << e;  // 2 nodes need it
+  e = error_of(replace("fabric = \"nvswitch\"", "fabric = \"nvswitch\"\nplacement = \"pinned\""));
+  EXPECT_NE(e.find("intra_node.placement is for fabric = \"shared_memory\""), std::string::npos)
+      << e;
+  {
+    std::string cpu = replace("fabric = \"nvswitch\"", "fabric = \"shared_memory\"");
+    cpu.replace(cpu.find("fabric = \"shared_memory\""), 24,
+                "fabric = \"shared_memory\"\nplacement = \"bound\"");
+    e = error_of(cpu);
+    EXPECT_NE(e.find("intra_node.placement = \"bound\" is not one of \"shared\", \"pinned\""),
+              std::string::npos)
+        << e;
+  }
   e = error_of("nodes = [");
   EXPECT_NE(e.find("[cluster] bad.toml:1:"), std::string::npos) << e;
   try {
@@ -1232,11 +1246,24 @@ TEST(Contention, ComputeBesideTheNodesOtherRanksRunsSlower) {
     EXPECT_THROW(profile(bad), cai::Error) << bad;
 }
 
-// CPU processes share the node's cores, not a core each: on cpu-2 (2 cores) four ranks of which
-// two compute 10 ms at once take 10 ms (a core each, whichever ranks they are), and four
-// computing at once take 20 ms (two per core), as the OS schedules them.
+// Unbound CPU processes (intra_node.placement = "shared") share the node's cores, not a core
+// each: on 2 cores four ranks of which two compute 10 ms at once take 10 ms (a core each,
+// whichever ranks they are), and four computing at once take 20 ms (two per core), as the OS
+// schedules them. Pinned (cpu-2 as shipped: rank r on core r mod 2), ranks 0 and 2 share core 0
+// even while the other core idles: 20 ms.
 TEST(Contention, CpuRanksTakeWhicheverCoresAreFree) {
-  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  const std::string path = std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml";
+  const Cluster pinned = load_cluster(path);
+  ASSERT_TRUE(pinned.intra.pinned);
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  const std::string key = "placement = \"pinned\"";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "placement = \"shared\"");
+  const Cluster shared = parse_cluster(text, "cpu-2-shared.toml");
+  ASSERT_FALSE(shared.intra.pinned);
   for (const std::vector<int>& busy : {std::vector<int>{0, 2}, {0, 1}, {1, 3}, {0, 1, 2, 3}}) {
     Workload w;
     w.ranks.resize(4);
@@ -1244,10 +1271,15 @@ TEST(Contention, CpuRanksTakeWhicheverCoresAreFree) {
     for (bool merge : {true, false}) {
       ReplayOptions opt;
       opt.merge_compute = merge;
-      const ReplayResult res = replay(w, c, opt);
-      for (int r : busy)
+      const ReplayResult res = replay(w, shared, opt);
+      const ReplayResult pin = replay(w, pinned, opt);
+      const bool same_core = busy.size() > 2 || busy[0] % 2 == busy[1] % 2;
+      for (int r : busy) {
         EXPECT_NEAR(res.ranks[r].spans[0].end, busy.size() > 2 ? 0.020 : 0.010, 1e-9)
-            << "rank " << r << " of " << busy.size() << ", merge " << merge;
+            << "shared: rank " << r << " of " << busy.size() << ", merge " << merge;
+        EXPECT_NEAR(pin.ranks[r].spans[0].end, same_core ? 0.020 : 0.010, 1e-9)
+            << "pinned: rank " << r << " of " << busy.size() << ", merge " << merge;
+      }
     }
   }
 }
