@@ -196,6 +196,15 @@ struct Replayer {
   std::vector<double> wait_window;
   std::vector<int> computing_now;
   std::vector<double> idle_since;
+  // CPU ranks whose core others share (more ranks than cores): a rank that stops computing
+  // waits, and its wait's busy polls (dist::mpi_wait_policy: busy_polls tests of `wake_poll`)
+  // take its core as any process does: `poll_cpu` seconds of it, shared with whoever computes
+  // there, until it computes again or the polls are over. Per rank: whether it does, its polls
+  // now, and its ops not yet done (its last one ends the polls: it is not waiting any more).
+  double poll_cpu = 0;
+  std::vector<char> polls;
+  std::vector<sg4::ExecPtr> polling;
+  std::vector<size_t> ops_left;
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
            const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
@@ -328,8 +337,21 @@ struct Replayer {
     return 0;
   }
   void computing(int r, int delta) {
+    if (computing_now[r] == 0 && delta > 0) stop_polling(r);
     computing_now[r] += delta;
-    if (computing_now[r] == 0) idle_since[r] = sg4::Engine::get_clock();
+    if (computing_now[r] == 0) {
+      idle_since[r] = sg4::Engine::get_clock();
+      if (polls[r] && ops_left[r] > 0)
+        polling[r] = sg4::Exec::init()
+                         ->set_flops_amount(poll_cpu * p.hosts[r]->get_speed())
+                         ->set_host(p.hosts[r])
+                         ->start();
+    }
+  }
+  void stop_polling(int r) {
+    if (polling[r] && polling[r]->get_state() != sg4::Activity::State::FINISHED)
+      polling[r]->cancel();
+    polling[r] = nullptr;
   }
 
   void wait_deps(int r, const Op& o) {
@@ -349,6 +371,7 @@ struct Replayer {
   void finish(int r, int i) {
     end[r][i] = sg4::Engine::get_clock();
     done[r][i] = 1;
+    if (--ops_left[r] == 0) stop_polling(r);
     if (w.ranks[r].ops[i].kind == OpKind::Recv && !posts_next[r][i] && --receives_posted[r] == 0)
       let_go(receive_hold[r]);
     if (awaited[r][i] > 0) {
@@ -616,7 +639,7 @@ struct Replayer {
         computing(r, 1);
         if (t > start[r][i]) sg4::this_actor::sleep_until(t);
         computing(r, -1);
-        for (size_t j = k; j < last; ++j) done[r][ops[j]] = 1;
+        for (size_t j = k; j < last; ++j) done[r][ops[j]] = 1, --ops_left[r];
         k = last;
         finish(r, ops[last]);
         continue;
@@ -676,6 +699,10 @@ struct Replayer {
     computing_now.assign(R, 0);
     idle_since.assign(R, 0.0);
     wait_window.assign(R, 0.0);
+    polls.assign(R, 0);
+    polling.assign(R, nullptr);
+    ops_left.assign(R, 0);
+    for (size_t r = 0; r < R; ++r) ops_left[r] = w.ranks[r].ops.size();
     std::unordered_map<const sg4::Host*, int> on_host;  // ranks per host
     for (size_t r = 0; r < R; ++r) ++on_host[p.hosts[r]];
     auto multicore = [&](size_t r) { return p.hosts[r]->get_core_count() > 1; };
@@ -685,6 +712,9 @@ struct Replayer {
       const dist::WaitPolicy wp =
           dist::mpi_wait_policy(on_host[p.hosts[r]] > p.hosts[r]->get_core_count());
       wait_window[r] = wp.busy_polls * wake_poll + wp.yield_seconds;
+      poll_cpu = wp.busy_polls * wake_poll;
+      polls[r] = c.intra.fabric == Fabric::SharedMemory && poll_cpu > 0 &&
+                 on_host[p.hosts[r]] > p.hosts[r]->get_core_count();
       // A rank beside others on a multicore host (the CPU processes of a node) computes op by
       // op: its speed changes with theirs.
       if (multicore(r) && on_host[p.hosts[r]] > 1) exclusive[r] = 0;

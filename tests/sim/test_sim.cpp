@@ -1337,3 +1337,38 @@ TEST(Wake, AWaitThatNappedPaysTheWakeUp) {
        R"({"wake": {"group": 2, "poll_seconds": -1, "base_seconds": 1e-5, "late_seconds": 1e-4}})"})
     EXPECT_THROW(parse_calibration(bad, "cal.json"), cai::Error) << bad;
 }
+
+// A wait's busy polls take the core from a rank that shares it (cpu-2 pinned, 4 processes: ranks 0
+// and 2 on core 0; dist::mpi_wait_policy(true): busy_polls tests of the profile's 1 µs, P = 1 ms
+// of CPU). Rank 0 computes 1 ms and then waits for rank 1's send (after 10 ms); rank 2 computes
+// 4 ms. Both compute at half speed until 2 ms; then rank 0's polls and rank 2 share the core until
+// the polls are done (2P later, rank 2 at 1 + P ms of its 4), and rank 2 ends at 5 + P ms, not 5.
+// Without the wake entry (no poll time measured) it ends at 5 ms.
+TEST(Wake, BusyPollsTakeASharedCore) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  ASSERT_TRUE(c.intra.pinned);
+  const double P = cai::dist::mpi_wait_policy(true).busy_polls * 1e-6;
+  ASSERT_LT(P, 0.003);
+  Workload w;
+  w.ranks.resize(4);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.001));
+  w.ranks[0].ops.push_back(Op::recv("RecvActivation", 1, 5, 64, 0));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[1].ops.push_back(Op::send("SendActivation", 0, 5, 64, 0));
+  w.ranks[2].ops.push_back(Op::compute("F", 0.004));
+  for (const bool measured : {true, false}) {
+    ReplayOptions opt;
+    if (measured)
+      opt.calibration = parse_calibration(
+          R"({"wake": {"group": 4, "poll_seconds": 1e-6, "base_seconds": 1e-5,
+                        "late_seconds": 1.1e-4}})",
+          "cal.json");
+    for (bool merge : {true, false}) {
+      opt.merge_compute = merge;
+      const ReplayResult r = replay(w, c, opt);
+      EXPECT_NEAR(r.ranks[0].spans[0].end, 0.002, 1e-9) << measured << " " << merge;
+      EXPECT_NEAR(r.ranks[2].spans[0].end, measured ? 0.005 + P : 0.005, 1e-9)
+          << measured << " " << merge;
+    }
+  }
+}
