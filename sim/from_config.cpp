@@ -225,6 +225,21 @@ class ConfigProgram {
             {MemKind::Buffers, -4 * (dp->layer_chunk[pos] + dp->layer_numel[pos])});
         ops.push_back(std::move(un));
       }
+      // 1D tensor parallelism: a column linear's backward (nn::column_linear_bwd) starts the
+      // input gradient's all-reduce (reduce-scatter with sequence parallelism) after the
+      // input-gradient GEMM and runs the weight-gradient GEMM meanwhile, then waits for it:
+      // the op as its two halves, the collective on stream 1 between them, and a wait. On GPUs
+      // only: NCCL moves the data on its own stream, while an MPI collective of CPU processes
+      // progresses only inside the wait, after the GEMM.
+      auto overlapped = [&](const plan::Collective& c) {
+        return !fwd && layout_.gpu && g.tp >= 0 && !layout_.nd() && c.group == plan::Group::Tp &&
+               c.phase == plan::Phase::Backward && c.subgroup == "tp" &&
+               (c.kind == plan::CollectiveKind::AllReduce ||
+                c.kind == plan::CollectiveKind::ReduceScatter) &&
+               std::any_of(lp.ops.begin(), lp.ops.end(), [&](const plan::OpCost& o) {
+                 return c.op == o.op + " input grad" && o.phase == plan::Phase::Backward;
+               });
+      };
       const size_t first_op = ops.size();
       for (const plan::OpCost& c : lp.ops) {
         const bool mine =
@@ -240,7 +255,34 @@ class ConfigProgram {
         op.mem_bytes = static_cast<double>(c.bytes_read + c.bytes_written);
         op.op_kind = op_kind_of(c.op);
         op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
+        std::vector<const plan::Collective*> during;
+        if (c.phase == plan::Phase::Backward)
+          for (const plan::Collective& k : lp.collectives)
+            if (k.op == c.op + " input grad" && overlapped(k)) during.push_back(&k);
+        if (during.empty()) {
+          ops.push_back(std::move(op));
+          continue;
+        }
+        Op dw = op;
+        op.name += " dx", dw.name += " dw";
+        op.share = dw.share = 0.5;  // two GEMMs of the same FLOPs
+        const int dx_at = static_cast<int>(ops.size());
         ops.push_back(std::move(op));
+        std::vector<int> started;
+        for (const plan::Collective* k : during)
+          for (int n = 0; n < k->count; ++n) {
+            Op x = Op::collective(
+                kind_of(k->kind),
+                fmt::format("{} {} {}", lp.name, k->op, plan::collective_name(k->kind)), g.tp,
+                k->bytes, 1);
+            x.deps.push_back(dx_at);
+            started.push_back(static_cast<int>(ops.size()));
+            ops.push_back(std::move(x));
+          }
+        ops.push_back(std::move(dw));
+        Op wait = Op::compute(fmt::format("{} {} bwd wait", lp.name, c.op), 0.0, mb);
+        wait.deps = started;
+        ops.push_back(std::move(wait));
       }
       if (ops.size() > first_op) {
         // The layer's memory as the plan's replay counts it (plan.cpp): its cache, kept from its
@@ -265,7 +307,7 @@ class ConfigProgram {
           const bool mine =
               fwd ? c.phase == plan::Phase::Forward
                   : c.phase == plan::Phase::Backward || c.phase == plan::Phase::Recompute;
-          if (!mine || c.group != plan::Group::Tp) continue;
+          if (!mine || c.group != plan::Group::Tp || overlapped(c)) continue;
           if (c.kind == plan::CollectiveKind::Broadcast && c.rotating_root &&
               c.count == c.group_size && c.group_size > 1) {
             // SUMMA's q broadcasts, each member the root of one: one round.

@@ -41,6 +41,34 @@ int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas) {
   return replicas;
 }
 
+namespace {
+// One compute op's duration: given, calibrated (interpolation kept within the roofline), or the
+// roofline with the profile's efficiencies; counted in `count` by where it came from.
+double op_seconds(const Op& o, const Cluster& c, const Calibration& cal, double peak,
+                  double per_call, TimingSources* count) {
+  if (o.seconds >= 0) {
+    if (count) ++count->given;
+    return o.seconds;
+  }
+  bool interpolated = false;
+  const double measured =
+      o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
+  if (measured >= 0) {
+    // Interpolation stays within the roofline: never faster than the peak.
+    const double bound = o.op_kind == "optimizer"
+                             ? o.mem_bytes / c.gpu.memory_bandwidth
+                             : std::max(o.flops / peak, o.mem_bytes / c.gpu.memory_bandwidth);
+    if (count) ++(interpolated ? count->interpolated : count->measured);
+    return interpolated ? std::max(measured, bound) : measured;
+  }
+  const Efficiency& e = cal.of(o.op_kind);
+  const double f = o.op_kind == "optimizer" ? 0.0 : o.flops / (peak * e.flops);
+  if (count) ++count->roofline;
+  return std::max({f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes),
+                   static_cast<double>(o.calls) * per_call});
+}
+}  // namespace
+
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
                                                    const Calibration& cal, TimingSources* sources) {
   const double peak = c.gpu.peak_flops(w.dtype);
@@ -52,28 +80,8 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
     for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
       const Op& o = w.ranks[r].ops[i];
       if (o.kind != OpKind::Compute) continue;
-      if (o.seconds >= 0) {
-        out[r][i] = o.seconds;
-        if (count) ++count->given;
-        continue;
-      }
-      bool interpolated = false;
-      const double measured =
-          o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
-      if (measured >= 0) {
-        // Interpolation stays within the roofline: never faster than the peak.
-        const double bound = o.op_kind == "optimizer"
-                                 ? o.mem_bytes / c.gpu.memory_bandwidth
-                                 : std::max(o.flops / peak, o.mem_bytes / c.gpu.memory_bandwidth);
-        out[r][i] = interpolated ? std::max(measured, bound) : measured;
-        if (count) ++(interpolated ? count->interpolated : count->measured);
-        continue;
-      }
-      const Efficiency& e = cal.of(o.op_kind);
-      const double f = o.op_kind == "optimizer" ? 0.0 : o.flops / (peak * e.flops);
-      out[r][i] = std::max({f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes),
-                            static_cast<double>(o.calls) * per_call});
-      if (count) ++count->roofline;
+      // A split op (Op::share) takes its share of the timed op's duration.
+      out[r][i] = o.share * op_seconds(o, c, cal, peak, per_call, count);
     }
   }
   return out;

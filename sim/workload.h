@@ -83,6 +83,9 @@ struct Op {
   // Device calls the op stands for (the data-parallel plugin's copies, one per parameter and
   // rank): it takes at least calls × the calibration's "copy|call" seconds (0: no floor).
   int64_t calls = 0;
+  // The share of the timed op this one is (a linear's backward split into its input-gradient
+  // and weight-gradient GEMMs, half each): its duration is that share of the op's.
+  double share = 1.0;
   // Communication
   int64_t bytes = 0;
   int group = -1;   // collectives: index into Workload::groups (must contain this rank)

@@ -976,6 +976,88 @@ TEST(CalibratedCollectives, ConfigCollectivesUseTheProfile) {
   EXPECT_GT(n.timing.comm_network, 0);
 }
 
+// 1D tensor parallelism on GPUs as nn::column_linear_bwd runs it: a column linear's backward
+// (attn.qkv, mlp.fc1) computes the input gradient, starts its all-reduce on a communication
+// stream (NCCL's), computes the weight gradient meanwhile and then waits; the row linears' forward
+// all-reduces stay on the compute stream. So in every block's backward the op is two halves with
+// the all-reduce between them, and a replay where the all-reduce takes as long as the
+// weight-gradient half costs no more than the compute alone (exactly: the collectives measured at a
+// fixed time below the halves').
+TEST(TensorParallel, ColumnBackwardAllReduceOverlapsTheWeightGradient) {
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  // On CPUs the MPI all-reduce progresses only in the wait: every collective on the compute
+  // stream, no op split.
+  const ConfigWorkload on_cpu = workload_from_config(
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=2"}), 2, cpu, true);
+  for (const Op& o : on_cpu.workload.ranks[0].ops) {
+    EXPECT_EQ(o.share, 1.0) << o.name;
+    if (is_collective(o.kind)) {
+      EXPECT_EQ(o.stream, 0) << o.name;
+    }
+  }
+  const ConfigWorkload cw = workload_from_config(
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=2", "train.device=cuda"}), 2, cpu,
+      true);
+  const auto& ops = cw.workload.ranks[0].ops;
+  int split = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& o = ops[i];
+    const std::string& n = o.name;
+    if (o.kind != OpKind::AllReduce || n.find("input grad") == std::string::npos) continue;
+    ++split;
+    ASSERT_EQ(o.stream, 1) << n;
+    ASSERT_FALSE(o.deps.empty()) << n;
+    for (int d : o.deps) EXPECT_EQ(d, o.deps[0]) << n;  // the input-gradient half (issued after it)
+    const Op& dx = ops[o.deps[0]];
+    ASSERT_LT(i + 2, ops.size());
+    const Op& dw = ops[i + 1];
+    const Op& wait = ops[i + 2];
+    EXPECT_NE(dx.name.find(" bwd dx"), std::string::npos) << dx.name;
+    EXPECT_NE(dw.name.find(" bwd dw"), std::string::npos) << dw.name;
+    EXPECT_EQ(dx.share, 0.5);
+    EXPECT_EQ(dw.share, 0.5);
+    EXPECT_EQ(dx.cal_key, dw.cal_key);
+    EXPECT_EQ(wait.seconds, 0.0);
+    EXPECT_EQ(wait.deps, std::vector<int>{static_cast<int>(i)}) << wait.name;
+  }
+  EXPECT_EQ(split, 2 * 4);  // fmnist_tiny: 4 blocks, attn.qkv and mlp.fc1 each
+  for (const Op& o : ops) {
+    if (o.kind == OpKind::AllReduce && o.name.find("input grad") == std::string::npos &&
+        o.name.find("attn.proj") != std::string::npos) {
+      EXPECT_EQ(o.stream, 0) << o.name;
+    }
+  }
+  // Every all-reduce measured at τ: the serial ones (the blocks' 8 forward ones and the step's
+  // others) add τ each to the step; the 8 backward ones, shorter than their weight-gradient
+  // halves, nothing (8τ more if they did not overlap).
+  auto at = [](double tau) {
+    ReplayOptions o;
+    o.calibration = parse_calibration(
+        fmt::format(R"({{"collectives": [{{"op": "all_reduce", "group": 2, "bytes": 1,
+                                           "seconds": {0}}},
+                                          {{"op": "all_reduce", "group": 2, "bytes": 1e12,
+                                           "seconds": {0}}}]}})",
+                    tau),
+        "cal.json");
+    return o;
+  };
+  const double tiny = 1e-12;  // the profile's entries need a time
+  const ReplayResult zero = replay(cw.workload, cpu, at(tiny));
+  double shortest = 1e300;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].name.find(" bwd dw") != std::string::npos)
+      shortest = std::min(shortest, zero.ranks[0].spans[i].end - zero.ranks[0].spans[i].start);
+  ASSERT_GT(shortest, 0);
+  ASSERT_LT(shortest, 1);
+  const double tau = 0.5 * shortest;
+  const ReplayResult r = replay(cw.workload, cpu, at(tau));
+  int serial = 0;  // the blocks' 8 forward ones and the rest of the step's (the head, the norm)
+  for (const Op& o : ops)
+    serial += is_collective(o.kind) && o.name.find("input grad") == std::string::npos;
+  EXPECT_GE(serial, 8);
+  EXPECT_NEAR(r.step_s - zero.step_s, serial * (tau - tiny), 1e-9) << "tau " << tau;
+}
+
 // The replay's memory curve counts each layer as the plan's replay does (its cache from the
 // start of its forward to the end of its backward, the output, the output's gradient and the
 // working tensors while its ops run), and ZeRO's buffers as DataParallelPlugin holds them (the
