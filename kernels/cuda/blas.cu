@@ -150,30 +150,42 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
 }
 // Times the heuristic's candidates for this problem on its real operands and keeps the fastest:
 // the heuristic's first choice is not always the fastest on these shapes. Each candidate runs
-// once, then kReps times between two events on `stream`; the host waits for them (once per
-// problem and process). The first candidate within 2% of the fastest wins, so near ties keep
-// the heuristic's order. D is written by every run: the caller passes a scratch D where D is
-// also the C of beta·C.
+// once, then kReps times between two events on `stream`, in kRounds rounds; the host waits for
+// them (once per problem and process). The first candidate within 2% of the fastest wins, so near
+// ties keep the heuristic's order. D is written by every run: the caller passes a scratch D where D
+// is also the C of beta·C.
 void tune(cublasLtHandle_t handle, LtPlan& p, const void* a, const void* b, void* d, const void* c,
           float alpha, float beta, void* workspace, cudaStream_t stream) {
-  constexpr int kReps = 3;
+  // Each candidate timed kRounds times, the rounds interleaved, and its fastest kept: another
+  // stream's kernels (NCCL's all-reduces beside the first backward under DDP) slow whichever
+  // candidate runs beside them, which alone could pick a slower algorithm.
+  constexpr int kReps = 2, kRounds = 3;
   cudaEvent_t ev[2] = {nullptr, nullptr};
   std::vector<float> ms(p.candidates.size(), -1.f);
+  std::vector<char> runs(p.candidates.size(), 1);
   try {
     CAI_CUDA_CHECK(cudaEventCreate(&ev[0]));
     CAI_CUDA_CHECK(cudaEventCreate(&ev[1]));
-    for (size_t i = 0; i < p.candidates.size(); ++i) {
-      const cublasLtMatmulAlgo_t* algo = &p.candidates[i];
-      auto run = [&] {
-        return cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d, algo,
-                              workspace, kLtWorkspace, stream);
-      };
-      if (run() != CUBLAS_STATUS_SUCCESS) continue;  // not for this problem after all
-      CAI_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-      for (int r = 0; r < kReps; ++r) CAI_CUDA_CHECK(run());
-      CAI_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      CAI_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      CAI_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[0], ev[1]));
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t i = 0; i < p.candidates.size(); ++i) {
+        if (!runs[i]) continue;
+        const cublasLtMatmulAlgo_t* algo = &p.candidates[i];
+        auto run = [&] {
+          return cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d, algo,
+                                workspace, kLtWorkspace, stream);
+        };
+        if (round == 0 && run() != CUBLAS_STATUS_SUCCESS) {  // not for this problem after all
+          runs[i] = 0;
+          continue;
+        }
+        CAI_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+        for (int r = 0; r < kReps; ++r) CAI_CUDA_CHECK(run());
+        CAI_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+        CAI_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float t = 0;
+        CAI_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+        if (ms[i] < 0 || t < ms[i]) ms[i] = t;
+      }
     }
   } catch (...) {
     for (cudaEvent_t e : ev)
