@@ -398,6 +398,18 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                 g);
       c.wake_poll_s = num("poll_seconds");
       c.wake_s = std::max(0.0, num("late_seconds") - num("base_seconds"));
+    } else if (k == "posted") {
+      auto num = [&](const char* key) {
+        CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
+                      std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
+                  "[calibration] {}: posted.{} is missing or not a number > 0 (posted: {{\"op\", "
+                  "\"bytes\", \"alone_seconds\", \"beside_seconds\"}})",
+                  origin, key);
+        return v[key].get<double>();
+      };
+      num("bytes");
+      // Slower beside the waiting receive: that share went to its kernel. Faster is no share.
+      c.posted_share = std::clamp(1.0 - num("alone_seconds") / num("beside_seconds"), 0.0, 0.9);
     } else if (k == "overlap" || k == "contention") {
       // Both entries are a block's compute timed two ways: positive numbers.
       const bool overlap = k == "overlap";
@@ -430,7 +442,7 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives, overlap, contention, wake",
+          "layer_scale, collectives, overlap, posted, contention, wake",
           origin, k);
     }
   }

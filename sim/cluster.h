@@ -124,6 +124,10 @@ struct Calibration {
   // rank's compute at (1 - share) of its speed while a collective or transfer of that rank is in
   // flight.
   double overlap_share = 0;
+  // The share a posted receive that waits for its data takes (a pipeline stage's next receive):
+  // 1 - alone / beside of the profile's "posted" entry (a block's forward + backward alone and
+  // beside such a receive); -1 without one (the replay then takes overlap_share).
+  double posted_share = -1;
   // On CPUs, the share of a core's speed that each other rank computing on the same node takes
   // (memory bandwidth and caches): (1 - alone / together) / (group - 1) of the profile's
   // "contention" entry (a block's forward + backward on one rank alone and on `group` ranks at

@@ -184,7 +184,9 @@ struct Replayer {
   std::unordered_map<int, std::pair<double, double>> chain_cache;
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
-  // Calibration::overlap_share: the compute share a rank's in-flight communication takes.
+  // Calibration::overlap_share: the compute share a rank's in-flight communication takes;
+  // Calibration::posted_share (-1: none measured, overlap_share then), a waiting posted receive's.
+  double posted_share = -1;
   double share = 0;
   // Calibration::contention_share: the share of a core each other computing rank of the node
   // takes; per rank, the other hosts of its node (filled in launch()).
@@ -301,10 +303,11 @@ struct Replayer {
   // While data moves, the communication's kernels take `share` of each GPU it moves on: an
   // execution bounded to that share of the host's speed beside the compute's, which SimGrid's
   // max-min sharing slows accordingly (waiting for a peer takes none).
-  std::vector<sg4::ExecPtr> hold(const std::vector<int>& ranks) const {
+  std::vector<sg4::ExecPtr> hold(const std::vector<int>& ranks, double fraction = -1) const {
     std::vector<sg4::ExecPtr> held;
-    if (share <= 0) return held;
-    for (int q : ranks) held.push_back(take(p.hosts[q], share));
+    if (fraction < 0) fraction = share;
+    if (fraction <= 0) return held;
+    for (int q : ranks) held.push_back(take(p.hosts[q], fraction));
     return held;
   }
   // An endless execution on `h` bounded to `fraction` of its speed: what else runs there gets
@@ -619,7 +622,8 @@ struct Replayer {
             sg4::Mailbox::by_name(p2p_box(o.peer, r, o.tag))->get_async<char>(&data[k]);
     }
     sg4::Host* me = p.hosts[r];
-    if (!posted.empty() && receives_posted[r] > 0) receive_hold[r] = hold({r});
+    if (!posted.empty() && receives_posted[r] > 0)
+      receive_hold[r] = hold({r}, posted_share >= 0 ? posted_share : share);
     for (size_t k = 0; k < ops.size(); ++k) {
       const int i = ops[k];
       const Op& o = prog[i];
@@ -801,6 +805,7 @@ bool write_all(int fd, const void* buf, size_t n) {
     Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
                 opt.calibration.contention_share);
     rp.wake = opt.calibration.wake_s;
+    rp.posted_share = opt.calibration.posted_share;
     rp.wake_poll = opt.calibration.wake_poll_s;
     rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
     rp.launch();

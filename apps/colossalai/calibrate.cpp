@@ -488,12 +488,38 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
   const double a1 = window(false);
   o.beside_s = window(true);
   o.alone_s = 0.5 * (a1 + window(false));
+  // A posted receive: rank 1 times the blocks with a receive from rank 0 posted before them, whose
+  // send rank 0 issues only after its own blocks (the receive's kernel waits through rank 1's
+  // window), between two windows of rank 1 alone.
+  auto posted = [&](bool post) {
+    kernels::cuda::synchronize();
+    comm.barrier();
+    std::unique_ptr<dist::Work> w;
+    if (post && comm.rank() == 1) w = comm.recv_async(buf, 0, 9001);
+    const auto t0 = Clock::now();
+    if (comm.rank() <= 1)
+      for (int k = 0; k < reps; ++k) fb();
+    kernels::cuda::event_record(done, nullptr);
+    kernels::cuda::event_synchronize(done);
+    const double s = seconds_since(t0) / reps;
+    if (post && comm.rank() == 0) w = comm.send_async(buf, 1, 9001);
+    if (w) w->wait();
+    return comm.all_reduce_scalar(comm.rank() == 1 ? s : 0.0, dist::ReduceOp::Max);
+  };
+  if (comm.size() >= 2) {
+    comm.connect_p2p({{0, 1}});  // collective: every rank declares the pair
+    const double p1 = posted(false);
+    o.posted_s = posted(true);
+    o.posted_alone_s = 0.5 * (p1 + posted(false));
+  }
   kernels::cuda::event_destroy(done);
   if (comm.rank() == 0)
     std::cerr << fmt::format(
         "[calibrate] overlap: one block's forward + backward {:.3f} ms alone, {:.3f} ms beside "
-        "{} all-reduces of {:.0f} MiB ({:.3f} ms each alone) on {} ranks\n",
-        1e3 * o.alone_s, 1e3 * o.beside_s, calls, o.bytes / (1 << 20), 1e3 * ar, o.group);
+        "{} all-reduces of {:.0f} MiB ({:.3f} ms each alone) on {} ranks; {:.3f} ms alone and "
+        "{:.3f} ms beside a posted receive on rank 1\n",
+        1e3 * o.alone_s, 1e3 * o.beside_s, calls, o.bytes / (1 << 20), 1e3 * ar, o.group,
+        1e3 * o.posted_alone_s, 1e3 * o.posted_s);
   return o;
 }
 
@@ -775,6 +801,11 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
                     {"bytes", overlap.bytes},
                     {"alone_seconds", overlap.alone_s},
                     {"beside_seconds", overlap.beside_s}};
+  if (overlap.posted_s > 0 && overlap.posted_alone_s > 0)
+    j["posted"] = {{"op", "p2p"},
+                   {"bytes", overlap.bytes},
+                   {"alone_seconds", overlap.posted_alone_s},
+                   {"beside_seconds", overlap.posted_s}};
   if (contention.group > 1)
     j["contention"] = {{"group", contention.group},
                        {"alone_seconds", contention.alone_s},

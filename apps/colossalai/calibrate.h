@@ -64,6 +64,9 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
 struct OverlapTiming {
   double bytes = 0, alone_s = 0, beside_s = 0;
   int group = 0;  // 0: not measured
+  // The same block on rank 1 alone and beside a posted receive (from rank 0) that waits for its
+  // data through the window, as a pipeline stage's next receive does: 0 when not measured.
+  double posted_alone_s = 0, posted_s = 0;
 };
 
 // Every rank of `comm` (a NCCL communicator) calls it; one block of `model` at micro-batch

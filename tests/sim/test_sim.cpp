@@ -1282,6 +1282,27 @@ TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
     EXPECT_NEAR(r.ranks[1].spans[2].end, 0.013, 1e-9);  // nothing posted after: full speed
     EXPECT_NEAR(r.ranks[0].spans[0].end, 0.010, 1e-9);
   }
+  // With the profile's own "posted" entry (a block 0.3 ms alone, 0.32 beside a waiting receive:
+  // 1/16 of the GPU), the receive holds that share instead: 4 ms at 15/16.
+  opt.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "overlap": {{"op": "all_reduce", "group": 2, "bytes": 1e6,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}},
+                   "posted": {{"op": "p2p", "bytes": 1e6, "alone_seconds": 0.3,
+                               "beside_seconds": 0.32}}}})",
+                  bytes),
+      "cal.json");
+  EXPECT_NEAR(opt.calibration.posted_share, 1.0 / 16, 1e-12);
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 * 16 / 15, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[1].end, 0.011, 1e-9);
+  }
+  EXPECT_EQ(parse_calibration("{}", "cal.json").posted_share, -1);
+  EXPECT_THROW(parse_calibration(R"({"posted": {"op": "p2p", "bytes": 1e6, "alone_seconds": 0.3}})",
+                                 "cal.json"),
+               cai::Error);
 }
 
 // Compute contention on CPUs (the profile's "contention"): while another rank of the same node
