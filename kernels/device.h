@@ -52,6 +52,12 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
              size_t height);
 void memset_zero(void* p, size_t bytes);
 void synchronize();
+// Whether a GEMM shape's cuBLASLt algorithm is chosen by timing the heuristic's first candidates
+// once per process (true unless CAI_GEMM_TUNE=0 is in the environment) or is the heuristic's first
+// (false: the same choice in every process; the results of equal GEMMs bit-equal across them).
+// Applies to shapes not seen yet in this process. Without CUDA: the setting only.
+void set_gemm_timing(bool on);
+bool gemm_timing();
 
 // For host code that overlaps copies with compute (the trainer's batch prefetch) without
 // including the CUDA headers: page-locked host memory, and opaque handles of a non-blocking

@@ -1,5 +1,7 @@
 // Linked instead of kernels/cuda/*.cu when the build has no CUDA: every CUDA entry point throws,
 // runtime_info() reports "not compiled", so call sites need no #ifdef.
+#include <atomic>
+
 #include "kernels/base/error.h"
 #include "kernels/device.h"
 #include "kernels/gelu.h"
@@ -214,6 +216,15 @@ void memset_zero(void*, size_t) {
   CAI_STUB("memset_zero");
 }
 void synchronize() {}
+namespace {
+std::atomic<bool> gemm_timing_on{true};  // the setting only: there are no GEMMs to time
+}  // namespace
+void set_gemm_timing(bool on) {
+  gemm_timing_on.store(on);
+}
+bool gemm_timing() {
+  return gemm_timing_on.load();
+}
 void gelu_fwd(const float*, float*, int64_t, void*) {
   CAI_STUB("gelu_fwd");
 }

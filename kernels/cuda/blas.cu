@@ -66,12 +66,15 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
-bool tuning() {
-  static const bool on = [] {
+std::atomic<bool>& timing_flag() {
+  static std::atomic<bool> on{[] {
     const char* v = std::getenv("CAI_GEMM_TUNE");
     return !(v && std::strcmp(v, "0") == 0);
-  }();
+  }()};
   return on;
+}
+bool tuning() {
+  return timing_flag().load();
 }
 
 void destroy(LtPlan& p) {
@@ -207,6 +210,13 @@ void tune(cublasLtHandle_t handle, LtPlan& p, const void* a, const void* b, void
 }
 }  // namespace
 
+void set_gemm_timing(bool on) {
+  timing_flag().store(on);
+}
+bool gemm_timing() {
+  return timing_flag().load();
+}
+
 std::mutex& cublas_mutex() {
   return blas().mu;
 }
@@ -289,6 +299,10 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
   if (!p.ok) return false;
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (gelu) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);  // plans are shared
+  if (!p.tuned && !tuning()) {  // turned off since the plan was made: the heuristic's first
+    p.candidates.clear();
+    p.tuned = true;
+  }
   if (!p.tuned) {
     // Not while a graph is being captured (the host cannot wait for the timing there).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

@@ -408,3 +408,19 @@ TEST(TensorParallel, ColumnThenRowLinearMatchesTheWholeLinears) {
     }
   }
 }
+
+// The ranks of a tensor group keep their replicated layers' parameters equal only if equal GEMMs
+// give bit-equal results on every rank: a tensor group of more than one rank turns the per-process
+// GEMM algorithm timing off (kernels::cuda::set_gemm_timing); one rank leaves it as it was.
+TEST(TensorParallel, GroupsTurnTheGemmAlgorithmTimingOff) {
+  kernels::cuda::set_gemm_timing(true);
+  {
+    auto one = dist::make_fake_group(1);
+    TensorParallel tp(*one[0], "1d");
+    EXPECT_TRUE(kernels::cuda::gemm_timing());
+  }
+  auto comms = dist::make_fake_group(2);
+  TensorParallel tp(*comms[0], "1d");
+  EXPECT_FALSE(kernels::cuda::gemm_timing());
+  kernels::cuda::set_gemm_timing(true);  // the process's other tests
+}

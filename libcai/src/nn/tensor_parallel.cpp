@@ -288,6 +288,10 @@ TensorParallel::TensorParallel(dist::Communicator& tp, std::string mode, bool se
       size_(tp.size()),
       rank_(tp.rank()) {
   validate_size(mode_, size_, depth);
+  // The ranks of a tensor group compute some layers alike (the patch embedding, the LayerNorms'
+  // inputs) and keep those parameters equal by computing equal gradients: their GEMMs must run
+  // the same algorithms, which per-process timing does not promise.
+  if (size_ > 1) kernels::cuda::set_gemm_timing(false);
   CAI_CHECK(mode_ == "1d" || !sequence_parallel_,
             "[tensor_parallel] sequence parallelism is a 1d feature; mode {} splits the batch "
             "and the features instead",

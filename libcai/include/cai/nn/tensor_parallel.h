@@ -89,7 +89,9 @@ class TensorParallel {
  public:
   // `tp`: the tensor-parallel group (ranks consecutive in the mesh), kept by reference: it must
   // outlive this object. mode: "1d", "2d", "2.5d" (with `depth`) or "3d"; the sub-groups of the
-  // 2d/2.5d/3d modes are split from `tp` here (collective over it).
+  // 2d/2.5d/3d modes are split from `tp` here (collective over it). With more than one rank it
+  // turns the GEMM algorithm timing off for the process (kernels::cuda::set_gemm_timing): the
+  // ranks' replicated layers must compute bit-equal results.
   TensorParallel(dist::Communicator& tp, std::string mode = "1d", bool sequence_parallel = false,
                  int depth = 1);
   ~TensorParallel();
