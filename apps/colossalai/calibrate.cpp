@@ -727,7 +727,11 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   // which scales every op of the layer at that batch size (allocation, caches and dispatch
   // inside a real layer; no whole-step figure).
   std::map<std::pair<int64_t, std::string>, double> layer_scale;
-  for (int T : tps)
+  // The GEMM algorithms as the executor picks them: timed per shape (unless CAI_GEMM_TUNE=0)
+  // without tensor parallelism, the heuristic's first under it (nn::TensorParallel).
+  const bool gemm_timing = kernels::cuda::gemm_timing();
+  for (int T : tps) {
+    kernels::cuda::set_gemm_timing(gemm_timing && T == 1);
     for (int64_t b : batches) {
       std::map<std::string, double> layer_s, ops_s;  // {layer|phase}
       plan::Layout l;
@@ -771,6 +775,8 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
       std::cerr << fmt::format("[calibrate] tp {} batch {}: {} kernels timed so far\n", T, b,
                                timed);
     }
+  }
+  kernels::cuda::set_gemm_timing(gemm_timing);
   const int64_t params = vc.num_parameters();
   for (int64_t n = 10000; n < params; n *= 10)
     samples["optimizer|step"].push_back({double(n), 36.0 * n, time_optimizer(n, dev)});
