@@ -93,6 +93,20 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+// acc (HDP / 8 tiles of 16 × 8) += a (16 × 16) · rows[16][HDP]: the 16 rows row-major in shared
+// memory `ld` elements apart, read transposed into mma's column-major B by ldmatrix.
+template <typename T, int HDP>
+__device__ __forceinline__ void mma_rows(float (&acc)[HDP / 8][4], const uint32_t (&a)[4],
+                                         const T* rows, int ld, int lane) {
+#pragma unroll
+  for (int dp = 0; dp < HDP / 16; ++dp) {
+    uint32_t b[4];
+    ldsm_x4_t(b, rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + dp * 16 + (lane >> 4) * 8);
+    mma<T>(acc[2 * dp], a, b[0], b[1]);
+    mma<T>(acc[2 * dp + 1], a, b[2], b[3]);
+  }
+}
+
 // Two floats as one 32-bit pair of t (the first in the low half).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
@@ -293,14 +307,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, HDP > 64 ? 1 : 2)
                                    pack2<T>(s[2 * kc][2], s[2 * kc][3]),
                                    pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                                    pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < HDP / 16; ++dp) {
-              uint32_t b[4];
-              ldsm_x4_t(b, sV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dp * 16 +
-                               (lane >> 4) * 8);
-              mma<T>(o[2 * dp], a, b[0], b[1]);
-              mma<T>(o[2 * dp + 1], a, b[2], b[3]);
-            }
+            mma_rows<T, HDP>(o, a, sV + kc * 16 * kS, kS, lane);
           }
         }
       };
@@ -434,14 +441,7 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
             uint32_t a[4];
             ldsm_x4_t(a, a_s + (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kA + warp * 16 +
                              ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int dpi = 0; dpi < HDP / 16; ++dpi) {
-              uint32_t b[4];
-              ldsm_x4_t(b, k_s + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS + dpi * 16 +
-                               (lane >> 4) * 8);
-              mma<T>(dq[2 * dpi], a, b[0], b[1]);
-              mma<T>(dq[2 * dpi + 1], a, b[2], b[3]);
-            }
+            mma_rows<T, HDP>(dq, a, k_s + kc * 16 * kS, kS, lane);
           }
         }
       };
