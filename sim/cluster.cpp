@@ -398,24 +398,14 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                 g);
       c.wake_poll_s = num("poll_seconds");
       c.wake_s = std::max(0.0, num("late_seconds") - num("base_seconds"));
-    } else if (k == "posted") {
-      auto num = [&](const char* key) {
-        CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
-                      std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
-                  "[calibration] {}: posted.{} is missing or not a number > 0 (posted: {{\"op\", "
-                  "\"bytes\", \"alone_seconds\", \"beside_seconds\"}})",
-                  origin, key);
-        return v[key].get<double>();
-      };
-      num("bytes");
-      // Slower beside the waiting receive: that share went to its kernel. Faster is no share.
-      c.posted_share = std::clamp(1.0 - num("alone_seconds") / num("beside_seconds"), 0.0, 0.9);
-    } else if (k == "overlap" || k == "contention") {
-      // Both entries are a block's compute timed two ways: positive numbers.
-      const bool overlap = k == "overlap";
-      const char* form = overlap ? "{\"op\", \"group\", \"bytes\", \"alone_seconds\", "
-                                   "\"beside_seconds\"}"
-                                 : "{\"group\", \"alone_seconds\", \"together_seconds\"}";
+    } else if (k == "overlap" || k == "posted" || k == "contention") {
+      // Each entry is a block's compute timed two ways: positive numbers.
+      const bool contention = k == "contention";
+      const char* form = k == "overlap" ? "{\"op\", \"group\", \"bytes\", \"alone_seconds\", "
+                                          "\"beside_seconds\"}"
+                         : k == "posted"
+                             ? "{\"op\", \"bytes\", \"alone_seconds\", \"beside_seconds\"}"
+                             : "{\"group\", \"alone_seconds\", \"together_seconds\"}";
       auto num = [&](const char* key) {
         CAI_CHECK(v.is_object() && v.contains(key) && v[key].is_number() &&
                       std::isfinite(v[key].get<double>()) && v[key].get<double>() > 0,
@@ -423,13 +413,14 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                   k, form);
         return v[key].get<double>();
       };
-      const double alone = num("alone_seconds"), g = num("group");
-      if (overlap) {
+      const double alone = num("alone_seconds"), g = k == "posted" ? 0.0 : num("group");
+      if (!contention) {
         const double beside = num("beside_seconds");
         num("bytes");
-        // Slower beside the collectives: that share of the GPU's compute went to them. Faster
-        // (noise) is no share.
-        c.overlap_share = std::clamp(1.0 - alone / beside, 0.0, 0.9);
+        // Slower beside the collectives (overlap) or the waiting receive (posted): that share of
+        // the GPU's compute went to their kernels. Faster (noise) is no share.
+        (k == "overlap" ? c.overlap_share : c.posted_share) =
+            std::clamp(1.0 - alone / beside, 0.0, 0.9);
       } else {
         const double together = num("together_seconds");
         CAI_CHECK(g >= 2 && g == std::floor(g),

@@ -73,9 +73,6 @@ std::atomic<bool>& timing_flag() {
   }()};
   return on;
 }
-bool tuning() {
-  return timing_flag().load();
-}
 
 void destroy(LtPlan& p) {
   if (p.desc) cublasLtMatmulDescDestroy(p.desc);
@@ -125,9 +122,9 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]);
     std::array<cublasLtMatmulHeuristicResult_t, kLtCandidates> results{};
     int found = 0;
-    const cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref,
-                                       tuning() ? kLtCandidates : 1, results.data(), &found);
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
+        handle, p.desc, p.a, p.b, p.d, p.d, pref, timing_flag().load() ? kLtCandidates : 1,
+        results.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
     // No algorithm: NOT_SUPPORTED, or nothing found; with an epilogue any refusal (the caller
@@ -299,7 +296,8 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
   if (!p.ok) return false;
   if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (gelu) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);  // plans are shared
-  if (!p.tuned && !tuning()) {  // turned off since the plan was made: the heuristic's first
+  if (!p.tuned &&
+      !timing_flag().load()) {  // turned off since the plan was made: the heuristic's first
     p.candidates.clear();
     p.tuned = true;
   }
