@@ -574,12 +574,8 @@ ContentionTiming time_contention(dist::Communicator& comm, const nn::ViTConfig& 
   OneBlock one_block(model, batch, Device::cpu(), DType::F32);
   auto fb = [&] { one_block.run(); };
   ContentionTiming t;
-  // The cores the ranks spread over: those this process may run on, or the machine's where each
-  // rank is bound to one core (taskset, mpirun --bind-to core: ranks 0 and 1 on cores 0 and 1).
-  const int allowed = kernels::cpu::usable_cpus();
-  const int cores =
-      allowed > 1 ? allowed : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  t.group = std::min(comm.size(), cores);
+  // One rank per core the job spreads over (bound ranks 0 and 1 on cores 0 and 1).
+  t.group = std::min(comm.size(), kernels::cpu::job_cores());
   // The same count everywhere: the repetitions of the block that fill about 0.2 s on rank 0.
   fb();
   const double one = comm.all_reduce_scalar(comm.rank() == 0 ? time_it(fb, Device::cpu()) : 0.0,

@@ -119,6 +119,12 @@ int usable_cpus() {
   return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? std::max(1, CPU_COUNT(&cpus)) : 1;
 }
 
+int job_cores() {
+  const int allowed = usable_cpus();
+  return allowed > 1 ? allowed
+                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int num_threads() {
   return pool()->threads();
 }

@@ -10,6 +10,9 @@ namespace cai::kernels::cpu {
 int num_threads();
 // The CPUs this process may run on (its affinity mask; 1 when it cannot be read).
 int usable_cpus();
+// The cores a job's processes spread over: usable_cpus(), or the machine's where the process is
+// bound to one core (taskset, mpirun --bind-to core: its peers are bound to the others).
+int job_cores();
 void set_num_threads(int n);  // recreates the pool; n >= 1
 
 // Runs fn(begin, end) over contiguous blocks covering [0, n), in parallel when n ≥ 2·grain

@@ -28,10 +28,7 @@ bool oversubscribed() {
       local = launch_from_env().local_world_size;
     } catch (const Error&) {  // an inconsistent environment is reported where it is used
     }
-    const int allowed = kernels::cpu::usable_cpus();
-    const int cores =
-        allowed > 1 ? allowed : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return local > cores;
+    return local > kernels::cpu::job_cores();
   }();
   return v;
 }
