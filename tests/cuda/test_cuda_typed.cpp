@@ -508,47 +508,55 @@ TEST_F(CudaTyped, CopyTokensEqualsTheCpu) {
 // --- embedding
 // -------------------------------------------------------------------------------------
 
+// Widths and patch sizes that take the 4-element kernels (d = 40, p = 16) and that do not (d = 42,
+// p = 6 on a 42-pixel-wide image): every path against the host kernels.
 TEST_F(CudaTyped, Embedding) {
-  const int64_t b = 3, c = 3, hh = 32, ww = 48, p = 16, np = (hh / p) * (ww / p), d = 40;
-  const auto img = uniform(b * c * hh * ww, 61);
-  std::vector<float> patches(b * np * c * p * p);
-  kh::patchify(img.data(), patches.data(), b, c, hh, ww, p);
-  Typed gimg(DT::F32, img);
-  const auto cls = uniform(d, 62), pos = uniform((np + 1) * d, 63);
-  Typed gcls(DT::F32, cls), gpos(DT::F32, pos);
-  for (DT t : kTypes) {
-    Typed gp(t, patches.size());
-    kc::patchify_t(gimg.f32(), t, gp.get(), b, c, hh, ww, p);
-    expect_close(gp.host(), rounded(t, patches), tol(t), "patchify " + name(t));
-    EXPECT_EQ(gp.host(), rounded(t, patches)) << "patchify rounds each pixel once";
+  struct Shape {
+    int64_t ww, p, d, index;
+  };
+  for (const Shape sh : {Shape{48, 16, 40, 0}, Shape{42, 6, 42, 2}}) {
+    const int64_t b = 3, c = 3, hh = 32 / sh.p * sh.p, ww = sh.ww, p = sh.p, d = sh.d;
+    const int64_t np = (hh / p) * (ww / p);
+    const auto img = uniform(b * c * hh * ww, 61);
+    std::vector<float> patches(b * np * c * p * p);
+    kh::patchify(img.data(), patches.data(), b, c, hh, ww, p);
+    Typed gimg(DT::F32, img);
+    const auto cls = uniform(d, 62), pos = uniform((np + 1) * d, 63);
+    Typed gcls(DT::F32, cls), gpos(DT::F32, pos);
+    for (DT t : kTypes) {
+      Typed gp(t, patches.size());
+      kc::patchify_t(gimg.f32(), t, gp.get(), b, c, hh, ww, p);
+      expect_close(gp.host(), rounded(t, patches), tol(t), "patchify " + name(t));
+      EXPECT_EQ(gp.host(), rounded(t, patches)) << "patchify rounds each pixel once";
 
-    const auto tokens = rounded(t, uniform(b * np * d, 64));
-    std::vector<float> out(b * (np + 1) * d);
-    kh::cls_pos_fwd(tokens.data(), cls.data(), pos.data(), out.data(), b, np, d);
-    Typed gt(t, tokens), gout(DT::F32, out.size());
-    kc::cls_pos_fwd_t(t, gt.get(), gcls.f32(), gpos.f32(), gout.f32(), b, np, d);
-    expect_close(gout.host(), out, 1e-5, "cls_pos fwd tokens " + name(t));
+      const auto tokens = rounded(t, uniform(b * np * d, 64));
+      std::vector<float> out(b * (np + 1) * d);
+      kh::cls_pos_fwd(tokens.data(), cls.data(), pos.data(), out.data(), b, np, d);
+      Typed gt(t, tokens), gout(DT::F32, out.size());
+      kc::cls_pos_fwd_t(t, gt.get(), gcls.f32(), gpos.f32(), gout.f32(), b, np, d);
+      expect_close(gout.host(), out, 1e-5, "cls_pos fwd tokens " + name(t));
 
-    const auto dout = uniform(out.size(), 65);
-    std::vector<float> dtok(b * np * d), dcls = uniform(d, 66), dpos = uniform((np + 1) * d, 67);
-    Typed gdcls(DT::F32, dcls), gdpos(DT::F32, dpos), gdout(DT::F32, dout), gdtok(t, dtok.size());
-    kh::cls_pos_bwd(dout.data(), dtok.data(), dcls.data(), dpos.data(), b, np, d);
-    kc::cls_pos_bwd_t(gdout.f32(), t, gdtok.get(), gdcls.f32(), gdpos.f32(), b, np, d);
-    expect_close(gdtok.host(), rounded(t, dtok), tol(t), "cls_pos bwd dtokens " + name(t));
-    expect_close(gdcls.host(), dcls, 1e-5, "cls_pos bwd dcls (accumulated) " + name(t));
-    expect_close(gdpos.host(), dpos, 1e-5, "cls_pos bwd dpos (accumulated) " + name(t));
+      const auto dout = uniform(out.size(), 65);
+      std::vector<float> dtok(b * np * d), dcls = uniform(d, 66), dpos = uniform((np + 1) * d, 67);
+      Typed gdcls(DT::F32, dcls), gdpos(DT::F32, dpos), gdout(DT::F32, dout), gdtok(t, dtok.size());
+      kh::cls_pos_bwd(dout.data(), dtok.data(), dcls.data(), dpos.data(), b, np, d);
+      kc::cls_pos_bwd_t(gdout.f32(), t, gdtok.get(), gdcls.f32(), gdpos.f32(), b, np, d);
+      expect_close(gdtok.host(), rounded(t, dtok), tol(t), "cls_pos bwd dtokens " + name(t));
+      expect_close(gdcls.host(), dcls, 1e-5, "cls_pos bwd dcls (accumulated) " + name(t));
+      expect_close(gdpos.host(), dpos, 1e-5, "cls_pos bwd dpos (accumulated) " + name(t));
 
-    const int64_t n = np + 1, index = 0;
-    const auto xs = rounded(t, uniform(b * n * d, 68));
-    std::vector<float> sel(b * d), dsel = rounded(t, uniform(b * d, 69)), dxs(b * n * d);
-    kh::select_token_fwd(xs.data(), sel.data(), b, n, d, index);
-    kh::select_token_bwd(dsel.data(), dxs.data(), b, n, d, index);
-    Typed gxs(t, xs), gsel(t, sel.size()), gdsel(t, dsel), gdxs(t, dxs.size());
-    kc::select_token_fwd_t(t, gxs.get(), gsel.get(), b, n, d, index);
-    kc::select_token_bwd_t(t, gdsel.get(), gdxs.get(), b, n, d, index);
-    expect_close(gsel.host(), sel, tol(t), "select_token fwd " + name(t));
-    expect_close(gdxs.host(), dxs, tol(t), "select_token bwd " + name(t));
-    EXPECT_THROW(kc::select_token_fwd_t(t, gxs.get(), gsel.get(), b, n, d, n), Error);
+      const int64_t n = np + 1, index = sh.index;
+      const auto xs = rounded(t, uniform(b * n * d, 68));
+      std::vector<float> sel(b * d), dsel = rounded(t, uniform(b * d, 69)), dxs(b * n * d);
+      kh::select_token_fwd(xs.data(), sel.data(), b, n, d, index);
+      kh::select_token_bwd(dsel.data(), dxs.data(), b, n, d, index);
+      Typed gxs(t, xs), gsel(t, sel.size()), gdsel(t, dsel), gdxs(t, dxs.size());
+      kc::select_token_fwd_t(t, gxs.get(), gsel.get(), b, n, d, index);
+      kc::select_token_bwd_t(t, gdsel.get(), gdxs.get(), b, n, d, index);
+      expect_close(gsel.host(), sel, tol(t), "select_token fwd " + name(t));
+      expect_close(gdxs.host(), dxs, tol(t), "select_token bwd " + name(t));
+      EXPECT_THROW(kc::select_token_fwd_t(t, gxs.get(), gsel.get(), b, n, d, n), Error);
+    }
   }
 }
 
