@@ -335,7 +335,7 @@ void loss_metrics(const float*, const float*, const int32_t*, int64_t, int64_t, 
 }
 void multi_tensor_adam(int, float* const*, const float* const*, float* const*, float* const*,
                        const int64_t*, const float*, float, float, float, float, int64_t, bool,
-                       float, void*) {
+                       float, void*, const float*, float) {
   CAI_STUB("multi_tensor_adam");
 }
 void multi_tensor_lamb(int, float* const*, const float* const*, float* const*, float* const*,

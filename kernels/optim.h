@@ -58,10 +58,14 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
 // multiplied by grad_scale first (1/loss scale; 1 otherwise). Same formulas as adam_step and, for
 // LAMB, lamb_update followed by p -= lr·trust·u with trust = ‖p‖/‖u‖ when wd[i] != 0 and both norms
 // are positive, else 1 (timm's Lamb, as Lamb::update does it).
+// clip_sq (device, may be null): the global-norm clip folded in: the gradients are multiplied by
+// c = clip_max / (√clip_sq[0] + 1e-6) first when c < 1 (multi_tensor_clip's factor and product,
+// so the update equals clipping in place and then stepping), the gradient memory left as it is.
 void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, bool decoupled,
-                       float grad_scale = 1.0f, void* stream = nullptr);
+                       float grad_scale = 1.0f, void* stream = nullptr,
+                       const float* clip_sq = nullptr, float clip_max = 0.0f);
 void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, float grad_scale = 1.0f,

@@ -158,7 +158,15 @@ __device__ __forceinline__ void for_chunk(const TensorMeta& t, int64_t len, F&& 
 __global__ void __launch_bounds__(kOptBlock)
     multi_adam_kernel(const TensorMeta* __restrict__ tensors, const ChunkMeta* __restrict__ chunks,
                       float grad_scale, float beta1, float beta2, float eps, float step_size,
-                      float bc2_sqrt, bool decoupled) {
+                      float bc2_sqrt, bool decoupled, const float* __restrict__ clip_sq,
+                      float clip_max) {
+  // The deferred clip: clip_kernel's factor, applied (as there) only when it is < 1.
+  float clip = 1.0f;
+  bool clipping = false;
+  if (clip_sq) {
+    clip = clip_max / (sqrtf(*clip_sq) + 1e-6f);
+    clipping = clip < 1.0f;
+  }
   const ChunkMeta c = chunks[blockIdx.x];
   const TensorMeta t = tensors[c.tensor];
   const int64_t len = min(static_cast<int64_t>(kChunk), t.n - c.start);
@@ -168,6 +176,7 @@ __global__ void __launch_bounds__(kOptBlock)
   float* v = t.v + c.start;
   // adam_kernel's arithmetic on the scaled gradient.
   const auto upd = [&](float& pi, float gi, float& mi, float& vi) {
+    if (clipping) gi *= clip;
     gi *= grad_scale;
     if (decoupled)
       pi *= t.decay;
@@ -347,7 +356,7 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
 void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, bool decoupled, float grad_scale,
-                       void* stream) {
+                       void* stream, const float* clip_sq, float clip_max) {
   CAI_CHECK(step >= 1, "[multi_tensor_adam] step {} must be at least 1", step);
   const cudaStream_t s = as_stream(stream);
   const MultiTensorTable table(count, p, g, m, v, n, wd, lr, false, s);
@@ -358,7 +367,7 @@ void multi_tensor_adam(int count, float* const* p, const float* const* g, float*
   const float step_size = lr / bc1;
   multi_adam_kernel<<<table.chunks(), kOptBlock, 0, s>>>(table.tensors(), table.chunk_table(),
                                                          grad_scale, beta1, beta2, eps, step_size,
-                                                         bc2_sqrt, decoupled);
+                                                         bc2_sqrt, decoupled, clip_sq, clip_max);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

@@ -526,6 +526,62 @@ TEST_F(Cuda, OptimizersMatchTheCpu) {
   }
 }
 
+// clip_grad_norm_async with `defer`: the factor applied by the next step() (AdamW's kernel; SGD and
+// LAMB scale in place at the start of step()) gives the parameters of clipping in place and then
+// stepping, bit for bit, over steps that clip and steps that do not; AdamW leaves the gradients
+// unscaled; zero_grad() drops a pending clip.
+TEST_F(Cuda, DeferredClipStepsAsClippingInPlace) {
+  for (const std::string name : {"adamw", "sgd", "lamb"}) {
+    std::vector<nn::Parameter> a, b;
+    for (int i = 0; i < 3; ++i) {
+      const Shape shape = i == 1 ? Shape{37} : Shape{i + 5, 9};
+      auto p = nn::make_parameter("p" + std::to_string(i), shape, i != 1);
+      p.value = gpu(random_tensor(shape, 40 + static_cast<uint64_t>(i)));
+      p.grad = Tensor::zeros(shape, DType::F32, kGpu);
+      a.push_back(p);
+      p.value = p.value.clone(), p.grad = p.grad.clone();
+      b.push_back(p);
+    }
+    std::vector<nn::Parameter*> pa, pb;
+    for (int i = 0; i < 3; ++i) pa.push_back(&a[i]), pb.push_back(&b[i]);
+    optim::OptimizerOptions o;
+    o.name = name;
+    auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pa, 0.01, 0.05));
+    auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pb, 0.01, 0.05));
+    ASSERT_TRUE(ob->can_defer_clip(kGpu));
+    for (int t = 0; t < 4; ++t) {
+      const float grad_size = t == 2 ? 1e-3f : 3.0f;  // step 2 clips nothing
+      for (int i = 0; i < 3; ++i) {
+        const Tensor g = gpu(random_tensor(a[i].grad.shape(), 50 + 3 * t + i, grad_size));
+        a[i].grad.copy_from(g), b[i].grad.copy_from(g);
+      }
+      const Tensor na = optim::clip_grad_norm_async(pa, 1.0);
+      const Tensor nb = optim::clip_grad_norm_async(pb, 1.0, nullptr, nullptr, nullptr, ob.get());
+      EXPECT_EQ(nb.to_vector(), na.to_vector()) << name << " step " << t << ": the norm";
+      if (name == "adamw" && t != 2)  // unscaled until the step, which reads them scaled
+        EXPECT_NE(b[0].grad.to_vector(), a[0].grad.to_vector()) << name;
+      oa->step();
+      ob->step();
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(b[i].value.to_vector(), a[i].value.to_vector())
+            << name << " step " << t << " parameter " << i;
+    }
+    // A pending clip dropped by zero_grad: the next step is unclipped.
+    for (int i = 0; i < 3; ++i)
+      b[i].grad.copy_from(gpu(random_tensor(b[i].grad.shape(), 90, 3.0f)));
+    optim::clip_grad_norm_async(pb, 1.0, nullptr, nullptr, nullptr, ob.get());
+    ob->zero_grad();
+    for (int i = 0; i < 3; ++i) {
+      const Tensor g = gpu(random_tensor(a[i].grad.shape(), 91 + i, 3.0f));
+      a[i].grad.copy_from(g), b[i].grad.copy_from(g);
+    }
+    oa->step();
+    ob->step();
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(b[i].value.to_vector(), a[i].value.to_vector()) << name << " after zero_grad";
+  }
+}
+
 TEST_F(Cuda, VitMatchesTimmOnTheGpu) {
   auto g = test::load_golden(test::data_path("vit_golden.bin"));
   const nn::ViTConfig c = test::vit_config(g);

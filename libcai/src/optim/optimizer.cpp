@@ -36,7 +36,41 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 
 void Optimizer::step() {
   ++step_;
-  for (auto& g : groups_) step_group(g);
+  for (auto& g : groups_) {
+    if (clip_sq_.defined() && !fuses_clip(g)) {
+      // No fused path for this group: its gradients scaled in place first, as clip_grad_norm.
+      std::vector<float*> x;
+      std::vector<int64_t> n;
+      for (nn::Parameter* p : g.params) {
+        if (p->grad.numel() == 0) continue;
+        x.push_back(p->grad.data<float>());
+        n.push_back(p->grad.numel());
+      }
+      kernels::cuda::multi_tensor_clip(static_cast<int>(x.size()), x.data(), n.data(),
+                                       clip_sq_.data<float>(), clip_max_, nullptr);
+    }
+    step_group(g);
+  }
+  clip_sq_ = Tensor();
+}
+
+void Optimizer::defer_clip(const Tensor& sq, float max_norm) {
+  CAI_CHECK(
+      sq.defined() && sq.numel() >= 1 && sq.dtype() == DType::F32 && can_defer_clip(sq.device()),
+      "[clip_grad_norm] a deferred clip needs the fp32 sum of squares on the parameters' "
+      "GPU, got {}",
+      sq.defined() ? sq.str() : std::string("none"));
+  CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
+  clip_sq_ = sq;
+  clip_max_ = max_norm;
+}
+
+bool Optimizer::can_defer_clip(const Device& device) const {
+  if (!device.is_cuda()) return false;
+  for (const auto& g : groups_)
+    for (const nn::Parameter* p : g.params)
+      if (p->value.device() != device || p->grad.device() != device) return false;
+  return true;
 }
 
 void Optimizer::step_group(ParamGroup& g) {
@@ -77,6 +111,7 @@ bool all_cuda(const ParamGroup& g) {
 }  // namespace
 
 void Optimizer::zero_grad() {
+  clip_sq_ = Tensor();
   std::vector<Tensor*> grads;
   for (auto& g : groups_)
     for (nn::Parameter* p : g.params) grads.push_back(&p->grad);
@@ -195,9 +230,14 @@ void Adam::step_group(ParamGroup& g) {
   const TensorLists l =
       moment_lists(g, [&](nn::Parameter& p, const char* n) -> Tensor& { return slot(p, n); });
   if (l.p.empty()) return;
-  kernels::cuda::multi_tensor_adam(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
-                                   l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),
-                                   float(beta2_), float(eps_), step_, decoupled_);
+  kernels::cuda::multi_tensor_adam(
+      static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(), l.v.data(), l.n.data(),
+      l.wd.data(), float(g.lr), float(beta1_), float(beta2_), float(eps_), step_, decoupled_, 1.0f,
+      nullptr, clip_sq_.defined() ? clip_sq_.data<float>() : nullptr, clip_max_);
+}
+
+bool Adam::fuses_clip(const ParamGroup& g) const {
+  return all_cuda(g);
 }
 
 // --- LAMB -------------------------------------------------------------------------------------
@@ -323,7 +363,8 @@ Tensor grad_stats(const std::vector<nn::Parameter*>& params,
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq,
                             const std::function<double(const nn::Parameter&)>& weight,
-                            const std::function<void(Tensor&)>& reduce_on_device) {
+                            const std::function<void(Tensor&)>& reduce_on_device,
+                            Optimizer* defer) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   auto lists = grad_lists(params, weight);
   if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
@@ -333,6 +374,12 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
     Tensor stats = stats_of(l, 1.0f);
     if (reduce_on_device) reduce_on_device(stats);
     Tensor norm = Tensor::empty({1}, DType::F32, l.device);
+    if (defer && !reduce_sq && !reduce_on_device && defer->can_defer_clip(l.device)) {
+      kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
+                                       static_cast<float>(max_norm), norm.data<float>());
+      defer->defer_clip(stats, static_cast<float>(max_norm));
+      return norm;
+    }
     clip_with(l, stats, static_cast<float>(max_norm), &norm);
     return norm;
   }

@@ -405,7 +405,9 @@ std::vector<OwnedSlice> Plugin::owned_state(nn::ViT& model, optim::Optimizer& op
 }
 
 Tensor Plugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
-  return optim::clip_grad_norm_async(optimizer_params(opt), max_norm);
+  // The factor applied by opt's next step (optimizer_step follows) where it can be.
+  return optim::clip_grad_norm_async(optimizer_params(opt), max_norm, nullptr, nullptr, nullptr,
+                                     &opt);
 }
 
 struct Trainer::StepValues {

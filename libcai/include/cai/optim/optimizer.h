@@ -45,11 +45,25 @@ class Optimizer {
   // The part of state_bytes() on GPUs (cuda = true) or in host memory (cuda = false).
   int64_t state_bytes(bool cuda) const;
 
+  // Global-norm clipping folded into the next step() (clip_grad_norm_async's `defer`): step()
+  // multiplies the gradients it reads by c = max_norm / (√sq[0] + 1e-6) when c < 1 — the factor
+  // and the products of clipping in place, so the update is the same — and leaves the gradient
+  // memory unscaled: one pass over the gradients less. `sq` (fp32, where the parameters are) is
+  // read when step() runs. Groups whose update has no such path are scaled in place at the start
+  // of step(). step() and zero_grad() drop it.
+  void defer_clip(const Tensor& sq, float max_norm);
+  // Whether defer_clip may be used: every group's parameters on `device`, a GPU.
+  bool can_defer_clip(const Device& device) const;
+
  protected:
   virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
   // One group's update; the default calls update() per parameter. Adam and LAMB override it with
   // the multi-tensor fused kernels when the group's parameters are on a GPU.
   virtual void step_group(ParamGroup& g);
+  // Whether step_group applies a deferred clip itself (clip_sq_ defined) for this group.
+  virtual bool fuses_clip(const ParamGroup&) const { return false; }
+  Tensor clip_sq_;  // defer_clip's sum of squares (undefined: none pending)
+  float clip_max_ = 0.0f;
   Tensor& slot(const nn::Parameter& p, const char* slot_name);  // zero-initialised on first use
   bool has_slot(const nn::Parameter& p, const char* slot_name) const;
   std::vector<ParamGroup> groups_;
@@ -79,6 +93,7 @@ class Adam : public Optimizer {
  private:
   void update(ParamGroup& g, nn::Parameter& p) override;
   void step_group(ParamGroup& g) override;
+  bool fuses_clip(const ParamGroup& g) const override;
   double beta1_, beta2_, eps_;
   bool decoupled_;
 };
@@ -142,10 +157,14 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
                       const std::function<double(double)>& reduce_sq = nullptr,
                       const std::function<double(const nn::Parameter&)>& weight = nullptr);
+// `defer` (optional): the optimizer whose next step() follows; where the sum of squares is this
+// device's alone (no reduce_sq, no reduce_on_device) and defer->can_defer_clip holds, the factor
+// is left to that step (Optimizer::defer_clip) instead of a pass that scales the gradients here.
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq = nullptr,
                             const std::function<double(const nn::Parameter&)>& weight = nullptr,
-                            const std::function<void(Tensor&)>& reduce_on_device = nullptr);
+                            const std::function<void(Tensor&)>& reduce_on_device = nullptr,
+                            Optimizer* defer = nullptr);
 // One pass over the gradients of `params` (multi-tensor kernels on a GPU): multiplies them by
 // `scale` first when scale != 1 (the fp16 unscale), then returns {Σ weight(p)·‖grad‖², number of
 // inf/NaN elements} as an fp32 [2] tensor where the gradients live; nothing is read to the host.

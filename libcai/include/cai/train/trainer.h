@@ -142,7 +142,10 @@ class Plugin {
   virtual void sync_gradients(nn::ViT&) {}
   // Global-norm clipping over what this rank's optimizer sees; returns the global norm before
   // clipping as a 1-element fp32 tensor (optim::clip_grad_norm_async: on the device and unread
-  // when no reduction over ranks is needed, else after one host read).
+  // when no reduction over ranks is needed, else after one host read). Where the sum of squares
+  // needs no reduction over ranks and the parameters are on a GPU, the factor is applied by
+  // opt's next step (Optimizer::defer_clip), which optimizer_step runs next: the gradients are
+  // then left unscaled.
   virtual Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm);
   virtual void optimizer_step(optim::Optimizer& opt) { opt.step(); }
   virtual void zero_grad(nn::ViT&, optim::Optimizer& opt) { opt.zero_grad(); }
