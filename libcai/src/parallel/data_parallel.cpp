@@ -6,6 +6,7 @@
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
 #include "cai/schedule/buckets.h"
+#include "kernels/device.h"
 
 namespace cai::parallel {
 
@@ -269,11 +270,22 @@ struct DataParallelPlugin::Impl {
       if (buckets[i].work->test()) finish(static_cast<size_t>(i));
   }
 
+  // The first step's backward on a GPU: no reductions beside it while the GEMMs time their
+  // algorithms there (kernels::cuda: once per shape, on the call's own operands), or NCCL's
+  // kernels beside the timing pick algorithms for a shared GPU that are slower alone (2 H100,
+  // ViT-B/16: the step's GEMMs 38.4 against one GPU's 35.0 ms). Stage 0/1 only: stage 2/3 bound
+  // the full-size gradients alive during backward by launching early.
+  bool first_step = true;
+  bool hold_first_step() const {
+    return first_step && !sharded_grads() && device.is_cuda() && kernels::cuda::gemm_timing();
+  }
+
   void grads_ready(nn::Layer& layer) {
+    const bool hold = !cfg.overlap || hold_first_step();
     for (nn::Parameter* p : layer_params[&layer]) {
       const size_t i = bucket_of[p];
       Bucket& b = buckets[i];
-      if (++b.ready == static_cast<int>(b.params.size()) && cfg.overlap) launch(i);
+      if (++b.ready == static_cast<int>(b.params.size()) && !hold) launch(i);
     }
     progress();
   }
@@ -571,6 +583,7 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
     m.launch(i);
   }
   for (size_t i = 0; i < m.buckets.size(); ++i) m.finish(i);
+  m.first_step = false;
   // Stage 1: this rank's chunk of the summed gradients feeds its shard.
   if (m.cfg.zero_stage == 1)
     for (size_t i = 0; i < m.params.size(); ++i) {
@@ -588,7 +601,9 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
   // DDP: every rank holds the full (identical) gradients; ZeRO: each holds its shard.
   std::function<double(double)> reduce;
   if (m.cfg.zero_stage >= 1) reduce = [&m](double sq) { return m.dp.all_reduce_scalar(sq); };
-  return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce);
+  // DDP: the factor applied by opt's next step (optimizer_step follows) where it can be.
+  return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce, nullptr,
+                                     nullptr, &opt);
 }
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {

@@ -55,7 +55,10 @@ struct DataParallelConfig {
   double ddp_bucket_cap_mb = 25.0;      // stage 0 and 1 buckets
   double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
   bool cpu_offload = false;
-  bool overlap = true;  // start reductions during backward (else all at sync_gradients)
+  // Start reductions during backward (else all at sync_gradients). On a GPU the first step's
+  // stage 0/1 reductions wait for sync_gradients even so: its backward times the GEMM algorithms
+  // (kernels::cuda::gemm_timing), which NCCL's kernels running beside would mislead.
+  bool overlap = true;
   // Stage 2/3: gradient buckets whose reduce-scatter may be in flight at once; launching one more
   // first completes the oldest. Bounds the full-size gradient bytes alive during backward.
   int zero_max_inflight_buckets = 2;
