@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "cai/core/error.h"
 #include "cai/nn/vit.h"
@@ -97,6 +98,29 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReportsTheNorm) {
   EXPECT_NEAR(clip_grad_norm(ps, 10.0), 1.0, 1e-5);  // below max: unchanged
   EXPECT_NEAR(grad_norm(ps), 1.0, 1e-5);
   EXPECT_THROW(clip_grad_norm(ps, 0.0), Error);
+}
+
+// The deferred clip is for parameters on a GPU: on the CPU clip_grad_norm_async(..., defer)
+// scales the gradients in place as without it (the optimizer then steps them unchanged), and
+// defer_clip refuses a host tensor with a message that names it.
+TEST(ClipGradNorm, DeferredClipFallsBackInPlaceOnTheCpu) {
+  TwoParams tp;
+  tp.w.grad = Tensor::full({6, 5}, 1.0f);
+  tp.b.grad = Tensor::full({5}, 2.0f);
+  std::vector<nn::Parameter*> ps{&tp.w, &tp.b};
+  auto opt = make_optimizer(OptimizerOptions{}, weight_decay_groups(ps, 0.01, 0.05));
+  EXPECT_FALSE(opt->can_defer_clip(Device::cpu()));
+  const Tensor norm = clip_grad_norm_async(ps, 1.0, nullptr, nullptr, nullptr, opt.get());
+  EXPECT_NEAR(norm.item(), std::sqrt(50.0), 1e-6);
+  EXPECT_NEAR(grad_norm(ps), 1.0, 1e-5);  // scaled here, not left to the step
+  try {
+    opt->defer_clip(Tensor::full({2}, 4.0f), 1.0f);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deferred clip needs the fp32 sum of squares"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(WeightDecayGroups, FollowTimm) {
