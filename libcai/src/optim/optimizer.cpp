@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
@@ -360,6 +361,16 @@ Tensor grad_stats(const std::vector<nn::Parameter*>& params,
   return Tensor::from_vector(total, {2});
 }
 
+namespace {
+// Whether `opt` steps exactly the parameters `params` (a deferred clip scales what opt steps).
+bool steps_exactly(const Optimizer& opt, const std::vector<nn::Parameter*>& params) {
+  std::set<const nn::Parameter*> mine;
+  for (const auto& g : opt.groups()) mine.insert(g.params.begin(), g.params.end());
+  const std::set<const nn::Parameter*> given(params.begin(), params.end());
+  return mine == given;
+}
+}  // namespace
+
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq,
                             const std::function<double(const nn::Parameter&)>& weight,
@@ -374,7 +385,8 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
     Tensor stats = stats_of(l, 1.0f);
     if (reduce_on_device) reduce_on_device(stats);
     Tensor norm = Tensor::empty({1}, DType::F32, l.device);
-    if (defer && !reduce_sq && !reduce_on_device && defer->can_defer_clip(l.device)) {
+    if (defer && !reduce_sq && !reduce_on_device && defer->can_defer_clip(l.device) &&
+        steps_exactly(*defer, params)) {
       kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
                                        static_cast<float>(max_norm), norm.data<float>());
       defer->defer_clip(stats, static_cast<float>(max_norm));

@@ -157,9 +157,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, std::vector
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
                       const std::function<double(double)>& reduce_sq = nullptr,
                       const std::function<double(const nn::Parameter&)>& weight = nullptr);
-// `defer` (optional): the optimizer whose next step() follows; where the sum of squares is this
-// device's alone (no reduce_sq, no reduce_on_device) and defer->can_defer_clip holds, the factor
-// is left to that step (Optimizer::defer_clip) instead of a pass that scales the gradients here.
+// `defer` (optional): the optimizer whose next step() follows; where it steps exactly `params`,
+// the sum of squares is this device's alone (no reduce_sq, no reduce_on_device) and
+// defer->can_defer_clip holds, the factor is left to that step (Optimizer::defer_clip) instead
+// of a pass that scales the gradients here.
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq = nullptr,
                             const std::function<double(const nn::Parameter&)>& weight = nullptr,
