@@ -35,20 +35,65 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
   }
 }
 
+namespace {
+// Gradients grouped by device (in practice one group), as the multi-tensor kernels take them.
+struct GradLists {
+  Device device;
+  std::vector<float*> x;
+  std::vector<int64_t> n;
+  std::vector<float> w;
+};
+std::vector<GradLists> grad_lists(const std::vector<nn::Parameter*>& params,
+                                  const std::function<double(const nn::Parameter&)>& weight) {
+  std::vector<GradLists> out;
+  for (nn::Parameter* p : params) {
+    if (!p->grad.defined() || p->grad.numel() == 0) continue;
+    CAI_CHECK(p->grad.dtype() == DType::F32, "[grad_stats] gradient of {} is {}, expected fp32",
+              p->name, p->grad.str());
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const GradLists& l) { return l.device == p->grad.device(); });
+    if (it == out.end()) it = out.insert(out.end(), GradLists{p->grad.device(), {}, {}, {}});
+    it->x.push_back(p->grad.data<float>());
+    it->n.push_back(p->grad.numel());
+    it->w.push_back(weight ? static_cast<float>(weight(*p)) : 1.0f);
+  }
+  return out;
+}
+Tensor stats_of(GradLists& l, float scale) {
+  Tensor out = Tensor::empty({2}, DType::F32, l.device);
+  const int count = static_cast<int>(l.x.size());
+  if (l.device.is_cuda())
+    kernels::cuda::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
+                                           out.data<float>());
+  else
+    kernels::cpu::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
+                                          out.data<float>());
+  return out;
+}
+void clip_with(GradLists& l, const Tensor& sq, float max_norm, Tensor* norm) {
+  const int count = static_cast<int>(l.x.size());
+  float* nrm = norm ? norm->data<float>() : nullptr;
+  if (l.device.is_cuda())
+    kernels::cuda::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm,
+                                     nrm);
+  else
+    kernels::cpu::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm, nrm);
+}
+// Whether `opt` steps exactly the parameters `params` (a deferred clip scales what opt steps).
+bool steps_exactly(const Optimizer& opt, const std::vector<nn::Parameter*>& params) {
+  std::set<const nn::Parameter*> mine;
+  for (const auto& g : opt.groups()) mine.insert(g.params.begin(), g.params.end());
+  const std::set<const nn::Parameter*> given(params.begin(), params.end());
+  return mine == given;
+}
+}  // namespace
+
 void Optimizer::step() {
   ++step_;
   for (auto& g : groups_) {
     if (clip_sq_.defined() && !fuses_clip(g)) {
       // No fused path for this group: its gradients scaled in place first, as clip_grad_norm.
-      std::vector<float*> x;
-      std::vector<int64_t> n;
-      for (nn::Parameter* p : g.params) {
-        if (p->grad.numel() == 0) continue;
-        x.push_back(p->grad.data<float>());
-        n.push_back(p->grad.numel());
-      }
-      kernels::cuda::multi_tensor_clip(static_cast<int>(x.size()), x.data(), n.data(),
-                                       clip_sq_.data<float>(), clip_max_, nullptr);
+      for (GradLists& l : grad_lists(g.params, nullptr)) clip_with(l, clip_sq_, clip_max_, nullptr);
     }
     step_group(g);
   }
@@ -302,52 +347,6 @@ double grad_norm(const std::vector<nn::Parameter*>& params) {
   return std::sqrt(s);
 }
 
-namespace {
-// Gradients grouped by device (in practice one group), as the multi-tensor kernels take them.
-struct GradLists {
-  Device device;
-  std::vector<float*> x;
-  std::vector<int64_t> n;
-  std::vector<float> w;
-};
-std::vector<GradLists> grad_lists(const std::vector<nn::Parameter*>& params,
-                                  const std::function<double(const nn::Parameter&)>& weight) {
-  std::vector<GradLists> out;
-  for (nn::Parameter* p : params) {
-    if (!p->grad.defined() || p->grad.numel() == 0) continue;
-    CAI_CHECK(p->grad.dtype() == DType::F32, "[grad_stats] gradient of {} is {}, expected fp32",
-              p->name, p->grad.str());
-    auto it = std::find_if(out.begin(), out.end(),
-                           [&](const GradLists& l) { return l.device == p->grad.device(); });
-    if (it == out.end()) it = out.insert(out.end(), GradLists{p->grad.device(), {}, {}, {}});
-    it->x.push_back(p->grad.data<float>());
-    it->n.push_back(p->grad.numel());
-    it->w.push_back(weight ? static_cast<float>(weight(*p)) : 1.0f);
-  }
-  return out;
-}
-Tensor stats_of(GradLists& l, float scale) {
-  Tensor out = Tensor::empty({2}, DType::F32, l.device);
-  const int count = static_cast<int>(l.x.size());
-  if (l.device.is_cuda())
-    kernels::cuda::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
-                                           out.data<float>());
-  else
-    kernels::cpu::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
-                                          out.data<float>());
-  return out;
-}
-void clip_with(GradLists& l, const Tensor& sq, float max_norm, Tensor* norm) {
-  const int count = static_cast<int>(l.x.size());
-  float* nrm = norm ? norm->data<float>() : nullptr;
-  if (l.device.is_cuda())
-    kernels::cuda::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm,
-                                     nrm);
-  else
-    kernels::cpu::multi_tensor_clip(count, l.x.data(), l.n.data(), sq.data<float>(), max_norm, nrm);
-}
-}  // namespace
-
 Tensor grad_stats(const std::vector<nn::Parameter*>& params,
                   const std::function<double(const nn::Parameter&)>& weight, float scale) {
   auto lists = grad_lists(params, weight);
@@ -360,16 +359,6 @@ Tensor grad_stats(const std::vector<nn::Parameter*>& params,
   }
   return Tensor::from_vector(total, {2});
 }
-
-namespace {
-// Whether `opt` steps exactly the parameters `params` (a deferred clip scales what opt steps).
-bool steps_exactly(const Optimizer& opt, const std::vector<nn::Parameter*>& params) {
-  std::set<const nn::Parameter*> mine;
-  for (const auto& g : opt.groups()) mine.insert(g.params.begin(), g.params.end());
-  const std::set<const nn::Parameter*> given(params.begin(), params.end());
-  return mine == given;
-}
-}  // namespace
 
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq,
