@@ -51,10 +51,14 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
 // As layernorm_bwd_t, then dx += residual (dxt, same shape; null: nothing added) and, when half is
 // not null, a copy of the final dx rounded to half_t (bf16 or fp16) — one pass where the fused
 // (vectorised) kernel applies, else separate add and cast passes. dx must not be null then.
+// With dsum not null (fp32 [d]), also the column sums Σ_rows of the final dx as the half copy holds
+// it (dx itself without one): the bias gradient of the GEMM that takes it as its output gradient,
+// added to dsum when dsum_add, else written (from the fused kernel's partial sums, or a separate
+// column-sum pass).
 void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* mean,
                          const float* rstd, DT dyt, const void* dy, DT dxt, void* dx,
                          const void* residual, DT half_t, void* half, float* dgamma, float* dbeta,
-                         int64_t m, int64_t d, void* stream = nullptr);
+                         float* dsum, bool dsum_add, int64_t m, int64_t d, void* stream = nullptr);
 
 // The split kernels, as on the CPU (fp32; the ops layer converts half tensors).
 void layernorm_row_sums(const float* x, const float* mean, float* sums, int64_t m, int64_t f,

@@ -244,8 +244,8 @@ void layernorm_bwd_t(DT, const void*, const float*, const float*, const float*, 
   CAI_STUB("layernorm_bwd_t");
 }
 void layernorm_bwd_add_t(DT, const void*, const float*, const float*, const float*, DT, const void*,
-                         DT, void*, const void*, DT, void*, float*, float*, int64_t, int64_t,
-                         void*) {
+                         DT, void*, const void*, DT, void*, float*, float*, float*, bool, int64_t,
+                         int64_t, void*) {
   CAI_STUB("layernorm_bwd_add_t");
 }
 void layernorm_row_sums(const float*, const float*, float*, int64_t, int64_t, void*) {

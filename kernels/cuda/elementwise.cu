@@ -129,15 +129,30 @@ struct ZeroList {
   int count;
 };
 
+// A block clears kZeroUnroll·blockDim consecutive units per round, a thread every blockDim-th
+// (coalesced stores); a thread searches for its range once per round and then only steps forward
+// (units only grow). The grid is a few blocks per SM: one unit per thread and a search from the
+// first range each made the kernel instruction- and block-launch bound (1.5 TB/s on an H100).
+constexpr int kZeroUnroll = 8;
+
 __global__ void zero_multi_kernel(const ZeroList l) {
   const int64_t total = l.end[l.count - 1];
-  CAI_GRID_STRIDE(k, total) {
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kZeroUnroll;
+  for (int64_t base = blockIdx.x * chunk; base < total; base += gridDim.x * chunk) {
+    int64_t k = base + threadIdx.x;
+    if (k >= total) break;
     int64_t i;
-    const int t = entry_of(l, k, i);
-    if ((l.vec >> t) & 1ull)
-      static_cast<uint4*>(l.p[t])[i] = make_uint4(0, 0, 0, 0);
-    else
-      static_cast<unsigned char*>(l.p[t])[i] = 0;
+    int t = entry_of(l, k, i);
+#pragma unroll
+    for (int u = 0; u < kZeroUnroll; ++u, k += blockDim.x) {
+      if (k >= total) break;
+      while (k >= l.end[t]) ++t;
+      i = k - (t ? l.end[t - 1] : 0);
+      if ((l.vec >> t) & 1ull)
+        static_cast<uint4*>(l.p[t])[i] = make_uint4(0, 0, 0, 0);
+      else
+        static_cast<unsigned char*>(l.p[t])[i] = 0;
+    }
   }
 }
 
@@ -292,7 +307,10 @@ void zero_multi(int count, void* const* p, const int64_t* bytes, void* stream) {
     ++l.count;
   }
   if (l.count == 0) return;
-  zero_multi_kernel<<<grid_for(total), kBlock, 0, as_stream(stream)>>>(l);
+  const int64_t rounds =
+      (total + int64_t{kBlock} * kZeroUnroll - 1) / (int64_t{kBlock} * kZeroUnroll);
+  const int64_t grid = std::min<int64_t>(rounds, int64_t{8} * multiprocessors());
+  zero_multi_kernel<<<static_cast<unsigned>(grid), kBlock, 0, as_stream(stream)>>>(l);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

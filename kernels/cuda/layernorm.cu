@@ -11,6 +11,7 @@
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/layernorm.h"
+#include "kernels/linear.h"
 
 namespace cai::kernels::cuda {
 
@@ -207,8 +208,10 @@ __global__ void __launch_bounds__(kLnWarps * 32)
 // not null; half (not null) receives dx rounded to bf16 (half_kind 1) or fp16 (2) as well, in the
 // same pass (the residual stream's gradient and its copy for the next GEMM). With part not null,
 // each block also writes its rows' column sums: part[blockIdx.x][0][j] = Σ dy·xhat,
-// part[blockIdx.x][1][j] = Σ dy (each warp adds its rows into a slice of shared memory of its own,
-// 2·d floats, then the block's warps are added in order: kLnWarps·2·d floats).
+// part[blockIdx.x][1][j] = Σ dy and, with nsums = 3, part[blockIdx.x][2][j] = Σ dx (the final dx
+// as the half copy holds it when there is one: the column sums of the next GEMM's output gradient,
+// i.e. its bias gradient). Each warp adds its rows into a slice of shared memory of its own,
+// nsums·d floats, then the block's warps are added in order: kLnWarps·nsums·d floats.
 // Registers hold a row's xhat and ri·dy·gamma (+ the residual, loaded with the row, so that its
 // load overlaps the row's reductions). N = 8 (d = 1024) takes 111 registers, 4 blocks per SM
 // (the sums in registers took 162, 3 blocks): 195 → 158 µs on ViT-L/16's shape (H100).
@@ -218,22 +221,23 @@ __global__ void __launch_bounds__(kLnWarps * 32)
                               const float* __restrict__ mean, const float* __restrict__ rstd,
                               const TDY* __restrict__ dy, TDX* __restrict__ dx,
                               const TDX* __restrict__ residual, void* __restrict__ half,
-                              int half_kind, float* __restrict__ part, int64_t m, int d) {
+                              int half_kind, float* __restrict__ part, int nsums, int64_t m,
+                              int d) {
   static_assert(kLnVec == 4, "the column sums are added as float4");
-  extern __shared__ float shared_part[];  // [kLnWarps][2][d]
+  extern __shared__ float shared_part[];  // [kLnWarps][nsums][d]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = d / kLnVec;
-  float* mine = shared_part + warp * 2 * d;
+  float* mine = shared_part + warp * nsums * d;
   if (part) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int c = lane + 32 * k;
-      if (c < nvec) {
-        *reinterpret_cast<float4*>(mine + c * kLnVec) = make_float4(0.f, 0.f, 0.f, 0.f);
-        *reinterpret_cast<float4*>(mine + d + c * kLnVec) = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+      if (c < nvec)
+        for (int q = 0; q < nsums; ++q)
+          *reinterpret_cast<float4*>(mine + q * d + c * kLnVec) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
+  const bool sum_dx = part && nsums == 3;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kLnWarps) + warp; i < m;
        i += static_cast<int64_t>(gridDim.x) * kLnWarps) {
     const float mi = mean[i], ri = rstd[i];
@@ -282,46 +286,55 @@ __global__ void __launch_bounds__(kLnWarps * 32)
           store_vec(dx + at, o);
           if (half_kind == 1) store_vec(static_cast<__nv_bfloat16*>(half) + at, o);
           if (half_kind == 2) store_vec(static_cast<__half*>(half) + at, o);
+          if (sum_dx) {
+            // The values the copy holds (rounded as the stores above round them).
+#pragma unroll
+            for (int e = 0; e < kLnVec; ++e)
+              o[e] = half_kind == 1   ? to_f32(from_f32<__nv_bfloat16>(o[e]))
+                     : half_kind == 2 ? to_f32(from_f32<__half>(o[e]))
+                                      : o[e];
+            float4* as = reinterpret_cast<float4*>(mine + 2 * d + c * kLnVec);
+            float4 a = *as;
+            a.x += o[0], a.y += o[1], a.z += o[2], a.w += o[3];
+            *as = a;
+          }
         }
       }
     }
   }
   if (part) {
     __syncthreads();
-    float* out = part + blockIdx.x * static_cast<int64_t>(2 * d);
-    for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
+    float* out = part + blockIdx.x * static_cast<int64_t>(nsums * d);
+    for (int j = threadIdx.x; j < nsums * d; j += blockDim.x) {
       float a = 0.0f;
-      for (int w = 0; w < kLnWarps; ++w) a += shared_part[w * 2 * d + j];
+      for (int w = 0; w < kLnWarps; ++w) a += shared_part[w * nsums * d + j];
       out[j] = a;
     }
   }
 }
 
-// dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j]: kTile columns per block,
+// dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j] and, with nsums = 3,
+// dsum[j] (+)= Σ_p part[p][2][j] (added when dsum_add, else overwritten): kTile columns per block,
 // kRowLanes lanes over the parts (p ≡ lane mod kRowLanes), the lanes added in a fixed order.
-__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int d,
-                                              float* dgamma, float* dbeta) {
-  __shared__ float sg_part[kRowLanes][kTile];
-  __shared__ float sb_part[kRowLanes][kTile];
+__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int nsums,
+                                              int d, float* dgamma, float* dbeta, float* dsum,
+                                              bool dsum_add) {
+  __shared__ float s_part[3][kRowLanes][kTile];
   const int j = blockIdx.x * kTile + threadIdx.x;
-  float sg = 0.0f, sb = 0.0f;
+  float s[3] = {0.0f, 0.0f, 0.0f};
   if (j < d) {
-    for (int p = threadIdx.y; p < parts; p += kRowLanes) {
-      sg += part[static_cast<int64_t>(p) * 2 * d + j];
-      sb += part[static_cast<int64_t>(p) * 2 * d + d + j];
-    }
+    for (int p = threadIdx.y; p < parts; p += kRowLanes)
+      for (int q = 0; q < nsums; ++q) s[q] += part[(static_cast<int64_t>(p) * nsums + q) * d + j];
   }
-  sg_part[threadIdx.y][threadIdx.x] = sg;
-  sb_part[threadIdx.y][threadIdx.x] = sb;
+  for (int q = 0; q < nsums; ++q) s_part[q][threadIdx.y][threadIdx.x] = s[q];
   __syncthreads();
   if (threadIdx.y == 0 && j < d) {
-    float tg = 0.0f, tb = 0.0f;
-    for (int r = 0; r < kRowLanes; ++r) {
-      tg += sg_part[r][threadIdx.x];
-      tb += sb_part[r][threadIdx.x];
-    }
-    if (dgamma) dgamma[j] += tg;
-    if (dbeta) dbeta[j] += tb;
+    float t[3] = {0.0f, 0.0f, 0.0f};
+    for (int r = 0; r < kRowLanes; ++r)
+      for (int q = 0; q < nsums; ++q) t[q] += s_part[q][r][threadIdx.x];
+    if (dgamma) dgamma[j] += t[0];
+    if (dbeta) dbeta[j] += t[1];
+    if (dsum) dsum[j] = dsum_add ? dsum[j] + t[2] : t[2];
   }
 }
 
@@ -496,19 +509,24 @@ void layernorm_bwd_t(DT xt, const void* x, const float* gamma, const float* mean
                      DT dyt, const void* dy, DT dxt, void* dx, float* dgamma, float* dbeta,
                      int64_t m, int64_t d, void* stream) {
   layernorm_bwd_add_t(xt, x, gamma, mean, rstd, dyt, dy, dxt, dx, nullptr, DT::F32, nullptr, dgamma,
-                      dbeta, m, d, stream);
+                      dbeta, nullptr, true, m, d, stream);
 }
 
 void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* mean,
                          const float* rstd, DT dyt, const void* dy, DT dxt, void* dx,
                          const void* residual, DT half_t, void* half, float* dgamma, float* dbeta,
-                         int64_t m, int64_t d, void* stream) {
+                         float* dsum, bool dsum_add, int64_t m, int64_t d, void* stream) {
   CAI_CHECK(d >= 1, "[layernorm] feature size {} must be at least 1", d);
-  CAI_CHECK(dx || (!residual && !half), "[layernorm] a residual or half copy needs dx");
+  CAI_CHECK(dx || (!residual && !half && !dsum),
+            "[layernorm] a residual, half copy or column sum needs dx");
   CAI_CHECK(!half || half_t != DT::F32, "[layernorm] the half copy of dx must be bf16 or fp16");
-  if (m <= 0) return;
   const auto s = as_stream(stream);
-  const bool params = dgamma || dbeta;
+  if (m <= 0) {
+    if (dsum && !dsum_add) CAI_CUDA_CHECK(cudaMemsetAsync(dsum, 0, sizeof(float) * d, s));
+    return;
+  }
+  const bool params = dgamma || dbeta || dsum;
+  const int nsums = dsum ? 3 : 2;
   if (!dx && !params) return;
   const int half_kind = !half ? 0 : half_t == DT::BF16 ? 1 : 2;
   dispatch_dt(xt, "layernorm", [&](auto tx) {
@@ -527,7 +545,7 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
           const TDX* rp = static_cast<const TDX*>(residual);
           with_tier(tier, [&](auto n) {
             const auto kernel = layernorm_bwd_warp_kernel<TX, TDY, TDX, decltype(n)::value>;
-            const size_t shmem = params ? sizeof(float) * kLnWarps * 2 * d : 0;
+            const size_t shmem = params ? sizeof(float) * kLnWarps * nsums * d : 0;
             // As many blocks as fit on the device at once: each then sums many rows into its
             // partial, and the partials stay few (the grid depends on the device only).
             int per_sm = 0;
@@ -537,19 +555,20 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
             const int64_t grid = std::min<int64_t>(warp_rows_grid(m), resident);
             if (!params) {
               kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, 0, s>>>(
-                  xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, nullptr, m,
+                  xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, nullptr, 2, m,
                   static_cast<int>(d));
               CAI_CUDA_CHECK_LAUNCH();
               return;
             }
-            Scratch part(sizeof(float) * 2 * d * grid);
+            Scratch part(sizeof(float) * nsums * d * grid);
             kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, shmem, s>>>(
-                xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, part.as<float>(), m,
+                xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, part.as<float>(), nsums, m,
                 static_cast<int>(d));
             CAI_CUDA_CHECK_LAUNCH();
             layernorm_param_reduce_kernel<<<static_cast<unsigned>((d + kTile - 1) / kTile),
                                             dim3(kTile, kRowLanes), 0, s>>>(
-                part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta);
+                part.as<float>(), static_cast<int>(grid), nsums, static_cast<int>(d), dgamma, dbeta,
+                dsum, dsum_add);
             CAI_CUDA_CHECK_LAUNCH();
           });
           return;
@@ -562,8 +581,13 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
           // own.
           if (residual) add_t(dxt, dx, dxt, residual, dxt, dx, m * d, stream);
           if (half) cast(dxt, dx, half_t, half, m * d, stream);
+          if (dsum) {  // the column sums of what the copy (or dx) holds, as a bias gradient
+            if (!dsum_add) CAI_CUDA_CHECK(cudaMemsetAsync(dsum, 0, sizeof(float) * d, s));
+            linear_bwd_t(half ? half_t : dxt, nullptr, nullptr, half ? half : dx, nullptr, nullptr,
+                         dsum, m, 1, d, false, stream);
+          }
         }
-        if (params) {
+        if (dgamma || dbeta) {
           const int64_t tiles = (d + kTile - 1) / kTile;
           layernorm_bwd_param_kernel<TX, TDY><<<row_grid(tiles), dim3(kTile, kRowLanes), 0, s>>>(
               xp, mean, rstd, dyp, dgamma, dbeta, m, d);

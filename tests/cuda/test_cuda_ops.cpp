@@ -191,6 +191,56 @@ TEST_F(Cuda, LayerNormBackwardAdd) {
   }
 }
 
+namespace {
+// init + Σ_rows t[rows, d] (fp32 on the CPU, summed in double).
+Tensor plus_column_sums(const Tensor& init, const Tensor& t) {
+  const auto v = t.to(DType::F32).to(Device::cpu()).to_vector();
+  std::vector<float> r = init.to(Device::cpu()).to_vector();
+  const int64_t d = static_cast<int64_t>(r.size()), m = static_cast<int64_t>(v.size()) / d;
+  for (int64_t j = 0; j < d; ++j) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < m; ++i) acc += v[i * d + j];
+    r[j] += static_cast<float>(acc);  // as linear_bwd's bias gradient adds its sums
+  }
+  return Tensor::from_vector(r, {d});
+}
+}  // namespace
+
+// The next GEMM's bias gradient from the LayerNorm backward's pass: the column sums of the half
+// copy when there is one (of dx without), added or written, on the fused shapes and on one the
+// fused kernel does not take (d = 9), against the sums of the GPU's own outputs and the CPU's.
+TEST_F(Cuda, LayerNormBackwardAddColumnSums) {
+  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {1000, 1024}})
+    for (bool with_half : {true, false})
+      for (bool add : {true, false}) {
+        Tensor x = random_tensor({m, d}, 31), g = random_tensor({d}, 32),
+               b = random_tensor({d}, 33);
+        Tensor dy = random_tensor({m, d}, 34).to(DType::BF16), res = random_tensor({m, d}, 35);
+        Tensor init = random_tensor({d}, 36);
+        Tensor mean, rstd, gmean, grstd;
+        ops::layernorm_fwd(x, g, b, 1e-6f, &mean, &rstd);
+        ops::layernorm_fwd(gpu(x), gpu(g), gpu(b), 1e-6f, &gmean, &grstd);
+        Tensor half, ghalf, sum = init.clone(), gsum = gpu(init);
+        Tensor* hp = with_half ? &half : nullptr;
+        Tensor* ghp = with_half ? &ghalf : nullptr;
+        Tensor dx = ops::layernorm_bwd_add(x, g, mean, rstd, dy, res, nullptr, nullptr, DType::BF16,
+                                           hp, &sum, add);
+        Tensor gdx = ops::layernorm_bwd_add(gpu(x), gpu(g), gmean, grstd, gpu(dy), gpu(res),
+                                            nullptr, nullptr, DType::BF16, ghp, &gsum, add);
+        const std::string what =
+            fmt::format("layernorm_bwd_add column sums [{}, {}]{}{}", m, d,
+                        with_half ? " of the bf16 copy" : " of dx", add ? " added" : " written");
+        const Tensor zero = Tensor::zeros({d}, DType::F32);
+        const Tensor& start = add ? init : zero;
+        // Each side's sums are of its own outputs, as the GEMM's bias gradient would be.
+        expect_close(gsum, plus_column_sums(start, with_half ? ghalf : gdx), what.c_str());
+        const Tensor cpu_ref = plus_column_sums(start, with_half ? half : dx);
+        const auto a = sum.to_vector(), r = cpu_ref.to_vector();
+        for (int64_t j = 0; j < d; ++j) ASSERT_EQ(a[j], r[j]) << what << " (CPU) feature " << j;
+        expect_close(gsum, sum, (what + " against the CPU").c_str(), with_half ? 1e-2 : 1e-5);
+      }
+}
+
 // The GELU's backward with fc1's bias gradient in the same pass, against the CPU's GELU backward
 // and column sums: fp32 and bf16, exact and tanh, a vectorised shape and an odd one (the fallback).
 TEST_F(Cuda, GeluBackwardWithBiasGradient) {

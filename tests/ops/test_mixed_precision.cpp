@@ -133,6 +133,33 @@ TEST(MixedPrecision, LinearWithResidualIsLinearThenAdd) {
   }
 }
 
+// The LayerNorm backward's column sums are the bias gradient the next linear's backward computes
+// from the tensor it takes (the half copy, or dx in fp32), bit for bit, added or written; a sum
+// tensor of the wrong size is an error that names it.
+TEST(MixedPrecision, LayerNormBackwardColumnSumsAreTheNextBiasGradient) {
+  const Tensor x = random_tensor({7, 8}, 1), g = random_tensor({8}, 2), b = random_tensor({8}, 3);
+  const Tensor dy = random_tensor({7, 8}, 4), res = random_tensor({7, 8}, 5);
+  const Tensor w = random_tensor({8, 6}, 6), start = random_tensor({8}, 7);
+  Tensor mean, rstd;
+  ops::layernorm_fwd(x, g, b, 1e-6f, &mean, &rstd);
+  for (DType t : {DType::F32, DType::BF16})
+    for (bool add : {true, false}) {
+      Tensor half, sum = add ? start.clone() : random_tensor({8}, 8);
+      Tensor dx = ops::layernorm_bwd_add(x, g, mean, rstd, dy, res, nullptr, nullptr, t,
+                                         t == DType::F32 ? nullptr : &half, &sum, add);
+      Tensor taken = t == DType::F32 ? dx : half, db = add ? start.clone() : Tensor::zeros({8});
+      ops::linear_bwd(random_tensor({7, 6}, 9).to(t), w, taken, nullptr, &db, false);
+      EXPECT_EQ(sum.to_vector(), db.to_vector()) << dtype_name(t) << (add ? " added" : " written");
+    }
+  Tensor bad = Tensor::zeros({7});
+  try {
+    ops::layernorm_bwd_add(x, g, mean, rstd, dy, res, nullptr, nullptr, DType::F32, nullptr, &bad);
+    FAIL() << "column sums " << bad.str() << " accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad.str()), std::string::npos) << e.what();
+  }
+}
+
 TEST(MixedPrecision, HalfOpsStayWithinHalfPrecisionOfFp32) {
   // The unrounded fp32 computation against the half path: the error is the rounding of the
   // operands and the result, about 2^-8 for bf16 and 2^-11 for fp16 relative.

@@ -379,8 +379,11 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
   CAI_CHECK(x.dim() == 3 && x.size(2) == features,
             "[{}] expects tokens [batch, tokens, {}], got {}", prefix_, features, x.str());
   auto a = std::make_unique<Acts>();
-  if (next && ctx.training && compute_dtype != DType::F32 && takes_dy_as_is(ctx))
-    next->send_half_dx_ = true;  // this block runs here: the next one's dx comes back to it
+  if (next && ctx.training && takes_dy_as_is(ctx)) {
+    // This block runs here: the next one's dx comes back to it as fc2's output gradient.
+    if (compute_dtype != DType::F32) next->send_half_dx_ = true;
+    next->send_dx_sum_ = true;
+  }
   // The weights in the compute dtype once for the block's GEMMs (1D and no tensor parallelism).
   std::optional<ComputeCopies> copies;
   if (!nd()) copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
@@ -439,8 +442,12 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   }
 
   // MLP half: out = h + dpath(drop(fc2(m)))
-  Tensor g = half_dy(dy, a.m.dtype());
+  // fc2's bias gradient: the column sums the next block made of g, when it made them.
+  Tensor fc2_bias_sum;
+  Tensor g = half_dy(dy, a.m.dtype(), &fc2_bias_sum);
+  if (!takes_dy_as_is(ctx)) fc2_bias_sum = Tensor();
   if (!g.defined() || !takes_dy_as_is(ctx)) g = dy;
+  Tensor* fc2_db = fc2_bias_sum.defined() ? nullptr : &fc2.bias.grad;
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (sp()) g = tp_->gather_tokens(g, n);
@@ -448,39 +455,47 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gf;
   bool fc1_bias_done = false;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
-    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, &fc2.bias.grad);
+    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, fc2_db);
   } else {
-    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, &fc2.bias.grad);
+    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, fc2_db);
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
     fc1_bias_done = true;
   }
+  if (!fc2_db) ops::add_(fc2.bias.grad, fc2_bias_sum);
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
   Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
-  // the compute dtype that proj's GEMMs take.
+  // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
+  // its backward takes).
   const bool half = a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16;
-  const bool half_gy = half && !dpath && !drop && !sp();
+  const bool gy_as_is = !dpath && !drop && !sp();
+  const bool half_gy = half && gy_as_is;
   Tensor gh_half;
   Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
-                                     &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr);
+                                     &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr,
+                                     gy_as_is ? &proj.bias.grad : nullptr);
 
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
   Tensor gy = half_gy ? gh_half : gh;
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
-  Tensor go = ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, &proj.bias.grad);
+  Tensor go =
+      ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
-  Tensor gx_half;
+  const bool send_sum = send_dx_sum_ && !sp() && (send || !half);
+  Tensor gx_half, gx_sum;
+  if (send_sum) gx_sum = Tensor::empty({c_.embed_dim}, DType::F32, dy.device());
   Tensor gx = ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2],
-                                     &ln[3], a.o.dtype(), send ? &gx_half : nullptr);
-  if (send) dx_ = gx, dx_half_ = gx_half;
+                                     &ln[3], a.o.dtype(), send ? &gx_half : nullptr,
+                                     send_sum ? &gx_sum : nullptr, false);
+  if (send || send_sum) dx_ = gx, dx_half_ = gx_half, dx_sum_ = gx_sum;
   if (sp()) {
     ln_flat = tp_->all_reduce(ln_flat);
     for (int i = 0; i < 4; ++i)
@@ -490,13 +505,17 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   return gx;
 }
 
-Tensor Block::half_dy(const Tensor& dy, DType t) {
+Tensor Block::half_dy(const Tensor& dy, DType t, Tensor* sum) {
+  *sum = Tensor();
   if (!next) return Tensor();
   Tensor h;
-  if (next->dx_.defined() && next->dx_half_.defined() && next->dx_.raw() == dy.raw() &&
-      next->dx_.shape() == dy.shape() && next->dx_half_.dtype() == t)
-    h = next->dx_half_;
-  next->dx_ = next->dx_half_ = Tensor();
+  if (next->dx_.defined() && next->dx_.raw() == dy.raw() && next->dx_.shape() == dy.shape()) {
+    if (next->dx_half_.defined() && next->dx_half_.dtype() == t) h = next->dx_half_;
+    // The sums are of the copy when there is one, else of dy: what fc2's backward takes.
+    if (next->dx_sum_.defined() && (next->dx_half_.defined() ? h.defined() : t == DType::F32))
+      *sum = next->dx_sum_;
+  }
+  next->dx_ = next->dx_half_ = next->dx_sum_ = Tensor();
   return h;
 }
 

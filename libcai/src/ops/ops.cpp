@@ -247,28 +247,49 @@ Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, c
 
 Tensor layernorm_bwd_add(const Tensor& x, const Tensor& gamma, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, const Tensor& residual,
-                         Tensor* dgamma, Tensor* dbeta, DType half, Tensor* half_out) {
+                         Tensor* dgamma, Tensor* dbeta, DType half, Tensor* half_out, Tensor* dsum,
+                         bool dsum_add) {
   CAI_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(),
             "[layernorm] residual {} must match input {} in shape and dtype", residual.str(),
             x.str());
   same_device("layernorm", x, residual);
   CAI_CHECK(!half_out || half == DType::BF16 || half == DType::F16,
             "[layernorm] the half copy's dtype {} must be bf16 or fp16", dtype_name(half));
+  if (dsum) {
+    CAI_CHECK(dsum->defined() && dsum->numel() == x.size(-1),
+              "[layernorm] column sums {} must hold one value for each of the {} features",
+              dsum->defined() ? dsum->str() : "(undefined)", x.size(-1));
+    f32_only("layernorm", *dsum);
+    same_device("layernorm", x, *dsum);
+  }
   if (!x.is_cuda() || x.dtype() != DType::F32) {
-    // The reference (and half residual streams): the three steps.
+    // The reference (and half residual streams): the three steps, then the column sums of what
+    // the next GEMM takes, as its own bias gradient sums them (linear_bwd's db).
     Tensor dx = layernorm_bwd(x, gamma, mean, rstd, dy, dgamma, dbeta);
     add_(dx, residual);
     if (half_out) *half_out = as(dx, half);
+    if (dsum) {
+      const Tensor taken = as(half_out ? *half_out : dx, DType::F32);
+      if (!dsum_add) ops::fill_(*dsum, 0.0f);
+      const int64_t d = x.size(-1);
+      if (taken.is_cuda())
+        kernels::cuda::linear_bwd_t(kdt(DType::F32), nullptr, nullptr, taken.raw(), nullptr,
+                                    nullptr, f32m(*dsum), rows_of(x), 1, d);
+      else
+        kernels::cpu::linear_bwd(nullptr, nullptr, f32(taken), nullptr, nullptr, f32m(*dsum),
+                                 rows_of(x), 1, d);
+    }
     return dx;
   }
   check_layernorm_bwd(x, gamma, dy, dgamma, dbeta);
   const int64_t d = x.size(-1), m = rows_of(x);
   Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
   if (half_out) *half_out = Tensor::empty(x.shape(), half, x.device());
-  kernels::cuda::layernorm_bwd_add_t(
-      kdt(DType::F32), x.raw(), f32(gamma), f32(mean), f32(rstd), kdt(dy.dtype()), dy.raw(),
-      kdt(DType::F32), dx.raw(), residual.raw(), kdt(half_out ? half : DType::BF16),
-      half_out ? half_out->raw() : nullptr, opt(dgamma), opt(dbeta), m, d);
+  kernels::cuda::layernorm_bwd_add_t(kdt(DType::F32), x.raw(), f32(gamma), f32(mean), f32(rstd),
+                                     kdt(dy.dtype()), dy.raw(), kdt(DType::F32), dx.raw(),
+                                     residual.raw(), kdt(half_out ? half : DType::BF16),
+                                     half_out ? half_out->raw() : nullptr, opt(dgamma), opt(dbeta),
+                                     dsum ? f32m(*dsum) : nullptr, dsum_add, m, d);
   return dx;
 }
 

@@ -120,12 +120,16 @@ class Block : public Layer {
   // no dropout or drop-path on it), so a rounded copy of it saves fc2 its own rounding pass.
   bool takes_dy_as_is(const ForwardCtx& ctx) const { return !nd() && !sp() && !masked(ctx); }
   // Takes the next block's copy of dy rounded to `t` when it made one for this very tensor
-  // (undefined otherwise); the stash is cleared either way.
-  Tensor half_dy(const Tensor& dy, DType t);
+  // (undefined otherwise) and, in *sum, the column sums of what fc2's backward then takes (the
+  // copy, or dy itself when t is fp32) when it made those: fc2's bias gradient. The stash is
+  // cleared either way.
+  Tensor half_dy(const Tensor& dy, DType t, Tensor* sum);
   // Set by the block before this one when its forward ran here and it takes dy as is: this
-  // block's backward then also writes its input gradient rounded to the compute dtype.
-  bool send_half_dx_ = false;
-  Tensor dx_, dx_half_;  // the last input gradient returned and its rounded copy
+  // block's backward then also writes its input gradient rounded to the compute dtype, and its
+  // column sums (the block before's fc2 bias gradient), from the LayerNorm pass that makes it.
+  bool send_half_dx_ = false, send_dx_sum_ = false;
+  // The last input gradient returned, its rounded copy and column sums.
+  Tensor dx_, dx_half_, dx_sum_;
   // 2d/2.5d/3d: the forward and backward with the nd layers, and the mask key of this rank's
   // part (batch chunk and features) of a [batch, tokens, features] site in layout `orient`.
   void run_forward_nd(const Tensor& x, Acts& a, const ForwardCtx& ctx);

@@ -38,10 +38,13 @@ Tensor layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, c
 // layernorm_bwd + residual (x's dtype and shape), the residual stream's gradient in one pass on
 // the GPU; with half_out (half a bf16/fp16 dtype) also that sum rounded to `half` (the copy the
 // next GEMM reads), from the same pass. The CPU reference composes layernorm_bwd, add_ and a cast.
+// With dsum (fp32, one value per feature): also the column sums of that result as the next GEMM
+// takes it (the half copy when there is one), i.e. that GEMM's bias gradient, added to *dsum when
+// dsum_add, else written (on the GPU from the same pass).
 Tensor layernorm_bwd_add(const Tensor& x, const Tensor& gamma, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, const Tensor& residual,
                          Tensor* dgamma, Tensor* dbeta, DType half = DType::F32,
-                         Tensor* half_out = nullptr);
+                         Tensor* half_out = nullptr, Tensor* dsum = nullptr, bool dsum_add = true);
 
 // LayerNorm over features split across ranks (each holds f of F columns of every row); the caller
 // sums each per-row partial over the ranks of a row (all-reduce) between the steps:
