@@ -313,28 +313,39 @@ __global__ void __launch_bounds__(kLnWarps * 32)
   }
 }
 
-// dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j] and, with nsums = 3,
+// dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j] and, with NSUMS = 3,
 // dsum[j] (+)= Σ_p part[p][2][j] (added when dsum_add, else overwritten): kTile columns per block,
 // kRowLanes lanes over the parts (p ≡ lane mod kRowLanes), the lanes added in a fixed order.
-__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int nsums,
-                                              int d, float* dgamma, float* dbeta, float* dsum,
+// NSUMS is a template argument so that the sums stay in registers.
+template <int NSUMS>
+__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int d,
+                                              float* dgamma, float* dbeta, float* dsum,
                                               bool dsum_add) {
-  __shared__ float s_part[3][kRowLanes][kTile];
+  __shared__ float s_part[NSUMS][kRowLanes][kTile];
   const int j = blockIdx.x * kTile + threadIdx.x;
-  float s[3] = {0.0f, 0.0f, 0.0f};
+  float s[NSUMS];
+#pragma unroll
+  for (int q = 0; q < NSUMS; ++q) s[q] = 0.0f;
   if (j < d) {
-    for (int p = threadIdx.y; p < parts; p += kRowLanes)
-      for (int q = 0; q < nsums; ++q) s[q] += part[(static_cast<int64_t>(p) * nsums + q) * d + j];
+    for (int p = threadIdx.y; p < parts; p += kRowLanes) {
+#pragma unroll
+      for (int q = 0; q < NSUMS; ++q) s[q] += part[(static_cast<int64_t>(p) * NSUMS + q) * d + j];
+    }
   }
-  for (int q = 0; q < nsums; ++q) s_part[q][threadIdx.y][threadIdx.x] = s[q];
+#pragma unroll
+  for (int q = 0; q < NSUMS; ++q) s_part[q][threadIdx.y][threadIdx.x] = s[q];
   __syncthreads();
   if (threadIdx.y == 0 && j < d) {
-    float t[3] = {0.0f, 0.0f, 0.0f};
-    for (int r = 0; r < kRowLanes; ++r)
-      for (int q = 0; q < nsums; ++q) t[q] += s_part[q][r][threadIdx.x];
+    float t[NSUMS];
+#pragma unroll
+    for (int q = 0; q < NSUMS; ++q) {
+      t[q] = 0.0f;
+      for (int r = 0; r < kRowLanes; ++r) t[q] += s_part[q][r][threadIdx.x];
+    }
     if (dgamma) dgamma[j] += t[0];
     if (dbeta) dbeta[j] += t[1];
-    if (dsum) dsum[j] = dsum_add ? dsum[j] + t[2] : t[2];
+    if constexpr (NSUMS == 3)
+      if (dsum) dsum[j] = dsum_add ? dsum[j] + t[2] : t[2];
   }
 }
 
@@ -565,10 +576,15 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
                 xp, gamma, mean, rstd, dyp, dxp, rp, half, half_kind, part.as<float>(), nsums, m,
                 static_cast<int>(d));
             CAI_CUDA_CHECK_LAUNCH();
-            layernorm_param_reduce_kernel<<<static_cast<unsigned>((d + kTile - 1) / kTile),
-                                            dim3(kTile, kRowLanes), 0, s>>>(
-                part.as<float>(), static_cast<int>(grid), nsums, static_cast<int>(d), dgamma, dbeta,
-                dsum, dsum_add);
+            const dim3 rgrid(static_cast<unsigned>((d + kTile - 1) / kTile));
+            if (dsum)
+              layernorm_param_reduce_kernel<3><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
+                  part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta,
+                  dsum, dsum_add);
+            else
+              layernorm_param_reduce_kernel<2><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
+                  part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta,
+                  nullptr, false);
             CAI_CUDA_CHECK_LAUNCH();
           });
           return;

@@ -128,6 +128,26 @@ ComputeCopies::ComputeCopies(DType t, std::initializer_list<Linear*> layers) {
   }
 }
 
+ComputeCopies::ComputeCopies(const Kept& kept) {
+  for (size_t i = 0; i < kept.layers.size(); ++i) {
+    Linear* l = kept.layers[i];
+    if (l->weight_c.defined()) continue;
+    set_.push_back(l);
+    l->weight_c = kept.weights[i];
+    l->bias_c = kept.biases[i];
+  }
+}
+
+ComputeCopies::Kept ComputeCopies::keep() const {
+  Kept k;
+  for (Linear* l : set_) {
+    k.layers.push_back(l);
+    k.weights.push_back(l->weight_c);
+    k.biases.push_back(l->bias_c);
+  }
+  return k;
+}
+
 ComputeCopies::~ComputeCopies() {
   for (Linear* l : set_) l->weight_c = l->bias_c = Tensor();
 }

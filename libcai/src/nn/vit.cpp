@@ -215,6 +215,7 @@ struct Block::Acts : Cache {
   Tensor x, mean1, rstd1, a, qkv, probs, o;  // attention half
   Tensor h, mean2, rstd2, b, f, m;           // MLP half (f: fc1 output, m: fc2 input)
   bool full = false;                         // false: only x kept (checkpointed)
+  ComputeCopies::Kept copies;  // the forward's rounded weights, for the backward's GEMMs
 };
 
 Block::Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel* tp)
@@ -411,6 +412,8 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
     Tensor keep = a->x;
     *a = Acts{};
     a->x = keep;
+  } else if (copies && ctx.training && keep_compute_copies) {
+    a->copies = copies->keep();
   }
   cache = std::move(a);
   return out;
@@ -419,7 +422,10 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
 Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& a = cache_as<Acts>(cache, prefix_);
   std::optional<ComputeCopies> copies;
-  if (!nd()) copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
+  if (!a.copies.empty())
+    copies.emplace(a.copies);
+  else if (!nd())
+    copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
   if (!a.full) run_forward(Tensor(a.x), a, ctx);
   if (nd()) {
     Tensor gx = backward_nd(dy, a, ctx);

@@ -526,8 +526,11 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   m.build_buckets();
   if (m.cfg.zero_stage >= 2)
     for (nn::Parameter* p : m.params) p->grad = Tensor();  // created per layer in backward
-  if (m.cfg.zero_stage == 3)
+  if (m.cfg.zero_stage == 3) {
     for (nn::Parameter* p : m.params) p->value = m.released();
+    // Its parameters live between the passes as this rank's shards only: no rounded copies kept.
+    for (nn::Layer* l : m.layers) l->keep_compute_copies = false;
+  }
 
   // Hooks. Final micro-batch (and every micro-batch for stage 2/3): reduce as layers finish.
   auto before_fwd = [&m](nn::Layer& l) {

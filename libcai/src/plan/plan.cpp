@@ -350,12 +350,17 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.backward_extra = bwd;
   }
   // nn::ComputeCopies: the block's weights and biases in the compute dtype through its forward
-  // and its backward (1d and no tensor parallelism).
+  // and its backward (1d and no tensor parallelism); kept from the forward for the backward
+  // (Layer::keep_compute_copies) unless the block is checkpointed or ZeRO-3 frees the parameters.
   if (half && !l.nd()) {
     const int64_t copies =
         (3 * s.dt * d + d * s.dt + s.hid * d + d * s.hid + 3 * s.dt + d + s.hid + d) * e;
-    p.forward_extra += copies;
-    p.backward_extra += copies;
+    if (!c.checkpoint && l.zero_stage != 3) {
+      p.saved += copies;
+    } else {
+      p.forward_extra += copies;
+      p.backward_extra += copies;
+    }
   }
   return p;
 }

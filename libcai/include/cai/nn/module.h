@@ -89,6 +89,10 @@ class Layer {
   // Parameters and their gradients stay fp32 (master weights); the residual stream between
   // layers stays fp32, so pipeline stages exchange fp32 activations whatever this is.
   DType compute_dtype = DType::F32;
+  // Whether a training forward keeps its weights rounded to the compute dtype in the cache for
+  // the backward (torch's autocast keeps them alike) instead of rounding them again there. ZeRO-3
+  // turns it off: it frees the parameters between the passes to save their memory.
+  bool keep_compute_copies = true;
 };
 
 // Building blocks owned by layers.
@@ -119,10 +123,20 @@ struct Linear {
 // copies (an enclosing scope's: a checkpointed block's recomputation inside its backward).
 class ComputeCopies {
  public:
+  // The copies a scope made, to hand to a later pass over the same weights (a forward's to its
+  // backward: the values do not change in between).
+  struct Kept {
+    std::vector<Linear*> layers;
+    std::vector<Tensor> weights, biases;  // biases[i] undefined for a layer without one
+    bool empty() const { return layers.empty(); }
+  };
   ComputeCopies(DType t, std::initializer_list<Linear*> layers);
+  // Sets the kept copies (on the layers that have none) instead of rounding again.
+  explicit ComputeCopies(const Kept& kept);
   ~ComputeCopies();
   ComputeCopies(const ComputeCopies&) = delete;
   ComputeCopies& operator=(const ComputeCopies&) = delete;
+  Kept keep() const;
 
  private:
   std::vector<Linear*> set_;
