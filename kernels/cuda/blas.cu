@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -154,8 +156,8 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
 // them (once per problem and process). The first candidate within 2% of the fastest wins, so near
 // ties keep the heuristic's order. D is written by every run: the caller passes a scratch D where D
 // is also the C of beta·C.
-void tune(cublasLtHandle_t handle, LtPlan& p, const void* a, const void* b, void* d, const void* c,
-          float alpha, float beta, void* workspace, cudaStream_t stream) {
+void tune(cublasLtHandle_t handle, const LtGemm& g, LtPlan& p, const void* a, const void* b,
+          void* d, const void* c, float alpha, float beta, void* workspace, cudaStream_t stream) {
   // Each candidate timed kRounds times, the rounds interleaved, and its fastest kept: another
   // stream's kernels (NCCL's all-reduces beside the first backward under DDP) slow whichever
   // candidate runs beside them, which alone could pick a slower algorithm.
@@ -196,11 +198,22 @@ void tune(cublasLtHandle_t handle, LtPlan& p, const void* a, const void* b, void
   float best = -1.f;
   for (float t : ms)
     if (t >= 0 && (best < 0 || t < best)) best = t;
+  size_t chosen = 0;
   for (size_t i = 0; i < ms.size(); ++i) {
     if (ms[i] >= 0 && ms[i] <= best * 1.02f) {
       p.algo = p.candidates[i];
+      chosen = i;
       break;
     }
+  }
+  // CAI_GEMM_TUNE_LOG=1: each shape's timings (ms per kReps runs, heuristic order) and the pick.
+  if (const char* v = std::getenv("CAI_GEMM_TUNE_LOG"); v && std::strcmp(v, "0") != 0) {
+    std::string line;
+    for (float t : ms) line += " " + std::to_string(t);
+    std::fprintf(stderr, "[gemm tune] m %lld n %lld k %lld op %d%d beta %g:%s -> %zu\n",
+                 static_cast<long long>(g.m), static_cast<long long>(g.n),
+                 static_cast<long long>(g.k), static_cast<int>(g.ta), static_cast<int>(g.tb), beta,
+                 line.c_str(), chosen);
   }
   p.candidates.clear();
   p.tuned = true;
@@ -307,7 +320,7 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
     CAI_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture == cudaStreamCaptureStatusNone) {
       if (beta == 0.f || c != d) {
-        tune(hit->second, p, a, b, d, c, alpha, beta, wit->second, stream);
+        tune(hit->second, g, p, a, b, d, c, alpha, beta, wit->second, stream);
       } else {
         // D accumulates (a weight gradient): the timing writes a scratch D, up to 64 MiB.
         const size_t bytes = static_cast<size_t>(g.ldd) * static_cast<size_t>(g.n) *
@@ -317,7 +330,7 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
         if (bytes <= (size_t{64} << 20)) {
           void* scratch = alloc(bytes, device);
           try {
-            tune(hit->second, p, a, b, scratch, c, alpha, beta, wit->second, stream);
+            tune(hit->second, g, p, a, b, scratch, c, alpha, beta, wit->second, stream);
           } catch (...) {
             free(scratch, device);
             throw;
