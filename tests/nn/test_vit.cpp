@@ -259,3 +259,43 @@ TEST(ViT, RoundedGradientHandOffChangesNothing) {
     g = b.layers()[i]->backward(g.clone(), caches[i], ctx);
   EXPECT_EQ(grads(a), grads(b));
 }
+
+// Block's four weight gradients are zeroed lazily: zero_grad() leaves them as they are, marked
+// stale; the next backward writes them (then the next micro-batch adds), so the gradients are the
+// same bits as with eager zeroing, even when the stale values were garbage. A stale gradient no
+// backward wrote reads as zeros once materialised.
+TEST(ViT, LazilyZeroedGradientsMatchEagerZeroing) {
+  ViTConfig c = small_config();
+  Tensor img = test::random_tensor({4, 2, 8, 8}, 5);
+  Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3}, {4});
+  ViT lazy(c), eager(c);
+  for (ViT* m : {&lazy, &eager}) m->init(3);
+  int marked = 0;
+  for (Parameter* p : eager.parameters()) p->lazy_zero = false;
+  for (Parameter* p : lazy.parameters()) {
+    marked += p->lazy_zero;
+    ops::fill_(p->grad, 1e30f);  // garbage from an earlier step
+  }
+  EXPECT_EQ(marked, 4 * c.depth);  // qkv, proj, fc1, fc2 weights of every block
+  for (int round = 0; round < 2; ++round) {
+    lazy.zero_grad();
+    eager.zero_grad();
+    for (Parameter* p : lazy.parameters()) {
+      EXPECT_EQ(p->grad_stale, p->lazy_zero) << p->name;
+      if (p->lazy_zero && round == 0) EXPECT_EQ(p->grad.to_vector()[0], 1e30f) << p->name;
+    }
+    for (int64_t s : {0, 2})
+      for (ViT* m : {&lazy, &eager})
+        train_step(*m, img.narrow(s, 2), labels.narrow(s, 2), ForwardCtx{true, 7, 11, s}, 0.25f);
+    for (Parameter* p : lazy.parameters()) EXPECT_FALSE(p->grad_stale) << p->name;
+    EXPECT_EQ(grads(lazy), grads(eager)) << "round " << round;
+  }
+  Parameter* w = nullptr;
+  for (Parameter* p : lazy.parameters())
+    if (p->name == "blocks.1.mlp.fc2.weight") w = p;
+  ASSERT_TRUE(w && w->lazy_zero);
+  lazy.zero_grad();
+  materialize_grads({w});
+  EXPECT_FALSE(w->grad_stale);
+  for (float v : w->grad.to_vector()) ASSERT_EQ(v, 0.0f) << w->name;
+}
