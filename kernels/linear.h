@@ -1,7 +1,6 @@
 // Linear layer kernels: y[M,N] = x[M,K] · w[N,K]^T + b[N] (PyTorch's weight layout), fp32.
 // Backward accumulates into dw/db (so micro-batches and gradient accumulation add up) and
-// overwrites dx; with dw_overwrite, dw is written instead (a lazily zeroed gradient's first
-// backward: no zeroing pass, no read of the old values). Any of dx, dw, db, b may be null.
+// overwrites dx. Any of dx, dw, db, b may be null.
 #pragma once
 #include <cstdint>
 
@@ -12,13 +11,13 @@ namespace cpu {
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
                 int64_t n);
 void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                int64_t m, int64_t k, int64_t n, bool dw_overwrite = false);
+                int64_t m, int64_t k, int64_t n);
 }  // namespace cpu
 namespace cuda {
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
                 int64_t n, void* stream = nullptr);
 void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                int64_t m, int64_t k, int64_t n, void* stream = nullptr, bool dw_overwrite = false);
+                int64_t m, int64_t k, int64_t n, void* stream = nullptr);
 
 // Typed linear on cuBLASLt (fp32 accumulation). x, w, b are in `t`; y is in `yt` (t or F32) and b,
 // when given, must be in yt. t == F32 runs plain FP32 (tf32 = true allows TF32 tensor cores).
@@ -32,7 +31,7 @@ void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, c
 // fp32 (the master gradients) and accumulated. Any of dx, dw, db may be null.
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,
                   float* db, int64_t m, int64_t k, int64_t n, bool tf32 = false,
-                  void* stream = nullptr, bool dw_overwrite = false);
+                  void* stream = nullptr);
 // The MLP's first linear with cuBLASLt's bias + GELU epilogue (GELU's tanh approximation): x, w,
 // b, pre, y in t (BF16, F16 or F32 without TF32); pre[m, n] = x·wᵀ + b is saved for the backward
 // (the epilogue's aux output), y = gelu_tanh(pre). Where cuBLASLt refuses the epilogue it runs
@@ -44,6 +43,6 @@ void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* 
 // dpre[m, k] = gelu_tanh'(pre) ∘ (dy·w) (type t, overwritten); dw, db (fp32) accumulate.
 void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, const void* pre,
                         void* dpre, float* dw, float* db, int64_t m, int64_t k, int64_t n,
-                        void* stream = nullptr, bool dw_overwrite = false);
+                        void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

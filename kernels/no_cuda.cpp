@@ -70,7 +70,7 @@ void linear_fwd(const float*, const float*, const float*, float*, int64_t, int64
   CAI_STUB("linear_fwd");
 }
 void linear_bwd(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,
-                int64_t, void*, bool) {
+                int64_t, void*) {
   CAI_STUB("linear_bwd");
 }
 void attention_fwd(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, void*) {
@@ -89,7 +89,7 @@ void linear_fwd_residual_t(DT, const void*, const void*, const float*, const flo
   CAI_STUB("linear_fwd_residual_t");
 }
 void linear_bwd_t(DT, const void*, const void*, const void*, void*, float*, float*, int64_t,
-                  int64_t, int64_t, bool, void*, bool) {
+                  int64_t, int64_t, bool, void*) {
   CAI_STUB("linear_bwd");
 }
 void linear_gelu_fwd_t(DT, const void*, const void*, const void*, void*, void*, int64_t, int64_t,
@@ -97,7 +97,7 @@ void linear_gelu_fwd_t(DT, const void*, const void*, const void*, void*, void*, 
   CAI_STUB("linear_gelu_fwd_t");
 }
 void linear_bwd_dgelu_t(DT, const void*, const void*, const void*, const void*, void*, float*,
-                        float*, int64_t, int64_t, int64_t, void*, bool) {
+                        float*, int64_t, int64_t, int64_t, void*) {
   CAI_STUB("linear_bwd_dgelu_t");
 }
 void attention_fwd_t(DT, const void*, void*, void*, int64_t, int64_t, int64_t, int64_t, void*) {

@@ -35,7 +35,7 @@ void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_
 }
 
 void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                int64_t m, int64_t k, int64_t n, bool dw_overwrite) {
+                int64_t m, int64_t k, int64_t n) {
   // dx[m, k] = dy[m, n] · w[n, k]: blocks of rows of dx.
   if (dx)
     parallel_rows(m, 2.0 * m * n * k, [&](int64_t r0, int64_t r1) {
@@ -47,7 +47,7 @@ void linear_bwd(const float* x, const float* w, const float* dy, float* dx, floa
     parallel_rows(n, 2.0 * m * n * k, [&](int64_t c0, int64_t c1) {
       if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, k, m, 1.0f, dy + c0, n, x, k,
-                    dw_overwrite ? 0.0f : 1.0f, dw + c0 * k, k);
+                    1.0f, dw + c0 * k, k);
       if (db)
         for (int64_t j = c0; j < c1; ++j) {
           double s = 0.0;

@@ -321,8 +321,7 @@ void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, c
 }
 
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,
-                  float* db, int64_t m, int64_t k, int64_t n, bool tf32, void* stream,
-                  bool dw_overwrite) {
+                  float* db, int64_t m, int64_t k, int64_t n, bool tf32, void* stream) {
   check_dims("linear_bwd", m, k, n);
   const cudaStream_t s = as_stream(stream);
   // dx[m, k] = dy[m, n] · w[n, k], overwritten (all zeros when n == 0).
@@ -334,12 +333,8 @@ void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, 
       run("linear_bwd", "dy·w", g, w, dy, dx, nullptr, 0.0f, s, t, t);
     }
   }
-  if (m == 0 || n == 0) {  // dw and db gain nothing (an overwritten dw is zeros)
-    if (dw && dw_overwrite && n > 0 && k > 0)
-      CAI_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(n * k) * sizeof(float), s));
-    return;
-  }
-  // dw[n, k] += dy^T · x (= with dw_overwrite), t inputs and fp32 output in one call.
+  if (m == 0 || n == 0) return;  // dw and db gain nothing
+  // dw[n, k] += dy^T · x, t inputs and fp32 output in one call.
   if (dw && k > 0) {
     // Column-major: dw^T[k, n] += (x as col-major [k, m]) · (dy as col-major [n, m])^T.
     LtGemm g;
@@ -350,7 +345,7 @@ void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, 
     g.tb = CUBLAS_OP_T;
     g.m = k, g.n = n, g.k = m;
     g.lda = k, g.ldb = n, g.ldd = k;
-    run("linear_bwd", "dyᵀ·x", g, x, dy, dw, nullptr, dw_overwrite ? 0.0f : 1.0f, s, t, DT::F32);
+    run("linear_bwd", "dyᵀ·x", g, x, dy, dw, nullptr, 1.0f, s, t, DT::F32);
   }
   // db[n] += Σ_rows dy.
   if (db) launch_column_sum(t, dy, db, m, n, s);
@@ -375,7 +370,7 @@ void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* 
 
 void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, const void* pre,
                         void* dpre, float* dw, float* db, int64_t m, int64_t k, int64_t n,
-                        void* stream, bool dw_overwrite) {
+                        void* stream) {
   check_dims("linear_bwd_dgelu", m, k, n);
   const cudaStream_t s = as_stream(stream);
   if (dpre && m > 0 && k > 0) {
@@ -396,7 +391,7 @@ void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, cons
     }
   }
   // dw += dyᵀ·x, db += Σ_rows dy: linear_bwd_t's own code.
-  linear_bwd_t(t, x, w, dy, nullptr, dw, db, m, k, n, false, stream, dw_overwrite);
+  linear_bwd_t(t, x, w, dy, nullptr, dw, db, m, k, n, false, stream);
 }
 
 void gelu_bwd_bias_t(DT t, bool tanh, const void* x, const void* dy, void* dx, float* db, int64_t m,
@@ -431,8 +426,8 @@ void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_
 }
 
 void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                int64_t m, int64_t k, int64_t n, void* stream, bool dw_overwrite) {
-  linear_bwd_t(DT::F32, x, w, dy, dx, dw, db, m, k, n, false, stream, dw_overwrite);
+                int64_t m, int64_t k, int64_t n, void* stream) {
+  linear_bwd_t(DT::F32, x, w, dy, dx, dw, db, m, k, n, false, stream);
 }
 
 }  // namespace cai::kernels::cuda

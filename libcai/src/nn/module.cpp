@@ -25,33 +25,6 @@ ops::RngKey ForwardCtx::key_slice(const std::string& site, int64_t per_sample, i
   return k;
 }
 
-void zero_grads(const std::vector<Parameter*>& ps) {
-  std::vector<Tensor*> grads;
-  for (Parameter* p : ps) {
-    if (p->lazy_zero && p->grad.defined())
-      p->grad_stale = true;
-    else
-      grads.push_back(&p->grad);
-  }
-  zero_all(grads);
-}
-
-void materialize_grads(const std::vector<Parameter*>& ps) {
-  std::vector<Tensor*> grads;
-  for (Parameter* p : ps)
-    if (p->grad_stale) {
-      p->grad_stale = false;
-      grads.push_back(&p->grad);
-    }
-  if (!grads.empty()) zero_all(grads);
-}
-
-bool take_grad_overwrite(Parameter& p) {
-  const bool stale = p.grad_stale;
-  p.grad_stale = false;
-  return stale;
-}
-
 Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay) {
   Parameter p;
   p.name = name;

@@ -668,8 +668,7 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
                          bool bias_grad) {
   Tensor* db = bias_grad ? &l.bias.grad : nullptr;
-  if (!tp || tp->size() == 1)
-    return ops::linear_bwd(x, l.w(), dy, &l.weight.grad, db, true, take_grad_overwrite(l.weight));
+  if (!tp || tp->size() == 1) return ops::linear_bwd(x, l.w(), dy, &l.weight.grad, db);
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
   const Tensor w =

@@ -248,10 +248,6 @@ Block::Block(const ViTConfig& c, int64_t index, float drop_path, TensorParallel*
   fc2 = Linear::row(prefix_ + ".mlp.fc2", hid, d, r, T);
   heads_ = c.num_heads / T;
   hidden_ = hid / T;
-  // Without tensor parallelism every backward writes the four weight gradients (Block::backward,
-  // column_linear_bwd): they are zeroed lazily.
-  if (T == 1)
-    for (Linear* l : {&qkv, &proj, &fc1, &fc2}) l->weight.lazy_zero = true;
 }
 
 ForwardCtx Block::chunk_ctx(const ForwardCtx& ctx, int orient, int64_t samples) const {
@@ -465,11 +461,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gf;
   bool fc1_bias_done = false;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
-    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, fc2_db,
-                               take_grad_overwrite(fc2.weight));
+    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, fc2_db);
   } else {
-    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, fc2_db, true,
-                                take_grad_overwrite(fc2.weight));
+    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, fc2_db);
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
@@ -496,8 +490,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go =
-      ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad,
-                      true, take_grad_overwrite(proj.weight));
+      ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad);
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   // The block before this one takes gx rounded: from the same pass.
@@ -731,7 +724,9 @@ int64_t ViT::num_parameters() {
 }
 
 void ViT::zero_grad() {
-  zero_grads(parameters());
+  std::vector<Tensor*> grads;
+  for (Parameter* p : parameters()) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 void ViT::init(uint64_t seed) {
@@ -789,7 +784,6 @@ void ViT::backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& c
     g = l.backward(g, caches[i], ctx);
     if (hooks && hooks->after_backward) hooks->after_backward(l);
   }
-  materialize_grads(parameters());  // a lazily zeroed gradient no backward wrote: zeros
 }
 
 }  // namespace cai::nn

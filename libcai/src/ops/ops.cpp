@@ -150,7 +150,7 @@ Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, co
 }
 
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
-                  bool need_dx, bool dw_overwrite) {
+                  bool need_dx) {
   floating("linear", x);
   const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
   CAI_CHECK(dy.shape() == with_last(x.shape(), n), "[linear] grad {} does not match output [{}]",
@@ -166,21 +166,17 @@ Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw
   if (t == DType::F32) {
     f32_only("linear", w);
     const Tensor dyf = as(dy, DType::F32);
-    if (x.is_cuda())
-      kernels::cuda::linear_bwd(f32(x), f32(w), f32(dyf), need_dx ? f32m(dx) : nullptr, opt(dw),
-                                opt(db), m, k, n, nullptr, dw_overwrite);
-    else
-      kernels::cpu::linear_bwd(f32(x), f32(w), f32(dyf), need_dx ? f32m(dx) : nullptr, opt(dw),
-                               opt(db), m, k, n, dw_overwrite);
+    CAI_DISPATCH(x, linear_bwd, f32(x), f32(w), f32(dyf), need_dx ? f32m(dx) : nullptr, opt(dw),
+                 opt(db), m, k, n);
     return dx;
   }
   const Tensor wc = as(w, t), dyc = as(dy, t);
   if (x.is_cuda()) {
     kernels::cuda::linear_bwd_t(kdt(t), x.raw(), wc.raw(), dyc.raw(), need_dx ? dx.raw() : nullptr,
-                                opt(dw), opt(db), m, k, n, false, nullptr, dw_overwrite);
+                                opt(dw), opt(db), m, k, n);
     return dx;
   }
-  const Tensor dxf = linear_bwd(up(x), up(wc), up(dyc), dw, db, need_dx, dw_overwrite);
+  const Tensor dxf = linear_bwd(up(x), up(wc), up(dyc), dw, db, need_dx);
   return need_dx ? as(dxf, t) : dx;
 }
 
@@ -505,7 +501,7 @@ Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor
 }
 
 Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& pre,
-                        Tensor* dw, Tensor* db, bool dw_overwrite) {
+                        Tensor* dw, Tensor* db) {
   if (x.is_cuda()) {
     floating("linear_dgelu", x);
     const int64_t m = rows_of(x), k = w.size(1), n = w.size(0);
@@ -520,10 +516,10 @@ Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, cons
     const Tensor wc = as(w, t), dyc = as(dy, t);
     Tensor dpre = Tensor::empty(x.shape(), t, x.device());
     kernels::cuda::linear_bwd_dgelu_t(kdt(t), x.raw(), wc.raw(), dyc.raw(), pre.raw(), dpre.raw(),
-                                      opt(dw), opt(db), m, k, n, nullptr, dw_overwrite);
+                                      opt(dw), opt(db), m, k, n);
     return dpre;
   }
-  return gelu_bwd(pre, linear_bwd(x, w, dy, dw, db, true, dw_overwrite), Gelu::Tanh);
+  return gelu_bwd(pre, linear_bwd(x, w, dy, dw, db), Gelu::Tanh);
 }
 
 namespace {

@@ -90,7 +90,6 @@ bool steps_exactly(const Optimizer& opt, const std::vector<nn::Parameter*>& para
 
 void Optimizer::step() {
   ++step_;
-  for (auto& g : groups_) nn::materialize_grads(g.params);
   for (auto& g : groups_) {
     if (clip_sq_.defined() && !fuses_clip(g)) {
       // No fused path for this group: its gradients scaled in place first, as clip_grad_norm.
@@ -159,9 +158,10 @@ bool all_cuda(const ParamGroup& g) {
 
 void Optimizer::zero_grad() {
   clip_sq_ = Tensor();
-  std::vector<nn::Parameter*> ps;
-  for (auto& g : groups_) ps.insert(ps.end(), g.params.begin(), g.params.end());
-  nn::zero_grads(ps);
+  std::vector<Tensor*> grads;
+  for (auto& g : groups_)
+    for (nn::Parameter* p : g.params) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 void Optimizer::set_lr(double lr) {
@@ -366,7 +366,6 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
                             const std::function<void(Tensor&)>& reduce_on_device,
                             Optimizer* defer) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
-  nn::materialize_grads(params);
   auto lists = grad_lists(params, weight);
   if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
     // Everything on the device: the factor comes from the device sum of squares (summed over

@@ -281,7 +281,6 @@ struct DataParallelPlugin::Impl {
   }
 
   void grads_ready(nn::Layer& layer) {
-    nn::materialize_grads(layer_params[&layer]);  // lazily zeroed ones its backward did not write
     const bool hold = !cfg.overlap || hold_first_step();
     for (nn::Parameter* p : layer_params[&layer]) {
       const size_t i = bucket_of[p];
@@ -624,9 +623,13 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   if (m.cfg.zero_stage >= 1 || !m.grad_views()) opt.zero_grad();  // else: the buckets below
   if (m.offload()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
-  // The gradients (bucket views or not) but the lazily zeroed ones, which the backward writes
-  // (a bucket's padding is never written: it stays zero).
-  nn::zero_grads(m.params);
+  if (m.grad_views()) {
+    for (Bucket& b : m.buckets) b.flat.zero_();  // every gradient, one fill per bucket
+    return;
+  }
+  std::vector<Tensor*> grads;
+  for (nn::Parameter* p : m.params) grads.push_back(&p->grad);
+  zero_all(grads);
 }
 
 double DataParallelPlugin::all_reduce_sum(double v) {

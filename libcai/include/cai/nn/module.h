@@ -44,15 +44,8 @@ struct ShardSpec {
 struct Parameter {
   std::string name;  // timm's state_dict name, e.g. "blocks.0.attn.qkv.weight"
   Tensor value;
-  Tensor grad;               // same shape, accumulated by backward; zero_grad() clears it
-  bool weight_decay = true;  // false for norms, biases, tokens and position embedding (timm)
-  // Lazily zeroed gradient (torch's zero_grad(set_to_none=True), without freeing): lazy_zero says
-  // the owning layer's backward honours grad_stale, which zero_grads() then sets instead of
-  // clearing `grad`; that backward writes the gradient instead of adding to it (no zeroing pass,
-  // no read of the old values) and clears the flag. Until then `grad` holds stale values:
-  // materialize_grads() clears what is still stale before anything else reads gradients.
-  bool lazy_zero = false;
-  bool grad_stale = false;
+  Tensor grad;                   // same shape, accumulated by backward; zero_grad() clears it
+  bool weight_decay = true;      // false for norms, biases, tokens and position embedding (timm)
   ShardSpec shard;               // tensor parallelism: which part of the timm tensor this is
   uint64_t init_stream() const;  // RNG stream of this parameter's initialisation
   Shape full_shape() const { return shard.sharded() ? shard.full : value.shape(); }
@@ -160,15 +153,6 @@ struct LayerNorm {
 };
 
 Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay);
-// Zeroes the parameters' gradients: those with lazy_zero are marked stale instead (one
-// multi-range launch for the rest on a GPU).
-void zero_grads(const std::vector<Parameter*>& ps);
-// Zeroes the gradients still marked stale (a layer whose backward did not run) and clears the
-// marks: for readers of gradients (optimizers, clipping, data-parallel reductions).
-void materialize_grads(const std::vector<Parameter*>& ps);
-// Whether the next backward writes p's gradient (stale) rather than adding to it; clears the mark
-// (the caller is about to write it).
-bool take_grad_overwrite(Parameter& p);
 // A parameter holding the part `spec` selects of a `spec.full` tensor (whole when not sharded).
 Parameter make_sharded_parameter(const std::string& name, const ShardSpec& spec, bool weight_decay);
 // The shape of the part `spec` selects for tensor-parallel rank r (spec.rank by default).

@@ -270,8 +270,7 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l);
 // Column-parallel backward: the weight and bias gradients of this rank's output rows, and the
 // input gradient summed over the group (reduce-scattered with sequence parallelism), its
 // reduction running under the weight-gradient GEMM. bias_grad false: the caller has accumulated
-// the bias gradient already (the fused GELU backward). Without tensor parallelism the weight
-// gradient is written when it is lazily zeroed (nn::take_grad_overwrite).
+// the bias gradient already (the fused GELU backward).
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
                          bool bias_grad = true);
 

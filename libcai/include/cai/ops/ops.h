@@ -22,11 +22,10 @@ Tensor linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, DType out);
 // output's shape; b fp32 or null). Half x: one GEMM whose epilogue adds b and r to the fp32
 // accumulators (the product is not rounded to x's dtype first); fp32 x: linear_fwd, then the add.
 Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& r);
-// Returns dx in x's dtype (undefined when need_dx is false); dw, db (fp32) accumulate (dw is
-// written instead with dw_overwrite: a lazily zeroed gradient, nn::Parameter::grad_stale). dy is
+// Returns dx in x's dtype (undefined when need_dx is false); dw, db (fp32) accumulate. dy is
 // converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
-                  bool need_dx = true, bool dw_overwrite = false);
+                  bool need_dx = true);
 
 // LayerNorm over the last dimension. `mean`/`rstd` ([rows]) are written for the backward.
 // y has dtype `out` (default x's); dx has x's dtype; dy may be any float dtype.
@@ -85,7 +84,7 @@ Tensor linear_gelu_fwd(const Tensor& x, const Tensor& w, const Tensor& b, Tensor
 // linear_bwd of the linear AFTER that GELU (x = its output), with the gradient taken on through
 // the GELU (on a GPU: the DGELU epilogue): returns d pre; dw, db accumulate.
 Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& pre,
-                        Tensor* dw, Tensor* db, bool dw_overwrite = false);
+                        Tensor* dw, Tensor* db);
 
 // Multi-head attention from fused qkv[B, N, 3·D] (timm layout) -> out[B, N, D].
 // `saved` receives what the backward needs besides qkv and out: the softmax [B, H, N, N], or for
