@@ -9,20 +9,26 @@ namespace cai::kernels::cuda {
 
 namespace {
 
-// One thread per output element of patches[b, gh·gw, c·p·p] ((c, ky, kx) order in a row).
+// The image element of patches[b, gh·gw, c·p·p] element o ((c, ky, kx) order in a row), in the
+// index type I (int64_t, or uint32_t for the 4-wide kernel's fewer than 2^31 elements).
+template <typename I>
+__device__ __forceinline__ I patch_source(I o, I c, I hh, I ww, I p, I gh, I gw) {
+  const I row = c * p * p;
+  const I r = o % row;  // (ci·p + ky)·p + kx
+  const I f = o / row;  // (bi·gh + py)·gw + px
+  const I kx = r % p, ky = (r / p) % p, ci = r / (p * p);
+  const I px = f % gw, py = (f / gw) % gh, bi = f / (gw * gh);
+  return ((bi * c + ci) * hh + py * p + ky) * ww + px * p + kx;
+}
+
+// One thread per output element of patches[b, gh·gw, c·p·p].
 // The typed kernels are these templates with a half type for the token-side tensors.
 template <typename TO>
 __global__ void patchify_kernel(const float* __restrict__ img, TO* __restrict__ patches,
                                 int64_t total, int64_t c, int64_t hh, int64_t ww, int64_t p,
                                 int64_t gh, int64_t gw) {
-  const int64_t row = c * p * p;
-  for (int64_t o = first_index(); o < total; o += grid_step()) {
-    const int64_t r = o % row;  // (ci·p + ky)·p + kx
-    const int64_t f = o / row;  // (bi·gh + py)·gw + px
-    const int64_t kx = r % p, ky = (r / p) % p, ci = r / (p * p);
-    const int64_t px = f % gw, py = (f / gw) % gh, bi = f / (gw * gh);
-    patches[o] = from_f32<TO>(img[((bi * c + ci) * hh + py * p + ky) * ww + px * p + kx]);
-  }
+  for (int64_t o = first_index(); o < total; o += grid_step())
+    patches[o] = from_f32<TO>(img[patch_source(o, c, hh, ww, p, gh, gw)]);
 }
 
 // out[b, np+1, d]: token 0 = cls + pos[0], token t ≥ 1 = tokens[t-1] + pos[t].
@@ -96,14 +102,10 @@ template <typename TO>
 __global__ void patchify4_kernel(const float* __restrict__ img, TO* __restrict__ patches,
                                  uint32_t groups, uint32_t c, uint32_t hh, uint32_t ww, uint32_t p,
                                  uint32_t gh, uint32_t gw) {
-  const uint32_t row = c * p * p;
   for (uint32_t g = first_index32(); g < groups; g += grid_step32()) {
-    const uint32_t o = g * 4, r = o % row, f = o / row;
-    const uint32_t kx = r % p, ky = (r / p) % p, ci = r / (p * p);
-    const uint32_t px = f % gw, py = (f / gw) % gh, bi = f / (gw * gh);
-    float v[4];
-    load_vec(img + ((bi * c + ci) * hh + py * p + ky) * ww + px * p + kx, v);
-    store_vec(patches + o, v);
+    float v[4];  // kx .. kx + 3 of one image row (p is a multiple of 4)
+    load_vec(img + patch_source(g * 4, c, hh, ww, p, gh, gw), v);
+    store_vec(patches + g * 4, v);
   }
 }
 
