@@ -46,10 +46,12 @@ struct LtGemm {
 
 // Runs `g` on `stream` with the current device's cuBLASLt handle, a 32 MiB workspace of that
 // (device, stream) and an algorithm chosen the first time this problem (types, sizes, leading
-// dimensions, epilogue, pointer alignments) was seen: the fastest of the heuristic's first 8,
-// each timed on the call's operands, the host waiting for the timing (not while `stream` is
-// capturing a graph; D is written by the timing, or a scratch D where D is also C), or with
-// CAI_GEMM_TUNE=0 in the environment the heuristic's first. Returns false, running
+// dimensions, epilogue, pointer alignments) was seen: the heuristic's first 8, each timed on the
+// call's operands, the host waiting for the timing (D is written by the timing, or a scratch D
+// where D is also C); then the fastest few again in the program's own following calls of this
+// problem, each run in turn between two events (read back without waiting) until the lowest
+// median time picks one; none of it while `stream` is capturing a graph. With CAI_GEMM_TUNE=0 in
+// the environment: the heuristic's first. Returns false, running
 // nothing, when cuBLASLt has no algorithm for it (or the epilogue's constraints do not hold);
 // throws cai::CudaError when a call fails. `aux` is the GELU epilogues' matrix (written by
 // kGeluAuxBias, read by kDGelu). `c` (null: D itself) is the C of beta·C, with D's type and
@@ -60,5 +62,7 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
 
 // Test hook: how many lt_matmul calls of this process ran a GELU or DGELU epilogue.
 uint64_t lt_gelu_epilogue_runs();
+// Test hook: how many lt_matmul calls of this process ran a finalist of the in-step stage.
+uint64_t lt_in_step_runs();
 
 }  // namespace cai::kernels::cuda

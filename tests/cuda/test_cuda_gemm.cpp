@@ -28,8 +28,9 @@
 
 #ifdef CAI_HAVE_CUDA
 namespace cai::kernels::cuda {
-uint64_t lt_gelu_epilogue_runs();  // test hook of kernels/cuda/blas.h (no cuBLAS headers here)
-}
+uint64_t lt_gelu_epilogue_runs();  // test hooks of kernels/cuda/blas.h (no cuBLAS headers here)
+uint64_t lt_in_step_runs();
+}  // namespace cai::kernels::cuda
 #endif
 
 using namespace cai;
@@ -172,6 +173,46 @@ TEST_F(CudaGemm, LinearBackward) {
       expect_close(gdx.download(), dx_ref, tolerance(t, md.tf32), name + " dx only");
     }
   }
+}
+
+// The algorithm timing's in-step stage: a shape's calls after the first each run one of its
+// finalists in turn until each has been timed a few times. Every call computes the product (the
+// forward, and a weight gradient accumulated call after call), during the stage and after it, and
+// the stage ends: a shape's calls stop running finalists after at most 4 × 4 of them.
+TEST_F(CudaGemm, InStepTimingEveryCallComputes) {
+  const bool timing = kc::gemm_timing();
+  kc::set_gemm_timing(true);
+  const int64_t m = 1000, k = 768, n = 640;  // a shape no other case here runs
+  const DT t = DT::BF16;
+  const auto x = random_values(m * k, 11, 1.0f, t), w = random_values(n * k, 12, 1.0f, t);
+  const auto dy = random_values(m * n, 13, 1.0f, t);
+  const auto b = rounded(t, random_values(n, 14, 1.0f, DT::F32));
+  std::vector<float> y_ref(m * n), dx_ref(m * k), dw_once(n * k, 0.0f);
+  kernels::cpu::linear_fwd(x.data(), w.data(), b.data(), y_ref.data(), m, k, n);
+  kernels::cpu::linear_bwd(x.data(), w.data(), dy.data(), dx_ref.data(), dw_once.data(), nullptr, m,
+                           k, n);
+  Buf gx(t, x), gw(t, w), gdy(t, dy), gb(t, b), gy(t, static_cast<size_t>(m * n)),
+      gdx(t, static_cast<size_t>(m * k)), gdw(DT::F32, std::vector<float>(n * k, 0.0f));
+  const uint64_t r0 = kc::lt_in_step_runs();
+  uint64_t r1 = 0;
+  for (int call = 1; call <= 30; ++call) {
+    if (call == 21) r1 = kc::lt_in_step_runs();
+    const std::string name = "call " + std::to_string(call);
+    kc::linear_fwd_t(t, gx.p, gw.p, gb.p, t, gy.p, m, k, n);
+    expect_close(gy.download(), y_ref, tolerance(t, false), name + " y");
+    kc::linear_bwd_t(t, gx.p, gw.p, gdy.p, gdx.p, static_cast<float*>(gdw.p), nullptr, m, k, n);
+    expect_close(gdx.download(), dx_ref, tolerance(t, false), name + " dx");
+    std::vector<float> dw_ref = dw_once;
+    for (float& v : dw_ref) v *= static_cast<float>(call);
+    expect_close(gdw.download(), dw_ref, 1e-4,
+                 name + " dw accumulated " + std::to_string(call) + " times");
+  }
+  const uint64_t r2 = kc::lt_in_step_runs();
+  std::printf("in-step runs: %llu in the first 20 calls of each of 3 shapes, %llu after\n",
+              static_cast<unsigned long long>(r1 - r0), static_cast<unsigned long long>(r2 - r1));
+  EXPECT_LE(r1 - r0, 3u * 4u * 4u);
+  EXPECT_EQ(r2, r1) << "the in-step stage did not end";
+  kc::set_gemm_timing(timing);
 }
 
 // The fp32 entry points are the typed ones (t = F32, no TF32): ≤ 1e-5 on a tall dy whose column
