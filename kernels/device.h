@@ -53,7 +53,8 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
 void memset_zero(void* p, size_t bytes);
 void synchronize();
 // Whether a GEMM shape's cuBLASLt algorithm is chosen by timing the heuristic's first candidates
-// once per process (true unless CAI_GEMM_TUNE=0 is in the environment) or is the heuristic's first
+// once per process, then the fastest few in the shape's next calls (true unless CAI_GEMM_TUNE=0
+// is in the environment) or is the heuristic's first
 // (false: the same choice in every process; the results of equal GEMMs bit-equal across them).
 // Applies to shapes not seen yet in this process. Without CUDA: the setting only.
 void set_gemm_timing(bool on);
