@@ -199,6 +199,23 @@ class ConfigProgram {
     std::vector<Op> ops;
     Dp* dp = data_parallel(rank, w);
     auto at = [&](size_t i) { return base + static_cast<int>(i); };
+    // Stage 0/1: the waiting buckets' all-reduces (bf16 buckets: each after its cast), issued
+    // where the executor's overlap point or its fallback launches them.
+    auto launch_waiting = [&] {
+      if (!dp) return;
+      for (int b : dp->waiting) {
+        const std::string bn = fmt::format("bucket {}", b);
+        if (dp->cast_bytes > 0)  // bf16 buckets: the gradients cast into the bucket
+          ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b],
+                                2 * dp->bucket_params[b]));  // a cast and a copy each
+        Op r =
+            Op::collective(OpKind::AllReduce, bn + " all_reduce", dp->group, dp->bucket_wire[b], 3);
+        r.category = "reduce";
+        dp->reduce_op[b] = at(ops.size());
+        ops.push_back(std::move(r));
+      }
+      dp->waiting.clear();
+    };
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
       const int pos = dp ? dp->pos.at(layers[li]) : -1;
@@ -241,11 +258,18 @@ class ConfigProgram {
                });
       };
       const size_t first_op = ops.size();
-      for (const plan::OpCost& c : lp.ops) {
-        const bool mine =
-            fwd ? c.phase == plan::Phase::Forward
-                : c.phase == plan::Phase::Backward || c.phase == plan::Phase::Recompute;
-        if (!mine) continue;
+      // The executor's order: the forward's ops; in backward a checkpointed layer's recompute
+      // (forward order), then the backward's ops last to first.
+      std::vector<const plan::OpCost*> order;
+      for (const plan::OpCost& c : lp.ops)
+        if (c.phase == (fwd ? plan::Phase::Forward : plan::Phase::Recompute)) order.push_back(&c);
+      if (!fwd)
+        for (auto it = lp.ops.rbegin(); it != lp.ops.rend(); ++it)
+          if (it->phase == plan::Phase::Backward) order.push_back(&*it);
+      for (const plan::OpCost* cp : order) {
+        const plan::OpCost& c = *cp;
+        // A block's overlap point: before its attention backward.
+        if (c.phase == plan::Phase::Backward && c.op == "attn") launch_waiting();
         Op op;
         op.kind = OpKind::Compute;
         op.name = fmt::format("{} {}{}", lp.name, c.op, fwd ? "" : " bwd");
@@ -323,33 +347,34 @@ class ConfigProgram {
                 group_of(c.subgroup), c.bytes, 0));
         }
       // The buckets this layer's backward completes: DDP / ZeRO-1 in the step's last
-      // micro-batch (all-reduced in place), ZeRO-2/3 in every micro-batch (packed, then
-      // reduce-scattered, at most zero_max_inflight_buckets in flight).
+      // micro-batch (all-reduced in place at the next overlap point, what waited from before
+      // launched now), ZeRO-2/3 in every micro-batch (packed, then reduce-scattered, at most
+      // zero_max_inflight_buckets in flight).
       const bool reduces = layout_.zero_stage >= 2 || mb == plan_.micro_batches - 1;
-      if (dp && !fwd && reduces)
+      if (dp && !fwd && reduces && layout_.zero_stage < 2) {
+        launch_waiting();
+        dp->waiting = dp->launch_at[pos];
+      } else if (dp && !fwd && reduces) {
         for (int b : dp->launch_at[pos]) {
           const std::string bn = fmt::format("bucket {}", b);
-          if (layout_.zero_stage >= 2) {
-            for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
-            Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], dp->bucket_params[b] * D_);
-            // The bucket's buffers while the gradients are packed into them, then those go.
-            pack.mem_start.push_back(
-                {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
-            pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
-            ops.push_back(std::move(pack));
-          } else if (dp->cast_bytes > 0) {  // bf16 buckets: the gradients cast into the bucket
-            ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b],
-                                  2 * dp->bucket_params[b]));  // a cast and a copy each
-          }
-          Op r = Op::collective(
-              layout_.zero_stage >= 2 ? OpKind::ReduceScatter : OpKind::AllReduce,
-              fmt::format("{} {}", bn, layout_.zero_stage >= 2 ? "reduce_scatter" : "all_reduce"),
-              dp->group, dp->bucket_wire[b], 3);
+          for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
+          Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], dp->bucket_params[b] * D_);
+          // The bucket's buffers while the gradients are packed into them, then those go.
+          pack.mem_start.push_back(
+              {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
+          pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
+          ops.push_back(std::move(pack));
+          Op r = Op::collective(OpKind::ReduceScatter, bn + " reduce_scatter", dp->group,
+                                dp->bucket_wire[b], 3);
           r.category = "reduce";
           dp->reduce_op[b] = at(ops.size());
           ops.push_back(std::move(r));
         }
+      }
     }
+    // The end of a chunk's backward is an overlap point too (what waits goes before other
+    // micro-batches' work).
+    if (!fwd) launch_waiting();
     return ops;
   }
 
@@ -432,6 +457,9 @@ class ConfigProgram {
     schedule::InflightWindow inflight;
     std::map<int, int> gather_op;  // position -> program index of its pending all-gather
     std::vector<int> reduce_op;    // per bucket: program index of its latest reduction
+    // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
+    // (nn::LayerHooks::overlap_point: a block's attention backward, a chunk's end).
+    std::vector<int> waiting;
   };
   // The rank's data-parallel state, made on first use; null without data parallelism.
   Dp* data_parallel(int rank, Workload& w) {

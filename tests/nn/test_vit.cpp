@@ -172,6 +172,39 @@ TEST(ViT, CheckpointingGivesIdenticalGradients) {
   EXPECT_EQ(grads(a), grads(b));
 }
 
+// LayerHooks::overlap_point (where data parallelism starts the gradient all-reduces that waited):
+// once inside each block's backward, between its before_backward and after_backward, with or
+// without checkpointing; the gradients are those of a backward without hooks.
+TEST(ViT, OverlapPointOnceInsideEachBlocksBackward) {
+  for (bool checkpoint : {false, true}) {
+    ViTConfig c = small_config();
+    c.depth = 3;
+    c.checkpoint = checkpoint;
+    Tensor img = test::random_tensor({2, 2, 8, 8}, 5);
+    Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1}, {2});
+    ViT a(c), b(c);
+    a.init(3);
+    b.init(3);
+    Layer* current = nullptr;
+    std::vector<Layer*> points;
+    LayerHooks hooks;
+    hooks.before_backward = [&](Layer& l) { current = &l; };
+    hooks.after_backward = [&](Layer&) { current = nullptr; };
+    hooks.overlap_point = [&] { points.push_back(current); };
+    const ForwardCtx ctx{true, 7, 11, 0};
+    std::vector<std::unique_ptr<Cache>> caches;
+    Tensor logits = a.forward(img, caches, ctx, &hooks);
+    a.backward(ops::cross_entropy_bwd(logits, labels, 0.1f, 0.5f), caches, ctx, &hooks);
+    ASSERT_EQ(points.size(), 3u) << "checkpoint " << checkpoint;
+    for (size_t i = 0; i < points.size(); ++i) {
+      // Backward order: the last block first.
+      EXPECT_EQ(points[i], a.layers()[3 - i].get()) << "point " << i;  // [0] is the embedding
+    }
+    train_step(b, img, labels, ctx, 0.5f);
+    EXPECT_EQ(grads(a), grads(b)) << "checkpoint " << checkpoint;
+  }
+}
+
 TEST(ViT, MicroBatchesAddUpToTheFullBatch) {
   // Dropout and drop-path masks depend on the global sample index, so two micro-batches of 2 give
   // the gradients of one batch of 4: what data and pipeline parallelism rely on.

@@ -110,7 +110,8 @@ Figures measure(dist::Communicator& comm, int zero, int prefetch, int inflight) 
       };
     };
     nn::LayerHooks hooks{wrap(inner->before_forward, false), wrap(inner->after_forward, false),
-                         wrap(inner->before_backward, true), wrap(inner->after_backward, true)};
+                         wrap(inner->before_backward, true), wrap(inner->after_backward, true),
+                         inner->overlap_point};
     nn::ForwardCtx ctx;
     ctx.training = true;
     {

@@ -1106,6 +1106,46 @@ TEST(Memory, SimulatedPeakIsThePlansWhereLayersSetIt) {
   }
 }
 
+// DDP's bucket all-reduces where DataParallelPlugin starts them: a bucket completed by a layer's
+// backward waits for the next block's overlap point, before that block's attention backward (its
+// MLP and projection backward done, last to first as the executor runs them); what no block
+// follows goes at the end of the backward, before ReduceGrads. Small buckets: several per layer.
+TEST(DataParallel, DdpBucketsStartAtTheNextOverlapPoint) {
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  const ConfigWorkload cw =
+      workload_from_config(fmnist({"parallel.ddp_bucket_cap_mb=0.02"}), 2, cpu, false);
+  const auto& ops = cw.workload.ranks[0].ops;
+  auto index = [&](const std::string& name) {
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i)
+      if (ops[i].name == name) return i;
+    return -1;
+  };
+  int buckets = 0, at_points = 0;
+  while (index(fmt::format("bucket {} all_reduce", buckets)) >= 0) ++buckets;
+  ASSERT_GE(buckets, 3);
+  const int reduce = index("ReduceGrads");
+  ASSERT_GE(reduce, 0);
+  for (int b = 0; b < buckets; ++b) {
+    const int ar = index(fmt::format("bucket {} all_reduce", b));
+    EXPECT_LT(ar, reduce) << b;
+    int n = ar + 1;  // past the buckets launched at the same point
+    while (n < reduce && ops[n].name.rfind("bucket ", 0) == 0) ++n;
+    const std::string& next = ops[n].name;
+    if (next.size() > 9 && next.substr(next.size() - 9) == " attn bwd") {
+      ++at_points;
+      const std::string block = next.substr(0, next.size() - 9);
+      EXPECT_LT(index(block + " mlp.fc2 bwd"), ar) << b;
+      EXPECT_LT(index(block + " attn.proj bwd"), ar) << b;
+      EXPECT_GT(index(block + " attn.qkv bwd"), ar) << b;
+    } else {  // completed by blocks.0 or the embedding: no block follows
+      EXPECT_EQ(next, "ReduceGrads") << b;
+      EXPECT_GT(ar, index("embedding patch_embed.proj bwd")) << b;
+    }
+  }
+  EXPECT_GE(at_points, buckets / 2);
+  EXPECT_LT(at_points, buckets);
+}
+
 // ZeRO's collectives where DataParallelPlugin issues them, with its host waits (the simulator
 // once put every data-parallel collective, ZeRO-3's forward gathers and ZeRO-1/2's parameter
 // all-gathers included, behind the last backward): ZeRO-3 gathers each layer before its forward

@@ -491,6 +491,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go =
       ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad);
+  if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
   // The block before this one takes gx rounded: from the same pass.
@@ -778,10 +779,12 @@ void ViT::backward(const Tensor& dlogits, std::vector<std::unique_ptr<Cache>>& c
   CAI_CHECK(caches.size() == layers_.size(), "[vit] backward needs {} caches, got {}",
             layers_.size(), caches.size());
   Tensor g = dlogits;
+  ForwardCtx c = ctx;
+  if (hooks && hooks->overlap_point) c.overlap_point = &hooks->overlap_point;
   for (size_t i = layers_.size(); i-- > 0;) {
     Layer& l = *layers_[i];
     if (hooks && hooks->before_backward) hooks->before_backward(l);
-    g = l.backward(g, caches[i], ctx);
+    g = l.backward(g, caches[i], c);
     if (hooks && hooks->after_backward) hooks->after_backward(l);
   }
 }

@@ -346,13 +346,16 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
           grad_in.erase(key);
         const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == mbs - 1);
         auto& cs = caches.at(key);
-        const nn::ForwardCtx ctx = ctx_of(in.mb);
+        nn::ForwardCtx ctx = ctx_of(in.mb);
+        if (hooks && hooks->overlap_point) ctx.overlap_point = &hooks->overlap_point;
         const auto layers = m.chunk_layers(in.chunk);
         for (size_t i = layers.size(); i-- > 0;) {
           if (hooks && hooks->before_backward) hooks->before_backward(*layers[i]);
           g = layers[i]->backward(g, cs[i], ctx);
           if (hooks && hooks->after_backward) hooks->after_backward(*layers[i]);
         }
+        // What waits for an overlap point goes now: other micro-batches' work follows.
+        if (hooks && hooks->overlap_point) hooks->overlap_point();
         caches.erase(key);
         if (vs > 0) grad_out[key] = g;
         compute_us += trace::Recorder::now_us() - t0;

@@ -3,6 +3,7 @@
 // owns and backward consumes it, so a pipeline executor can hold several micro-batches in flight.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -59,6 +60,9 @@ struct ForwardCtx {
   uint64_t seed = 0;
   uint64_t step = 0;
   int64_t sample_offset = 0;  // global index of the first sample of this (micro-)batch
+  // Backward only (may be null): called by a layer's backward at the point where a collective
+  // started beside it slows it least (LayerHooks::overlap_point).
+  const std::function<void()>* overlap_point = nullptr;
   // RNG key for a random op at `site` (e.g. "blocks.3.drop_path1") whose elements per sample
   // are `per_sample`.
   ops::RngKey key(const std::string& site, int64_t per_sample) const;

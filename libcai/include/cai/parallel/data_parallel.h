@@ -1,10 +1,12 @@
 // Data parallelism and ZeRO as a train::Plugin over a data-parallel Communicator.
 //
 //  stage 0 (DDP): parameters broadcast from rank 0; gradients grouped in buckets of
-//    ddp_bucket_cap_mb (in backward order); each bucket's all-reduce starts as soon as the last
-//    layer owning one of its parameters has finished its backward (overlap), on the final
-//    micro-batch of a step. The loss of every sample is weighted by 1/global batch, so the summed
-//    gradient is the average of the ranks' local-mean gradients (what PyTorch DDP computes).
+//    ddp_bucket_cap_mb (in backward order); once the last layer owning one of its parameters has
+//    finished its backward, each bucket's all-reduce starts at the next overlap point
+//    (nn::LayerHooks::overlap_point: the next block's attention backward, not beside the GEMMs
+//    that follow a block's end; without one, when the next layer's gradients are ready), on the
+//    final micro-batch of a step. The loss of every sample is weighted by 1/global batch, so the
+//    summed gradient is the average of the ranks' local-mean gradients (what PyTorch DDP computes).
 //  stage 1: as DDP, but each rank keeps the optimizer state of its shard only (every parameter
 //    is cut into dp contiguous chunks; rank r owns chunk r), updates its shard, then all-gathers.
 //  Stage 0/1 buckets keep one flat buffer each for the whole run, as PyTorch DDP's do (the
