@@ -4,7 +4,7 @@
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
 //                  [--zero 0..3] [--bucket-dtype fp32|bf16] [--tp T [--sp 1]]
 //                  [--peak-tflops 989]
-//                  [--kernel-profile FILE.md [--profile-steps 3]]
+//                  [--kernel-profile FILE.md [--profile-steps 3] [--profile-ranks 0|all]]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
 // optimizer) are timed separately on extra steps, each followed by a device synchronisation.
@@ -16,7 +16,10 @@
 // data parallel over the rest; --batch is per data-parallel rank. tp_comm_share: the time the
 // tensor-parallel collectives take when each is timed alone (profiled steps), over the step time.
 // --kernel-profile: after the timed steps, CUPTI records every kernel of --profile-steps more steps
-// (rank 0) and FILE.md gets the per-kernel table, FILE.md.csv one step's kernels in order.
+// (rank 0) and FILE.md gets the per-kernel table, FILE.md.csv one step's kernels in order;
+// --profile-ranks all: every rank records, rank r > 0 into FILE.rankR.md (and its .csv), so the
+// ranks' NCCL kernels can be set side by side (the early rank's wait for the other is inside
+// its all-reduce's time).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   int zero = 0, tp = 1, sp = 0;
   std::string act = "gelu", kernel_profile, bucket_dtype = "fp32";
   int64_t profile_steps = 3;
+  bool profile_all_ranks = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -82,7 +86,12 @@ int main(int argc, char** argv) {
       kernel_profile = v;
     else if (a == "--profile-steps")
       profile_steps = std::atoll(v.c_str());
-    else if (a == "--bucket-dtype")
+    else if (a == "--profile-ranks" && (v == "0" || v == "all")) {
+      profile_all_ranks = v == "all";
+    } else if (a == "--profile-ranks") {
+      std::fprintf(stderr, "--profile-ranks takes 0 or all, got %s\n", v.c_str());
+      return 2;
+    } else if (a == "--bucket-dtype")
       bucket_dtype = v;
     else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
@@ -189,20 +198,30 @@ int main(int argc, char** argv) {
       tpc->set_profiling(false);
     }
     if (!kernel_profile.empty() && dev.is_cuda()) {
-      // Every rank runs the steps (their collectives need all ranks); rank 0 records.
+      // Every rank runs the steps (their collectives need all ranks); rank 0 records (every rank
+      // with --profile-ranks all).
+      const bool records = li.rank == 0 || profile_all_ranks;
+      std::string path = kernel_profile;
+      if (li.rank > 0) {
+        const size_t dot = path.rfind(".md");
+        path = dot == std::string::npos
+                   ? fmt::format("{}.rank{}", path, li.rank)
+                   : fmt::format("{}.rank{}{}", path.substr(0, dot), li.rank, path.substr(dot));
+      }
       sync();
-      if (li.rank == 0) profile::kernel_profile_start();
+      if (records) profile::kernel_profile_start();
       const auto tk = Clock::now();
       for (int64_t s = 0; s < profile_steps; ++s) step(warmup + steps + 2 * profiled + s, false);
       sync();
       const double wall = 1e3 * since(tk) / static_cast<double>(profile_steps);
-      if (li.rank == 0)
+      if (records) {
         profile::write_kernel_profile(
-            kernel_profile, profile::kernel_profile_stop(), static_cast<int>(profile_steps), wall,
-            fmt::format("{} batch {} {} ({}), per-kernel GPU time of a training step", model, batch,
-                        precision, act));
-      if (li.rank == 0)
-        std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", kernel_profile.c_str());
+            path, profile::kernel_profile_stop(), static_cast<int>(profile_steps), wall,
+            fmt::format("{} batch {} {} ({}), per-kernel GPU time of a training step{}", model,
+                        batch, precision, act,
+                        li.world_size > 1 ? fmt::format(", rank {}", li.rank) : ""));
+        std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", path.c_str());
+      }
     }
     const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
     const double peak_gib =
