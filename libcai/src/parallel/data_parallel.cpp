@@ -273,8 +273,10 @@ struct DataParallelPlugin::Impl {
   // The first step's backward on a GPU: no reductions beside it while the GEMMs time their
   // algorithms there (kernels::cuda: once per shape, on the call's own operands), or NCCL's
   // kernels beside the timing pick algorithms for a shared GPU that are slower alone (2 H100,
-  // ViT-B/16: the step's GEMMs 38.4 against one GPU's 35.0 ms). Stage 0/1 only: stage 2/3 bound
-  // the full-size gradients alive during backward by launching early.
+  // ViT-B/16: the step's GEMMs 38.4 against one GPU's 35.0 ms). The in-step stage of the timing
+  // that follows (the next calls of each shape) runs beside them on purpose: it times the step as
+  // it runs. Stage 0/1 only: stage 2/3 bound the full-size gradients alive during backward by
+  // launching early.
   bool first_step = true;
   bool hold_first_step() const {
     return first_step && !sharded_grads() && device.is_cuda() && kernels::cuda::gemm_timing();
