@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -414,8 +415,7 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
     p.algo = p.first;
     p.tuned = true;
   }
-  const LtPlan::Trial* trial = nullptr;
-  LtPlan::Trial next{};
+  std::optional<LtPlan::Trial> trial;  // the in-step stage: this call times a finalist
   if (!p.tuned) {
     // Not while a graph is being captured (the host cannot wait for the timing there, and a
     // captured call runs again and again with the algorithm it was captured with).
@@ -452,8 +452,8 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
       // The in-step stage: this call runs the next finalist between two events.
       read_trials(g, p);
       if (!p.tuned) {
-        next.finalist = p.turn++ % p.finalists.size();
-        for (cudaEvent_t* e : {&next.start, &next.stop}) {
+        trial = LtPlan::Trial{p.turn++ % p.finalists.size(), nullptr, nullptr};
+        for (cudaEvent_t* e : {&trial->start, &trial->stop}) {
           if (!p.spare.empty()) {
             *e = p.spare.back();
             p.spare.pop_back();
@@ -461,47 +461,28 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
             CAI_CUDA_CHECK(cudaEventCreate(e));
           }
         }
-        trial = &next;
+        p.pending.push_back(*trial);  // the plan owns the events from here
       }
     }
   }
-  if (trial) {
-    p.pending.push_back(*trial);  // the plan owns the events from here
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d, &algo,
+                          wit->second, kLtWorkspace, stream);
+  };
+  if (!trial) {
+    CAI_CUDA_CHECK(run(p.algo));
+  } else {
     CAI_CUDA_CHECK(cudaEventRecord(trial->start, stream));
-    const cublasStatus_t st =
-        cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d, p.d,
-                       &p.finalists[trial->finalist], wit->second, kLtWorkspace, stream);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      // Not for this problem after all (a finalist the first call did not time): it leaves the
-      // stage, and this call runs the current algorithm.
-      const size_t f = trial->finalist;
-      size_t kept = 0;
-      for (LtPlan::Trial& t : p.pending) {
-        if (t.finalist == f) {  // this call's events, and any of its earlier calls
-          p.spare.push_back(t.start);
-          p.spare.push_back(t.stop);
-          continue;
-        }
-        if (t.finalist > f) --t.finalist;
-        p.pending[kept++] = t;
-      }
-      p.pending.resize(kept);
-      p.finalists.erase(p.finalists.begin() + static_cast<std::ptrdiff_t>(f));
-      p.samples.erase(p.samples.begin() + static_cast<std::ptrdiff_t>(f));
-      if (p.finalists.size() <= 1) {
-        if (!p.finalists.empty()) p.algo = p.finalists[0];
-        end_trials(p);
-        p.tuned = true;
-      }
-      CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d,
-                                    p.d, &p.algo, wit->second, kLtWorkspace, stream));
-    } else {
+    if (run(p.finalists[trial->finalist]) == CUBLAS_STATUS_SUCCESS) {
       CAI_CUDA_CHECK(cudaEventRecord(trial->stop, stream));
       ++l.in_step_runs;
+    } else {
+      // Not for this problem after all (a finalist the first call did not time): the stage
+      // ends with the current algorithm, which runs this call.
+      end_trials(p);
+      p.tuned = true;
+      CAI_CUDA_CHECK(run(p.algo));
     }
-  } else {
-    CAI_CUDA_CHECK(cublasLtMatmul(hit->second, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.d, d,
-                                  p.d, &p.algo, wit->second, kLtWorkspace, stream));
   }
   if (gelu) ++l.gelu_runs;
   return true;
