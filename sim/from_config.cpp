@@ -199,20 +199,27 @@ class ConfigProgram {
     std::vector<Op> ops;
     Dp* dp = data_parallel(rank, w);
     auto at = [&](size_t i) { return base + static_cast<int>(i); };
+    // Bucket b's reduction on the data-parallel stream.
+    auto reduce_bucket = [&](OpKind kind, int b) {
+      Op r =
+          Op::collective(kind,
+                         fmt::format("bucket {} {}", b,
+                                     kind == OpKind::AllReduce ? "all_reduce" : "reduce_scatter"),
+                         dp->group, dp->bucket_wire[b], 3);
+      r.category = "reduce";
+      dp->reduce_op[b] = at(ops.size());
+      ops.push_back(std::move(r));
+    };
     // Stage 0/1: the waiting buckets' all-reduces (bf16 buckets: each after its cast), issued
     // where the executor's overlap point or its fallback launches them.
     auto launch_waiting = [&] {
       if (!dp) return;
       for (int b : dp->waiting) {
-        const std::string bn = fmt::format("bucket {}", b);
         if (dp->cast_bytes > 0)  // bf16 buckets: the gradients cast into the bucket
-          ops.push_back(dp_copy(bn + " cast", dp->cast_bytes * dp->bucket_numel[b],
+          ops.push_back(dp_copy(fmt::format("bucket {} cast", b),
+                                dp->cast_bytes * dp->bucket_numel[b],
                                 2 * dp->bucket_params[b]));  // a cast and a copy each
-        Op r =
-            Op::collective(OpKind::AllReduce, bn + " all_reduce", dp->group, dp->bucket_wire[b], 3);
-        r.category = "reduce";
-        dp->reduce_op[b] = at(ops.size());
-        ops.push_back(std::move(r));
+        reduce_bucket(OpKind::AllReduce, b);
       }
       dp->waiting.clear();
     };
@@ -268,8 +275,9 @@ class ConfigProgram {
           if (it->phase == plan::Phase::Backward) order.push_back(&*it);
       for (const plan::OpCost* cp : order) {
         const plan::OpCost& c = *cp;
-        // A block's overlap point: before its attention backward.
-        if (c.phase == plan::Phase::Backward && c.op == "attn") launch_waiting();
+        // A block's overlap point: before its attention backward (Block::backward's 1D path;
+        // 2d/2.5d/3d blocks have none).
+        if (c.phase == plan::Phase::Backward && c.op == "attn" && !layout_.nd()) launch_waiting();
         Op op;
         op.kind = OpKind::Compute;
         op.name = fmt::format("{} {}{}", lp.name, c.op, fwd ? "" : " bwd");
@@ -364,11 +372,7 @@ class ConfigProgram {
               {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
           pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
           ops.push_back(std::move(pack));
-          Op r = Op::collective(OpKind::ReduceScatter, bn + " reduce_scatter", dp->group,
-                                dp->bucket_wire[b], 3);
-          r.category = "reduce";
-          dp->reduce_op[b] = at(ops.size());
-          ops.push_back(std::move(r));
+          reduce_bucket(OpKind::ReduceScatter, b);
         }
       }
     }
