@@ -3,7 +3,7 @@
 //   vit_step_bench [--model vit_base_patch16_224] [--batch 256] [--steps 10] [--warmup 3]
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
 //                  [--zero 0..3] [--bucket-dtype fp32|bf16] [--tp T [--sp 1]]
-//                  [--peak-tflops 989]
+//                  [--peak-tflops 989] [--lockstep 1] [--step-times 1]
 //                  [--kernel-profile FILE.md [--profile-steps 3] [--profile-ranks 0|all]]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
@@ -20,10 +20,17 @@
 // --profile-ranks all: every rank records, rank r > 0 into FILE.rankR.md (and its .csv), so the
 // ranks' NCCL kernels can be set side by side (the early rank's wait for the other is inside
 // its all-reduce's time).
+// The JSON line has each timed step's min, median and max; --step-times 1 prints them all in order
+// (stderr). --lockstep 1 (several processes, an experiment): no data parallelism; each rank runs
+// the one-GPU step on its own and the ranks all-reduce one float at the end of each step, so they
+// keep in step as DDP's ranks do, without the gradients' traffic: what coupling the ranks costs
+// by itself (each step waits for the slower rank).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cai/core/error.h"
 #include "cai/core/kernel_profile.h"
@@ -59,7 +66,7 @@ int main(int argc, char** argv) {
   int zero = 0, tp = 1, sp = 0;
   std::string act = "gelu", kernel_profile, bucket_dtype = "fp32";
   int64_t profile_steps = 3;
-  bool profile_all_ranks = false;
+  bool profile_all_ranks = false, lockstep = false, step_times = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -93,12 +100,21 @@ int main(int argc, char** argv) {
       return 2;
     } else if (a == "--bucket-dtype")
       bucket_dtype = v;
+    else if (a == "--step-times")
+      step_times = v == "1";
+    else if (a == "--lockstep")
+      lockstep = v == "1";
     else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
+  }
+  if (steps < 1 || warmup < 0) {
+    std::fprintf(stderr, "--steps takes a count >= 1 and --warmup >= 0, got %lld and %lld\n",
+                 static_cast<long long>(steps), static_cast<long long>(warmup));
+    return 2;
   }
   try {
     const dist::LaunchInfo li = dist::launch_from_env();
@@ -123,7 +139,9 @@ int main(int argc, char** argv) {
       world = mpi->world();
       dist::Communicator& comm =
           dev.is_cuda() ? *(nccl = dist::make_nccl(*world, dev.index)) : *world;
-      if (tp > 1) {
+      if (lockstep) {
+        CAI_CHECK(tp == 1 && zero == 0, "[bench] --lockstep runs without --tp and --zero");
+      } else if (tp > 1) {
         parallel::HybridParallelConfig hc;
         hc.tp_size = tp;
         hc.sequence_parallel = sp != 0;
@@ -139,7 +157,11 @@ int main(int argc, char** argv) {
     m.init(0);
     if (dev.is_cuda()) m.to(dev);
     if (dp) dp->setup(m);
-    const int64_t ranks = dp ? dp->world_size() / tp : 1;  // data-parallel ranks
+    dist::Communicator* lockstep_comm =
+        lockstep && world ? (nccl ? nccl.get() : world.get()) : nullptr;
+    // Data-parallel ranks (with --lockstep: the processes, each running the one-GPU step).
+    const int64_t ranks = dp ? dp->world_size() / tp : lockstep_comm ? lockstep_comm->size() : 1;
+    Tensor token = Tensor::zeros({1}).to(dev);
     m.set_compute_dtype(dtype_from_name(precision));
     optim::AdamW opt(
         optim::weight_decay_groups(dp ? dp->optimizer_parameters(m) : m.parameters(), 1e-3, 0.05));
@@ -170,6 +192,8 @@ int main(int argc, char** argv) {
         if (tpc) tpc->drain();
         dp->sync_gradients(m);
       }
+      if (lockstep_comm)
+        lockstep_comm->all_reduce_async(token, dist::ReduceOp::Sum)->wait_on_device();
       if (profile) sync(), phase[1] += since(t), t = Clock::now();
       if (dp) {
         dp->optimizer_step(opt);
@@ -178,12 +202,39 @@ int main(int argc, char** argv) {
         opt.step();
         opt.zero_grad();
       }
-      sync();
-      if (profile) phase[2] += since(t);
+      if (profile) sync(), phase[2] += since(t);
     };
     for (int64_t s = 0; s < warmup; ++s) step(s, false);
+    // The timed steps run back to back with no host wait between them, as vit_train's and the
+    // PyTorch benchmark's do: the host queues step s+1 while the device runs step s. Each step's
+    // device time comes from timed events at the step boundaries on the compute stream.
+    sync();
+    std::vector<void*> marks;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t s = 0; s < steps; ++s) step(warmup + s, false);
+    std::vector<double> step_ms;
+    for (int64_t s = 0; s < steps; ++s) {
+      if (dev.is_cuda()) {
+        marks.push_back(kernels::cuda::event_create_timed());
+        kernels::cuda::event_record(marks.back(), nullptr);
+      }
+      const auto ts = Clock::now();
+      step(warmup + s, false);
+      if (!dev.is_cuda()) step_ms.push_back(1e3 * since(ts));
+    }
+    if (dev.is_cuda()) {
+      marks.push_back(kernels::cuda::event_create_timed());
+      kernels::cuda::event_record(marks.back(), nullptr);
+    }
+    sync();
+    for (size_t k = 0; k + 1 < marks.size(); ++k)
+      step_ms.push_back(kernels::cuda::event_elapsed_ms(marks[k], marks[k + 1]));
+    for (void* e : marks) kernels::cuda::event_destroy(e);
+    if (step_times && li.rank == 0) {
+      std::string list;
+      for (double ms : step_ms) list += fmt::format("{}{:.2f}", list.empty() ? "" : " ", ms);
+      std::fprintf(stderr, "vit_step_bench: step ms in order: %s\n", list.c_str());
+    }
+    std::sort(step_ms.begin(), step_ms.end());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ips = static_cast<double>(batch * ranks * steps) / secs;
@@ -228,7 +279,10 @@ int main(int argc, char** argv) {
         dev.is_cuda() ? kernels::cuda::allocator_stats(dev.index).peak / double(1ull << 30)
                       : peak_memory(DeviceType::CPU) / double(1ull << 30);
     std::string impl = ranks > 1 ? fmt::format("colossalai-cpp {} {}x{}", precision,
-                                               zero ? "zero" + std::to_string(zero) : "ddp", ranks)
+                                               zero       ? "zero" + std::to_string(zero)
+                                               : lockstep ? "lockstep"
+                                                          : "ddp",
+                                               ranks)
                                  : "colossalai-cpp " + precision;
     if (tp > 1) impl += fmt::format(" tp{}{}", tp, sp ? "+sp" : "");
     if (ranks > 1 && dc.bucket_dtype != DType::F32) impl += " " + bucket_dtype + "-buckets";
@@ -238,13 +292,15 @@ int main(int argc, char** argv) {
           "{\"impl\": \"%s\", \"gpus\": %lld, \"model\": \"%s\", \"batch\": %lld, \"device\": "
           "\"%s\", \"img_per_s\": %.1f, \"step_ms\": %.1f, \"tflops\": %.1f, \"mfu\": %.4f, "
           "\"peak_mem_gib\": %.2f, \"train_gflop_per_img\": %.1f, \"forward_ms\": %.1f, "
-          "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f, \"tp\": %d, \"tp_comm_share\": %.3f}\n",
+          "\"backward_ms\": %.1f, \"optimizer_ms\": %.1f, \"tp\": %d, \"tp_comm_share\": %.3f, "
+          "\"step_ms_min\": %.2f, \"step_ms_median\": %.2f, \"step_ms_max\": %.2f}\n",
           label.c_str(), static_cast<long long>(ranks * tp), model.c_str(),
           static_cast<long long>(batch), device.c_str(), ips,
           1e3 * secs / static_cast<double>(steps), tflops,
           tflops / (peak * static_cast<double>(ranks * tp)), peak_gib, 3.0 * forward_flops(c) / 1e9,
           1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled, tp,
-          tp_step > 0 ? tp_comm / tp_step : 0.0);
+          tp_step > 0 ? tp_comm / tp_step : 0.0, step_ms.front(), step_ms[step_ms.size() / 2],
+          step_ms.back());
   } catch (const Error& e) {
     std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
     return 1;
