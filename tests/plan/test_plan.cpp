@@ -88,12 +88,13 @@ TEST(Plan, ZeroShardsAndMemoryByStage) {
     EXPECT_EQ(m.gradients, grads) << "zero " << z;
     EXPECT_EQ(m.shards, z == 0 ? 0 : 8 * shard) << "zero " << z;
     EXPECT_EQ(m.optimizer_state, 8 * (z == 0 ? n : shard)) << "zero " << z;
-    // Stage 0/1 fp32 buckets hold the gradients themselves: only the 16-element alignment.
-    int64_t pad = 0;
+    // Stage 0/1 fp32 buckets hold the gradients themselves: only the 64-element (256-byte)
+    // alignment of each view, less than 64 elements a parameter.
+    int64_t pad = 0, count = 0;
     for (auto* p : nn::ViT(c).parameters())
-      pad += schedule::bucket_view_numel(p->value.numel()) - p->value.numel();
+      pad += schedule::bucket_view_numel(p->value.numel()) - p->value.numel(), ++count;
     EXPECT_EQ(m.buffers, z <= 1 ? 4 * pad : 0) << "zero " << z;
-    EXPECT_LT(m.buffers, 4 * n / 10) << "zero " << z;
+    EXPECT_LE(m.buffers, 4 * 63 * count) << "zero " << z;
     EXPECT_GT(m.peak, m.persistent() + m.activations);
   }
   // Offload on a GPU: the shard's optimizer state goes to the host.

@@ -699,7 +699,7 @@ struct Replay {
     for (int i : buckets[b]) n += numels[i];
     return n;
   }
-  // Stage 0/1 with fp32 buckets: the gradients are views into the buckets, each at a 16-element
+  // Stage 0/1 with fp32 buckets: the gradients are views into the buckets, each at a 64-element
   // boundary (schedule::bucket_view_numel): the bucket's elements, padding included.
   bool grad_views() const {
     return schedule::gradients_in_buckets(l.zero_stage, l.bucket_dtype == DType::F32);
