@@ -100,11 +100,12 @@ int main(int argc, char** argv) {
       return 2;
     } else if (a == "--bucket-dtype")
       bucket_dtype = v;
-    else if (a == "--step-times")
-      step_times = v == "1";
-    else if (a == "--lockstep")
-      lockstep = v == "1";
-    else if (a == "--peak-tflops")
+    else if ((a == "--step-times" || a == "--lockstep") && (v == "0" || v == "1"))
+      (a == "--lockstep" ? lockstep : step_times) = v == "1";
+    else if (a == "--step-times" || a == "--lockstep") {
+      std::fprintf(stderr, "%s takes 0 or 1, got %s\n", a.c_str(), v.c_str());
+      return 2;
+    } else if (a == "--peak-tflops")
       peak = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -226,6 +227,8 @@ int main(int argc, char** argv) {
       kernels::cuda::event_record(marks.back(), nullptr);
     }
     sync();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t k = 0; k + 1 < marks.size(); ++k)
       step_ms.push_back(kernels::cuda::event_elapsed_ms(marks[k], marks[k + 1]));
     for (void* e : marks) kernels::cuda::event_destroy(e);
@@ -235,8 +238,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "vit_step_bench: step ms in order: %s\n", list.c_str());
     }
     std::sort(step_ms.begin(), step_ms.end());
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ips = static_cast<double>(batch * ranks * steps) / secs;
     const int64_t profiled = 2;
     for (int64_t s = 0; s < profiled; ++s) step(warmup + steps + s, true);
