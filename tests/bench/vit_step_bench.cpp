@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::Communicator> world, nccl;
     std::unique_ptr<train::Plugin> dp;
     std::shared_ptr<nn::TensorParallel> tpc;
+    dist::Communicator* lockstep_comm = nullptr;  // --lockstep: the ranks' one-float all-reduce
     nn::ViTConfig c = nn::ViTConfig::named(model);
     c.act = act;
     Device dev = Device::cpu();
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
           dev.is_cuda() ? *(nccl = dist::make_nccl(*world, dev.index)) : *world;
       if (lockstep) {
         CAI_CHECK(tp == 1 && zero == 0, "[bench] --lockstep runs without --tp and --zero");
+        lockstep_comm = &comm;
       } else if (tp > 1) {
         parallel::HybridParallelConfig hc;
         hc.tp_size = tp;
@@ -158,8 +160,6 @@ int main(int argc, char** argv) {
     m.init(0);
     if (dev.is_cuda()) m.to(dev);
     if (dp) dp->setup(m);
-    dist::Communicator* lockstep_comm =
-        lockstep && world ? (nccl ? nccl.get() : world.get()) : nullptr;
     // Data-parallel ranks (with --lockstep: the processes, each running the one-GPU step).
     const int64_t ranks = dp ? dp->world_size() / tp : lockstep_comm ? lockstep_comm->size() : 1;
     Tensor token = Tensor::zeros({1}).to(dev);
