@@ -275,9 +275,12 @@ class ConfigProgram {
           if (it->phase == plan::Phase::Backward) order.push_back(&*it);
       for (const plan::OpCost* cp : order) {
         const plan::OpCost& c = *cp;
-        // A block's overlap point: before its attention backward (Block::backward's 1D path;
-        // 2d/2.5d/3d blocks have none).
-        if (c.phase == plan::Phase::Backward && c.op == "attn" && !layout_.nd()) launch_waiting();
+        // The overlap points: a block's before its attention backward, the embedding's before
+        // its backward (Block::backward's and Embedding::backward's 1D path; 2d/2.5d/3d have
+        // none). The embedding's backward runs cls_pos first (last to first).
+        if (c.phase == plan::Phase::Backward && !layout_.nd() &&
+            (c.op == "attn" || (lp.name == "embedding" && c.op == "cls_pos")))
+          launch_waiting();
         Op op;
         op.kind = OpKind::Compute;
         op.name = fmt::format("{} {}{}", lp.name, c.op, fwd ? "" : " bwd");

@@ -173,9 +173,10 @@ TEST(ViT, CheckpointingGivesIdenticalGradients) {
 }
 
 // LayerHooks::overlap_point (where data parallelism starts the gradient all-reduces that waited):
-// once inside each block's backward, between its before_backward and after_backward, with or
-// without checkpointing; the gradients are those of a backward without hooks.
-TEST(ViT, OverlapPointOnceInsideEachBlocksBackward) {
+// once inside each block's backward and once inside the embedding's, between the layer's
+// before_backward and after_backward, with or without checkpointing; the gradients are those of
+// a backward without hooks.
+TEST(ViT, OverlapPointOnceInsideEachBlockAndTheEmbeddingBackward) {
   for (bool checkpoint : {false, true}) {
     ViTConfig c = small_config();
     c.depth = 3;
@@ -195,10 +196,10 @@ TEST(ViT, OverlapPointOnceInsideEachBlocksBackward) {
     std::vector<std::unique_ptr<Cache>> caches;
     Tensor logits = a.forward(img, caches, ctx, &hooks);
     a.backward(ops::cross_entropy_bwd(logits, labels, 0.1f, 0.5f), caches, ctx, &hooks);
-    ASSERT_EQ(points.size(), 3u) << "checkpoint " << checkpoint;
+    ASSERT_EQ(points.size(), 4u) << "checkpoint " << checkpoint;
     for (size_t i = 0; i < points.size(); ++i) {
-      // Backward order: the last block first.
-      EXPECT_EQ(points[i], a.layers()[3 - i].get()) << "point " << i;  // [0] is the embedding
+      // Backward order: the last block first, the embedding (layers()[0]) last.
+      EXPECT_EQ(points[i], a.layers()[3 - i].get()) << "point " << i;
     }
     train_step(b, img, labels, ctx, 0.5f);
     EXPECT_EQ(grads(a), grads(b)) << "checkpoint " << checkpoint;

@@ -156,6 +156,9 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
 Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& cc = cache_as<EmbedCache>(cache, "embedding");
   const bool nd = tp_ && tp_->nd();
+  // The last overlap point of a backward (1D path, as Block's): what the first block completed
+  // runs beside the position and class-token gradients rather than after the backward.
+  if (!nd && ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // Sequence parallel and nd: the gradients of this rank's tokens / samples, summed over the
   // group (nd: the ranks holding the same features of the other samples).
   const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;

@@ -170,9 +170,10 @@ void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c);
 struct LayerHooks {
   std::function<void(Layer&)> before_forward, after_forward, before_backward, after_backward;
   // Inside a layer's backward (ForwardCtx::overlap_point): where a collective launched now runs
-  // beside kernels of many small thread blocks (a Block's attention backward), which give up a
-  // few SMs at a proportional cost, rather than beside the GEMMs, whose persistent grids of one
-  // block per SM wait for the last SM the collective holds.
+  // beside kernels of many small thread blocks (a Block's attention backward; the embedding's
+  // position and class-token gradients), which give up a few SMs at a proportional cost, rather
+  // than beside the GEMMs, whose persistent grids of one block per SM wait for the last SM the
+  // collective holds.
   std::function<void()> overlap_point;
 };
 
