@@ -1,12 +1,15 @@
 // Run under mpirun.
 //   --check [--backend mpi|nccl]: every Communicator operation against its definition (uneven
 //     counts, a zero count, non-blocking overlap, point to point, split, scalar in double); with
-//     nccl on one GPU per rank, plus bf16 and the ordering against the compute stream.
+//     nccl on one GPU per rank, plus bf16, the ordering against the compute stream and the
+//     copy-engine all-reduce (the GPUs of one host with peer access, as the GPU hosts have).
 //   --hang [--backend mpi|nccl]: rank 1 stops joining; rank 0's all-reduce must fail within
 //     CAI_COLLECTIVE_TIMEOUT, naming the operation and the group.
 // With --backend nccl the test exits 77 (skipped) when the build has no CUDA or the node has
 // fewer GPUs than ranks, saying why.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -148,6 +151,90 @@ void check(Communicator& c, const On& on) {
   c.barrier();
 }
 
+// The copy-engine all-reduce against its definition: sizes around the chunking (fewer elements
+// than ranks, 64-element chunk boundaries, odd tails), many operations in flight at once and in
+// sequence (the staging region and flags are reused), NCCL operations between them, the
+// ordering after the compute stream, the same bits on every rank, and misuse.
+void check_copy_engine(Communicator& c, const On& on) {
+  const int r = c.rank(), n = c.size();
+  const int64_t most = (1 << 20) + 37;
+  expect(c.enable_copy_engine_all_reduce(most), "copy-engine all-reduce enabled", r);
+  expect(c.enable_copy_engine_all_reduce(most / 2), "enabling again for fewer elements", r);
+  // x[i] = (r + 1) / 2 + i % 7: sums exact in fp32.
+  auto input = [&](int64_t numel) {
+    std::vector<float> v(numel);
+    for (int64_t i = 0; i < numel; ++i) v[i] = 0.5f * float(r + 1) + float(i % 7);
+    return Tensor::from_vector(v, {numel}).to(on.dev);
+  };
+  auto exact = [&](const Tensor& t) {
+    const auto v = t.to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != 0.25f * float(n * (n + 1)) + float(n * int64_t(i % 7))) return false;
+    return true;
+  };
+  for (int64_t numel : {int64_t{1}, int64_t{n - 1}, int64_t{63}, int64_t{64 * n},
+                        int64_t{64 * n + 1}, int64_t{4097}, most}) {
+    if (numel < 1) continue;
+    Tensor t = input(numel);
+    c.copy_engine_all_reduce_async(t)->wait();
+    expect(exact(t), fmt::format("copy-engine all_reduce of {} elements", numel), r);
+  }
+  // 40 in flight, an NCCL all-reduce among them, waited in reverse order.
+  std::vector<Tensor> ts;
+  std::vector<std::unique_ptr<Work>> ws;
+  Tensor mid = on.full(9, 1.0f);
+  for (int k = 0; k < 40; ++k) {
+    ts.push_back(input(1000 + 257 * k));
+    ws.push_back(c.copy_engine_all_reduce_async(ts.back()));
+    if (k == 20) ws.push_back(c.all_reduce_async(mid, ReduceOp::Sum));
+  }
+  for (auto it = ws.rbegin(); it != ws.rend(); ++it) (*it)->wait();
+  bool all = true;
+  for (const Tensor& t : ts) all = all && exact(t);
+  expect(all && mid.to_vector() == std::vector<float>(9, float(n)),
+         "40 copy-engine all_reduces in flight with an NCCL one among them", r);
+  // After the compute stream's last write, as the NCCL path.
+  Tensor big = on.full(most, 1.0f);
+  for (int i = 0; i < 30; ++i) ops::scale_(big, 1.0f);
+  ops::fill_(big, float(r + 1));
+  auto w = c.copy_engine_all_reduce_async(big);
+  w->wait_on_device();
+  ops::scale_(big, 2.0f);  // ordered after the reduction on the device
+  w->wait();
+  const auto v = big.to_vector();
+  bool ordered = true;
+  for (int64_t i = 0; i < most; i += 4099) ordered = ordered && v[i] == float(n * (n + 1));
+  expect(ordered && v[most - 1] == float(n * (n + 1)),
+         "copy-engine all_reduce ordered after and before the compute stream", r);
+  // Inexact sums: every rank ends with the same bits, within rounding of NCCL's sum.
+  std::vector<float> noise(5000);
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i) + 1.3f * float(r));
+  Tensor a = Tensor::from_vector(noise, {5000}).to(on.dev), b = a.clone();
+  c.copy_engine_all_reduce_async(a)->wait();
+  c.all_reduce(b);
+  const auto av = a.to_vector(), bv = b.to_vector();
+  double checksum = 0, worst = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &av[i], 4);
+    checksum = std::fmod(checksum * 3.0 + double(bits % 65521), 1e9);
+    worst = std::max(worst, double(std::abs(av[i] - bv[i])));
+  }
+  expect(
+      c.all_reduce_scalar(checksum, ReduceOp::Max) == c.all_reduce_scalar(checksum, ReduceOp::Min),
+      "the same bits on every rank", r);
+  expect(worst <= 1e-6 * n, fmt::format("within rounding of NCCL's sum (worst {})", worst), r);
+  // Misuse names the limit.
+  Tensor huge = on.zeros(most + 1);
+  bool threw = false;
+  try {
+    c.copy_engine_all_reduce_async(huge);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("at most") != std::string::npos;
+  }
+  expect(threw, "a tensor over max_numel is refused, naming the limit", r);
+}
+
 // NCCL only: bf16 reductions, CPU tensors through the host communicator, ordering against the
 // compute stream, and errors for misuse.
 void check_nccl(Communicator& c, const On& on) {
@@ -184,6 +271,7 @@ void check_nccl(Communicator& c, const On& on) {
     threw = std::string(e.what()).find("connect_p2p") != std::string::npos;
   }
   expect(threw, "send on an undeclared pair names connect_p2p", r);
+  check_copy_engine(c, on);
 }
 }  // namespace
 

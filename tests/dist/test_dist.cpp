@@ -206,6 +206,22 @@ TEST(FakeCommunicator, AMissingPeerTimesOutWithANamedError) {
   EXPECT_THROW(comms[1]->recv(r, 0, 3), Error);
 }
 
+// The copy-engine all-reduce is a GPU-to-GPU path (NCCL communicator; tests/dist/
+// mpi_collectives.cpp checks it on GPUs): host backends decline to enable it, and using it
+// without enabling it is an error that says so.
+TEST(FakeCommunicator, DeclinesTheCopyEngineAllReduce) {
+  on_group(2, [&](int, Communicator& c) {
+    EXPECT_FALSE(c.enable_copy_engine_all_reduce(1024));
+    Tensor t = Tensor::full({4}, 1.0f);
+    try {
+      c.copy_engine_all_reduce_async(t);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not enabled"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(SingleCommunicator, IsTheIdentity) {
   auto c = make_single();
   Tensor t = Tensor::full({3}, 2.0f);

@@ -410,4 +410,11 @@ double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   return t.item();
 }
 
+std::unique_ptr<Work> Communicator::copy_engine_all_reduce_async(Tensor&) {
+  fail(
+      "[dist] copy_engine_all_reduce_async on group '{}': the copy-engine all-reduce is not "
+      "enabled (enable_copy_engine_all_reduce() returned false or was not called)",
+      name());
+}
+
 }  // namespace cai::dist

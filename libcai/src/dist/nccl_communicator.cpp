@@ -22,6 +22,7 @@
 // activation could wait for a receive that the peer has queued behind its own send of a
 // gradient in the other direction (deadlock); per-direction channels rule that out.
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,7 +38,9 @@
 
 #include "cai/core/error.h"
 #include "cai/dist/nccl.h"
+#include "cai/schedule/buckets.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/p2p.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/device.h"
 
@@ -154,6 +157,7 @@ struct Channel {
   std::string label;    // "group 'tp[dp=0,pp=0]' (rank 1 of 2)"
   cuda::Stream stream;  // created on `device` (made current above)
   ncclComm_t comm = nullptr;
+  bool copy_engine = false;  // the copy-engine all-reduce's channel: no NCCL communicator
   std::atomic<bool> aborted{false};
   std::mutex mu;
   std::string error;
@@ -267,7 +271,7 @@ class NcclWork : public Work {
         what_(std::move(what)),
         timeout_(timeout) {}
   ~NcclWork() override {
-    if (done_ || !ch_->comm) return;
+    if (done_ || ch_->aborted || (!ch_->comm && !ch_->copy_engine)) return;
     // Dropped before completion: the buffers must outlive the NCCL kernel.
     try {
       if (!poll([&] { return done->query() || ch_->aborted.load(); }, timeout_))
@@ -337,6 +341,107 @@ class PinnedDouble {
 
  private:
   void* p_ = nullptr;
+};
+
+// The copy-engine all-reduce's state (Communicator::enable_copy_engine_all_reduce). Each rank owns
+// one device region that every other rank maps (CUDA IPC):
+//   flags:   push[r] (rank r has pushed its contribution to this rank's chunk), ready[r] (rank r
+//            has summed its own chunk) for r < kMaxRanks, each the sequence number of the last
+//            all-reduce that did so;
+//   scratch: one slot of chunk_max floats per rank (rank r's contribution to this rank's chunk);
+//   result:  this rank's chunk of the sum, which the others pull.
+// A tensor of numel elements is cut into n chunks of round_up(ceil(numel / n), 64) elements (the
+// last ones shorter or empty); rank r owns chunk r. One all-reduce, on the channel's stream:
+// push the other ranks' chunks into their scratch slots (copy engine) and raise their push
+// flags; wait for every push flag; sum the own chunk (contributions in rank order) into the
+// tensor and the result region; raise every other rank's ready flag; for each other rank, wait
+// for its ready flag and pull its chunk of the sum into the tensor. A single scratch and result
+// region serves every operation: a rank pushes into a peer's scratch (or overwrites its own
+// result) for operation k+1 only after its stream has finished operation k, whose last waits
+// imply that every peer's stream has consumed what operation k left there.
+struct CopyEngine {
+  static constexpr int kMaxRanks = kernels::cuda::kMaxSumSources;
+  static constexpr size_t kFlagBytes = 256;
+
+  CopyEngine(int n_, int me_, int64_t max_numel_, std::shared_ptr<Channel> channel)
+      : n(n_),
+        me(me_),
+        max_numel(max_numel_),
+        chunk_max(schedule::copy_engine_chunk(max_numel_, n_)),
+        ch(channel) {
+    const auto bytes = static_cast<size_t>(schedule::copy_engine_region_bytes(max_numel, n));
+    CAI_CUDA_CHECK(cudaMalloc(&region, bytes));
+    CAI_CUDA_CHECK(cudaMemset(region, 0, kFlagBytes));
+    CAI_CUDA_CHECK(cudaDeviceSynchronize());
+    peer.assign(n, nullptr);
+  }
+  ~CopyEngine() {
+    cudaSetDevice(ch->device);
+    // A stream still waiting for a peer that never came (the job is failing): raise this rank's
+    // flags from another stream so that it drains before the memory goes.
+    bool idle = false;
+    try {
+      idle = poll([&] { return ch->stream.idle(); }, 1.0);
+    } catch (const Error&) {
+    }
+    if (!idle) {
+      try {
+        cuda::Stream aux;
+        for (int i = 0; i < 2 * kMaxRanks; ++i)
+          kernels::cuda::stream_write_flag(aux.get(), flags(region) + i, seq + (1u << 30));
+        poll([&] { return ch->stream.idle(); }, 5.0);
+      } catch (const Error&) {
+      }
+    }
+    for (char* p : peer)
+      if (p) cudaIpcCloseMemHandle(p);
+    if (region) cudaFree(region);
+  }
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  static uint32_t* flags(void* base) { return static_cast<uint32_t*>(base); }
+  static float* scratch(void* base) {
+    return reinterpret_cast<float*>(static_cast<char*>(base) + kFlagBytes);
+  }
+  float* result(void* base) const { return scratch(base) + chunk_max * n; }
+
+  void issue(float* x, int64_t numel, cudaStream_t s) {
+    namespace kc = kernels::cuda;
+    const uint32_t id = ++seq;
+    const int64_t chunk = schedule::copy_engine_chunk(numel, n);
+    auto off = [&](int r) { return std::min<int64_t>(r * chunk, numel); };
+    auto count = [&](int r) { return std::min<int64_t>(chunk, numel - off(r)); };
+    const size_t f = sizeof(float);
+    for (int k = 1; k < n; ++k) {
+      const int r = (me + k) % n;
+      if (count(r) > 0)
+        CAI_CUDA_CHECK(cudaMemcpyAsync(scratch(peer[r]) + me * chunk_max, x + off(r), count(r) * f,
+                                       cudaMemcpyDeviceToDevice, s));
+      kc::stream_write_flag(s, flags(peer[r]) + me, id);
+    }
+    for (int r = 0; r < n; ++r)
+      if (r != me) kc::stream_wait_flag(s, flags(region) + r, id);
+    const float* src[kMaxRanks];
+    for (int r = 0; r < n; ++r) src[r] = r == me ? x + off(me) : scratch(region) + r * chunk_max;
+    kc::sum_sources_f32(src, n, x + off(me), result(region), count(me), s);
+    for (int r = 0; r < n; ++r)
+      if (r != me) kc::stream_write_flag(s, flags(peer[r]) + kMaxRanks + me, id);
+    for (int k = 1; k < n; ++k) {
+      const int r = (me + k) % n;
+      kc::stream_wait_flag(s, flags(region) + kMaxRanks + r, id);
+      if (count(r) > 0)
+        CAI_CUDA_CHECK(cudaMemcpyAsync(x + off(r), result(peer[r]), count(r) * f,
+                                       cudaMemcpyDeviceToDevice, s));
+    }
+  }
+
+  int n, me;
+  int64_t max_numel, chunk_max;
+  std::shared_ptr<Channel> ch;
+  void* region = nullptr;
+  std::vector<char*> peer;  // the other ranks' regions mapped here (nullptr for this rank)
+  uint32_t seq = 0;
 };
 
 constexpr int64_t kWarmUpElements = 1 << 16;
@@ -517,6 +622,95 @@ class NcclCommunicator : public Communicator {
     return **scalar_host_;
   }
 
+  bool enable_copy_engine_all_reduce(int64_t max_numel) override {
+    CAI_CHECK(max_numel > 0,
+              "[nccl] enable_copy_engine_all_reduce on group '{}': max_numel {} "
+              "must be positive",
+              name(), max_numel);
+    const int n = size(), me = rank();
+    if (n == 1) return false;
+    if (copy_engine_) {
+      CAI_CHECK(max_numel <= copy_engine_->max_numel,
+                "[nccl] group '{}': the copy-engine all-reduce was enabled for {} elements, "
+                "asked again for {}",
+                name(), copy_engine_->max_numel, max_numel);
+      return true;
+    }
+    activate(device_);
+    // Every rank on this host, able to map every other's GPU memory.
+    bool ok = n <= CopyEngine::kMaxRanks;
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const double h =
+        static_cast<double>(std::hash<std::string>{}(host) & ((uint64_t{1} << 40) - 1));
+    ok = ok &&
+         host_->all_reduce_scalar(h, ReduceOp::Min) == host_->all_reduce_scalar(h, ReduceOp::Max);
+    constexpr int kBusWords = 8;
+    Tensor bus = Tensor::zeros({n * kBusWords}, DType::I32);
+    CAI_CUDA_CHECK(cudaDeviceGetPCIBusId(
+        reinterpret_cast<char*>(bus.data<int32_t>() + me * kBusWords), kBusWords * 4 - 1, device_));
+    host_->all_reduce(bus, ReduceOp::Sum);
+    for (int r = 0; r < n && ok; ++r) {
+      if (r == me) continue;
+      int dev = -1, can = 0;
+      const char* id = reinterpret_cast<const char*>(bus.data<int32_t>() + r * kBusWords);
+      if (cudaDeviceGetByPCIBusId(&dev, id) != cudaSuccess || dev == device_ ||
+          cudaDeviceCanAccessPeer(&can, device_, dev) != cudaSuccess || !can) {
+        cudaGetLastError();
+        ok = false;
+      }
+    }
+    if (host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) < 1.0) return false;
+    auto ch = std::make_shared<Channel>(
+        device_, timeout_,
+        fmt::format("group '{}' copy-engine all-reduce (rank {} of {})", name(), me, n));
+    ch->copy_engine = true;
+    auto ce = std::make_unique<CopyEngine>(n, me, max_numel, ch);
+    constexpr int kHandleWords = sizeof(cudaIpcMemHandle_t) / 4;
+    static_assert(sizeof(cudaIpcMemHandle_t) % 4 == 0);
+    Tensor handles = Tensor::zeros({n * kHandleWords}, DType::I32);
+    cudaIpcMemHandle_t mine;
+    CAI_CUDA_CHECK(cudaIpcGetMemHandle(&mine, ce->region));
+    std::memcpy(handles.data<int32_t>() + me * kHandleWords, &mine, sizeof(mine));
+    host_->all_reduce(handles, ReduceOp::Sum);
+    for (int r = 0; r < n && ok; ++r) {
+      if (r == me) continue;
+      cudaIpcMemHandle_t theirs;
+      std::memcpy(&theirs, handles.data<int32_t>() + r * kHandleWords, sizeof(theirs));
+      void* p = nullptr;
+      if (cudaIpcOpenMemHandle(&p, theirs, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        cudaGetLastError();
+        ok = false;
+      } else {
+        ce->peer[r] = static_cast<char*>(p);
+      }
+    }
+    if (host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) < 1.0) return false;
+    host_->barrier();  // every region's flags are zero before any rank writes them
+    watchdog().watch(ch);
+    copy_engine_ = std::move(ce);
+    return true;
+  }
+
+  std::unique_ptr<Work> copy_engine_all_reduce_async(Tensor& t) override {
+    CAI_CHECK(copy_engine_,
+              "[nccl] copy_engine_all_reduce_async on group '{}': not enabled "
+              "(enable_copy_engine_all_reduce() returned false or was not called)",
+              name());
+    on_device(t, "copy_engine_all_reduce");
+    CAI_CHECK(t.dtype() == DType::F32 && t.numel() <= copy_engine_->max_numel,
+              "[nccl] copy_engine_all_reduce on group '{}': needs fp32 of at most {} elements "
+              "(enabled for that), got {}",
+              name(), copy_engine_->max_numel, t.str());
+    auto& ch = copy_engine_->ch;
+    CAI_CHECK(!ch->aborted,
+              "[nccl] group '{}' (rank {}): the copy-engine all-reduce was aborted: {}", name(),
+              rank(), ch->why());
+    return launch(ch, describe("copy-engine all_reduce", t.numel()), {t}, [&](cudaStream_t s) {
+      copy_engine_->issue(static_cast<float*>(t.raw()), t.numel(), s);
+    });
+  }
+
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     // The CPU group splits first; its members then build their NCCL communicator from a fresh
     // unique id at their first collective.
@@ -685,6 +879,7 @@ class NcclCommunicator : public Communicator {
   std::map<std::pair<int, int>, std::shared_ptr<Channel>> pairs_;  // (src, dst) -> channel
   std::unique_ptr<PinnedDouble> scalar_host_;
   std::unique_ptr<Watchdog> watchdog_;  // started with the first NCCL communicator
+  std::unique_ptr<CopyEngine> copy_engine_;
   Watchdog& watchdog() {
     if (!watchdog_) watchdog_ = std::make_unique<Watchdog>();
     return *watchdog_;

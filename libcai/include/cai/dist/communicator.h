@@ -112,6 +112,18 @@ class Communicator {
   // A scalar reduced in double precision.
   virtual double all_reduce_scalar(double v, ReduceOp op = ReduceOp::Sum);
 
+  // Sum all-reduces of fp32 device tensors moved by the GPUs' copy engines instead of kernels
+  // (NCCL): each rank pushes every other rank's chunk of the tensor into that rank's staging
+  // buffer, sums its own chunk (a short kernel, the contributions in rank order) and the others
+  // pull the sum. No SM is held while a transfer runs or while a rank waits for a slower one
+  // (the stream waits on a flag), so the kernels beside it keep every SM. Collective: every rank
+  // calls it with the same max_numel; true where every rank of the group can map every other's
+  // memory (one host, CUDA peer access), false otherwise (and on backends without it).
+  virtual bool enable_copy_engine_all_reduce(int64_t /*max_numel*/) { return false; }
+  // After enable_copy_engine_all_reduce() returned true: in place, fp32, at most max_numel
+  // elements, issued in the same order on every rank (they pair up by that order).
+  virtual std::unique_ptr<Work> copy_engine_all_reduce_async(Tensor& t);
+
  protected:
   double timeout_ = 300.0;
 };

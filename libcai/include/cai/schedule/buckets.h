@@ -31,6 +31,17 @@ inline bool gradients_in_buckets(int zero_stage, bool fp32_buckets) {
   return zero_stage <= 1 && fp32_buckets;
 }
 
+// The copy-engine all-reduce (dist::Communicator::enable_copy_engine_all_reduce) over d ranks:
+// a tensor of numel elements is cut into d chunks of this many elements (the last ones shorter
+// or empty), and each rank holds a staging region of 256 bytes of flags, one chunk slot per rank
+// and its own chunk of the sum, sized for the largest tensor (DDP: the largest bucket).
+inline int64_t copy_engine_chunk(int64_t numel, int d) {
+  return ((numel + d - 1) / d + 63) / 64 * 64;
+}
+inline int64_t copy_engine_region_bytes(int64_t max_numel, int d) {
+  return 256 + 4 * copy_engine_chunk(max_numel, d) * (d + 1);
+}
+
 // Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
 // numels: elements per parameter (model order); layer_of: the layer index of each parameter.
 // Stage 3: one bucket per layer that has parameters, last layer first. Stages 0-2: parameters in
