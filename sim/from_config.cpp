@@ -465,7 +465,8 @@ class ConfigProgram {
     std::map<int, int> gather_op;  // position -> program index of its pending all-gather
     std::vector<int> reduce_op;    // per bucket: program index of its latest reduction
     // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
-    // (nn::LayerHooks::overlap_point: a block's attention backward, a chunk's end).
+    // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
+    // class-token gradients, a chunk's end).
     std::vector<int> waiting;
   };
   // The rank's data-parallel state, made on first use; null without data parallelism.

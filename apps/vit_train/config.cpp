@@ -90,6 +90,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
       {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
       {"parallel.gradient_comm_dtype", Kind::String, &c.gradient_comm_dtype, {"fp32", "bf16"}},
+      {"parallel.ddp_copy_engine", Kind::Bool, &c.ddp_copy_engine},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
@@ -385,6 +386,12 @@ void validate(const TrainConfig& c, int world) {
             c.gradient_comm_dtype, c.zero_stage);
   CAI_CHECK(!c.cpu_offload || c.zero_stage > 0,
             "[config] parallel.cpu_offload = true needs parallel.zero_stage >= 1");
+  CAI_CHECK(!c.ddp_copy_engine ||
+                (c.zero_stage <= 1 && c.gradient_comm_dtype == "fp32" && c.device == "cuda"),
+            "[config] parallel.ddp_copy_engine = true all-reduces fp32 buckets between GPUs: it "
+            "needs parallel.zero_stage 0 or 1 (got {}), parallel.gradient_comm_dtype = \"fp32\" "
+            "(got \"{}\") and train.device = \"cuda\" (got \"{}\")",
+            c.zero_stage, c.gradient_comm_dtype, c.device);
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);
@@ -500,6 +507,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.momentum = c.momentum;
   l.ddp_bucket_cap_mb = c.ddp_bucket_cap_mb;
   l.bucket_dtype = dtype_from_name(c.gradient_comm_dtype);
+  l.ddp_copy_engine = c.ddp_copy_engine;
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
   l.gpu = c.device == "cuda";
   // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on

@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
     dc.zero_stage = static_cast<int>(cfg.zero_stage);
     dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
     dc.bucket_dtype = dtype_from_name(cfg.gradient_comm_dtype);
+    dc.copy_engine_all_reduce = cfg.ddp_copy_engine;
     dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
     dc.cpu_offload = cfg.cpu_offload;
     parallel::PipelineConfig pc;

@@ -166,6 +166,13 @@ TEST(Config, DataParallelSettingsAreChecked) {
                {"zero_stage = 2", "lamb", "trust ratio"});
   expect_error("[parallel]\ncpu_offload = true\n", {"cpu_offload", "zero_stage >= 1"});
   expect_error("[parallel]\nzero_stage = 4\n", {"parallel.zero_stage = 4 is outside [0, 3]"});
+  // The copy-engine all-reduce: fp32 stage 0/1 buckets on GPUs only.
+  const std::string ce = "[parallel]\nddp_copy_engine = true\n";
+  EXPECT_NO_THROW(validate(parse_config(ce + "[train]\ndevice = \"cuda\"\n", "t", {}), 2));
+  expect_error(ce, {"ddp_copy_engine", "train.device = \"cuda\" (got \"cpu\")"});
+  expect_error(ce + "zero_stage = 2\n[train]\ndevice = \"cuda\"\n", {"zero_stage 0 or 1 (got 2)"});
+  expect_error(ce + "gradient_comm_dtype = \"bf16\"\n[train]\ndevice = \"cuda\"\n",
+               {"gradient_comm_dtype = \"fp32\" (got \"bf16\")"});
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {

@@ -5,7 +5,9 @@
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
 //            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
-//            [--cpu-offload] [--bucket-dtype fp32|bf16] [--data DIR]
+//            [--cpu-offload] [--bucket-dtype fp32|bf16] [--copy-engine] [--data DIR]
+// --copy-engine (DDP / ZeRO-1 on GPUs): the buckets all-reduced by the copy engines
+// (DataParallelConfig::copy_engine_all_reduce); fails unless the plugin could enable it.
 // --tp T: tensor parallelism (1D, --sp: with sequence parallelism) through the
 // HybridParallelPlugin (with --pp and data parallelism over the remaining ranks); the parameters
 // compared are its full_state(): the shards of every rank gathered back to timm's shapes.
@@ -63,6 +65,7 @@ struct PipeArgs {
   bool sp = false;
   std::string precision = "fp32";
   std::string bucket_dtype = "fp32";  // --bucket-dtype bf16: DDP/ZeRO-1 buckets all-reduced in bf16
+  bool copy_engine = false;           // --copy-engine: the buckets' all-reduce on the copy engines
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
@@ -143,12 +146,16 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.zero_bucket_size_in_m = 0.003;
     dc.cpu_offload = cpu_offload;
     dc.bucket_dtype = dtype_from_name(pa.bucket_dtype);
+    dc.copy_engine_all_reduce = pa.copy_engine;
     dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
     plugin = dpp;
   } else {
     plugin = std::make_shared<train::Plugin>();
   }
   plugin->setup(model);
+  CAI_CHECK(!pa.copy_engine || !dpp || plugin->name().find("copy-engine") != std::string::npos,
+            "--copy-engine: the plugin '{}' did not enable the copy-engine all-reduce",
+            plugin->name());
   optim::OptimizerOptions oo;
   oo.name = cpu_offload && optimizer == "adamw" ? "hybrid_adam" : optimizer;
   auto opt = optim::make_optimizer(
@@ -234,6 +241,8 @@ int main(int argc, char** argv) {
       pa.sp = true;
     else if (a == "--bucket-dtype" && i + 1 < argc)
       pa.bucket_dtype = argv[++i];
+    else if (a == "--copy-engine")
+      pa.copy_engine = true;
     else if (a == "--precision" && i + 1 < argc)
       pa.precision = argv[++i];
     else if (a == "--device" && i + 1 < argc)

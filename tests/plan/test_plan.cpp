@@ -1,6 +1,7 @@
 // The step model against hand-computed numbers for a tiny ViT, and against the code it models
 // (parameter shapes of the tensor-parallel layers, the executor's buckets).
 #include <gtest/gtest.h>
+#include <numeric>
 
 #include "cai/core/error.h"
 #include "cai/dist/communicator.h"
@@ -102,6 +103,54 @@ TEST(Plan, ZeroShardsAndMemoryByStage) {
   const auto off = plan::make_plan(c, l).stages[0].memory;
   EXPECT_EQ(off.optimizer_state, 0);
   EXPECT_GT(off.host, 0);
+}
+
+// parallel.ddp_copy_engine: each rank's staging region for the copy-engine all-reduce (256 bytes
+// of flags, one chunk slot per rank and its own chunk of the sum, chunks of the largest bucket
+// cut in dp parts and rounded up to 64 elements) joins the buffers, on GPUs with dp > 1 and fp32
+// stage 0/1 buckets only.
+TEST(Plan, CopyEngineAllReduceStagingRegionInTheBuffers) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2;
+  l.gpu = true;
+  l.ddp_bucket_cap_mb = 0.001;  // several buckets
+  const auto base = plan::plan_rank(plan::make_plan(c, l), 0).memory;
+  l.ddp_copy_engine = true;
+  const auto ce = plan::plan_rank(plan::make_plan(c, l), 0).memory;
+  // The largest bucket, as the plugin lays it out (views padded to 64 elements).
+  std::vector<int64_t> numels;
+  std::vector<int> layer_of;
+  const auto r0 = plan::plan_rank(plan::make_plan(c, l), 0);
+  for (size_t i = 0; i < r0.layer_plans.size(); ++i)
+    for (int64_t v : r0.layer_plans[i].parameter_numels)
+      numels.push_back(v), layer_of.push_back(static_cast<int>(i));
+  EXPECT_EQ(std::accumulate(numels.begin(), numels.end(), int64_t{0}), nn::ViT(c).num_parameters());
+  int64_t most = 0;
+  const auto buckets = schedule::gradient_buckets(numels, layer_of, 0, l.ddp_bucket_cap_mb, 12.0);
+  EXPECT_GT(buckets.size(), 2u);
+  for (const auto& b : buckets) {
+    int64_t v = 0;
+    for (int i : b) v += schedule::bucket_view_numel(numels[i]);
+    most = std::max(most, v);
+  }
+  const int64_t chunk = ((most + 1) / 2 + 63) / 64 * 64;
+  EXPECT_EQ(schedule::copy_engine_chunk(most, 2), chunk);
+  EXPECT_EQ(ce.buffers - base.buffers, 256 + 4 * chunk * 3);
+  EXPECT_EQ(ce.peak - base.peak, ce.buffers - base.buffers + (ce.allocator - base.allocator));
+  // Not on the CPU, not with one rank, not with bf16 buckets or ZeRO-2.
+  for (int k = 0; k < 4; ++k) {
+    plan::Layout o = l;
+    if (k == 0) o.gpu = false;
+    if (k == 1) o.world = 1;
+    if (k == 2) o.bucket_dtype = DType::BF16;
+    if (k == 3) o.zero_stage = 2;
+    plan::Layout off = o;
+    off.ddp_copy_engine = false;
+    EXPECT_EQ(plan::plan_rank(plan::make_plan(c, o), 0).memory.buffers,
+              plan::plan_rank(plan::make_plan(c, off), 0).memory.buffers)
+        << "case " << k;
+  }
 }
 
 // parallel.gradient_comm_dtype = "bf16": DDP's and ZeRO-1's flat buckets are a bf16 copy of the

@@ -122,6 +122,9 @@ struct DataParallelPlugin::Impl {
   }
 
   bool sharded_grads() const { return cfg.zero_stage >= 2; }
+  // The buckets go through the copy-engine all-reduce (cfg.copy_engine_all_reduce, where the
+  // communicator could enable it).
+  bool copy_engine = false;
   bool offload() const { return cfg.cpu_offload && device.is_cuda(); }
 
   // ---- buckets ------------------------------------------------------------------------------
@@ -205,7 +208,8 @@ struct DataParallelPlugin::Impl {
     if (!sharded_grads()) {
       if (b.launched) return;
       pack(b);
-      b.work = dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
+      b.work = copy_engine ? dp.copy_engine_all_reduce_async(b.flat)
+                           : dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
     } else {
       // The previous micro-batch's reduction of this bucket, then the oldest while the window
       // is full (schedule::InflightWindow, which the plan and the simulator follow too).
@@ -421,7 +425,9 @@ DataParallelPlugin::DataParallelPlugin(dist::Communicator& dp, DataParallelConfi
 DataParallelPlugin::~DataParallelPlugin() = default;
 
 std::string DataParallelPlugin::name() const {
-  const std::string comm = impl_->cfg.bucket_dtype == DType::F32 ? "" : " (bf16 buckets)";
+  const std::string comm = impl_->cfg.bucket_dtype != DType::F32 ? " (bf16 buckets)"
+                           : impl_->copy_engine                  ? " (copy-engine all-reduce)"
+                                                                 : "";
   return impl_->cfg.zero_stage == 0
              ? fmt::format("ddp×{}{}", impl_->size, comm)
              : fmt::format("zero-{}×{}{}", impl_->cfg.zero_stage, impl_->size, comm);
@@ -545,6 +551,11 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     }
   }
   m.build_buckets();
+  if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views() && !m.sharded_grads()) {
+    int64_t most = 0;
+    for (const auto& b : m.buckets) most = std::max(most, b.numel);
+    m.copy_engine = most > 0 && m.dp.enable_copy_engine_all_reduce(most);
+  }
   if (m.cfg.zero_stage >= 2)
     for (nn::Parameter* p : m.params) p->grad = Tensor();  // created per layer in backward
   if (m.cfg.zero_stage == 3) {

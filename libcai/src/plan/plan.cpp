@@ -829,6 +829,13 @@ void replay(const StepPlan& plan, RankPlan& r) {
   m.buffers = !rp.plugin() || l.zero_stage >= 2 ? 0
               : rp.grad_views()                 ? 4 * (padded - N)
                                 : static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N;
+  // The copy-engine all-reduce's staging region, sized for the largest bucket.
+  if (rp.plugin() && rp.grad_views() && l.ddp_copy_engine && l.gpu && d > 1) {
+    int64_t most = 0;
+    for (size_t b = 0; b < rp.buckets.size(); ++b)
+      most = std::max(most, rp.bucket_view_numel(static_cast<int>(b)));
+    if (most > 0) m.buffers += schedule::copy_engine_region_bytes(most, d);
+  }
   m.host = offload ? 4 * (2 + slots) * S : 0;
   // Every rank of a pipeline or tensor group holds the whole batch (the stages take their
   // micro-batches' slices from it; the last one reads the labels).

@@ -3,8 +3,9 @@
 //  stage 0 (DDP): parameters broadcast from rank 0; gradients grouped in buckets of
 //    ddp_bucket_cap_mb (in backward order); once the last layer owning one of its parameters has
 //    finished its backward, each bucket's all-reduce starts at the next overlap point
-//    (nn::LayerHooks::overlap_point: the next block's attention backward, not beside the GEMMs
-//    that follow a block's end; without one, when the next layer's gradients are ready), on the
+//    (nn::LayerHooks::overlap_point: the next block's attention backward, or the embedding's
+//    position and class-token gradients, not beside the GEMMs that follow a block's end; without
+//    one, when the next layer's gradients are ready), on the
 //    final micro-batch of a step. The loss of every sample is weighted by 1/global batch, so the
 //    summed gradient is the average of the ranks' local-mean gradients (what PyTorch DDP computes).
 //  stage 1: as DDP, but each rank keeps the optimizer state of its shard only (every parameter
@@ -73,6 +74,13 @@ struct DataParallelConfig {
   // is widened back into the fp32 gradients; half the bytes on the wire for about 3 significant
   // digits per element (relative error up to 2^-8 per rounding, a few per reduction).
   DType bucket_dtype = DType::F32;
+  // Stage 0/1 with fp32 buckets on GPUs: all-reduce the buckets with the GPUs' copy engines
+  // (dist::Communicator::enable_copy_engine_all_reduce: no SM held by the transfers or by a rank
+  // waiting for a slower one) where every rank is on one host with peer access; NCCL otherwise.
+  // Costs one staging region per rank of about the largest bucket (plan::step_memory counts it).
+  // Not faster so far: 2 H100, ViT-B/16 batch 256, 0.5% fewer img/s than NCCL's kernels (the
+  // chunk sums cost the SM time NCCL's kernels took; docs/bench/README.md).
+  bool copy_engine_all_reduce = false;
 };
 
 class DataParallelPlugin : public train::Plugin {

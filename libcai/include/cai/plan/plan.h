@@ -59,6 +59,9 @@ struct Layout {
   double ddp_bucket_cap_mb = 25.0, zero_bucket_size_in_m = 12.0;
   int zero_max_inflight_buckets = 2, zero3_prefetch = 1;
   DType bucket_dtype = DType::F32;  // stage 0/1 buckets' dtype (parallel.gradient_comm_dtype)
+  // Stage 0/1 fp32 buckets all-reduced by the copy engines (parallel.ddp_copy_engine): a staging
+  // region per rank (schedule::copy_engine_region_bytes) among the buffers.
+  bool ddp_copy_engine = false;
   bool gpu = false;  // parameters on a GPU: fused attention in half, offload moves to the host
   // Gradients go through parallel::DataParallelPlugin (every multi-process run, ZeRO, pipeline):
   // DDP's flat bucket buffers exist. False: one process without a plugin.
