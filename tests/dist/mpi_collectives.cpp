@@ -3,8 +3,9 @@
 //     counts, a zero count, non-blocking overlap, point to point, split, scalar in double); with
 //     nccl on one GPU per rank, plus bf16, the ordering against the compute stream and the
 //     copy-engine all-reduce (the GPUs of one host with peer access, as the GPU hosts have).
-//   --hang [--backend mpi|nccl]: rank 1 stops joining; rank 0's all-reduce must fail within
-//     CAI_COLLECTIVE_TIMEOUT, naming the operation and the group.
+//   --hang [--backend mpi|nccl|nccl-ce]: rank 1 stops joining; rank 0's all-reduce must fail
+//     within CAI_COLLECTIVE_TIMEOUT, naming the operation and the group (nccl-ce: the copy-engine
+//     all-reduce, whose stream waits on a flag the dead peer never raises).
 // With --backend nccl the test exits 77 (skipped) when the build has no CUDA or the node has
 // fewer GPUs than ranks, saying why.
 #include <algorithm>
@@ -284,6 +285,8 @@ int main(int argc, char** argv) {
   auto world = env.world(30.0);
   std::unique_ptr<Communicator> nccl;
   On on{Device::cpu()};
+  const bool copy_engine = backend == "nccl-ce";
+  if (copy_engine) backend = "nccl";
   if (backend == "nccl") {
     const std::string why = test::gpu_skip_reason();
     if (!why.empty()) {
@@ -320,13 +323,23 @@ int main(int argc, char** argv) {
       world->set_timeout(120), comm.set_timeout(120);
       Tensor warm = Tensor::full({16}, 1.0f).to(on.dev);
       comm.all_reduce(warm);
+      if (copy_engine) {
+        if (!comm.enable_copy_engine_all_reduce(1024)) {
+          if (world->rank() == 0) std::printf("skipped: no peer access between the GPUs\n");
+          return test::kSkip;
+        }
+        comm.copy_engine_all_reduce_async(warm)->wait();
+      }
       world->set_timeout(limit), comm.set_timeout(limit);
       if (world->rank() == 1) {
         std::this_thread::sleep_for(std::chrono::seconds(120));  // never joins again
         return 0;
       }
       Tensor t = Tensor::full({16}, 1.0f).to(on.dev);
-      comm.all_reduce(t);
+      if (copy_engine)
+        comm.copy_engine_all_reduce_async(t)->wait();
+      else
+        comm.all_reduce(t);
       std::printf("all_reduce completed unexpectedly\n");
       return 0;
     } catch (const Error& e) {
@@ -334,6 +347,6 @@ int main(int argc, char** argv) {
       MpiEnvironment::abort(3);
     }
   }
-  std::fprintf(stderr, "usage: %s --check|--hang [--backend mpi|nccl]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s --check|--hang [--backend mpi|nccl|nccl-ce]\n", argv[0]);
   return 2;
 }

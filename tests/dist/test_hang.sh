@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank that stops joining collectives: the others fail within CAI_COLLECTIVE_TIMEOUT with a
 # message naming the operation and group, the job ends, and no process is left behind.
-#   test_hang.sh MPI_COLLECTIVES_BINARY [mpi|nccl]   (nccl: exit 77 when it cannot run here)
+#   test_hang.sh MPI_COLLECTIVES_BINARY [mpi|nccl|nccl-ce]   (nccl*: exit 77 when it cannot run
+#   here; nccl-ce: the copy-engine all-reduce)
 set -uo pipefail
 bin=${1:?mpi_collectives binary}
 backend=${2:-mpi}
@@ -13,7 +14,9 @@ echo "$out" | grep -v "^\s*$" | head -20
 if [ $rc -eq 77 ]; then echo "hang test ($backend): skipped"; exit 77; fi
 [ $rc -ne 0 ] || { echo "expected a non-zero exit"; exit 1; }
 [ $rc -ne 124 ] || { echo "the job hung until the outer timeout"; exit 1; }
-grep -q "\[$backend\] all_reduce of 16 elements on group 'world' (2 ranks, rank 0) did not complete within 2 s" <<<"$out" ||
+op="[$backend] all_reduce"
+[ "$backend" = nccl-ce ] && op="[nccl] copy-engine all_reduce"
+grep -qF "$op of 16 elements on group 'world' (2 ranks, rank 0) did not complete within 2 s" <<<"$out" ||
   { echo "missing the timeout message"; exit 1; }
 [ $elapsed -lt 60 ] || { echo "took ${elapsed}s"; exit 1; }
 sleep 1
