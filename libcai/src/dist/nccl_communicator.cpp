@@ -220,8 +220,8 @@ class Watchdog {
     if (!late.empty())
       ch.abort(fmt::format(
           "[nccl] {} did not complete within {} s: a peer has died or hung (the watchdog aborted "
-          "the NCCL communicator; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
-          late, ch.timeout));
+          "the {}; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
+          late, ch.timeout, ch.copy_engine ? "copy-engine all-reduce" : "NCCL communicator"));
   }
 
   std::mutex mu_;
@@ -295,10 +295,10 @@ class NcclWork : public Work {
   }
   void wait() override {
     if (poll([&] { return test(); }, timeout_)) return;
-    ch_->abort(
-        fmt::format("[nccl] {} did not complete within {} s: a peer has died or hung (the NCCL "
-                    "communicator was aborted; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
-                    what_, timeout_));
+    ch_->abort(fmt::format(
+        "[nccl] {} did not complete within {} s: a peer has died or hung (the {} was aborted; set "
+        "CAI_COLLECTIVE_TIMEOUT to change the limit)",
+        what_, timeout_, ch_->copy_engine ? "copy-engine all-reduce" : "NCCL communicator"));
     fail("{}", ch_->why());
   }
 
