@@ -290,7 +290,8 @@ int main(int argc, char** argv) {
                                  : "colossalai-cpp " + precision;
     if (tp > 1) impl += fmt::format(" tp{}{}", tp, sp ? "+sp" : "");
     if (ranks > 1 && dc.bucket_dtype != DType::F32) impl += " " + bucket_dtype + "-buckets";
-    if (ranks > 1 && dp && dp->name().find("copy-engine") != std::string::npos)
+    if (auto* ddp = dynamic_cast<parallel::DataParallelPlugin*>(dp.get());
+        ddp && ddp->uses_copy_engine_all_reduce())
       impl += " copy-engine";
     const std::string label = act == "gelu" ? impl : impl + " " + act;
     if (li.rank == 0)

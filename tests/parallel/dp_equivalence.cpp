@@ -153,7 +153,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     plugin = std::make_shared<train::Plugin>();
   }
   plugin->setup(model);
-  CAI_CHECK(!pa.copy_engine || !dpp || plugin->name().find("copy-engine") != std::string::npos,
+  CAI_CHECK(!pa.copy_engine || !dpp || dpp->uses_copy_engine_all_reduce(),
             "--copy-engine: the plugin '{}' did not enable the copy-engine all-reduce",
             plugin->name());
   optim::OptimizerOptions oo;

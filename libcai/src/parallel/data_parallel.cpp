@@ -442,6 +442,10 @@ std::pair<int64_t, int64_t> DataParallelPlugin::shard_range(int64_t n, int r, in
   return {chunk_begin(n, r, size), chunk_begin(n, r + 1, size)};
 }
 
+bool DataParallelPlugin::uses_copy_engine_all_reduce() const {
+  return impl_->copy_engine;
+}
+
 int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
 }
@@ -551,7 +555,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     }
   }
   m.build_buckets();
-  if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views() && !m.sharded_grads()) {
+  if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views()) {
     int64_t most = 0;
     for (const auto& b : m.buckets) most = std::max(most, b.numel);
     m.copy_engine = most > 0 && m.dp.enable_copy_engine_all_reduce(most);

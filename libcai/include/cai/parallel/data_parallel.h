@@ -117,6 +117,9 @@ class DataParallelPlugin : public train::Plugin {
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   int num_buckets() const;
+  // Whether the buckets go through the copy-engine all-reduce (asked for with
+  // copy_engine_all_reduce, and the communicator could enable it).
+  bool uses_copy_engine_all_reduce() const;
   // ZeRO's cut: elements [begin, end) of an n-element parameter that rank r of `size` owns.
   static std::pair<int64_t, int64_t> shard_range(int64_t n, int r, int size);
   // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,
