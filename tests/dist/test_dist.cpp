@@ -222,6 +222,22 @@ TEST(FakeCommunicator, DeclinesTheCopyEngineAllReduce) {
   });
 }
 
+TEST(FakeCommunicator, DeclinesTheCopyEngineExchange) {
+  on_group(2, [&](int, Communicator& c) {
+    EXPECT_FALSE(c.enable_copy_engine_exchange(1024));
+    Tensor t = Tensor::full({4}, 1.0f);
+    for (int op = 0; op < 2; ++op) try {
+        if (op == 0)
+          c.exchange_push_async(t, 0);
+        else
+          c.exchange_sum_async({t}, {0});
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not enabled"), std::string::npos) << e.what();
+      }
+  });
+}
+
 TEST(SingleCommunicator, IsTheIdentity) {
   auto c = make_single();
   Tensor t = Tensor::full({3}, 2.0f);

@@ -417,4 +417,30 @@ std::unique_ptr<Work> Communicator::copy_engine_all_reduce_async(Tensor&) {
       name());
 }
 
+namespace {
+[[noreturn]] void exchange_not_enabled(const char* op, const std::string& group) {
+  fail(
+      "[dist] {} on group '{}': the copy-engine gradient exchange is not enabled "
+      "(enable_copy_engine_exchange() returned false or was not called)",
+      op, group);
+}
+}  // namespace
+
+std::unique_ptr<Work> Communicator::exchange_sum_async(const std::vector<Tensor>&,
+                                                       const std::vector<int64_t>&) {
+  exchange_not_enabled("exchange_sum_async", name());
+}
+std::unique_ptr<Work> Communicator::exchange_push_async(const Tensor&, int64_t) {
+  exchange_not_enabled("exchange_push_async", name());
+}
+std::unique_ptr<Work> Communicator::exchange_wait_async() {
+  exchange_not_enabled("exchange_wait_async", name());
+}
+std::unique_ptr<Work> Communicator::exchange_end_async() {
+  exchange_not_enabled("exchange_end_async", name());
+}
+std::vector<const float*> Communicator::exchange_received() {
+  exchange_not_enabled("exchange_received", name());
+}
+
 }  // namespace cai::dist

@@ -343,8 +343,62 @@ class PinnedDouble {
   void* p_ = nullptr;
 };
 
-// The copy-engine all-reduce's state (Communicator::enable_copy_engine_all_reduce). Each rank owns
-// one device region that every other rank maps (CUDA IPC):
+// A device region of this rank that every other rank of the group maps (CUDA IPC), starting
+// with kFlagBytes of 32-bit flags that the peers raise with stream memory operations
+// (kernels/cuda/p2p.h); the copy-engine all-reduce and the gradient exchange build on it.
+// `seq` is the largest value a wait on this rank's flags may be waiting for: a stream still
+// waiting when the region goes (a peer died) is released by raising every flag past it. `side`:
+// a second stream for waits that must not queue behind the channel stream's copies.
+struct PeerRegion {
+  static constexpr int kMaxRanks = kernels::cuda::kMaxSumSources;
+  static constexpr size_t kFlagBytes = 256;
+
+  PeerRegion(int n_, int me_, size_t bytes, std::shared_ptr<Channel> channel)
+      : n(n_), me(me_), ch(std::move(channel)) {
+    CAI_CUDA_CHECK(cudaMalloc(&region, bytes));
+    CAI_CUDA_CHECK(cudaMemset(region, 0, kFlagBytes));
+    CAI_CUDA_CHECK(cudaDeviceSynchronize());
+    peer.assign(n, nullptr);
+  }
+  ~PeerRegion() {
+    cudaSetDevice(ch->device);
+    bool idle = false;
+    const auto both_idle = [&] { return ch->stream.idle() && side.idle(); };
+    try {
+      idle = poll(both_idle, 1.0);
+    } catch (const Error&) {
+    }
+    if (!idle) {
+      try {
+        cuda::Stream aux;
+        for (size_t i = 0; i < kFlagBytes / sizeof(uint32_t); ++i)
+          kernels::cuda::stream_write_flag(aux.get(), flags(region) + i, seq + (1u << 30));
+        poll(both_idle, 5.0);
+      } catch (const Error&) {
+      }
+    }
+    for (char* p : peer)
+      if (p) cudaIpcCloseMemHandle(p);
+    if (region) cudaFree(region);
+  }
+  PeerRegion(const PeerRegion&) = delete;
+  PeerRegion& operator=(const PeerRegion&) = delete;
+
+  static uint32_t* flags(void* base) { return static_cast<uint32_t*>(base); }
+  static float* data(void* base) {
+    return reinterpret_cast<float*>(static_cast<char*>(base) + kFlagBytes);
+  }
+
+  int n, me;
+  std::shared_ptr<Channel> ch;
+  cuda::Stream side;
+  void* region = nullptr;
+  std::vector<char*> peer;  // the other ranks' regions mapped here (nullptr for this rank)
+  uint32_t seq = 0;
+};
+
+// The copy-engine all-reduce's state (Communicator::enable_copy_engine_all_reduce). Each rank's
+// region holds:
 //   flags:   push[r] (rank r has pushed its contribution to this rank's chunk), ready[r] (rank r
 //            has summed its own chunk) for r < kMaxRanks, each the sequence number of the last
 //            all-reduce that did so;
@@ -359,51 +413,14 @@ class PinnedDouble {
 // region serves every operation: a rank pushes into a peer's scratch (or overwrites its own
 // result) for operation k+1 only after its stream has finished operation k, whose last waits
 // imply that every peer's stream has consumed what operation k left there.
-struct CopyEngine {
-  static constexpr int kMaxRanks = kernels::cuda::kMaxSumSources;
-  static constexpr size_t kFlagBytes = 256;
-
+struct CopyEngine : PeerRegion {
   CopyEngine(int n_, int me_, int64_t max_numel_, std::shared_ptr<Channel> channel)
-      : n(n_),
-        me(me_),
+      : PeerRegion(n_, me_, static_cast<size_t>(schedule::copy_engine_region_bytes(max_numel_, n_)),
+                   std::move(channel)),
         max_numel(max_numel_),
-        chunk_max(schedule::copy_engine_chunk(max_numel_, n_)),
-        ch(channel) {
-    const auto bytes = static_cast<size_t>(schedule::copy_engine_region_bytes(max_numel, n));
-    CAI_CUDA_CHECK(cudaMalloc(&region, bytes));
-    CAI_CUDA_CHECK(cudaMemset(region, 0, kFlagBytes));
-    CAI_CUDA_CHECK(cudaDeviceSynchronize());
-    peer.assign(n, nullptr);
-  }
-  ~CopyEngine() {
-    cudaSetDevice(ch->device);
-    // A stream still waiting for a peer that never came (the job is failing): raise this rank's
-    // flags from another stream so that it drains before the memory goes.
-    bool idle = false;
-    try {
-      idle = poll([&] { return ch->stream.idle(); }, 1.0);
-    } catch (const Error&) {
-    }
-    if (!idle) {
-      try {
-        cuda::Stream aux;
-        for (int i = 0; i < 2 * kMaxRanks; ++i)
-          kernels::cuda::stream_write_flag(aux.get(), flags(region) + i, seq + (1u << 30));
-        poll([&] { return ch->stream.idle(); }, 5.0);
-      } catch (const Error&) {
-      }
-    }
-    for (char* p : peer)
-      if (p) cudaIpcCloseMemHandle(p);
-    if (region) cudaFree(region);
-  }
-  CopyEngine(const CopyEngine&) = delete;
-  CopyEngine& operator=(const CopyEngine&) = delete;
+        chunk_max(schedule::copy_engine_chunk(max_numel_, n_)) {}
 
-  static uint32_t* flags(void* base) { return static_cast<uint32_t*>(base); }
-  static float* scratch(void* base) {
-    return reinterpret_cast<float*>(static_cast<char*>(base) + kFlagBytes);
-  }
+  static float* scratch(void* base) { return data(base); }
   float* result(void* base) const { return scratch(base) + chunk_max * n; }
 
   void issue(float* x, int64_t numel, cudaStream_t s) {
@@ -436,12 +453,84 @@ struct CopyEngine {
     }
   }
 
-  int n, me;
   int64_t max_numel, chunk_max;
-  std::shared_ptr<Channel> ch;
-  void* region = nullptr;
-  std::vector<char*> peer;  // the other ranks' regions mapped here (nullptr for this rank)
-  uint32_t seq = 0;
+};
+
+// The copy-engine gradient exchange's state (Communicator::enable_copy_engine_exchange). Each
+// rank's region holds:
+//   flags: arrive[r] (the pushes of rank r that have landed here, counted over every round) and
+//          ended[r] (the rounds rank r has ended: it has read what this rank pushed there), for
+//          r < kMaxRanks;
+//   slots: numel floats for each other rank (rank r's slot is r below this rank, r - 1 above).
+// On the channel's stream, in issue order: a push copies a range into every peer's slot for
+// this rank (copy engine) and raises that peer's arrive flag to this rank's push count; a
+// round's first push first waits for every peer's ended flag to reach the previous round (the
+// peer has read its slots). The summed round's end waits for every peer's arrive flag to reach
+// this rank's own push count (every rank pushes alike), sums each range in rank order in place
+// (one kernel per range) and raises the peers' ended flags. A reader that sums as it reads waits
+// for the arrivals on the side stream instead (not behind this rank's own last copies, which
+// only the next zeroing of the gradients needs to see done) and ends the round on the channel's
+// stream after its reads.
+struct Exchange : PeerRegion {
+  Exchange(int n_, int me_, int64_t numel_, std::shared_ptr<Channel> channel)
+      : PeerRegion(n_, me_,
+                   static_cast<size_t>(schedule::copy_engine_exchange_region_bytes(numel_, n_)),
+                   std::move(channel)),
+        numel(numel_) {}
+
+  uint32_t* arrive(void* base) const { return flags(base); }
+  uint32_t* ended(void* base) const { return flags(base) + kMaxRanks; }
+  // Rank r's slot in rank q's region.
+  float* slot(void* base, int r, int q) const {
+    return data(base) + static_cast<int64_t>(r < q ? r : r - 1) * numel;
+  }
+
+  void push(const float* x, int64_t count, int64_t offset, cudaStream_t s) {
+    namespace kc = kernels::cuda;
+    if (!in_round) {
+      for (int r = 0; r < n; ++r)
+        if (r != me) kc::stream_wait_flag(s, ended(region) + r, rounds);
+      in_round = true;
+    }
+    ++pushes;
+    seq = std::max(pushes, rounds + 1);
+    for (int k = 1; k < n; ++k) {
+      const int r = (me + k) % n;
+      if (count > 0)
+        CAI_CUDA_CHECK(cudaMemcpyAsync(slot(peer[r], me, r) + offset, x, count * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s));
+      kc::stream_write_flag(s, arrive(peer[r]) + me, pushes);
+    }
+  }
+
+  // Waits until every peer's pushes of the round have landed here.
+  void arrivals(cudaStream_t s) {
+    for (int r = 0; r < n; ++r)
+      if (r != me) kernels::cuda::stream_wait_flag(s, arrive(region) + r, pushes);
+  }
+  // The peers may push the next round.
+  void end(cudaStream_t s) {
+    ++rounds;
+    seq = std::max(pushes, rounds + 1);
+    in_round = false;
+    for (int r = 0; r < n; ++r)
+      if (r != me) kernels::cuda::stream_write_flag(s, ended(peer[r]) + me, rounds);
+  }
+  void end_round(const std::vector<std::pair<float*, int64_t>>& ranges,
+                 const std::vector<int64_t>& offsets, cudaStream_t s) {
+    arrivals(s);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const float* src[kMaxRanks];
+      for (int r = 0; r < n; ++r)
+        src[r] = r == me ? ranges[i].first : slot(region, r, me) + offsets[i];
+      kernels::cuda::sum_sources_f32(src, n, ranges[i].first, nullptr, ranges[i].second, s);
+    }
+    end(s);
+  }
+
+  int64_t numel;
+  uint32_t pushes = 0, rounds = 0;
+  bool in_round = false;
 };
 
 constexpr int64_t kWarmUpElements = 1 << 16;
@@ -627,8 +716,7 @@ class NcclCommunicator : public Communicator {
               "[nccl] enable_copy_engine_all_reduce on group '{}': max_numel {} "
               "must be positive",
               name(), max_numel);
-    const int n = size(), me = rank();
-    if (n == 1) return false;
+    if (size() == 1) return false;
     if (copy_engine_) {
       CAI_CHECK(max_numel <= copy_engine_->max_numel,
                 "[nccl] group '{}': the copy-engine all-reduce was enabled for {} elements, "
@@ -636,57 +724,13 @@ class NcclCommunicator : public Communicator {
                 name(), copy_engine_->max_numel, max_numel);
       return true;
     }
-    activate(device_);
-    // Every rank on this host, able to map every other's GPU memory.
-    bool ok = n <= CopyEngine::kMaxRanks;
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    const double h =
-        static_cast<double>(std::hash<std::string>{}(host) & ((uint64_t{1} << 40) - 1));
-    ok = ok &&
-         host_->all_reduce_scalar(h, ReduceOp::Min) == host_->all_reduce_scalar(h, ReduceOp::Max);
-    constexpr int kBusWords = 8;
-    Tensor bus = Tensor::zeros({n * kBusWords}, DType::I32);
-    CAI_CUDA_CHECK(cudaDeviceGetPCIBusId(
-        reinterpret_cast<char*>(bus.data<int32_t>() + me * kBusWords), kBusWords * 4 - 1, device_));
-    host_->all_reduce(bus, ReduceOp::Sum);
-    for (int r = 0; r < n && ok; ++r) {
-      if (r == me) continue;
-      int dev = -1, can = 0;
-      const char* id = reinterpret_cast<const char*>(bus.data<int32_t>() + r * kBusWords);
-      if (cudaDeviceGetByPCIBusId(&dev, id) != cudaSuccess || dev == device_ ||
-          cudaDeviceCanAccessPeer(&can, device_, dev) != cudaSuccess || !can) {
-        cudaGetLastError();
-        ok = false;
-      }
-    }
-    if (host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) < 1.0) return false;
+    if (!peers_mappable()) return false;
     auto ch = std::make_shared<Channel>(
         device_, timeout_,
-        fmt::format("group '{}' copy-engine all-reduce (rank {} of {})", name(), me, n));
+        fmt::format("group '{}' copy-engine all-reduce (rank {} of {})", name(), rank(), size()));
     ch->copy_engine = true;
-    auto ce = std::make_unique<CopyEngine>(n, me, max_numel, ch);
-    constexpr int kHandleWords = sizeof(cudaIpcMemHandle_t) / 4;
-    static_assert(sizeof(cudaIpcMemHandle_t) % 4 == 0);
-    Tensor handles = Tensor::zeros({n * kHandleWords}, DType::I32);
-    cudaIpcMemHandle_t mine;
-    CAI_CUDA_CHECK(cudaIpcGetMemHandle(&mine, ce->region));
-    std::memcpy(handles.data<int32_t>() + me * kHandleWords, &mine, sizeof(mine));
-    host_->all_reduce(handles, ReduceOp::Sum);
-    for (int r = 0; r < n && ok; ++r) {
-      if (r == me) continue;
-      cudaIpcMemHandle_t theirs;
-      std::memcpy(&theirs, handles.data<int32_t>() + r * kHandleWords, sizeof(theirs));
-      void* p = nullptr;
-      if (cudaIpcOpenMemHandle(&p, theirs, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
-        cudaGetLastError();
-        ok = false;
-      } else {
-        ce->peer[r] = static_cast<char*>(p);
-      }
-    }
-    if (host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) < 1.0) return false;
-    host_->barrier();  // every region's flags are zero before any rank writes them
+    auto ce = std::make_unique<CopyEngine>(size(), rank(), max_numel, ch);
+    if (!map_peer_regions(*ce)) return false;
     watchdog().watch(ch);
     copy_engine_ = std::move(ce);
     return true;
@@ -709,6 +753,89 @@ class NcclCommunicator : public Communicator {
     return launch(ch, describe("copy-engine all_reduce", t.numel()), {t}, [&](cudaStream_t s) {
       copy_engine_->issue(static_cast<float*>(t.raw()), t.numel(), s);
     });
+  }
+
+  bool enable_copy_engine_exchange(int64_t numel) override {
+    CAI_CHECK(numel > 0,
+              "[nccl] enable_copy_engine_exchange on group '{}': numel {} must be positive", name(),
+              numel);
+    if (size() == 1) return false;
+    if (exchange_) {
+      CAI_CHECK(numel == exchange_->numel,
+                "[nccl] group '{}': the copy-engine gradient exchange was enabled for {} "
+                "elements, asked again for {}",
+                name(), exchange_->numel, numel);
+      return true;
+    }
+    if (!peers_mappable()) return false;
+    auto ch = std::make_shared<Channel>(
+        device_, timeout_,
+        fmt::format("group '{}' copy-engine exchange (rank {} of {})", name(), rank(), size()));
+    ch->copy_engine = true;
+    auto ex = std::make_unique<Exchange>(size(), rank(), numel, ch);
+    if (!map_peer_regions(*ex)) return false;
+    watchdog().watch(ch);
+    exchange_ = std::move(ex);
+    return true;
+  }
+
+  std::unique_ptr<Work> exchange_push_async(const Tensor& t, int64_t offset) override {
+    Exchange& ex = exchange("exchange_push_async");
+    on_device(t, "exchange_push");
+    CAI_CHECK(t.dtype() == DType::F32 && offset >= 0 && offset + t.numel() <= ex.numel,
+              "[nccl] exchange_push on group '{}': needs fp32 elements within the {} enabled, "
+              "got {} at offset {}",
+              name(), ex.numel, t.str(), offset);
+    return launch(
+        ex.ch, describe("copy-engine exchange push", t.numel()), {t},
+        [&](cudaStream_t s) { ex.push(static_cast<const float*>(t.raw()), t.numel(), offset, s); });
+  }
+
+  std::unique_ptr<Work> exchange_sum_async(const std::vector<Tensor>& ts,
+                                           const std::vector<int64_t>& offsets) override {
+    Exchange& ex = exchange("exchange_sum_async");
+    CAI_CHECK(ts.size() == offsets.size(),
+              "[nccl] exchange_sum on group '{}': {} tensors but {} offsets", name(), ts.size(),
+              offsets.size());
+    std::vector<std::pair<float*, int64_t>> ranges;
+    int64_t total = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      on_device(ts[i], "exchange_sum");
+      CAI_CHECK(
+          ts[i].dtype() == DType::F32 && offsets[i] >= 0 && offsets[i] + ts[i].numel() <= ex.numel,
+          "[nccl] exchange_sum on group '{}': needs fp32 elements within the {} enabled, "
+          "got {} at offset {}",
+          name(), ex.numel, ts[i].str(), offsets[i]);
+      ranges.emplace_back(static_cast<float*>(ts[i].raw()), ts[i].numel());
+      total += ts[i].numel();
+    }
+    return launch(ex.ch, describe("copy-engine exchange sum", total), ts,
+                  [&](cudaStream_t s) { ex.end_round(ranges, offsets, s); });
+  }
+
+  std::unique_ptr<Work> exchange_wait_async() override {
+    Exchange& ex = exchange("exchange_wait_async");
+    activate(device_);
+    const std::string what = describe("copy-engine exchange arrivals", ex.numel);
+    ex.arrivals(ex.side.get());
+    auto w = std::make_unique<NcclWork>(ex.ch, what, timeout_);
+    w->done->record(ex.side.get());
+    ex.ch->track(w->done, what);
+    return w;
+  }
+
+  std::unique_ptr<Work> exchange_end_async() override {
+    Exchange& ex = exchange("exchange_end_async");
+    return launch(ex.ch, describe("copy-engine exchange end", ex.numel), {},
+                  [&](cudaStream_t s) { ex.end(s); });
+  }
+
+  std::vector<const float*> exchange_received() override {
+    Exchange& ex = exchange("exchange_received");
+    std::vector<const float*> out(ex.n, nullptr);
+    for (int r = 0; r < ex.n; ++r)
+      if (r != ex.me) out[r] = ex.slot(ex.region, r, ex.me);
+    return out;
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
@@ -880,6 +1007,79 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<PinnedDouble> scalar_host_;
   std::unique_ptr<Watchdog> watchdog_;  // started with the first NCCL communicator
   std::unique_ptr<CopyEngine> copy_engine_;
+  std::unique_ptr<Exchange> exchange_;
+
+  Exchange& exchange(const char* op) {
+    CAI_CHECK(exchange_,
+              "[nccl] {} on group '{}': the copy-engine gradient exchange is not enabled "
+              "(enable_copy_engine_exchange() returned false or was not called)",
+              op, name());
+    CAI_CHECK(!exchange_->ch->aborted,
+              "[nccl] group '{}' (rank {}): the copy-engine gradient exchange was aborted: {}",
+              name(), rank(), exchange_->ch->why());
+    return *exchange_;
+  }
+
+  // Collective: whether every rank of the group is on this host with CUDA peer access to every
+  // other rank's GPU (and the group is small enough for the copy-engine paths).
+  bool peers_mappable() {
+    const int n = size(), me = rank();
+    activate(device_);
+    bool ok = n <= PeerRegion::kMaxRanks;
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const double h =
+        static_cast<double>(std::hash<std::string>{}(host) & ((uint64_t{1} << 40) - 1));
+    ok = ok &&
+         host_->all_reduce_scalar(h, ReduceOp::Min) == host_->all_reduce_scalar(h, ReduceOp::Max);
+    constexpr int kBusWords = 8;
+    Tensor bus = Tensor::zeros({n * kBusWords}, DType::I32);
+    CAI_CUDA_CHECK(cudaDeviceGetPCIBusId(
+        reinterpret_cast<char*>(bus.data<int32_t>() + me * kBusWords), kBusWords * 4 - 1, device_));
+    host_->all_reduce(bus, ReduceOp::Sum);
+    for (int r = 0; r < n && ok; ++r) {
+      if (r == me) continue;
+      int dev = -1, can = 0;
+      const char* id = reinterpret_cast<const char*>(bus.data<int32_t>() + r * kBusWords);
+      if (cudaDeviceGetByPCIBusId(&dev, id) != cudaSuccess || dev == device_ ||
+          cudaDeviceCanAccessPeer(&can, device_, dev) != cudaSuccess || !can) {
+        cudaGetLastError();
+        ok = false;
+      }
+    }
+    return host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) >= 1.0;
+  }
+
+  // Collective: maps every other rank's region of `pr` here (CUDA IPC); false (on every rank)
+  // when some rank could not. Ends with a barrier: every region's flags are zero before any rank
+  // writes them.
+  bool map_peer_regions(PeerRegion& pr) {
+    const int n = size(), me = rank();
+    constexpr int kHandleWords = sizeof(cudaIpcMemHandle_t) / 4;
+    static_assert(sizeof(cudaIpcMemHandle_t) % 4 == 0);
+    Tensor handles = Tensor::zeros({n * kHandleWords}, DType::I32);
+    cudaIpcMemHandle_t mine;
+    CAI_CUDA_CHECK(cudaIpcGetMemHandle(&mine, pr.region));
+    std::memcpy(handles.data<int32_t>() + me * kHandleWords, &mine, sizeof(mine));
+    host_->all_reduce(handles, ReduceOp::Sum);
+    bool ok = true;
+    for (int r = 0; r < n && ok; ++r) {
+      if (r == me) continue;
+      cudaIpcMemHandle_t theirs;
+      std::memcpy(&theirs, handles.data<int32_t>() + r * kHandleWords, sizeof(theirs));
+      void* p = nullptr;
+      if (cudaIpcOpenMemHandle(&p, theirs, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        cudaGetLastError();
+        ok = false;
+      } else {
+        pr.peer[r] = static_cast<char*>(p);
+      }
+    }
+    if (host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) < 1.0) return false;
+    host_->barrier();
+    return true;
+  }
+
   Watchdog& watchdog() {
     if (!watchdog_) watchdog_ = std::make_unique<Watchdog>();
     return *watchdog_;

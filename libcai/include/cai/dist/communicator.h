@@ -125,6 +125,34 @@ class Communicator {
   // elements, issued in the same order on every rank (they pair up by that order).
   virtual std::unique_ptr<Work> copy_engine_all_reduce_async(Tensor& t);
 
+  // The copy-engine gradient exchange (DDP with no reduction kernel beside the backward): every
+  // rank's copy of each range of a `numel`-element fp32 space is copied by the copy engines into
+  // every other rank's memory as soon as it is final, and the sum over the ranks is taken once,
+  // at the round's end, by one pass over the whole space on an otherwise idle GPU. Collective:
+  // every rank calls it with the same numel; true where every rank of the group can map every
+  // other's memory (one host, CUDA peer access), false otherwise (and on backends without it).
+  // Costs (size - 1) · numel · 4 bytes of receive slots per rank.
+  virtual bool enable_copy_engine_exchange(int64_t /*numel*/) { return false; }
+  // Copies `t` (fp32, this rank's GPU, after what the compute stream has issued) into every
+  // other rank's slot for this rank at [offset, offset + t.numel()). A round's first push waits
+  // (on the communication stream) until every peer has ended the previous round. Every rank
+  // pushes the same number of times per round, in the same order.
+  virtual std::unique_ptr<Work> exchange_push_async(const Tensor& t, int64_t offset);
+  // Ends the round: once every peer's pushes of the round have landed here, each ts[i] (this
+  // rank's own copy of [offsets[i], offsets[i] + ts[i].numel()), in place) becomes the sum of
+  // every rank's copies, added in rank order (the same bits on every rank); then the peers may
+  // push the next round. The ranges together cover what the round pushed.
+  virtual std::unique_ptr<Work> exchange_sum_async(const std::vector<Tensor>& ts,
+                                                   const std::vector<int64_t>& offsets);
+  // Or, for a consumer that sums as it reads (Optimizer::sum_replicas): the round's arrivals,
+  // complete (for a stream that waits on the Work) once every peer's pushes of the round have
+  // landed here; rank r's copy of element k then lies at exchange_received()[r] + k on this GPU
+  // (rank order, null for this rank) until the round ends with exchange_end_async(), after what
+  // the compute stream has issued by then (the reads), when the peers may push the next round.
+  virtual std::unique_ptr<Work> exchange_wait_async();
+  virtual std::unique_ptr<Work> exchange_end_async();
+  virtual std::vector<const float*> exchange_received();
+
  protected:
   double timeout_ = 300.0;
 };

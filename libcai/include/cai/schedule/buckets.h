@@ -41,6 +41,12 @@ inline int64_t copy_engine_chunk(int64_t numel, int d) {
 inline int64_t copy_engine_region_bytes(int64_t max_numel, int d) {
   return 256 + 4 * copy_engine_chunk(max_numel, d) * (d + 1);
 }
+// The copy-engine gradient exchange (dist::Communicator::enable_copy_engine_exchange) of a
+// numel-element space over d ranks: each rank's region, 256 bytes of flags and a slot of numel
+// floats for each other rank.
+inline int64_t copy_engine_exchange_region_bytes(int64_t numel, int d) {
+  return 256 + 4 * numel * (d - 1);
+}
 
 // Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
 // numels: elements per parameter (model order); layer_of: the layer index of each parameter.
