@@ -323,8 +323,8 @@ void axpy_t(float, DT, const void*, float*, int64_t, void*) {
 int64_t count_nonfinite(const float*, int64_t, void*) {
   CAI_STUB("count_nonfinite");
 }
-void multi_tensor_grad_stats(int, float* const*, const int64_t*, const float*, float, float*,
-                             void*) {
+void multi_tensor_grad_stats(int, float* const*, const int64_t*, const float*, float, float*, void*,
+                             const GradReplicas*) {
   CAI_STUB("multi_tensor_grad_stats");
 }
 void multi_tensor_clip(int, float* const*, const int64_t*, const float*, float, float*, void*) {
@@ -335,7 +335,7 @@ void loss_metrics(const float*, const float*, const int32_t*, int64_t, int64_t, 
 }
 void multi_tensor_adam(int, float* const*, const float* const*, float* const*, float* const*,
                        const int64_t*, const float*, float, float, float, float, int64_t, bool,
-                       float, void*, const float*, float) {
+                       float, void*, const float*, float, const GradReplicas*) {
   CAI_STUB("multi_tensor_adam");
 }
 void multi_tensor_lamb(int, float* const*, const float* const*, float* const*, float* const*,

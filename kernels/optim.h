@@ -21,6 +21,18 @@
 //    read); writes norm[0] = √sq[0] when `norm` is not null.
 
 namespace cai::kernels {
+
+// Gradients whose sum over the ranks is taken where they are read (the copy-engine gradient
+// exchange, DDP): with n > 0, gradient element x at address a is read as
+// a[delta[0]] + a[delta[1]] + ... + a[delta[n-1]], added in that order in fp32 (delta: element
+// offsets from the gradient memory to every rank's copy of it in rank order, 0 for the own
+// copy; multiples of 4, so float4 accesses stay aligned). n = 0: the gradients as they are.
+constexpr int kMaxGradReplicas = 8;
+struct GradReplicas {
+  int n = 0;
+  int64_t delta[kMaxGradReplicas] = {};
+};
+
 namespace cpu {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
               float dampening, float weight_decay, bool nesterov, bool first);
@@ -61,17 +73,21 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
 // clip_sq (device, may be null): the global-norm clip folded in: the gradients are multiplied by
 // c = clip_max / (√clip_sq[0] + 1e-6) first when c < 1 (multi_tensor_clip's factor and product,
 // so the update equals clipping in place and then stepping), the gradient memory left as it is.
+// replicas (may be null): the gradients read as their sum over the ranks (GradReplicas).
 void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, bool decoupled,
                        float grad_scale = 1.0f, void* stream = nullptr,
-                       const float* clip_sq = nullptr, float clip_max = 0.0f);
+                       const float* clip_sq = nullptr, float clip_max = 0.0f,
+                       const GradReplicas* replicas = nullptr);
 void multi_tensor_lamb(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, float grad_scale = 1.0f,
                        void* stream = nullptr);
+// replicas (may be null; only with scale = 1): the statistics of the sum over the ranks.
 void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
-                             float scale, float* out, void* stream = nullptr);
+                             float scale, float* out, void* stream = nullptr,
+                             const GradReplicas* replicas = nullptr);
 void multi_tensor_clip(int count, float* const* x, const int64_t* n, const float* sq,
                        float max_norm, float* norm, void* stream = nullptr);
 }  // namespace cuda

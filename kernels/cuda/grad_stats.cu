@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/replicas.cuh"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/optim.h"
 
@@ -110,7 +111,7 @@ __device__ __forceinline__ void stat(float& v, float scale, float& sq, float& ba
 
 __global__ void __launch_bounds__(kStatBlock)
     grad_stats_kernel(const XMeta* __restrict__ tensors, const XChunk* __restrict__ chunks,
-                      float scale, double2* __restrict__ partials) {
+                      float scale, double2* __restrict__ partials, GradReplicas reps) {
   const XChunk c = chunks[blockIdx.x];
   const XMeta t = tensors[c.tensor];
   const int64_t len = t.n - c.start < kChunk ? t.n - c.start : kChunk;
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kStatBlock)
     const int64_t nv = len / 4;
     float4* x4 = reinterpret_cast<float4*>(x);
     for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
-      float4 v = x4[k];
+      float4 v = replica_sum4(x, k, reps);
       stat(v.x, scale, sq, bad), stat(v.y, scale, sq, bad);
       stat(v.z, scale, sq, bad), stat(v.w, scale, sq, bad);
       if (write) x4[k] = v;
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kStatBlock)
     done = nv * 4;
   }
   for (int64_t i = done + threadIdx.x; i < len; i += blockDim.x) {
-    float v = x[i];
+    float v = replica_sum(x, i, reps);
     stat(v, scale, sq, bad);
     if (write) x[i] = v;
   }
@@ -180,7 +181,12 @@ __global__ void norm_only_kernel(const float* sq, float* norm) {
 }  // namespace
 
 void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
-                             float scale, float* out, void* stream) {
+                             float scale, float* out, void* stream, const GradReplicas* replicas) {
+  const GradReplicas reps = replicas_arg(replicas, "multi_tensor_grad_stats");
+  CAI_CHECK(reps.n == 0 || scale == 1.0f,
+            "[multi_tensor_grad_stats] scale {} with gradient replicas: the unscale writes the "
+            "gradients, which are only this rank's copy",
+            scale);
   const cudaStream_t s = as_stream(stream);
   const XTable table(count, x, n, weight, true, s);
   if (table.chunks() == 0) {
@@ -188,7 +194,7 @@ void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const
     return;
   }
   grad_stats_kernel<<<table.chunks(), kStatBlock, 0, s>>>(table.tensors(), table.chunk_table(),
-                                                          scale, table.partials());
+                                                          scale, table.partials(), reps);
   CAI_CUDA_CHECK_LAUNCH();
   grad_stats_total_kernel<<<1, kStatBlock, 0, s>>>(table.partials(), table.chunks(), out);
   CAI_CUDA_CHECK_LAUNCH();

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/replicas.cuh"
 #include "kernels/cuda/typed.cuh"
 #include "kernels/optim.h"
 
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(kOptBlock)
     multi_adam_kernel(const TensorMeta* __restrict__ tensors, const ChunkMeta* __restrict__ chunks,
                       float grad_scale, float beta1, float beta2, float eps, float step_size,
                       float bc2_sqrt, bool decoupled, const float* __restrict__ clip_sq,
-                      float clip_max) {
+                      float clip_max, GradReplicas reps) {
   // The deferred clip: clip_kernel's factor, applied (as there) only when it is < 1.
   float clip = 1.0f;
   bool clipping = false;
@@ -188,11 +189,11 @@ __global__ void __launch_bounds__(kOptBlock)
     pi = pi - step_size * (mi / denom);
   };
   for_chunk(
-      t, len, [&](int64_t i) { upd(p[i], g[i], m[i], v[i]); },
+      t, len, [&](int64_t i) { upd(p[i], replica_sum(g, i, reps), m[i], v[i]); },
       [&](int64_t k) {
         float4 P = reinterpret_cast<float4*>(p)[k], M = reinterpret_cast<float4*>(m)[k];
         float4 V = reinterpret_cast<float4*>(v)[k];
-        const float4 G = reinterpret_cast<const float4*>(g)[k];
+        const float4 G = replica_sum4(g, k, reps);
         upd(P.x, G.x, M.x, V.x);
         upd(P.y, G.y, M.y, V.y);
         upd(P.z, G.z, M.z, V.z);
@@ -356,8 +357,10 @@ void lamb_update(const float* p, const float* grad, float* m, float* v, float* u
 void multi_tensor_adam(int count, float* const* p, const float* const* g, float* const* m,
                        float* const* v, const int64_t* n, const float* wd, float lr, float beta1,
                        float beta2, float eps, int64_t step, bool decoupled, float grad_scale,
-                       void* stream, const float* clip_sq, float clip_max) {
+                       void* stream, const float* clip_sq, float clip_max,
+                       const GradReplicas* replicas) {
   CAI_CHECK(step >= 1, "[multi_tensor_adam] step {} must be at least 1", step);
+  const GradReplicas reps = replicas_arg(replicas, "multi_tensor_adam");
   const cudaStream_t s = as_stream(stream);
   const MultiTensorTable table(count, p, g, m, v, n, wd, lr, false, s);
   if (table.chunks() == 0) return;
@@ -365,9 +368,9 @@ void multi_tensor_adam(int count, float* const* p, const float* const* g, float*
   const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, static_cast<float>(step)));
   const float step_size = lr / bc1;
-  multi_adam_kernel<<<table.chunks(), kOptBlock, 0, s>>>(table.tensors(), table.chunk_table(),
-                                                         grad_scale, beta1, beta2, eps, step_size,
-                                                         bc2_sqrt, decoupled, clip_sq, clip_max);
+  multi_adam_kernel<<<table.chunks(), kOptBlock, 0, s>>>(
+      table.tensors(), table.chunk_table(), grad_scale, beta1, beta2, eps, step_size, bc2_sqrt,
+      decoupled, clip_sq, clip_max, reps);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cai/core/error.h"
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
@@ -622,6 +623,77 @@ TEST_F(Cuda, DeferredClipStepsAsClippingInPlace) {
     ob->step();
     for (int i = 0; i < 3; ++i)
       EXPECT_EQ(b[i].value.to_vector(), a[i].value.to_vector()) << name << " after zero_grad";
+  }
+}
+
+// The copy-engine exchange's fused sum (Optimizer::sum_replicas, grad_stats and the deferred clip
+// with replicas): three ranks' copies of the gradients in three allocations, this rank's in the
+// middle (rank 1) with the gradients as padded views of it, as DDP's buckets; the statistics,
+// norm and steps equal, bit for bit, those of the gradients summed in rank order first, and the
+// gradient memory is left as it was. Optimizers without the fused read refuse it.
+TEST_F(Cuda, ReplicaSumsStepAsSummedGradients) {
+  const std::vector<Shape> shapes = {{5, 9}, {37}, {6, 9}};
+  std::vector<int64_t> at;  // each gradient's offset in the allocation (64-element padding)
+  int64_t total = 0;
+  for (const Shape& s : shapes) at.push_back(total), total += (shape_numel(s) + 63) / 64 * 64;
+  std::vector<Tensor> copies;  // rank order: 0, 1 (own), 2
+  for (int r = 0; r < 3; ++r) copies.push_back(gpu(random_tensor({total}, 70 + r, 2.0f)));
+  // The sum in rank order, rounded as the kernels add: (c0 + c1) + c2 in fp32.
+  const auto c0 = copies[0].to_vector(), c1 = copies[1].to_vector(), c2 = copies[2].to_vector();
+  std::vector<float> sum(total);
+  for (int64_t i = 0; i < total; ++i) sum[i] = (c0[i] + c1[i]) + c2[i];
+  const Tensor summed = gpu(Tensor::from_vector(sum, {total}));
+  std::vector<int64_t> delta;
+  const auto base = reinterpret_cast<intptr_t>(copies[1].data<float>());
+  for (int r = 0; r < 3; ++r)
+    delta.push_back((reinterpret_cast<intptr_t>(copies[r].data<float>()) - base) / 4);
+  for (const std::string name : {"adamw", "sgd"}) {
+    std::vector<nn::Parameter> a, b;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      auto p = nn::make_parameter("p" + std::to_string(i), shapes[i], i != 1);
+      p.value = gpu(random_tensor(shapes[i], 80 + i));
+      const int64_t n = shape_numel(shapes[i]);
+      p.grad = summed.narrow(at[i], n).reshape(shapes[i]);
+      a.push_back(p);
+      p.value = p.value.clone();
+      p.grad = copies[1].narrow(at[i], n).reshape(shapes[i]);
+      b.push_back(p);
+    }
+    std::vector<nn::Parameter*> pa, pb;
+    for (size_t i = 0; i < shapes.size(); ++i) pa.push_back(&a[i]), pb.push_back(&b[i]);
+    optim::OptimizerOptions o;
+    o.name = name;
+    auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pa, 0.01, 0.05));
+    auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pb, 0.01, 0.05));
+    if (name != "adamw") {
+      EXPECT_FALSE(ob->can_sum_replicas(kGpu)) << name;
+      EXPECT_THROW(ob->sum_replicas(delta), Error) << name;
+      continue;
+    }
+    ASSERT_TRUE(ob->can_sum_replicas(kGpu));
+    EXPECT_EQ(optim::grad_stats(pb, nullptr, 1.0f, &delta).to_vector(),
+              optim::grad_stats(pa).to_vector());
+    EXPECT_THROW(optim::grad_stats(pb, nullptr, 0.5f, &delta), Error);  // an unscale writes
+    const auto own = copies[1].to_vector();
+    for (int t = 0; t < 3; ++t) {
+      const bool clip = t != 1;
+      if (clip) {
+        const Tensor na = optim::clip_grad_norm_async(pa, 1.0, nullptr, nullptr, nullptr, oa.get());
+        const Tensor nb =
+            optim::clip_grad_norm_async(pb, 1.0, nullptr, nullptr, nullptr, ob.get(), &delta);
+        EXPECT_EQ(nb.to_vector(), na.to_vector()) << "step " << t << ": the norm";
+      }
+      ob->sum_replicas(delta);
+      oa->step();
+      ob->step();
+      for (size_t i = 0; i < shapes.size(); ++i)
+        EXPECT_EQ(b[i].value.to_vector(), a[i].value.to_vector())
+            << "step " << t << " parameter " << i;
+    }
+    EXPECT_EQ(copies[1].to_vector(), own) << "the gradient memory is left as it was";
+    // The clip with replicas needs the deferred path.
+    EXPECT_THROW(optim::clip_grad_norm_async(pb, 1.0, nullptr, nullptr, nullptr, nullptr, &delta),
+                 Error);
   }
 }
 

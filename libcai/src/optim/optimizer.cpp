@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "cai/core/error.h"
@@ -59,12 +60,27 @@ std::vector<GradLists> grad_lists(const std::vector<nn::Parameter*>& params,
   }
   return out;
 }
-Tensor stats_of(GradLists& l, float scale) {
+// The kernels' form of sum_replicas's offsets (null for none).
+std::optional<kernels::GradReplicas> replicas_of(const std::vector<int64_t>* delta) {
+  if (!delta || delta->empty()) return std::nullopt;
+  CAI_CHECK(delta->size() <= static_cast<size_t>(kernels::kMaxGradReplicas),
+            "[optimizer] {} gradient replicas: at most {}", delta->size(),
+            kernels::kMaxGradReplicas);
+  kernels::GradReplicas r;
+  r.n = static_cast<int>(delta->size());
+  for (int k = 0; k < r.n; ++k) r.delta[k] = (*delta)[k];
+  return r;
+}
+Tensor stats_of(GradLists& l, float scale, const std::vector<int64_t>* replicas = nullptr) {
   Tensor out = Tensor::empty({2}, DType::F32, l.device);
   const int count = static_cast<int>(l.x.size());
+  const auto reps = replicas_of(replicas);
+  CAI_CHECK(!reps || l.device.is_cuda(),
+            "[grad_stats] gradient replicas are GPU memory; the gradients are on {}",
+            l.device.str());
   if (l.device.is_cuda())
     kernels::cuda::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
-                                           out.data<float>());
+                                           out.data<float>(), nullptr, reps ? &*reps : nullptr);
   else
     kernels::cpu::multi_tensor_grad_stats(count, l.x.data(), l.n.data(), l.w.data(), scale,
                                           out.data<float>());
@@ -98,6 +114,25 @@ void Optimizer::step() {
     step_group(g);
   }
   clip_sq_ = Tensor();
+  replicas_.clear();
+}
+
+void Optimizer::sum_replicas(const std::vector<int64_t>& delta) {
+  for (const auto& g : groups_)
+    CAI_CHECK(fuses_replicas(g),
+              "[optimizer] {}: gradients summed over the ranks where they are read "
+              "(sum_replicas) need every group's update fused on a GPU (adam, adamw, "
+              "hybrid_adam with GPU parameters)",
+              name());
+  replicas_of(&delta);  // checks the count
+  replicas_ = delta;
+}
+
+bool Optimizer::can_sum_replicas(const Device& device) const {
+  if (!can_defer_clip(device)) return false;
+  for (const auto& g : groups_)
+    if (!fuses_replicas(g)) return false;
+  return true;
 }
 
 void Optimizer::defer_clip(const Tensor& sq, float max_norm) {
@@ -158,6 +193,7 @@ bool all_cuda(const ParamGroup& g) {
 
 void Optimizer::zero_grad() {
   clip_sq_ = Tensor();
+  replicas_.clear();
   std::vector<Tensor*> grads;
   for (auto& g : groups_)
     for (nn::Parameter* p : g.params) grads.push_back(&p->grad);
@@ -276,13 +312,19 @@ void Adam::step_group(ParamGroup& g) {
   const TensorLists l =
       moment_lists(g, [&](nn::Parameter& p, const char* n) -> Tensor& { return slot(p, n); });
   if (l.p.empty()) return;
-  kernels::cuda::multi_tensor_adam(
-      static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(), l.v.data(), l.n.data(),
-      l.wd.data(), float(g.lr), float(beta1_), float(beta2_), float(eps_), step_, decoupled_, 1.0f,
-      nullptr, clip_sq_.defined() ? clip_sq_.data<float>() : nullptr, clip_max_);
+  const auto reps = replicas_of(&replicas_);
+  kernels::cuda::multi_tensor_adam(static_cast<int>(l.p.size()), l.p.data(), l.g.data(), l.m.data(),
+                                   l.v.data(), l.n.data(), l.wd.data(), float(g.lr), float(beta1_),
+                                   float(beta2_), float(eps_), step_, decoupled_, 1.0f, nullptr,
+                                   clip_sq_.defined() ? clip_sq_.data<float>() : nullptr, clip_max_,
+                                   reps ? &*reps : nullptr);
 }
 
 bool Adam::fuses_clip(const ParamGroup& g) const {
+  return all_cuda(g);
+}
+
+bool Adam::fuses_replicas(const ParamGroup& g) const {
   return all_cuda(g);
 }
 
@@ -348,10 +390,13 @@ double grad_norm(const std::vector<nn::Parameter*>& params) {
 }
 
 Tensor grad_stats(const std::vector<nn::Parameter*>& params,
-                  const std::function<double(const nn::Parameter&)>& weight, float scale) {
+                  const std::function<double(const nn::Parameter&)>& weight, float scale,
+                  const std::vector<int64_t>* replicas) {
   auto lists = grad_lists(params, weight);
   if (lists.empty()) return Tensor::zeros({2});
-  if (lists.size() == 1) return stats_of(lists[0], scale);
+  if (lists.size() == 1) return stats_of(lists[0], scale, replicas);
+  CAI_CHECK(!replicas || replicas->empty(),
+            "[grad_stats] gradient replicas with gradients on several devices");
   std::vector<float> total(2, 0.0f);
   for (auto& l : lists) {
     const auto v = stats_of(l, scale).to_vector();
@@ -363,10 +408,23 @@ Tensor grad_stats(const std::vector<nn::Parameter*>& params,
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq,
                             const std::function<double(const nn::Parameter&)>& weight,
-                            const std::function<void(Tensor&)>& reduce_on_device,
-                            Optimizer* defer) {
+                            const std::function<void(Tensor&)>& reduce_on_device, Optimizer* defer,
+                            const std::vector<int64_t>* replicas) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   auto lists = grad_lists(params, weight);
+  if (replicas && !replicas->empty()) {
+    // The sum over the ranks exists only as the step will read it: the factor must be deferred.
+    CAI_CHECK(lists.size() == 1 && !reduce_sq && !reduce_on_device && defer &&
+                  defer->can_defer_clip(lists[0].device) && steps_exactly(*defer, params),
+              "[clip_grad_norm] gradients summed over the ranks where they are read need the "
+              "clip deferred to an optimizer stepping exactly these parameters on their GPU");
+    Tensor stats = stats_of(lists[0], 1.0f, replicas);
+    Tensor norm = Tensor::empty({1}, DType::F32, lists[0].device);
+    kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
+                                     static_cast<float>(max_norm), norm.data<float>());
+    defer->defer_clip(stats, static_cast<float>(max_norm));
+    return norm;
+  }
   if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
     // Everything on the device: the factor comes from the device sum of squares (summed over
     // the ranks there with reduce_on_device).

@@ -55,6 +55,16 @@ class Optimizer {
   // Whether defer_clip may be used: every group's parameters on `device`, a GPU.
   bool can_defer_clip(const Device& device) const;
 
+  // The copy-engine gradient exchange (DDP): the next step() reads every gradient as its sum over
+  // the ranks, gradient element x at address a as Σ_r a[delta[r]] added in rank order
+  // (kernels::GradReplicas: element offsets from the gradient memory to each rank's copy, 0 for
+  // this rank's own, multiples of 4), and leaves the gradient memory as it is. Only where
+  // can_sum_replicas holds. step() and zero_grad() drop it.
+  void sum_replicas(const std::vector<int64_t>& delta);
+  // Whether sum_replicas may be used: every group's update reads its gradients in a fused GPU
+  // kernel that takes them (Adam, AdamW, HybridAdam) with its parameters on `device`, a GPU.
+  bool can_sum_replicas(const Device& device) const;
+
  protected:
   virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
   // One group's update; the default calls update() per parameter. Adam and LAMB override it with
@@ -62,7 +72,10 @@ class Optimizer {
   virtual void step_group(ParamGroup& g);
   // Whether step_group applies a deferred clip itself (clip_sq_ defined) for this group.
   virtual bool fuses_clip(const ParamGroup&) const { return false; }
-  Tensor clip_sq_;  // defer_clip's sum of squares (undefined: none pending)
+  // Whether step_group reads the gradients through replicas_ (sum_replicas) for this group.
+  virtual bool fuses_replicas(const ParamGroup&) const { return false; }
+  std::vector<int64_t> replicas_;  // sum_replicas's offsets (empty: none pending)
+  Tensor clip_sq_;                 // defer_clip's sum of squares (undefined: none pending)
   float clip_max_ = 0.0f;
   Tensor& slot(const nn::Parameter& p, const char* slot_name);  // zero-initialised on first use
   bool has_slot(const nn::Parameter& p, const char* slot_name) const;
@@ -94,6 +107,7 @@ class Adam : public Optimizer {
   void update(ParamGroup& g, nn::Parameter& p) override;
   void step_group(ParamGroup& g) override;
   bool fuses_clip(const ParamGroup& g) const override;
+  bool fuses_replicas(const ParamGroup& g) const override;
   double beta1_, beta2_, eps_;
   bool decoupled_;
 };
@@ -161,18 +175,24 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm
 // the sum of squares is this device's alone (no reduce_sq, no reduce_on_device) and
 // defer->can_defer_clip holds, the factor is left to that step (Optimizer::defer_clip) instead
 // of a pass that scales the gradients here.
+// `replicas` (optional): the gradients are read as their sum over the ranks (the offsets of
+// Optimizer::sum_replicas, which the caller passes to defer's next step too); needs the deferred
+// path (defer given, stepping exactly `params`, no reduction), else an error.
 Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double max_norm,
                             const std::function<double(double)>& reduce_sq = nullptr,
                             const std::function<double(const nn::Parameter&)>& weight = nullptr,
                             const std::function<void(Tensor&)>& reduce_on_device = nullptr,
-                            Optimizer* defer = nullptr);
+                            Optimizer* defer = nullptr,
+                            const std::vector<int64_t>* replicas = nullptr);
 // One pass over the gradients of `params` (multi-tensor kernels on a GPU): multiplies them by
 // `scale` first when scale != 1 (the fp16 unscale), then returns {Σ weight(p)·‖grad‖², number of
 // inf/NaN elements} as an fp32 [2] tensor where the gradients live; nothing is read to the host.
 // Gradients on several devices (never the case in a plugin) give a host tensor.
+// `replicas` (optional, scale = 1, gradients on a GPU): the statistics of the gradients' sum over
+// the ranks (Optimizer::sum_replicas's offsets) instead of this rank's copy.
 Tensor grad_stats(const std::vector<nn::Parameter*>& params,
                   const std::function<double(const nn::Parameter&)>& weight = nullptr,
-                  float scale = 1.0f);
+                  float scale = 1.0f, const std::vector<int64_t>* replicas = nullptr);
 double grad_norm(const std::vector<nn::Parameter*>& params);
 
 }  // namespace cai::optim
