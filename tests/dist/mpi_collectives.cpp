@@ -20,6 +20,7 @@
 #include "cai/dist/communicator.h"
 #include "cai/dist/nccl.h"
 #include "cai/ops/ops.h"
+#include "cai/optim/optimizer.h"
 #include "gpu_env.h"
 
 using namespace cai;
@@ -236,6 +237,125 @@ void check_copy_engine(Communicator& c, const On& on) {
   expect(threw, "a tensor over max_numel is refused, naming the limit", r);
 }
 
+// The copy-engine gradient exchange against its definition: several rounds of pushes of ranges
+// of assorted sizes (odd, unaligned offsets, an empty one), each round's sums exact and in
+// place; a rank whose compute stream is busy before its sum while the others already push the
+// next round (the round's first push waits for it); the same bits on every rank for inexact
+// sums, within rounding of NCCL's; and misuse.
+void check_exchange(Communicator& c, const On& on) {
+  const int r = c.rank(), n = c.size();
+  const std::vector<int64_t> sizes = {4096, 1, 0, 63, 100003, 1 << 20, 5};
+  int64_t total = 0;
+  std::vector<int64_t> offsets;
+  for (int64_t k : sizes) offsets.push_back(total), total += k;
+  expect(c.enable_copy_engine_exchange(total), "copy-engine exchange enabled", r);
+  expect(c.enable_copy_engine_exchange(total), "enabling again for the same space", r);
+  // Round q, range k, element i: (r + 1) / 2 + (i + k + q) % 7, exact in fp32.
+  auto input = [&](int64_t numel, int k, int q, int rank) {
+    std::vector<float> v(numel);
+    for (int64_t i = 0; i < numel; ++i) v[i] = 0.5f * float(rank + 1) + float((i + k + q) % 7);
+    return Tensor::from_vector(v, {numel}).to(on.dev);
+  };
+  auto exact = [&](const Tensor& t, int k, int q) {
+    const auto v = t.to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != 0.25f * float(n * (n + 1)) + float(n * int64_t((i + k + q) % 7))) return false;
+    return true;
+  };
+  bool all = true;
+  for (int q = 0; q < 4; ++q) {
+    std::vector<Tensor> ts;
+    std::vector<std::unique_ptr<Work>> pushes;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      ts.push_back(input(sizes[k], int(k), q, r));
+      pushes.push_back(c.exchange_push_async(ts.back(), offsets[k]));
+    }
+    // Rank 0's sum waits behind a long compute stream; the others go on to the next round.
+    if (r == 0) {
+      Tensor busy = on.full(1 << 26, 1.0f);
+      for (int i = 0; i < 60; ++i) ops::scale_(busy, 1.0f);
+    }
+    auto sum = c.exchange_sum_async(ts, offsets);
+    for (auto& w : pushes) w->wait();
+    sum->wait();
+    for (size_t k = 0; k < sizes.size(); ++k) all = all && exact(ts[k], int(k), q);
+  }
+  expect(all, "four rounds of exchange sums, one rank late to each", r);
+  // A round whose reader sums as it reads (the DDP step's clip and optimizer): the arrivals, the
+  // copies where exchange_received() says (the statistics of the gradients read as their sum,
+  // Optimizer::sum_replicas's offsets), the end; then a summed round again.
+  {
+    Tensor own = input(total, 0, 9, r);
+    auto push = c.exchange_push_async(own, 0);
+    c.exchange_wait_async()->wait();
+    push->wait();
+    const auto received = c.exchange_received();
+    std::vector<int64_t> delta;
+    bool where = received.size() == size_t(n);
+    for (int q = 0; q < n && where; ++q) {
+      where = (q == r) == (received[q] == nullptr);
+      const auto bytes = q == r ? 0
+                                : reinterpret_cast<intptr_t>(received[q]) -
+                                      reinterpret_cast<intptr_t>(own.data<float>());
+      delta.push_back(bytes / 4);
+      where = where && bytes % 16 == 0;
+    }
+    expect(where, "exchange_received: every other rank's copy, 16-byte aligned", r);
+    nn::Parameter p;
+    p.grad = own;
+    const auto got = optim::grad_stats({&p}, nullptr, 1.0f, &delta).to_vector();
+    c.exchange_end_async()->wait();
+    double want = 0;
+    for (int64_t i = 0; i < total; ++i) {
+      const double v = 0.25 * n * (n + 1) + double(n * ((i + 9) % 7));
+      want += v * v;
+    }
+    expect(std::abs(got[0] - want) <= 1e-5 * want && got[1] == 0.0f,
+           fmt::format("the sum read where it lies: Σx² {} against {}", got[0], want), r);
+    Tensor again = input(4096, 0, 11, r);
+    c.exchange_push_async(again, 0)->wait();
+    c.exchange_sum_async({again}, {0})->wait();
+    expect(exact(again, 0, 11) && own.to_vector() == input(total, 0, 9, r).to_vector(),
+           "a summed round after it; the reader's own copy untouched", r);
+  }
+  // Inexact: the same bits on every rank, within rounding of NCCL's sum.
+  std::vector<float> noise(5000);
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i) + 1.3f * float(r));
+  Tensor a = Tensor::from_vector(noise, {5000}).to(on.dev), b = a.clone();
+  c.exchange_push_async(a, 17)->wait();
+  c.exchange_sum_async({a}, {17})->wait();
+  c.all_reduce(b);
+  const auto av = a.to_vector(), bv = b.to_vector();
+  double checksum = 0, worst = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &av[i], 4);
+    checksum = std::fmod(checksum * 3.0 + double(bits % 65521), 1e9);
+    worst = std::max(worst, double(std::abs(av[i] - bv[i])));
+  }
+  expect(
+      c.all_reduce_scalar(checksum, ReduceOp::Max) == c.all_reduce_scalar(checksum, ReduceOp::Min),
+      "exchange: the same bits on every rank", r);
+  expect(worst <= 1e-6 * n, fmt::format("exchange within rounding of NCCL's sum (worst {})", worst),
+         r);
+  // Misuse names the limits.
+  Tensor tail = on.zeros(2);
+  bool threw = false;
+  try {
+    c.exchange_push_async(tail, total - 1);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("within the") != std::string::npos;
+  }
+  expect(threw, "a push past the enabled space is refused, naming it", r);
+  threw = false;
+  try {
+    c.enable_copy_engine_exchange(total + 1);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("asked again") != std::string::npos;
+  }
+  expect(threw, "enabling again for another space is refused", r);
+}
+
 // NCCL only: bf16 reductions, CPU tensors through the host communicator, ordering against the
 // compute stream, and errors for misuse.
 void check_nccl(Communicator& c, const On& on) {
@@ -273,6 +393,7 @@ void check_nccl(Communicator& c, const On& on) {
   }
   expect(threw, "send on an undeclared pair names connect_p2p", r);
   check_copy_engine(c, on);
+  check_exchange(c, on);
 }
 }  // namespace
 

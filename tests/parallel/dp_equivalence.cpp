@@ -5,9 +5,12 @@
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
 //            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
 //            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
-//            [--cpu-offload] [--bucket-dtype fp32|bf16] [--copy-engine] [--data DIR]
+//            [--cpu-offload] [--bucket-dtype fp32|bf16] [--copy-engine] [--exchange]
+//            [--data DIR]
 // --copy-engine (DDP / ZeRO-1 on GPUs): the buckets all-reduced by the copy engines
 // (DataParallelConfig::copy_engine_all_reduce); fails unless the plugin could enable it.
+// --exchange (DDP on GPUs): the copy-engine gradient exchange
+// (DataParallelConfig::copy_engine_exchange); fails unless the plugin could enable it.
 // --tp T: tensor parallelism (1D, --sp: with sequence parallelism) through the
 // HybridParallelPlugin (with --pp and data parallelism over the remaining ranks); the parameters
 // compared are its full_state(): the shards of every rank gathered back to timm's shapes.
@@ -66,6 +69,7 @@ struct PipeArgs {
   std::string precision = "fp32";
   std::string bucket_dtype = "fp32";  // --bucket-dtype bf16: DDP/ZeRO-1 buckets all-reduced in bf16
   bool copy_engine = false;           // --copy-engine: the buckets' all-reduce on the copy engines
+  bool exchange = false;              // --exchange: the copy-engine gradient exchange
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
@@ -147,6 +151,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.cpu_offload = cpu_offload;
     dc.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     dc.copy_engine_all_reduce = pa.copy_engine;
+    dc.copy_engine_exchange = pa.exchange;
     dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
     plugin = dpp;
   } else {
@@ -155,6 +160,9 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   plugin->setup(model);
   CAI_CHECK(!pa.copy_engine || !dpp || dpp->uses_copy_engine_all_reduce(),
             "--copy-engine: the plugin '{}' did not enable the copy-engine all-reduce",
+            plugin->name());
+  CAI_CHECK(!pa.exchange || !dpp || dpp->uses_copy_engine_exchange(),
+            "--exchange: the plugin '{}' did not enable the copy-engine gradient exchange",
             plugin->name());
   optim::OptimizerOptions oo;
   oo.name = cpu_offload && optimizer == "adamw" ? "hybrid_adam" : optimizer;
@@ -243,6 +251,8 @@ int main(int argc, char** argv) {
       pa.bucket_dtype = argv[++i];
     else if (a == "--copy-engine")
       pa.copy_engine = true;
+    else if (a == "--exchange")
+      pa.exchange = true;
     else if (a == "--precision" && i + 1 < argc)
       pa.precision = argv[++i];
     else if (a == "--device" && i + 1 < argc)

@@ -47,6 +47,7 @@ struct Bucket {
   std::vector<int64_t> counts;  // elements per rank
   std::unique_ptr<dist::Work> work;
   int64_t numel = 0;
+  int64_t offset = 0;  // stage 0/1: elements of the buckets before this one (the exchange's range)
 };
 
 // An all-gather of some parameters' shards in flight. The buffers stay referenced until the
@@ -103,6 +104,11 @@ struct DataParallelPlugin::Impl {
     CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.bucket_dtype == DType::BF16,
               "[data_parallel] bucket dtype {}: expected fp32 or bf16",
               dtype_name(cfg.bucket_dtype));
+    CAI_CHECK(!cfg.copy_engine_exchange || (cfg.zero_stage == 0 && cfg.bucket_dtype == DType::F32 &&
+                                            !cfg.copy_engine_all_reduce),
+              "[data_parallel] the copy-engine gradient exchange sums whole fp32 gradients: it "
+              "needs zero_stage 0 (got {}), fp32 buckets (got {}) and no copy-engine all-reduce",
+              cfg.zero_stage, dtype_name(cfg.bucket_dtype));
     CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.zero_stage <= 1,
               "[data_parallel] bf16 gradient buckets apply to ZeRO stages 0 and 1 (all-reduced "
               "buckets); stage {} reduce-scatters fp32 shards",
@@ -116,6 +122,7 @@ struct DataParallelPlugin::Impl {
       drain();
       for (Bucket& b : buckets)
         if (b.work) b.work->wait();
+      for (auto& w : pushing) w->wait();
       settling.drain();
     } catch (...) {
     }
@@ -125,7 +132,58 @@ struct DataParallelPlugin::Impl {
   // The buckets go through the copy-engine all-reduce (cfg.copy_engine_all_reduce, where the
   // communicator could enable it).
   bool copy_engine = false;
+  // The buckets go through the copy-engine gradient exchange (cfg.copy_engine_exchange, where
+  // the communicator could enable it).
+  bool exchange = false;
   bool offload() const { return cfg.cpu_offload && device.is_cuda(); }
+  // The copy-engine exchange asked for: every bucket a view of one allocation (`all`), so that
+  // each rank's received copy of a gradient lies a fixed distance from it (replica_delta).
+  bool one_allocation() const {
+    return cfg.copy_engine_exchange && device.is_cuda() && grad_views();
+  }
+  Tensor all;
+  std::vector<int64_t> replica_delta;  // Optimizer::sum_replicas's offsets, rank order
+  // sync_gradients waited for the peers' copies but left their sum to the readers.
+  bool exchange_pending = false;
+  // This rank's pushes of the last round: the compute stream waits for them only before it
+  // zeroes the gradients (zero_grad), not before the clip and the step read them.
+  std::vector<std::unique_ptr<dist::Work>> pushing;
+  void settle_pushes() {
+    for (auto& w : pushing) settling.add(std::move(w));
+    pushing.clear();
+  }
+
+  // The round's sum in place (for readers other than the fused clip and step), or its end after
+  // a fused reader: the peers may then push the next round.
+  void sum_exchange() {
+    if (!exchange_pending) return;
+    std::vector<Tensor> flats;
+    std::vector<int64_t> offsets;
+    for (Bucket& b : buckets) {
+      flats.push_back(b.flat);
+      offsets.push_back(b.offset);
+    }
+    settling.add(dp.exchange_sum_async(flats, offsets));
+    exchange_pending = false;
+  }
+  void end_exchange() {
+    if (!exchange_pending) return;
+    settling.add(dp.exchange_end_async());
+    exchange_pending = false;
+  }
+  // Whether `opt` can read the gradients as their sum over the ranks: a fused GPU update over
+  // parameters whose gradients all lie in `all`.
+  bool fuses_exchange(const optim::Optimizer& opt) const {
+    if (!opt.can_sum_replicas(device)) return false;
+    const auto* lo = all.data<float>();
+    const auto* hi = lo + all.numel();
+    for (const auto& g : opt.groups())
+      for (const nn::Parameter* p : g.params)
+        if (p->grad.numel() > 0 &&
+            (p->grad.data<float>() < lo || p->grad.data<float>() + p->grad.numel() > hi))
+          return false;
+    return true;
+  }
 
   // ---- buckets ------------------------------------------------------------------------------
 
@@ -149,6 +207,14 @@ struct DataParallelPlugin::Impl {
       for (int i : ids) b.params.push_back(params[i]);
       buckets.push_back(std::move(b));
     }
+    if (one_allocation()) {
+      int64_t total = 0;
+      for (const Bucket& k : buckets)
+        for (nn::Parameter* p : k.params)
+          total += schedule::bucket_view_numel(shape_numel(shapes[index[p]]));
+      all = Tensor::zeros({total}, DType::F32, device);
+    }
+    int64_t offset = 0;
     for (size_t b = 0; b < buckets.size(); ++b) {
       Bucket& k = buckets[b];
       k.numel = 0;
@@ -159,7 +225,11 @@ struct DataParallelPlugin::Impl {
         k.numel += grad_views() ? schedule::bucket_view_numel(n) : n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
-      if (!sharded_grads()) k.flat = Tensor::zeros({k.numel}, cfg.bucket_dtype, device);
+      k.offset = offset;
+      offset += k.numel;
+      if (one_allocation()) k.flat = all.narrow(k.offset, k.numel);
+      if (!sharded_grads() && !one_allocation())
+        k.flat = Tensor::zeros({k.numel}, cfg.bucket_dtype, device);
       if (!grad_views()) continue;
       // The gradients become views into the bucket (their values so far copied in).
       int64_t off = 0;
@@ -208,8 +278,9 @@ struct DataParallelPlugin::Impl {
     if (!sharded_grads()) {
       if (b.launched) return;
       pack(b);
-      b.work = copy_engine ? dp.copy_engine_all_reduce_async(b.flat)
-                           : dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
+      b.work = exchange      ? dp.exchange_push_async(b.flat, b.offset)
+               : copy_engine ? dp.copy_engine_all_reduce_async(b.flat)
+                             : dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
     } else {
       // The previous micro-batch's reduction of this bucket, then the oldest while the window
       // is full (schedule::InflightWindow, which the plan and the simulator follow too).
@@ -427,6 +498,7 @@ DataParallelPlugin::~DataParallelPlugin() = default;
 std::string DataParallelPlugin::name() const {
   const std::string comm = impl_->cfg.bucket_dtype != DType::F32 ? " (bf16 buckets)"
                            : impl_->copy_engine                  ? " (copy-engine all-reduce)"
+                           : impl_->exchange                     ? " (copy-engine exchange)"
                                                                  : "";
   return impl_->cfg.zero_stage == 0
              ? fmt::format("ddp×{}{}", impl_->size, comm)
@@ -444,6 +516,10 @@ std::pair<int64_t, int64_t> DataParallelPlugin::shard_range(int64_t n, int r, in
 
 bool DataParallelPlugin::uses_copy_engine_all_reduce() const {
   return impl_->copy_engine;
+}
+
+bool DataParallelPlugin::uses_copy_engine_exchange() const {
+  return impl_->exchange;
 }
 
 int DataParallelPlugin::num_buckets() const {
@@ -560,6 +636,23 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     for (const auto& b : m.buckets) most = std::max(most, b.numel);
     m.copy_engine = most > 0 && m.dp.enable_copy_engine_all_reduce(most);
   }
+  if (m.one_allocation() && m.all.numel() > 0) {
+    m.exchange = m.dp.enable_copy_engine_exchange(m.all.numel());
+    if (m.exchange) {
+      // Element offsets from `all` to every rank's copy of it (16-byte multiples: both 256-byte
+      // aligned allocations).
+      const auto received = m.dp.exchange_received();
+      const auto base = reinterpret_cast<intptr_t>(m.all.data<float>());
+      for (int r = 0; r < m.size; ++r) {
+        const intptr_t bytes = r == m.rank ? 0 : reinterpret_cast<intptr_t>(received[r]) - base;
+        CAI_CHECK(bytes % 16 == 0,
+                  "[data_parallel] rank {}'s copy of the gradients lies {} bytes from them: "
+                  "expected a multiple of 16",
+                  r, static_cast<int64_t>(bytes));
+        m.replica_delta.push_back(static_cast<int64_t>(bytes / 4));
+      }
+    }
+  }
   if (m.cfg.zero_stage >= 2)
     for (nn::Parameter* p : m.params) p->grad = Tensor();  // created per layer in backward
   if (m.cfg.zero_stage == 3) {
@@ -623,6 +716,18 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
     }
     m.launch(i);
   }
+  if (m.exchange) {
+    // Every bucket pushed. The compute stream waits for the peers' copies to land (the host goes
+    // on); their sum is left to the clip and the optimizer step, which read it fused
+    // (sum_exchange otherwise).
+    m.settle_pushes();
+    for (Bucket& b : m.buckets) {
+      m.pushing.push_back(std::move(b.work));
+      b.launched = false;
+    }
+    m.settling.add(m.dp.exchange_wait_async());
+    m.exchange_pending = true;
+  }
   for (size_t i = 0; i < m.buckets.size(); ++i) m.finish(i);
   m.first_step = false;
   // Stage 1: this rank's chunk of the summed gradients feeds its shard.
@@ -637,8 +742,23 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
   if (m.offload()) m.host_grad.copy_from(m.dev_grad);
 }
 
+void DataParallelPlugin::finish_gradients(nn::ViT&) {
+  impl_->sum_exchange();
+}
+
+void DataParallelPlugin::sum_pending_gradients() {
+  impl_->sum_exchange();
+}
+
 Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
+  if (m.exchange_pending) {
+    // The sum of squares of the sum over the ranks, the factor left to the step, which sums too.
+    if (m.fuses_exchange(opt))
+      return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, nullptr, nullptr,
+                                         nullptr, &opt, &m.replica_delta);
+    m.sum_exchange();
+  }
   // DDP: every rank holds the full (identical) gradients; ZeRO: each holds its shard.
   std::function<double(double)> reduce;
   if (m.cfg.zero_stage >= 1) reduce = [&m](double sq) { return m.dp.all_reduce_scalar(sq); };
@@ -650,6 +770,15 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   Impl& m = *impl_;
   m.drain();  // ZeRO-3 gathers issued ahead of a use that did not come: stale after the step
+  if (m.exchange_pending) {
+    if (m.fuses_exchange(opt)) {
+      opt.sum_replicas(m.replica_delta);
+      opt.step();
+      m.end_exchange();  // after the step's reads
+      return;
+    }
+    m.sum_exchange();
+  }
   opt.step();
   if (m.offload()) m.dev_value.copy_from(m.host_value);  // the updated shard back to the GPU
   // Every rank needs the updated full parameters for the next forward.
@@ -658,9 +787,17 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
 
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   Impl& m = *impl_;
+  // The copy-engine exchange: a skipped step read nothing; this rank's copies have left the
+  // buckets before they are zeroed.
+  m.end_exchange();
+  m.settle_pushes();
   if (m.cfg.zero_stage >= 1 || !m.grad_views()) opt.zero_grad();  // else: the buckets below
   if (m.offload()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
+  if (m.all.defined()) {
+    m.all.zero_();  // every gradient, one fill
+    return;
+  }
   if (m.grad_views()) {
     for (Bucket& b : m.buckets) b.flat.zero_();  // every gradient, one fill per bucket
     return;

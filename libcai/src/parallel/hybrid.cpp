@@ -177,8 +177,17 @@ void HybridParallelPlugin::sync_gradients(nn::ViT& model) {
   if (!impl_->pipe) impl_->inner->sync_gradients(model);
 }
 
+void HybridParallelPlugin::finish_gradients(nn::ViT& model) {
+  impl_->inner->finish_gradients(model);
+}
+
 Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
+  // DDP alone: every rank clips the same gradients by itself, as DataParallelPlugin does (no
+  // reduction; the factor folded into the optimizer step; the copy-engine exchange's sum taken as
+  // the gradients are read).
+  if (m.dp && !m.tp && m.cfg.dp.zero_stage == 0) return m.dp->clip_grad_norm(opt, max_norm);
+  if (m.dp) m.dp->sum_pending_gradients();  // read below
   // Every parameter once: tensor-parallel shards are disjoint over tp (2.5d/3d parts held by
   // several ranks: the lowest counts them), whole parameters the same on every tp rank (tp
   // rank 0 counts them); ZeRO shards are disjoint over dp, DDP gradients the

@@ -372,6 +372,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         for (auto& w : sends) w->wait();
         sends.clear();
         m.inner->sync_gradients(model);
+        m.inner->finish_gradients(model);  // the stage's clip reads them
         break;
       case Op::OptimizerStep:
         break;  // the trainer clips, then calls optimizer_step()

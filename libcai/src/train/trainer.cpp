@@ -558,6 +558,7 @@ void Trainer::fit(int64_t start_epoch) {
         // Unscale what this rank's optimizer sees and count inf/NaN in one pass (one host read),
         // then agree on overflow over every rank that holds other gradients (data-parallel
         // shards, pipeline stages).
+        plugin_->finish_gradients(model_);
         const auto params = optimizer_params(opt_);
         const Tensor stats = optim::grad_stats(params, nullptr, static_cast<float>(1.0 / scale));
         const double bad = plugin_->all_reduce_max(static_cast<double>(stats.to_vector()[1]));

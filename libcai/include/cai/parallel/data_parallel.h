@@ -81,6 +81,17 @@ struct DataParallelConfig {
   // Not faster so far: 2 H100, ViT-B/16 batch 256, 0.5% fewer img/s than NCCL's kernels (the
   // chunk sums cost the SM time NCCL's kernels took; docs/bench/README.md).
   bool copy_engine_all_reduce = false;
+  // Stage 0 with fp32 buckets on GPUs: no reduction beside the backward at all. Each bucket,
+  // once final, is copied whole by the copy engines into every other rank's memory
+  // (dist::Communicator::enable_copy_engine_exchange; one host with peer access, else NCCL's
+  // all-reduce is used); the buckets share one allocation. sync_gradients only makes the compute
+  // stream wait for the peers' copies; the sum over the ranks (rank order: the same bits on every
+  // rank) is taken where the gradients are read next: the clip's sum of squares and the fused
+  // Adam/AdamW update read every rank's copy (Optimizer::sum_replicas), so no pass writes the
+  // sum. Other optimizers, and other readers (finish_gradients), get it summed in place first.
+  // Costs (dp - 1) receive slots of the whole gradient per rank (plan::step_memory counts them)
+  // and (dp - 1) gradients' bytes into each GPU per step (NCCL's ring: 2 (dp - 1) / dp).
+  bool copy_engine_exchange = false;
 };
 
 class DataParallelPlugin : public train::Plugin {
@@ -98,7 +109,13 @@ class DataParallelPlugin : public train::Plugin {
   std::vector<nn::Parameter*> optimizer_parameters(nn::ViT& model) override;
   const nn::LayerHooks* train_hooks(bool last_micro_batch) override;
   const nn::LayerHooks* eval_hooks() override;
+  // With the copy-engine exchange (uses_copy_engine_exchange) the gradients hold only this
+  // rank's copy after sync_gradients: clip_grad_norm and optimizer_step read them as their sum
+  // over the ranks (Optimizer::sum_replicas, where the optimizer can; else they sum them in place
+  // first), and finish_gradients / sum_pending_gradients sum them in place for other readers.
   void sync_gradients(nn::ViT& model) override;
+  void finish_gradients(nn::ViT& model) override;
+  void sum_pending_gradients();
   Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
   void optimizer_step(optim::Optimizer& opt) override;
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
@@ -120,6 +137,9 @@ class DataParallelPlugin : public train::Plugin {
   // Whether the buckets go through the copy-engine all-reduce (asked for with
   // copy_engine_all_reduce, and the communicator could enable it).
   bool uses_copy_engine_all_reduce() const;
+  // Whether the buckets go through the copy-engine gradient exchange (copy_engine_exchange, and
+  // the communicator could enable it).
+  bool uses_copy_engine_exchange() const;
   // ZeRO's cut: elements [begin, end) of an n-element parameter that rank r of `size` owns.
   static std::pair<int64_t, int64_t> shard_range(int64_t n, int r, int size);
   // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,

@@ -57,6 +57,7 @@ class HybridParallelPlugin : public train::Plugin {
   const nn::LayerHooks* train_hooks(bool last_micro_batch) override;
   const nn::LayerHooks* eval_hooks() override;
   void sync_gradients(nn::ViT& model) override;
+  void finish_gradients(nn::ViT& model) override;
   Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
   void optimizer_step(optim::Optimizer& opt) override;
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;

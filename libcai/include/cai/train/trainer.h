@@ -140,6 +140,10 @@ class Plugin {
   virtual const nn::LayerHooks* eval_hooks() { return nullptr; }
   // After the backward of every micro-batch of a step, before clipping.
   virtual void sync_gradients(nn::ViT&) {}
+  // Makes the gradient tensors final where sync_gradients left their sum over the ranks to the
+  // clip and the optimizer step that read them (DataParallelPlugin's copy-engine exchange):
+  // whoever reads the gradients otherwise (the fp16 overflow check) calls it first.
+  virtual void finish_gradients(nn::ViT&) {}
   // Global-norm clipping over what this rank's optimizer sees; returns the global norm before
   // clipping as a 1-element fp32 tensor (optim::clip_grad_norm_async: on the device and unread
   // when no reduction over ranks is needed, else after one host read). Where the sum of squares
