@@ -91,6 +91,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
       {"parallel.gradient_comm_dtype", Kind::String, &c.gradient_comm_dtype, {"fp32", "bf16"}},
       {"parallel.ddp_copy_engine", Kind::Bool, &c.ddp_copy_engine},
+      {"parallel.ddp_exchange", Kind::Bool, &c.ddp_exchange},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
@@ -392,6 +393,13 @@ void validate(const TrainConfig& c, int world) {
             "needs parallel.zero_stage 0 or 1 (got {}), parallel.gradient_comm_dtype = \"fp32\" "
             "(got \"{}\") and train.device = \"cuda\" (got \"{}\")",
             c.zero_stage, c.gradient_comm_dtype, c.device);
+  CAI_CHECK(!c.ddp_exchange || (c.zero_stage == 0 && c.gradient_comm_dtype == "fp32" &&
+                                c.device == "cuda" && !c.ddp_copy_engine),
+            "[config] parallel.ddp_exchange = true copies whole fp32 gradients between GPUs: it "
+            "needs parallel.zero_stage = 0 (got {}), parallel.gradient_comm_dtype = \"fp32\" "
+            "(got \"{}\"), train.device = \"cuda\" (got \"{}\") and parallel.ddp_copy_engine "
+            "= false (got {})",
+            c.zero_stage, c.gradient_comm_dtype, c.device, c.ddp_copy_engine);
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);
@@ -508,6 +516,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.ddp_bucket_cap_mb = c.ddp_bucket_cap_mb;
   l.bucket_dtype = dtype_from_name(c.gradient_comm_dtype);
   l.ddp_copy_engine = c.ddp_copy_engine;
+  l.ddp_exchange = c.ddp_exchange;
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
   l.gpu = c.device == "cuda";
   // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on

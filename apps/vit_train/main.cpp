@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
     dc.ddp_bucket_cap_mb = cfg.ddp_bucket_cap_mb;
     dc.bucket_dtype = dtype_from_name(cfg.gradient_comm_dtype);
     dc.copy_engine_all_reduce = cfg.ddp_copy_engine;
+    dc.copy_engine_exchange = cfg.ddp_exchange;
     dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
     dc.cpu_offload = cfg.cpu_offload;
     parallel::PipelineConfig pc;

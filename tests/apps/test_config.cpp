@@ -173,6 +173,15 @@ TEST(Config, DataParallelSettingsAreChecked) {
   expect_error(ce + "zero_stage = 2\n[train]\ndevice = \"cuda\"\n", {"zero_stage 0 or 1 (got 2)"});
   expect_error(ce + "gradient_comm_dtype = \"bf16\"\n[train]\ndevice = \"cuda\"\n",
                {"gradient_comm_dtype = \"fp32\" (got \"bf16\")"});
+  // The copy-engine exchange: fp32 stage 0 buckets on GPUs, not with the copy-engine all-reduce.
+  const std::string ex = "[parallel]\nddp_exchange = true\n";
+  EXPECT_NO_THROW(validate(parse_config(ex + "[train]\ndevice = \"cuda\"\n", "t", {}), 2));
+  expect_error(ex, {"ddp_exchange", "train.device = \"cuda\" (got \"cpu\")"});
+  expect_error(ex + "zero_stage = 1\n[train]\ndevice = \"cuda\"\n", {"zero_stage = 0 (got 1)"});
+  expect_error(ex + "gradient_comm_dtype = \"bf16\"\n[train]\ndevice = \"cuda\"\n",
+               {"gradient_comm_dtype = \"fp32\" (got \"bf16\")"});
+  expect_error(ex + "ddp_copy_engine = true\n[train]\ndevice = \"cuda\"\n",
+               {"ddp_copy_engine = false (got true)"});
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {

@@ -153,6 +153,42 @@ TEST(Plan, CopyEngineAllReduceStagingRegionInTheBuffers) {
   }
 }
 
+// parallel.ddp_exchange: each rank's receive slots for the copy-engine gradient exchange (256
+// bytes of flags and every bucket, padded as the plugin lays them out, for each other rank) join
+// the buffers, on GPUs with dp > 1 and fp32 stage 0 buckets only.
+TEST(Plan, CopyEngineExchangeSlotsInTheBuffers) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.gpu = true;
+  l.ddp_bucket_cap_mb = 0.001;
+  int64_t padded = 0;
+  for (const auto& lp : plan::plan_rank(plan::make_plan(c, l), 0).layer_plans)
+    for (int64_t v : lp.parameter_numels) padded += schedule::bucket_view_numel(v);
+  EXPECT_GT(padded, nn::ViT(c).num_parameters());
+  for (int d : {2, 4}) {
+    l.world = d;
+    l.ddp_exchange = false;
+    const auto base = plan::plan_rank(plan::make_plan(c, l), 0).memory;
+    l.ddp_exchange = true;
+    const auto ex = plan::plan_rank(plan::make_plan(c, l), 0).memory;
+    EXPECT_EQ(ex.buffers - base.buffers, 256 + 4 * padded * (d - 1)) << d;
+    EXPECT_EQ(schedule::copy_engine_exchange_region_bytes(padded, d), 256 + 4 * padded * (d - 1));
+  }
+  l.world = 2;
+  for (int k = 0; k < 4; ++k) {
+    plan::Layout o = l;
+    if (k == 0) o.gpu = false;
+    if (k == 1) o.world = 1;
+    if (k == 2) o.bucket_dtype = DType::BF16;
+    if (k == 3) o.zero_stage = 1;
+    plan::Layout off = o;
+    off.ddp_exchange = false;
+    EXPECT_EQ(plan::plan_rank(plan::make_plan(c, o), 0).memory.buffers,
+              plan::plan_rank(plan::make_plan(c, off), 0).memory.buffers)
+        << "case " << k;
+  }
+}
+
 // parallel.gradient_comm_dtype = "bf16": DDP's and ZeRO-1's flat buckets are a bf16 copy of the
 // gradients (fp32 buckets are the gradients themselves, padded to 16 elements per parameter),
 // and the bytes their all-reduces move are half of fp32's; the gradients themselves stay fp32.

@@ -836,6 +836,10 @@ void replay(const StepPlan& plan, RankPlan& r) {
       most = std::max(most, rp.bucket_view_numel(static_cast<int>(b)));
     if (most > 0) m.buffers += schedule::copy_engine_region_bytes(most, d);
   }
+  // The copy-engine exchange's receive slots: every bucket, for each other rank.
+  if (rp.plugin() && rp.grad_views() && l.ddp_exchange && l.zero_stage == 0 && l.gpu && d > 1 &&
+      padded > 0)
+    m.buffers += schedule::copy_engine_exchange_region_bytes(padded, d);
   m.host = offload ? 4 * (2 + slots) * S : 0;
   // Every rank of a pipeline or tensor group holds the whole batch (the stages take their
   // micro-batches' slices from it; the last one reads the labels).

@@ -62,6 +62,10 @@ struct Layout {
   // Stage 0/1 fp32 buckets all-reduced by the copy engines (parallel.ddp_copy_engine): a staging
   // region per rank (schedule::copy_engine_region_bytes) among the buffers.
   bool ddp_copy_engine = false;
+  // Stage 0 fp32 buckets exchanged by the copy engines (parallel.ddp_exchange): receive slots of
+  // every bucket for each other rank (schedule::copy_engine_exchange_region_bytes) among the
+  // buffers.
+  bool ddp_exchange = false;
   bool gpu = false;  // parameters on a GPU: fused attention in half, offload moves to the host
   // Gradients go through parallel::DataParallelPlugin (every multi-process run, ZeRO, pipeline):
   // DDP's flat bucket buffers exist. False: one process without a plugin.
