@@ -225,8 +225,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             if (!opt.optimizer_elements.empty()) {
               sim::Op o = sim::Op::compute("OptStep", -1.0, -1, "optimizer");
               o.flops = opt.optimizer_elements.at(st);
-              // AdamW reads p, g, m, v and writes p, m, v; clipping reads g; zero_grad writes it.
-              o.mem_bytes = 36.0 * o.flops;
+              o.mem_bytes = opt.optimizer_bytes_per_element * o.flops;
               o.op_kind = "optimizer";
               o.cal_key = "optimizer|step";
               push(std::move(o));

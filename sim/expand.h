@@ -37,6 +37,10 @@ struct ExpandOptions {
   // timed by the calibration's "optimizer|step" samples or the memory roofline; when set, it
   // replaces optimizer_s.
   std::vector<double> optimizer_elements;
+  // Bytes the step moves per element: AdamW reads p, g, m, v and writes p, m, v, clipping reads
+  // g, zero_grad writes it (36); the copy-engine exchange's step also reads every other rank's
+  // copy of g in the clip and the update (+8 per other rank).
+  double optimizer_bytes_per_element = 36.0;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
   int64_t boundary_bytes = -1;
   int dp = 1;  // pipeline replicas (data parallel)

@@ -201,11 +201,13 @@ class ConfigProgram {
     auto at = [&](size_t i) { return base + static_cast<int>(i); };
     // Bucket b's reduction on the data-parallel stream.
     auto reduce_bucket = [&](OpKind kind, int b) {
-      Op r =
-          Op::collective(kind,
-                         fmt::format("bucket {} {}", b,
-                                     kind == OpKind::AllReduce ? "all_reduce" : "reduce_scatter"),
-                         dp->group, dp->bucket_wire[b], 3);
+      Op r = Op::collective(kind,
+                            fmt::format("bucket {} {}", b,
+                                        kind == OpKind::AllReduce   ? "all_reduce"
+                                        : kind == OpKind::AllGather ? "exchange"
+                                                                    : "reduce_scatter"),
+                            dp->group, dp->bucket_wire[b], 3);
+      r.copy_engine = dp->exchange;
       r.category = "reduce";
       dp->reduce_op[b] = at(ops.size());
       ops.push_back(std::move(r));
@@ -219,7 +221,7 @@ class ConfigProgram {
           ops.push_back(dp_copy(fmt::format("bucket {} cast", b),
                                 dp->cast_bytes * dp->bucket_numel[b],
                                 2 * dp->bucket_params[b]));  // a cast and a copy each
-        reduce_bucket(OpKind::AllReduce, b);
+        reduce_bucket(dp->exchange ? OpKind::AllGather : OpKind::AllReduce, b);
       }
       dp->waiting.clear();
     };
@@ -460,6 +462,9 @@ class ConfigProgram {
     int64_t numel_total = 0, chunk_total = 0, params_total = 0;
     // bf16 buckets: bytes per element of a cast (0: the gradients are the bucket).
     int64_t cast_bytes = 0;
+    // The copy-engine exchange (parallel.ddp_exchange): each bucket gathered whole by every rank
+    // on the copy engines (the plan's all-gather of dp × the bucket) instead of all-reduced.
+    bool exchange = false;
     schedule::GatherWindow window;
     schedule::InflightWindow inflight;
     std::map<int, int> gather_op;  // position -> program index of its pending all-gather
@@ -533,6 +538,8 @@ class ConfigProgram {
                                         layout_.bucket_dtype == cai::DType::F32) &&
         layout_.zero_stage <= 1)
       x.cast_bytes = 4 + static_cast<int64_t>(cai::dtype_size(layout_.bucket_dtype));
+    x.exchange = layout_.ddp_exchange && layout_.zero_stage == 0 && layout_.gpu &&
+                 schedule::gradients_in_buckets(0, layout_.bucket_dtype == cai::DType::F32);
     x.window = schedule::GatherWindow(has, layout_.zero3_prefetch);
     x.inflight = schedule::InflightWindow(std::max(1, layout_.zero_max_inflight_buckets));
     x.reduce_op.assign(buckets.size(), -1);
@@ -594,6 +601,8 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   eo.dp = Dk * Tk;  // replicas of each stage's program: dp × tp (of one copy)
   eo.global_batch = layout.batch * D * (P == 1 ? layout.gradient_accumulation : 1);
   eo.dtype = sim_dtype(layout.precision);
+  if (layout.ddp_exchange && layout.zero_stage == 0 && layout.gpu && D > 1)
+    eo.optimizer_bytes_per_element += 8.0 * (D - 1);
   if (layout.body == plan::Body::ViT)  // Blocks and Linears have no optimizer step
     for (int s = 0; s < P; ++s)
       eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /

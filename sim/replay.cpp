@@ -288,6 +288,7 @@ struct Replayer {
   bool takes_share(int r, int i) const {
     if (share <= 0) return false;
     const Op& o = w.ranks[r].ops[i];
+    if (o.copy_engine) return false;
     switch (o.kind) {
       case OpKind::Compute:
       case OpKind::HostCopy:
@@ -464,6 +465,8 @@ struct Replayer {
 
   void collective(int r, int i) {
     const int id = m.instance_of[r][i], pos = m.position_of[r][i];
+    // Moved by the copy engines: no kernel holds a share of the GPUs.
+    const double frac = w.ranks[r].ops[i].copy_engine ? 0.0 : -1.0;
     const detail::Instance& in = m.instances[id];
     const auto& G = w.groups[in.group_id];
     const int n = w.group_size(in.group_id);  // every copy's members for a spanning ring
@@ -501,7 +504,7 @@ struct Replayer {
       // Calibrated: the measured time of this collective on this group size, from the moment
       // every member is there (either model; the links carry nothing for it).
       if (!meet()) return;
-      auto held = hold(w.groups[in.group_id]);
+      auto held = hold(w.groups[in.group_id], frac);
       const double t = comm_dur.instance[id] + woken(mt.arrivals);
       if (t > 0) sg4::this_actor::sleep_for(t);
       let_go(held);
@@ -510,7 +513,7 @@ struct Replayer {
     }
     if (model == CollectiveModel::Bulk) {
       if (!meet()) return;
-      auto held = hold(w.groups[in.group_id]);
+      auto held = hold(w.groups[in.group_id], frac);
       if (const double late = woken(mt.arrivals); late > 0) sg4::this_actor::sleep_for(late);
       std::vector<sg4::CommPtr> flows;
       double after = 0;
@@ -553,7 +556,7 @@ struct Replayer {
       return;
     }
     // Step by step: each member holds its own GPU for its part (waits included).
-    auto held = hold({r});
+    auto held = hold({r}, frac);
     const uint64_t b = as_bytes(chunk);
     if (round) {
       // n chains from each member in turn, step by step (mailboxes per broadcast).

@@ -92,6 +92,9 @@ struct Op {
   int root = -1;    // broadcast: global rank of the root (-1: the group's first rank)
   int peer = -1;    // send/recv: the other global rank
   int64_t tag = 0;  // send/recv matching tag
+  // Moved by the GPUs' copy engines (the copy-engine gradient exchange): no kernel, so it holds
+  // no share of the GPU's compute while in flight (Calibration::overlap_share).
+  bool copy_engine = false;
 
   std::vector<MemDelta> mem_start, mem_end;
 

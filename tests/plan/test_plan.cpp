@@ -172,6 +172,18 @@ TEST(Plan, CopyEngineExchangeSlotsInTheBuffers) {
     l.ddp_exchange = true;
     const auto ex = plan::plan_rank(plan::make_plan(c, l), 0).memory;
     EXPECT_EQ(ex.buffers - base.buffers, 256 + 4 * padded * (d - 1)) << d;
+    // The buckets' collectives: every rank gathers every other's whole bucket.
+    const auto cb = plan::plan_rank(plan::make_plan(c, l), 0).collectives;
+    l.ddp_exchange = false;
+    const auto ca = plan::plan_rank(plan::make_plan(c, l), 0).collectives;
+    l.ddp_exchange = true;
+    ASSERT_EQ(ca.size(), cb.size());
+    for (size_t i = 0; i < ca.size(); ++i) {
+      if (ca[i].op.rfind("bucket ", 0) != 0) continue;
+      EXPECT_EQ(ca[i].kind, plan::CollectiveKind::AllReduce);
+      EXPECT_EQ(cb[i].kind, plan::CollectiveKind::AllGather) << cb[i].op;
+      EXPECT_EQ(cb[i].bytes, d * ca[i].bytes) << cb[i].op;
+    }
     EXPECT_EQ(schedule::copy_engine_exchange_region_bytes(padded, d), 256 + 4 * padded * (d - 1));
   }
   l.world = 2;

@@ -1151,6 +1151,39 @@ TEST(DataParallel, DdpBucketsStartAtTheNextOverlapPoint) {
   EXPECT_LT(at_points + at_embedding, buckets);
 }
 
+// parallel.ddp_exchange: the DDP buckets go where the all-reduces went, as the plan's all-gathers
+// of dp × the bucket ("bucket b exchange"), moved by the copy engines (no share of the GPU), and
+// the step reads every other rank's copy too (AdamW's 36 bytes per element + 8 per other rank).
+TEST(DataParallel, CopyEngineExchangeBucketsAreCopiesTheStepReads) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  auto make = [&](bool ex) {
+    return workload_from_config(
+        fmnist({"train.device=cuda", "parallel.ddp_bucket_cap_mb=0.02",
+                fmt::format("parallel.ddp_exchange={}", ex ? "true" : "false")}),
+        2, c, false);
+  };
+  const ConfigWorkload nccl = make(false), ex = make(true);
+  const auto& a = nccl.workload.ranks[0].ops;
+  const auto& b = ex.workload.ranks[0].ops;
+  ASSERT_EQ(a.size(), b.size());
+  int buckets = 0;
+  double opt_a = 0, opt_b = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name == "OptStep") opt_a = a[i].mem_bytes, opt_b = b[i].mem_bytes;
+    if (a[i].name.rfind("bucket ", 0) != 0) continue;
+    ++buckets;
+    EXPECT_EQ(a[i].kind, OpKind::AllReduce);
+    EXPECT_FALSE(a[i].copy_engine);
+    EXPECT_EQ(b[i].kind, OpKind::AllGather) << b[i].name;
+    EXPECT_TRUE(b[i].copy_engine) << b[i].name;
+    EXPECT_EQ(b[i].name, a[i].name.substr(0, a[i].name.size() - 10) + "exchange");
+    EXPECT_EQ(b[i].bytes, 2 * a[i].bytes) << b[i].name;
+  }
+  EXPECT_GE(buckets, 3);
+  ASSERT_GT(opt_a, 0);
+  EXPECT_DOUBLE_EQ(opt_b / opt_a, 44.0 / 36.0);
+}
+
 // ZeRO's collectives where DataParallelPlugin issues them, with its host waits (the simulator
 // once put every data-parallel collective, ZeRO-3's forward gathers and ZeRO-1/2's parameter
 // all-gathers included, behind the last backward): ZeRO-3 gathers each layer before its forward
@@ -1285,6 +1318,13 @@ TEST(Overlap, ComputeBesideMovingDataRunsAtTheRestOfTheGpu) {
     EXPECT_NEAR(r.ranks[0].spans[0].end, 0.011, 1e-9) << merge;
     EXPECT_NEAR(r.ranks[0].spans[1].end, 0.009, 1e-9);
     EXPECT_NEAR(r.ranks[1].spans[0].end, 0.005, 1e-9);
+  }
+  {  // Moved by the copy engines (the copy-engine exchange): no kernel, no share.
+    Workload ce = w;
+    for (auto& rk : ce.ranks) rk.ops[1].copy_engine = true;
+    const ReplayResult r = replay(ce, c, opt);
+    EXPECT_NEAR(r.ranks[0].spans[0].end, 0.010, 1e-9);
+    EXPECT_NEAR(r.ranks[0].spans[1].end, 0.009, 1e-9);
   }
   // Without the entry (or beside faster than alone): no share.
   opt.calibration = profile("");

@@ -987,8 +987,13 @@ void replay(const StepPlan& plan, RankPlan& r) {
       const int64_t wire = rp.grad_views() ? 4 * rp.bucket_view_numel(b)
                                            : static_cast<int64_t>(dtype_size(l.bucket_dtype)) *
                                                  rp.bucket_numel(b);  // bf16: half
-      r.collectives.push_back(
-          {CollectiveKind::AllReduce, Group::Dp, d, wire, "", name, Phase::Backward, 1});
+      // The copy-engine exchange: every rank gathers every other's whole bucket.
+      if (l.ddp_exchange && l.zero_stage == 0 && l.gpu && rp.grad_views())
+        r.collectives.push_back(
+            {CollectiveKind::AllGather, Group::Dp, d, d * wire, "", name, Phase::Backward, 1});
+      else
+        r.collectives.push_back(
+            {CollectiveKind::AllReduce, Group::Dp, d, wire, "", name, Phase::Backward, 1});
     } else {
       const int per = l.pp == 1 ? static_cast<int>(l.gradient_accumulation) : 1;
       r.collectives.push_back(
