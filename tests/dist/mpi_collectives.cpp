@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -153,6 +154,31 @@ void check(Communicator& c, const On& on) {
   c.barrier();
 }
 
+// Inexact sums through `reduce` (in place): every rank ends with the same bits, within rounding
+// of NCCL's sum.
+void check_inexact(Communicator& c, const On& on, const std::string& what,
+                   const std::function<void(Tensor&)>& reduce) {
+  const int r = c.rank(), n = c.size();
+  std::vector<float> noise(5000);
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i) + 1.3f * float(r));
+  Tensor a = Tensor::from_vector(noise, {5000}).to(on.dev), b = a.clone();
+  reduce(a);
+  c.all_reduce(b);
+  const auto av = a.to_vector(), bv = b.to_vector();
+  double checksum = 0, worst = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &av[i], 4);
+    checksum = std::fmod(checksum * 3.0 + double(bits % 65521), 1e9);
+    worst = std::max(worst, double(std::abs(av[i] - bv[i])));
+  }
+  expect(
+      c.all_reduce_scalar(checksum, ReduceOp::Max) == c.all_reduce_scalar(checksum, ReduceOp::Min),
+      what + ": the same bits on every rank", r);
+  expect(worst <= 1e-6 * n,
+         fmt::format("{}: within rounding of NCCL's sum (worst {})", what, worst), r);
+}
+
 // The copy-engine all-reduce against its definition: sizes around the chunking (fewer elements
 // than ranks, 64-element chunk boundaries, odd tails), many operations in flight at once and in
 // sequence (the staging region and flags are reused), NCCL operations between them, the
@@ -208,24 +234,8 @@ void check_copy_engine(Communicator& c, const On& on) {
   for (int64_t i = 0; i < most; i += 4099) ordered = ordered && v[i] == float(n * (n + 1));
   expect(ordered && v[most - 1] == float(n * (n + 1)),
          "copy-engine all_reduce ordered after and before the compute stream", r);
-  // Inexact sums: every rank ends with the same bits, within rounding of NCCL's sum.
-  std::vector<float> noise(5000);
-  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i) + 1.3f * float(r));
-  Tensor a = Tensor::from_vector(noise, {5000}).to(on.dev), b = a.clone();
-  c.copy_engine_all_reduce_async(a)->wait();
-  c.all_reduce(b);
-  const auto av = a.to_vector(), bv = b.to_vector();
-  double checksum = 0, worst = 0;
-  for (size_t i = 0; i < av.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &av[i], 4);
-    checksum = std::fmod(checksum * 3.0 + double(bits % 65521), 1e9);
-    worst = std::max(worst, double(std::abs(av[i] - bv[i])));
-  }
-  expect(
-      c.all_reduce_scalar(checksum, ReduceOp::Max) == c.all_reduce_scalar(checksum, ReduceOp::Min),
-      "the same bits on every rank", r);
-  expect(worst <= 1e-6 * n, fmt::format("within rounding of NCCL's sum (worst {})", worst), r);
+  check_inexact(c, on, "copy-engine all_reduce",
+                [&](Tensor& a) { c.copy_engine_all_reduce_async(a)->wait(); });
   // Misuse names the limit.
   Tensor huge = on.zeros(most + 1);
   bool threw = false;
@@ -318,26 +328,10 @@ void check_exchange(Communicator& c, const On& on) {
     expect(exact(again, 0, 11) && own.to_vector() == input(total, 0, 9, r).to_vector(),
            "a summed round after it; the reader's own copy untouched", r);
   }
-  // Inexact: the same bits on every rank, within rounding of NCCL's sum.
-  std::vector<float> noise(5000);
-  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(0.37f * float(i) + 1.3f * float(r));
-  Tensor a = Tensor::from_vector(noise, {5000}).to(on.dev), b = a.clone();
-  c.exchange_push_async(a, 17)->wait();
-  c.exchange_sum_async({a}, {17})->wait();
-  c.all_reduce(b);
-  const auto av = a.to_vector(), bv = b.to_vector();
-  double checksum = 0, worst = 0;
-  for (size_t i = 0; i < av.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &av[i], 4);
-    checksum = std::fmod(checksum * 3.0 + double(bits % 65521), 1e9);
-    worst = std::max(worst, double(std::abs(av[i] - bv[i])));
-  }
-  expect(
-      c.all_reduce_scalar(checksum, ReduceOp::Max) == c.all_reduce_scalar(checksum, ReduceOp::Min),
-      "exchange: the same bits on every rank", r);
-  expect(worst <= 1e-6 * n, fmt::format("exchange within rounding of NCCL's sum (worst {})", worst),
-         r);
+  check_inexact(c, on, "exchange (an unaligned range)", [&](Tensor& a) {
+    c.exchange_push_async(a, 17)->wait();
+    c.exchange_sum_async({a}, {17})->wait();
+  });
   // Misuse names the limits.
   Tensor tail = on.zeros(2);
   bool threw = false;
