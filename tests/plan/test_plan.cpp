@@ -26,6 +26,24 @@ const plan::LayerPlan& layer(const plan::RankPlan& r, const std::string& name) {
   throw Error("no layer " + name);
 }
 
+// The copy-engine options (`flag`: parallel.ddp_copy_engine, parallel.ddp_exchange, set in `on`)
+// add no region where they do not apply: on the CPU, with one rank, with bf16 buckets, with ZeRO
+// stage `zero`: the same buffers with and without them.
+void expect_no_region_where_it_does_not_apply(const nn::ViTConfig& c, const plan::Layout& on,
+                                              bool plan::Layout::*flag, int zero) {
+  for (int k = 0; k < 4; ++k) {
+    plan::Layout o = on;
+    if (k == 0) o.gpu = false;
+    if (k == 1) o.world = 1;
+    if (k == 2) o.bucket_dtype = DType::BF16;
+    if (k == 3) o.zero_stage = zero;
+    plan::Layout off = o;
+    off.*flag = false;
+    EXPECT_EQ(plan::plan_rank(plan::make_plan(c, o), 0).memory.buffers,
+              plan::plan_rank(plan::make_plan(c, off), 0).memory.buffers)
+        << "case " << k;
+  }
+}
 }  // namespace
 
 TEST(Plan, BlockFlopsAre24ND2Plus4N2D) {
@@ -139,18 +157,7 @@ TEST(Plan, CopyEngineAllReduceStagingRegionInTheBuffers) {
   EXPECT_EQ(ce.buffers - base.buffers, 256 + 4 * chunk * 3);
   EXPECT_EQ(ce.peak - base.peak, ce.buffers - base.buffers + (ce.allocator - base.allocator));
   // Not on the CPU, not with one rank, not with bf16 buckets or ZeRO-2.
-  for (int k = 0; k < 4; ++k) {
-    plan::Layout o = l;
-    if (k == 0) o.gpu = false;
-    if (k == 1) o.world = 1;
-    if (k == 2) o.bucket_dtype = DType::BF16;
-    if (k == 3) o.zero_stage = 2;
-    plan::Layout off = o;
-    off.ddp_copy_engine = false;
-    EXPECT_EQ(plan::plan_rank(plan::make_plan(c, o), 0).memory.buffers,
-              plan::plan_rank(plan::make_plan(c, off), 0).memory.buffers)
-        << "case " << k;
-  }
+  expect_no_region_where_it_does_not_apply(c, l, &plan::Layout::ddp_copy_engine, 2);
 }
 
 // parallel.ddp_exchange: each rank's receive slots for the copy-engine gradient exchange (256
@@ -168,15 +175,13 @@ TEST(Plan, CopyEngineExchangeSlotsInTheBuffers) {
   for (int d : {2, 4}) {
     l.world = d;
     l.ddp_exchange = false;
-    const auto base = plan::plan_rank(plan::make_plan(c, l), 0).memory;
+    const auto base = plan::plan_rank(plan::make_plan(c, l), 0);
     l.ddp_exchange = true;
-    const auto ex = plan::plan_rank(plan::make_plan(c, l), 0).memory;
-    EXPECT_EQ(ex.buffers - base.buffers, 256 + 4 * padded * (d - 1)) << d;
+    const auto ex = plan::plan_rank(plan::make_plan(c, l), 0);
+    EXPECT_EQ(ex.memory.buffers - base.memory.buffers, 256 + 4 * padded * (d - 1)) << d;
     // The buckets' collectives: every rank gathers every other's whole bucket.
-    const auto cb = plan::plan_rank(plan::make_plan(c, l), 0).collectives;
-    l.ddp_exchange = false;
-    const auto ca = plan::plan_rank(plan::make_plan(c, l), 0).collectives;
-    l.ddp_exchange = true;
+    const auto& ca = base.collectives;
+    const auto& cb = ex.collectives;
     ASSERT_EQ(ca.size(), cb.size());
     for (size_t i = 0; i < ca.size(); ++i) {
       if (ca[i].op.rfind("bucket ", 0) != 0) continue;
@@ -187,18 +192,8 @@ TEST(Plan, CopyEngineExchangeSlotsInTheBuffers) {
     EXPECT_EQ(schedule::copy_engine_exchange_region_bytes(padded, d), 256 + 4 * padded * (d - 1));
   }
   l.world = 2;
-  for (int k = 0; k < 4; ++k) {
-    plan::Layout o = l;
-    if (k == 0) o.gpu = false;
-    if (k == 1) o.world = 1;
-    if (k == 2) o.bucket_dtype = DType::BF16;
-    if (k == 3) o.zero_stage = 1;
-    plan::Layout off = o;
-    off.ddp_exchange = false;
-    EXPECT_EQ(plan::plan_rank(plan::make_plan(c, o), 0).memory.buffers,
-              plan::plan_rank(plan::make_plan(c, off), 0).memory.buffers)
-        << "case " << k;
-  }
+  // Not on the CPU, not with one rank, not with bf16 buckets or ZeRO-1.
+  expect_no_region_where_it_does_not_apply(c, l, &plan::Layout::ddp_exchange, 1);
 }
 
 // parallel.gradient_comm_dtype = "bf16": DDP's and ZeRO-1's flat buckets are a bf16 copy of the

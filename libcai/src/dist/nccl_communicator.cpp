@@ -724,16 +724,8 @@ class NcclCommunicator : public Communicator {
                 name(), copy_engine_->max_numel, max_numel);
       return true;
     }
-    if (!peers_mappable()) return false;
-    auto ch = std::make_shared<Channel>(
-        device_, timeout_,
-        fmt::format("group '{}' copy-engine all-reduce (rank {} of {})", name(), rank(), size()));
-    ch->copy_engine = true;
-    auto ce = std::make_unique<CopyEngine>(size(), rank(), max_numel, ch);
-    if (!map_peer_regions(*ce)) return false;
-    watchdog().watch(ch);
-    copy_engine_ = std::move(ce);
-    return true;
+    copy_engine_ = open_peer_region<CopyEngine>("copy-engine all-reduce", max_numel);
+    return copy_engine_ != nullptr;
   }
 
   std::unique_ptr<Work> copy_engine_all_reduce_async(Tensor& t) override {
@@ -767,16 +759,8 @@ class NcclCommunicator : public Communicator {
                 name(), exchange_->numel, numel);
       return true;
     }
-    if (!peers_mappable()) return false;
-    auto ch = std::make_shared<Channel>(
-        device_, timeout_,
-        fmt::format("group '{}' copy-engine exchange (rank {} of {})", name(), rank(), size()));
-    ch->copy_engine = true;
-    auto ex = std::make_unique<Exchange>(size(), rank(), numel, ch);
-    if (!map_peer_regions(*ex)) return false;
-    watchdog().watch(ch);
-    exchange_ = std::move(ex);
-    return true;
+    exchange_ = open_peer_region<Exchange>("copy-engine exchange", numel);
+    return exchange_ != nullptr;
   }
 
   std::unique_ptr<Work> exchange_push_async(const Tensor& t, int64_t offset) override {
@@ -1048,6 +1032,22 @@ class NcclCommunicator : public Communicator {
       }
     }
     return host_->all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) >= 1.0;
+  }
+
+  // Collective: a copy-engine peer region R(size, rank, numel, channel) on a channel of its own
+  // labelled `what` (watched for timeouts), mapped by every other rank; null on every rank where
+  // some rank is not on this host with peer access or could not map the others' regions.
+  template <typename R>
+  std::unique_ptr<R> open_peer_region(const char* what, int64_t numel) {
+    if (!peers_mappable()) return nullptr;
+    auto ch = std::make_shared<Channel>(
+        device_, timeout_,
+        fmt::format("group '{}' {} (rank {} of {})", name(), what, rank(), size()));
+    ch->copy_engine = true;
+    auto region = std::make_unique<R>(size(), rank(), numel, ch);
+    if (!map_peer_regions(*region)) return nullptr;
+    watchdog().watch(ch);
+    return region;
   }
 
   // Collective: maps every other rank's region of `pr` here (CUDA IPC); false (on every rank)

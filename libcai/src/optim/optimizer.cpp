@@ -412,28 +412,22 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
                             const std::vector<int64_t>* replicas) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   auto lists = grad_lists(params, weight);
-  if (replicas && !replicas->empty()) {
-    // The sum over the ranks exists only as the step will read it: the factor must be deferred.
-    CAI_CHECK(lists.size() == 1 && !reduce_sq && !reduce_on_device && defer &&
-                  defer->can_defer_clip(lists[0].device) && steps_exactly(*defer, params),
-              "[clip_grad_norm] gradients summed over the ranks where they are read need the "
-              "clip deferred to an optimizer stepping exactly these parameters on their GPU");
-    Tensor stats = stats_of(lists[0], 1.0f, replicas);
-    Tensor norm = Tensor::empty({1}, DType::F32, lists[0].device);
-    kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
-                                     static_cast<float>(max_norm), norm.data<float>());
-    defer->defer_clip(stats, static_cast<float>(max_norm));
-    return norm;
-  }
+  // The factor left to defer's next step: one device, no reduction, defer steps exactly these.
+  const bool deferred = lists.size() == 1 && !reduce_sq && !reduce_on_device && defer &&
+                        defer->can_defer_clip(lists[0].device) && steps_exactly(*defer, params);
+  // Gradients summed over the ranks where they are read: the sum exists only as the step will
+  // read it, so the factor must be deferred.
+  CAI_CHECK(!replicas || replicas->empty() || deferred,
+            "[clip_grad_norm] gradients summed over the ranks where they are read need the "
+            "clip deferred to an optimizer stepping exactly these parameters on their GPU");
   if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
     // Everything on the device: the factor comes from the device sum of squares (summed over
     // the ranks there with reduce_on_device).
     GradLists& l = lists[0];
-    Tensor stats = stats_of(l, 1.0f);
+    Tensor stats = stats_of(l, 1.0f, replicas);
     if (reduce_on_device) reduce_on_device(stats);
     Tensor norm = Tensor::empty({1}, DType::F32, l.device);
-    if (defer && !reduce_sq && !reduce_on_device && defer->can_defer_clip(l.device) &&
-        steps_exactly(*defer, params)) {
+    if (deferred) {
       kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
                                        static_cast<float>(max_norm), norm.data<float>());
       defer->defer_clip(stats, static_cast<float>(max_norm));
