@@ -213,9 +213,12 @@ class ConfigProgram {
       ops.push_back(std::move(r));
     };
     // Stage 0/1: the waiting buckets' all-reduces (bf16 buckets: each after its cast), issued
-    // where the executor's overlap point or its fallback launches them.
+    // where the executor's overlap point or its fallback launches them, unless held
+    // (parallel.ddp_bucket_hold: until that share of the gradients is final).
     auto launch_waiting = [&] {
-      if (!dp) return;
+      if (!dp || dp->waiting.empty() ||
+          !schedule::launch_held_buckets(dp->ready_numel, dp->numel_total, layout_.ddp_bucket_hold))
+        return;
       for (int b : dp->waiting) {
         if (dp->cast_bytes > 0)  // bf16 buckets: the gradients cast into the bucket
           ops.push_back(dp_copy(fmt::format("bucket {} cast", b),
@@ -366,7 +369,10 @@ class ConfigProgram {
       const bool reduces = layout_.zero_stage >= 2 || mb == plan_.micro_batches - 1;
       if (dp && !fwd && reduces && layout_.zero_stage < 2) {
         launch_waiting();
-        dp->waiting = dp->launch_at[pos];
+        for (int b : dp->launch_at[pos]) {
+          dp->waiting.push_back(b);
+          dp->ready_numel += dp->bucket_numel[b];
+        }
       } else if (dp && !fwd && reduces) {
         for (int b : dp->launch_at[pos]) {
           const std::string bn = fmt::format("bucket {}", b);
@@ -394,6 +400,7 @@ class ConfigProgram {
     Dp* dp = data_parallel(rank, w);
     if (!dp) return ops;
     if (in.op == schedule::Op::ReduceGrads) {
+      dp->ready_numel = 0;
       if (layout_.zero_stage >= 2) {
         const std::vector<int> left = dp->inflight.inflight();
         for (int k : left) {
@@ -473,6 +480,7 @@ class ConfigProgram {
     // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
     // class-token gradients, a chunk's end).
     std::vector<int> waiting;
+    int64_t ready_numel = 0;  // elements of this step's buckets launched or waiting
   };
   // The rank's data-parallel state, made on first use; null without data parallelism.
   Dp* data_parallel(int rank, Workload& w) {

@@ -92,6 +92,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.gradient_comm_dtype", Kind::String, &c.gradient_comm_dtype, {"fp32", "bf16"}},
       {"parallel.ddp_copy_engine", Kind::Bool, &c.ddp_copy_engine},
       {"parallel.ddp_exchange", Kind::Bool, &c.ddp_exchange},
+      {"parallel.ddp_bucket_hold", Kind::Float, &c.ddp_bucket_hold, {}, 0, 1},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
@@ -400,6 +401,10 @@ void validate(const TrainConfig& c, int world) {
             "(got \"{}\"), train.device = \"cuda\" (got \"{}\") and parallel.ddp_copy_engine "
             "= false (got {})",
             c.zero_stage, c.gradient_comm_dtype, c.device, c.ddp_copy_engine);
+  CAI_CHECK(c.ddp_bucket_hold == 0 || c.zero_stage <= 1,
+            "[config] parallel.ddp_bucket_hold = {} holds the all-reduced buckets of "
+            "parallel.zero_stage 0 and 1, not zero_stage = {}",
+            c.ddp_bucket_hold, c.zero_stage);
   CAI_CHECK(world % (c.tensor_size * c.pipeline) == 0,
             "[config] {} processes are not divisible by tensor size {} × pipeline {}", world,
             c.tensor_size, c.pipeline);
@@ -517,6 +522,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.bucket_dtype = dtype_from_name(c.gradient_comm_dtype);
   l.ddp_copy_engine = c.ddp_copy_engine;
   l.ddp_exchange = c.ddp_exchange;
+  l.ddp_bucket_hold = c.ddp_bucket_hold;
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
   l.gpu = c.device == "cuda";
   // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on

@@ -58,6 +58,7 @@ struct TrainConfig {
   double ddp_bucket_cap_mb = 25.0;
   std::string gradient_comm_dtype = "fp32";  // stage 0/1 bucket all-reduce: fp32 | bf16
   bool ddp_copy_engine = false;  // stage 0/1 fp32 buckets all-reduced by the GPUs' copy engines
+  double ddp_bucket_hold = 0.0;  // stage 0/1 buckets wait until this share of gradients is final
   bool ddp_exchange = false;     // stage 0 buckets copied whole between GPUs, summed at the end
   double zero_bucket_size_in_m = 12.0;
   // [precision]

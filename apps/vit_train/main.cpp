@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
     dc.bucket_dtype = dtype_from_name(cfg.gradient_comm_dtype);
     dc.copy_engine_all_reduce = cfg.ddp_copy_engine;
     dc.copy_engine_exchange = cfg.ddp_exchange;
+    dc.bucket_hold = cfg.ddp_bucket_hold;
     dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
     dc.cpu_offload = cfg.cpu_offload;
     parallel::PipelineConfig pc;

@@ -182,6 +182,13 @@ TEST(Config, DataParallelSettingsAreChecked) {
                {"gradient_comm_dtype = \"fp32\" (got \"bf16\")"});
   expect_error(ex + "ddp_copy_engine = true\n[train]\ndevice = \"cuda\"\n",
                {"ddp_copy_engine = false (got true)"});
+  // The bucket hold: a share of the gradients, for the all-reduced buckets of stages 0 and 1.
+  const std::string hold = "[parallel]\nddp_bucket_hold = 0.85\n";
+  EXPECT_NO_THROW(validate(parse_config(hold + "zero_stage = 1\n", "t", {}), 2));
+  expect_error("[parallel]\nddp_bucket_hold = 1.5\n",
+               {"parallel.ddp_bucket_hold = 1.5 is outside [0, 1]"});
+  expect_error(hold + "zero_stage = 2\n",
+               {"parallel.ddp_bucket_hold = 0.85", "not zero_stage = 2"});
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {

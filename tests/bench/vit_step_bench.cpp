@@ -4,7 +4,7 @@
 //                  [--device cuda|cpu] [--precision bf16|fp16|fp32] [--act gelu|gelu_tanh]
 //                  [--zero 0..3] [--bucket-dtype fp32|bf16] [--tp T [--sp 1]]
 //                  [--peak-tflops 989] [--lockstep 1] [--step-times 1] [--copy-engine 1]
-//                  [--exchange 1]
+//                  [--exchange 1] [--bucket-hold F]
 //                  [--kernel-profile FILE.md [--profile-steps 3] [--profile-ranks 0|all]]
 // Mixed precision as the trainer runs it: bf16/fp16 compute, fp32 master weights and gradients
 // (no loss scaling here: the timing does not depend on it). The phases (forward, backward,
@@ -14,7 +14,8 @@
 // backward; --bucket-dtype bf16: the buckets reduced in bf16, parallel.gradient_comm_dtype;
 // --copy-engine 1: fp32 buckets all-reduced by the copy engines, parallel.ddp_copy_engine;
 // --exchange 1: the buckets copied whole by the copy engines and summed once after the backward,
-// parallel.ddp_exchange) or
+// parallel.ddp_exchange; --bucket-hold F: stage 0/1 buckets wait until the share F of the
+// gradients is final, then launch together, parallel.ddp_bucket_hold) or
 // ZeRO 1-3; rank 0 prints the total img/s of all GPUs. --tp T: 1D tensor parallelism
 // over T consecutive ranks (--sp 1: with sequence parallelism) through the HybridParallelPlugin,
 // data parallel over the rest; --batch is per data-parallel rank. tp_comm_share: the time the
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   int64_t profile_steps = 3;
   bool profile_all_ranks = false, lockstep = false, step_times = false, copy_engine = false;
   bool exchange = false;
+  double bucket_hold = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--model")
@@ -105,6 +107,8 @@ int main(int argc, char** argv) {
       return 2;
     } else if (a == "--bucket-dtype")
       bucket_dtype = v;
+    else if (a == "--bucket-hold")
+      bucket_hold = std::atof(v.c_str());
     else if ((a == "--step-times" || a == "--lockstep" || a == "--copy-engine" ||
               a == "--exchange") &&
              (v == "0" || v == "1"))
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
     dc.bucket_dtype = dtype_from_name(bucket_dtype);
     dc.copy_engine_all_reduce = copy_engine;
     dc.copy_engine_exchange = exchange;
+    dc.bucket_hold = bucket_hold;
     if (li.world_size > 1) {
       mpi = std::make_unique<dist::MpiEnvironment>(&argc, &argv);
       world = mpi->world();
@@ -306,6 +311,7 @@ int main(int argc, char** argv) {
     if (auto* ddp = dynamic_cast<parallel::DataParallelPlugin*>(dp.get());
         ddp && ddp->uses_copy_engine_exchange())
       impl += " exchange";
+    if (ranks > 1 && bucket_hold > 0) impl += fmt::format(" hold{:g}", bucket_hold);
     const std::string label = act == "gelu" ? impl : impl + " " + act;
     if (li.rank == 0)
       std::printf(

@@ -70,6 +70,7 @@ struct PipeArgs {
   std::string bucket_dtype = "fp32";  // --bucket-dtype bf16: DDP/ZeRO-1 buckets all-reduced in bf16
   bool copy_engine = false;           // --copy-engine: the buckets' all-reduce on the copy engines
   bool exchange = false;              // --exchange: the copy-engine gradient exchange
+  double bucket_hold = 0;             // --bucket-hold F: DataParallelConfig::bucket_hold
 };
 
 Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overlap,
@@ -152,6 +153,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     dc.copy_engine_all_reduce = pa.copy_engine;
     dc.copy_engine_exchange = pa.exchange;
+    dc.bucket_hold = pa.bucket_hold;
     dpp = std::make_shared<parallel::DataParallelPlugin>(*comm, dc);
     plugin = dpp;
   } else {
@@ -177,6 +179,39 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   Result r;
   t.add_hook(std::make_shared<RecordLoss>(r.losses));
   t.fit();
+  // Stage 0/1: where the last step's backward launched its buckets. Overlapped: at several
+  // points; --bucket-hold F: the first burst holds at least the share F of the gradients (2%
+  // slack for the views' padding in bucket_numels; on a small model one burst may hold all),
+  // and F = 1 launches them all at once.
+  if (dpp && zero <= 1) {
+    const std::vector<int> bursts = dpp->launch_bursts();
+    const std::vector<int64_t> numels = dpp->bucket_numels();
+    int launched = 0;
+    for (int b : bursts) launched += b;
+    CAI_CHECK(!bursts.empty() && launched == static_cast<int>(numels.size()),
+              "the last step launched {} buckets in {} bursts, expected all {}", launched,
+              bursts.size(), numels.size());
+    double total = 0, first = 0;
+    for (size_t i = 0; i < numels.size(); ++i) {
+      total += static_cast<double>(numels[i]);
+      if (static_cast<int>(i) < bursts[0]) first += static_cast<double>(numels[i]);
+    }
+    if (pa.bucket_hold >= 1)
+      CAI_CHECK(bursts.size() == 1, "--bucket-hold {}: {} launch bursts, expected 1",
+                pa.bucket_hold, bursts.size());
+    else if (pa.bucket_hold > 0)
+      CAI_CHECK(first >= (pa.bucket_hold - 0.02) * total,
+                "--bucket-hold {}: the first of {} bursts launched {} of {} elements",
+                pa.bucket_hold, bursts.size(), first, total);
+    else if (overlap && numels.size() >= 3)
+      CAI_CHECK(bursts.size() >= 3, "overlapped buckets: {} launch bursts for {} buckets",
+                bursts.size(), numels.size());
+    if (comm->rank() == 0) {
+      std::printf("launch bursts (buckets):");
+      for (int b : bursts) std::printf(" %d", b);
+      std::printf("\n");
+    }
+  }
   r.eval = t.evaluate(eval_loader);
   r.state_bytes = opt->state_bytes();
   r.state_gpu_bytes = opt->state_bytes(true);
@@ -253,6 +288,8 @@ int main(int argc, char** argv) {
       pa.copy_engine = true;
     else if (a == "--exchange")
       pa.exchange = true;
+    else if (a == "--bucket-hold" && i + 1 < argc)
+      pa.bucket_hold = std::atof(argv[++i]);
     else if (a == "--precision" && i + 1 < argc)
       pa.precision = argv[++i];
     else if (a == "--device" && i + 1 < argc)

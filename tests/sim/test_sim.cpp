@@ -1151,6 +1151,50 @@ TEST(DataParallel, DdpBucketsStartAtTheNextOverlapPoint) {
   EXPECT_LT(at_points + at_embedding, buckets);
 }
 
+// parallel.ddp_bucket_hold: completed buckets wait at the overlap points until that share of the
+// gradients is final, then launch together (schedule::launch_held_buckets, the executor's rule):
+// 0 as above, 0.5 a first burst holding at least half the bytes and fewer bursts, 1 one burst at
+// the end of the backward.
+TEST(DataParallel, HeldBucketsLaunchTogetherOnceTheShareIsFinal) {
+  const Cluster cpu = load_cluster(std::string(CAI_CLUSTER_DIR) + "/cpu-2.toml");
+  struct Bursts {
+    std::vector<double> bytes;  // per burst (a run of bucket launches with no op between)
+    int first = -1, reduce = -1, last = -1;
+  };
+  auto bursts = [&](double hold) {
+    const ConfigWorkload cw =
+        workload_from_config(fmnist({"parallel.ddp_bucket_cap_mb=0.02",
+                                     fmt::format("parallel.ddp_bucket_hold={}", hold)}),
+                             2, cpu, false);
+    const auto& ops = cw.workload.ranks[0].ops;
+    Bursts b;
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      if (ops[i].name == "ReduceGrads") b.reduce = i;
+      if (ops[i].name.rfind("bucket ", 0) != 0) continue;
+      if (b.first < 0) b.first = i;
+      if (b.last != i - 1 || b.bytes.empty()) b.bytes.push_back(0);
+      b.bytes.back() += ops[i].bytes;
+      b.last = i;
+    }
+    return b;
+  };
+  const Bursts none = bursts(0), half = bursts(0.5), all = bursts(1);
+  auto total = [](const Bursts& b) {
+    double t = 0;
+    for (double x : b.bytes) t += x;
+    return t;
+  };
+  ASSERT_GE(none.bytes.size(), 3u);
+  EXPECT_DOUBLE_EQ(total(half), total(none));
+  EXPECT_GE(half.bytes[0], 0.5 * total(half));
+  EXPECT_LT(half.bytes[0], total(half));
+  EXPECT_GT(half.first, none.first);
+  EXPECT_LT(half.bytes.size(), none.bytes.size());
+  ASSERT_EQ(all.bytes.size(), 1u);
+  EXPECT_DOUBLE_EQ(all.bytes[0], total(none));
+  EXPECT_EQ(all.last + 1, all.reduce);
+}
+
 // parallel.ddp_exchange: the DDP buckets go where the all-reduces went, as the plan's all-gathers
 // of dp × the bucket ("bucket b exchange"), moved by the copy engines (no share of the GPU), and
 // the step reads every other rank's copy too (AdamW's 36 bytes per element + 8 per other rank).

@@ -47,6 +47,7 @@ struct Bucket {
   std::vector<int64_t> counts;  // elements per rank
   std::unique_ptr<dist::Work> work;
   int64_t numel = 0;
+  int64_t elements = 0;  // the gradients' elements (numel without the views' padding)
   int64_t offset = 0;  // stage 0/1: elements of the buckets before this one (the exchange's range)
 };
 
@@ -109,6 +110,11 @@ struct DataParallelPlugin::Impl {
               "[data_parallel] the copy-engine gradient exchange sums whole fp32 gradients: it "
               "needs zero_stage 0 (got {}), fp32 buckets (got {}) and no copy-engine all-reduce",
               cfg.zero_stage, dtype_name(cfg.bucket_dtype));
+    CAI_CHECK(cfg.bucket_hold >= 0 && cfg.bucket_hold <= 1 &&
+                  (cfg.zero_stage <= 1 || cfg.bucket_hold == 0),
+              "[data_parallel] bucket_hold {}: expected a fraction from 0 to 1 of the gradients, "
+              "with zero_stage 0 or 1 (got {})",
+              cfg.bucket_hold, cfg.zero_stage);
     CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.zero_stage <= 1,
               "[data_parallel] bf16 gradient buckets apply to ZeRO stages 0 and 1 (all-reduced "
               "buckets); stage {} reduce-scatters fp32 shards",
@@ -223,6 +229,7 @@ struct DataParallelPlugin::Impl {
         bucket_of[p] = b;
         const int64_t n = shape_numel(shapes[index[p]]);
         k.numel += grad_views() ? schedule::bucket_view_numel(n) : n;
+        k.elements += n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
       k.offset = offset;
@@ -362,9 +369,23 @@ struct DataParallelPlugin::Impl {
   // 0.17 ms, launched at once ran beside the next block's fc2 weight-gradient GEMM, which waited
   // for those SMs: 302 -> 460 µs; beside the attention backward it costs about 0.03 ms). A layer
   // without one launches what waits when its own gradients are ready; sync_gradients launches the
-  // rest.
+  // rest. With cfg.bucket_hold, what waits stays until that share of the gradients is final.
   std::vector<size_t> waiting;
-  void launch_waiting() {
+  // Stage 0/1: buckets launched together at each point of this step's backward, in order (the
+  // last entry: sync_gradients'), and the last step's (launch_bursts).
+  std::vector<int> bursts, last_bursts;
+  void launch_waiting(bool all = false) {
+    if (waiting.empty()) return;
+    if (!all && cfg.bucket_hold > 0) {
+      int64_t ready = 0, total = 0;
+      for (const Bucket& b : buckets) {
+        total += b.elements;
+        if (b.launched) ready += b.elements;
+      }
+      for (size_t i : waiting) ready += buckets[i].elements;
+      if (!schedule::launch_held_buckets(ready, total, cfg.bucket_hold)) return;
+    }
+    bursts.push_back(static_cast<int>(waiting.size()));
     for (size_t i : waiting) launch(i);
     waiting.clear();
   }
@@ -524,6 +545,10 @@ bool DataParallelPlugin::uses_copy_engine_exchange() const {
 
 int DataParallelPlugin::num_buckets() const {
   return static_cast<int>(impl_->buckets.size());
+}
+
+std::vector<int> DataParallelPlugin::launch_bursts() const {
+  return impl_->last_bursts;
 }
 
 std::vector<int64_t> DataParallelPlugin::bucket_numels() const {
@@ -703,10 +728,13 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
   Impl& m = *impl_;
   // Buckets not launched yet: waiting for an overlap point that did not come, overlap off, or a
   // layer that never ran (stage 2/3: reduce what has gradients, zeros for the rest).
-  m.launch_waiting();
+  const size_t bursts_before = m.bursts.size();
+  m.launch_waiting(/*all=*/true);
+  int at_sync = 0;
   for (size_t i = 0; i < m.buckets.size(); ++i) {
     Bucket& b = m.buckets[i];
     if (b.launched) continue;
+    ++at_sync;
     if (m.sharded_grads()) {
       bool any = false;
       for (nn::Parameter* p : b.params) any = any || p->grad.defined();
@@ -715,6 +743,14 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
         if (!p->grad.defined()) p->grad = Tensor::zeros(m.shapes[m.index[p]], DType::F32, m.device);
     }
     m.launch(i);
+  }
+  if (!m.sharded_grads()) {
+    if (m.bursts.size() > bursts_before)  // one burst with what waited
+      m.bursts.back() += at_sync;
+    else if (at_sync > 0)
+      m.bursts.push_back(at_sync);
+    m.last_bursts = std::move(m.bursts);
+    m.bursts.clear();
   }
   if (m.exchange) {
     // Every bucket pushed. The compute stream waits for the peers' copies to land (the host goes

@@ -94,6 +94,15 @@ struct DataParallelConfig {
   // AdamW read of the copies (2 H100, ViT-B/16: +0.12 ms a step). 2 H100, ViT-B/16 batch 256:
   // 0.3-1.1% more img/s than NCCL's all-reduce (docs/bench/README.md).
   bool copy_engine_exchange = false;
+  // Stage 0/1, 0 to 1: the buckets whose gradients are final wait at the overlap points until
+  // this fraction of the gradients' elements is final, then launch together
+  // (schedule::launch_held_buckets; 1: all at sync_gradients, as overlap = false). 0 (default):
+  // each bucket at the next overlap point. Fewer, later bursts of traffic beside the backward:
+  // on 2 H100 at their 700 W cap gradient traffic beside the backward lowered the SM clocks by
+  // 2-3% whatever its volume (half the bytes: no gain; none: the no-traffic floor), and the
+  // copy-engine exchange held to 0.85 ran 0.45-0.65% more img/s than unheld (ViT-B/16, two
+  // calls, 3 rounds each; docs/bench/README.md). Same results: only when the sums start moves.
+  double bucket_hold = 0.0;
 };
 
 class DataParallelPlugin : public train::Plugin {
@@ -147,6 +156,9 @@ class DataParallelPlugin : public train::Plugin {
   // Elements of each gradient bucket, in launch (backward) order: with zero_max_inflight_buckets,
   // what bounds the in-flight reduction buffers (tests and the memory model).
   std::vector<int64_t> bucket_numels() const;
+  // Stage 0/1: how many buckets the last step's backward launched together at each point, in
+  // order, the last entry being sync_gradients' (bucket_hold: fewer, larger bursts).
+  std::vector<int> launch_bursts() const;
 
  private:
   struct Impl;

@@ -66,6 +66,9 @@ struct Layout {
   // every bucket for each other rank (schedule::copy_engine_exchange_region_bytes) among the
   // buffers.
   bool ddp_exchange = false;
+  // Stage 0/1 buckets held until this share of the gradients is final (parallel.ddp_bucket_hold,
+  // schedule::launch_held_buckets): when the simulator launches them.
+  double ddp_bucket_hold = 0.0;
   bool gpu = false;  // parameters on a GPU: fused attention in half, offload moves to the host
   // Gradients go through parallel::DataParallelPlugin (every multi-process run, ZeRO, pipeline):
   // DDP's flat bucket buffers exist. False: one process without a plugin.

@@ -48,6 +48,15 @@ inline int64_t copy_engine_exchange_region_bytes(int64_t numel, int d) {
   return 256 + 4 * numel * (d - 1);
 }
 
+// DDP / ZeRO-1's bucket hold (DataParallelConfig::bucket_hold, parallel.ddp_bucket_hold): whether
+// the buckets waiting at an overlap point are launched now. They are once the gradients final in
+// this step's backward (the elements of the buckets launched so far and of those waiting,
+// padding not counted) reach `hold` of the `total` elements of every bucket; hold 0: always,
+// each bucket at the next overlap point. The executor and the simulator both ask this.
+inline bool launch_held_buckets(int64_t ready, int64_t total, double hold) {
+  return hold <= 0 || static_cast<double>(ready) >= hold * static_cast<double>(total);
+}
+
 // Gradient buckets in launch (backward) order, each a list of parameter indices (model order).
 // numels: elements per parameter (model order); layer_of: the layer index of each parameter.
 // Stage 3: one bucket per layer that has parameters, last layer first. Stages 0-2: parameters in
