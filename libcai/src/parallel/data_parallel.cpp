@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
@@ -374,9 +375,10 @@ struct DataParallelPlugin::Impl {
   // Stage 0/1: buckets launched together at each point of this step's backward, in order (the
   // last entry: sync_gradients'), and the last step's (launch_bursts).
   std::vector<int> bursts, last_bursts;
-  void launch_waiting(bool all = false) {
+  // at_sync: sync_gradients launches what waits, unheld, and records the burst itself.
+  void launch_waiting(bool at_sync = false) {
     if (waiting.empty()) return;
-    if (!all && cfg.bucket_hold > 0) {
+    if (!at_sync && cfg.bucket_hold > 0) {
       int64_t ready = 0, total = 0;
       for (const Bucket& b : buckets) {
         total += b.elements;
@@ -385,7 +387,7 @@ struct DataParallelPlugin::Impl {
       for (size_t i : waiting) ready += buckets[i].elements;
       if (!schedule::launch_held_buckets(ready, total, cfg.bucket_hold)) return;
     }
-    bursts.push_back(static_cast<int>(waiting.size()));
+    if (!at_sync) bursts.push_back(static_cast<int>(waiting.size()));
     for (size_t i : waiting) launch(i);
     waiting.clear();
   }
@@ -728,13 +730,12 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
   Impl& m = *impl_;
   // Buckets not launched yet: waiting for an overlap point that did not come, overlap off, or a
   // layer that never ran (stage 2/3: reduce what has gradients, zeros for the rest).
-  const size_t bursts_before = m.bursts.size();
-  m.launch_waiting(/*all=*/true);
-  int at_sync = 0;
+  int at_sync = 0;  // what waited and what no overlap point launched: one burst
+  for (const Bucket& b : m.buckets) at_sync += b.launched ? 0 : 1;
+  m.launch_waiting(/*at_sync=*/true);
   for (size_t i = 0; i < m.buckets.size(); ++i) {
     Bucket& b = m.buckets[i];
     if (b.launched) continue;
-    ++at_sync;
     if (m.sharded_grads()) {
       bool any = false;
       for (nn::Parameter* p : b.params) any = any || p->grad.defined();
@@ -745,12 +746,8 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
     m.launch(i);
   }
   if (!m.sharded_grads()) {
-    if (m.bursts.size() > bursts_before)  // one burst with what waited
-      m.bursts.back() += at_sync;
-    else if (at_sync > 0)
-      m.bursts.push_back(at_sync);
-    m.last_bursts = std::move(m.bursts);
-    m.bursts.clear();
+    if (at_sync > 0) m.bursts.push_back(at_sync);
+    m.last_bursts = std::exchange(m.bursts, {});
   }
   if (m.exchange) {
     // Every bucket pushed. The compute stream waits for the peers' copies to land (the host goes
