@@ -100,8 +100,9 @@ struct DataParallelConfig {
   // each bucket at the next overlap point. Fewer, later bursts of traffic beside the backward:
   // on 2 H100 at their 700 W cap gradient traffic beside the backward lowered the SM clocks by
   // 2-3% whatever its volume (half the bytes: no gain; none: the no-traffic floor), and the
-  // copy-engine exchange held to 0.85 ran 0.45-0.65% more img/s than unheld (ViT-B/16, two
-  // calls, 3 rounds each; docs/bench/README.md). Same results: only when the sums start moves.
+  // copy-engine exchange held to 0.85 ran 0.45-0.65% more img/s than unheld (vit_step_bench,
+  // ViT-B/16, two calls, 3 rounds each; not yet through vit_train; docs/bench/README.md). Same
+  // results: only when the sums start moves.
   double bucket_hold = 0.0;
 };
 
