@@ -79,6 +79,9 @@ void* event_create_timed();
 float event_elapsed_ms(void* start, void* end);
 // Asynchronous host-to-device copy on `stream` (src should be pinned for a true overlap).
 void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
+// Asynchronous device-to-host copy on `stream` (dst pinned: the host reads it once an event
+// recorded after the copy has completed).
+void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream);
 int current_device();
 void set_device(int device);
 }  // namespace cuda

@@ -210,6 +210,10 @@ void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
   CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                                  stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
 }
+void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream) {
+  CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                                 stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
+}
 int current_device() {
   int d = 0;
   CAI_CUDA_CHECK(cudaGetDevice(&d));

@@ -330,19 +330,6 @@ class NcclWork : public Work {
   bool done_ = false;
 };
 
-// Page-locked host memory for the scalar reduction (asynchronous copies without a host block).
-class PinnedDouble {
- public:
-  PinnedDouble() { CAI_CUDA_CHECK(cudaMallocHost(&p_, sizeof(double))); }
-  ~PinnedDouble() { cudaFreeHost(p_); }
-  PinnedDouble(const PinnedDouble&) = delete;
-  PinnedDouble& operator=(const PinnedDouble&) = delete;
-  double& operator*() const { return *static_cast<double*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
-
 // A device region of this rank that every other rank of the group maps (CUDA IPC), starting
 // with kFlagBytes of 32-bit flags that the peers raise with stream memory operations
 // (kernels/cuda/p2p.h); the copy-engine all-reduce and the gradient exchange build on it.
@@ -694,21 +681,12 @@ class NcclCommunicator : public Communicator {
     })->wait();
   }
 
-  // Exact: NCCL reduces doubles.
+  // A host value (the trainer's metrics, the fp16 overflow vote): the CPU communicator reduces
+  // it in doubles, exactly, with no device work. Staged through the GPU (a copy in, NCCL's
+  // kernel, a copy out and a wait), each took tens of microseconds, and the trainer's reads of
+  // its step values do several while the next step's launches wait.
   double all_reduce_scalar(double v, ReduceOp op) override {
-    if (size() == 1) return v;
-    auto ch = collective_channel();
-    if (!scalar_host_) scalar_host_ = std::make_unique<PinnedDouble>();
-    Tensor dev = Tensor::empty({2}, DType::F32, Device::cuda(device_));  // 8 bytes: one double
-    **scalar_host_ = v;
-    launch(ch, describe("all_reduce(scalar)", 1), {dev}, [&](cudaStream_t s) {
-      CAI_CUDA_CHECK(
-          cudaMemcpyAsync(dev.raw(), &**scalar_host_, sizeof(double), cudaMemcpyHostToDevice, s));
-      CAI_CUDA_CHECK(ncclAllReduce(dev.raw(), dev.raw(), 1, ncclFloat64, nccl_op(op), ch->comm, s));
-      CAI_CUDA_CHECK(
-          cudaMemcpyAsync(&**scalar_host_, dev.raw(), sizeof(double), cudaMemcpyDeviceToHost, s));
-    })->wait();
-    return **scalar_host_;
+    return host_->all_reduce_scalar(v, op);
   }
 
   bool enable_copy_engine_all_reduce(int64_t max_numel) override {
@@ -988,7 +966,6 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<cuda::Event> ready_;  // recorded on the compute stream before each operation
   std::shared_ptr<Channel> main_;
   std::map<std::pair<int, int>, std::shared_ptr<Channel>> pairs_;  // (src, dst) -> channel
-  std::unique_ptr<PinnedDouble> scalar_host_;
   std::unique_ptr<Watchdog> watchdog_;  // started with the first NCCL communicator
   std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<Exchange> exchange_;

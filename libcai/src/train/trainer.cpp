@@ -415,24 +415,64 @@ struct Trainer::StepValues {
   std::vector<float> host;       // rows [0, read) copied
   int64_t read = 0;              // rows read so far
   double loss = 0, correct = 0;  // over the ranks, rows [0, read)
+  // On a GPU: rows [0, staged) are copied, in the compute stream's order, to `pinned` (as many
+  // rows as `device`), and `copied` completes once the last of those copies has.
+  float* pinned = nullptr;
+  void* copied = nullptr;
+  int64_t staged = 0;
+
+  StepValues() = default;
+  StepValues(const StepValues&) = delete;
+  StepValues& operator=(const StepValues&) = delete;
+  ~StepValues() {
+    if (copied) {
+      try {
+        kernels::cuda::event_synchronize(copied);  // no copy into `pinned` is left in flight
+      } catch (...) {  // a device error is reported elsewhere; free what we can
+      }
+      kernels::cuda::event_destroy(copied);
+    }
+    if (pinned) kernels::cuda::free_pinned(pinned);
+  }
 };
 
-// Reads the rows [v.read, upto] (one copy to the host), reduces their sums over the ranks (every
-// rank calls this at the same steps) and, with `info`, fills the values of step `upto`.
+// On a GPU: starts copying the rows [v.staged, upto] to the host behind the work issued so far.
+// The trainer calls it once a step's row is final (before the optimizer step), so reading the
+// values waits for that point of the step, not for the queue to drain: the optimizer step (and
+// on a rank ahead, more) is still on the device while the host reads, reduces over the ranks and
+// runs the hooks, and the next step's launches follow before the device runs dry. Reading after
+// the whole step, every read left each GPU idle from the step's end until the next step's first
+// kernel: the copy, the reductions over the ranks and the hooks.
+void Trainer::stage_values(StepValues& v, int64_t upto) {
+  if (!v.device.is_cuda() || upto < v.staged) return;
+  if (!v.pinned) {
+    v.pinned = static_cast<float*>(kernels::cuda::alloc_pinned(v.device.nbytes()));
+    v.copied = kernels::cuda::event_create();
+  }
+  const int64_t rows = upto + 1 - v.staged;
+  const Tensor part = v.device.narrow(v.staged, rows);
+  kernels::cuda::copy_d2h_async(v.pinned + v.staged * 3, part.raw(), part.nbytes(), nullptr);
+  kernels::cuda::event_record(v.copied, nullptr);
+  v.staged = upto + 1;
+}
+
+// Reads the rows [v.read, upto], reduces their sums over the ranks (every rank calls this at the
+// same steps) and, with `info`, fills the values of step `upto`.
 void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info) {
   const int64_t first = v.read, rows = upto + 1 - first;
   if (rows <= 0) return;
+  std::vector<float> got;
   if (v.device.is_cuda()) {
-    // Wait for the step on an event, then copy: the copy's own wait for the device (a whole
+    // Wait on an event, not in a synchronous copy: the copy's own wait for the device (a whole
     // step) held up the batch stager's cudaMemcpyAsync calls on its thread for as long (2 H200,
     // dp 2: 64 ms in half the steps), so the next batch came 4-6 ms after the device had
     // finished, idle.
-    void* done = kernels::cuda::event_create();
-    kernels::cuda::event_record(done, nullptr);
-    kernels::cuda::event_synchronize(done);
-    kernels::cuda::event_destroy(done);
+    stage_values(v, upto);
+    kernels::cuda::event_synchronize(v.copied);
+    got.assign(v.pinned + first * 3, v.pinned + (upto + 1) * 3);
+  } else {
+    got = v.device.narrow(first, rows).to_vector();
   }
-  const auto got = v.device.narrow(first, rows).to_vector();
   v.host.insert(v.host.end(), got.begin(), got.end());
   double loss = 0, correct = 0;
   for (int64_t r = 0; r < rows; ++r) loss += got[r * 3], correct += got[r * 3 + 1];
@@ -575,6 +615,17 @@ void Trainer::fit(int64_t start_epoch) {
           row.narrow(2, 1).copy_from(norm.to(device));
           phase("clip_grad_norm");
         }
+      }
+      // The step's row is final: a hook that wants this step's values gets them once the device
+      // has come this far (stage_values).
+      info.epoch = epoch, info.num_epochs = cfg_.num_epochs;
+      info.step_in_epoch = s + 1, info.steps_per_epoch = steps;
+      info.global_step = global_step_ + 1;
+      info.images = step_samples;
+      bool wanted = false;
+      for (auto& h : hooks_) wanted = wanted || h->needs_values(*this, info);
+      if (wanted) stage_values(values, s);
+      if (!info.skipped) {
         plugin_->optimizer_step(opt_);
         phase("optimizer step");
       }
@@ -582,14 +633,8 @@ void Trainer::fit(int64_t start_epoch) {
       phase("zero_grad");
       ++global_step_;
       seen += static_cast<double>(step_samples);
-      info.epoch = epoch, info.num_epochs = cfg_.num_epochs;
-      info.step_in_epoch = s + 1, info.steps_per_epoch = steps;
-      info.global_step = global_step_;
-      info.images = step_samples;
       info.loss = info.accuracy = NAN;
       info.grad_norm = cfg_.clip_grad_norm > 0 && !info.skipped ? NAN : 0.0;
-      bool wanted = false;
-      for (auto& h : hooks_) wanted = wanted || h->needs_values(*this, info);
       if (wanted) read_values(values, s, epoch, &info);
       phase("read values");
       info.host_ms = std::move(host_ms);

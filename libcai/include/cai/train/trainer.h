@@ -225,6 +225,7 @@ class Trainer {
   // The epoch's per-step values [steps, 3] (loss sum, correct, grad norm) where the model lives,
   // their host copy up to read_, and the epoch totals over the ranks up to read_.
   struct StepValues;
+  void stage_values(StepValues& v, int64_t upto);
   void read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info);
   int64_t global_step_ = 0;
   int64_t resume_epoch_ = -1, resume_step_ = 0;
