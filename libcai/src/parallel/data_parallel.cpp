@@ -222,9 +222,11 @@ struct DataParallelPlugin::Impl {
       all = Tensor::zeros({total}, DType::F32, device);
     }
     int64_t offset = 0;
+    elements_total = 0;
     for (size_t b = 0; b < buckets.size(); ++b) {
       Bucket& k = buckets[b];
       k.numel = 0;
+      k.elements = 0;
       k.counts.assign(size, 0);
       for (nn::Parameter* p : k.params) {
         bucket_of[p] = b;
@@ -233,6 +235,7 @@ struct DataParallelPlugin::Impl {
         k.elements += n;
         for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
       }
+      elements_total += k.elements;
       k.offset = offset;
       offset += k.numel;
       if (one_allocation()) k.flat = all.narrow(k.offset, k.numel);
@@ -375,17 +378,16 @@ struct DataParallelPlugin::Impl {
   // Stage 0/1: buckets launched together at each point of this step's backward, in order (the
   // last entry: sync_gradients'), and the last step's (launch_bursts).
   std::vector<int> bursts, last_bursts;
+  int64_t elements_total = 0;  // the gradients' elements in every bucket (Bucket::elements)
   // at_sync: sync_gradients launches what waits, unheld, and records the burst itself.
   void launch_waiting(bool at_sync = false) {
     if (waiting.empty()) return;
     if (!at_sync && cfg.bucket_hold > 0) {
-      int64_t ready = 0, total = 0;
-      for (const Bucket& b : buckets) {
-        total += b.elements;
+      int64_t ready = 0;
+      for (const Bucket& b : buckets)
         if (b.launched) ready += b.elements;
-      }
       for (size_t i : waiting) ready += buckets[i].elements;
-      if (!schedule::launch_held_buckets(ready, total, cfg.bucket_hold)) return;
+      if (!schedule::launch_held_buckets(ready, elements_total, cfg.bucket_hold)) return;
     }
     if (!at_sync) bursts.push_back(static_cast<int>(waiting.size()));
     for (size_t i : waiting) launch(i);

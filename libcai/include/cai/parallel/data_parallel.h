@@ -92,7 +92,8 @@ struct DataParallelConfig {
   // Costs (dp - 1) receive slots of the whole gradient per rank (plan::step_memory counts them)
   // and (dp - 1) gradients' bytes into each GPU per step (NCCL's ring: 2 (dp - 1) / dp), and the
   // AdamW read of the copies (2 H100, ViT-B/16: +0.12 ms a step). 2 H100, ViT-B/16 batch 256:
-  // 0.3-1.1% more img/s than NCCL's all-reduce (docs/bench/README.md).
+  // 0.3-1.1% more img/s than NCCL's all-reduce (vit_step_bench); meant for 2 GPUs: on 4 H100
+  // through vit_train 93.4% scaling against NCCL's 96.2% (docs/bench/README.md).
   bool copy_engine_exchange = false;
   // Stage 0/1, 0 to 1: the buckets whose gradients are final wait at the overlap points until
   // this fraction of the gradients' elements is final, then launch together
@@ -101,7 +102,8 @@ struct DataParallelConfig {
   // on 2 H100 at their 700 W cap gradient traffic beside the backward lowered the SM clocks by
   // 2-3% whatever its volume (half the bytes: no gain; none: the no-traffic floor), and the
   // copy-engine exchange held to 0.85 ran 0.45-0.65% more img/s than unheld (vit_step_bench,
-  // ViT-B/16, two calls, 3 rounds each; not yet through vit_train; docs/bench/README.md). Same
+  // ViT-B/16, two calls, 3 rounds each); through vit_train with clipping it scaled 97.5% and
+  // 97.2% on two 2-H100 hosts, NCCL's all-reduce 96.7-96.9% (docs/bench/README.md). Same
   // results: only when the sums start moves.
   double bucket_hold = 0.0;
 };
