@@ -682,9 +682,8 @@ class NcclCommunicator : public Communicator {
   }
 
   // A host value (the trainer's metrics, the fp16 overflow vote): the CPU communicator reduces
-  // it in doubles, exactly, with no device work. Staged through the GPU (a copy in, NCCL's
-  // kernel, a copy out and a wait), each took tens of microseconds, and the trainer's reads of
-  // its step values do several while the next step's launches wait.
+  // it in doubles, exactly, with no device work (staged through the GPU it was a copy in,
+  // NCCL's kernel, a copy out and a wait, several per read of the trainer's step values).
   double all_reduce_scalar(double v, ReduceOp op) override {
     return host_->all_reduce_scalar(v, op);
   }
