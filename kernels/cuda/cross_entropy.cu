@@ -3,6 +3,7 @@
 // memory and are never read on the host: a row whose label is outside [0, k) gets a NaN loss
 // (forward) or a NaN gradient row (backward) instead of an out-of-bounds read.
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/check.h"
@@ -96,19 +97,39 @@ __global__ void cross_entropy_bwd_kernel(const float* __restrict__ logits,
   }
 }
 
-// One block; a warp per row finds the row's first maximum, the sums in double.
+// lane's running first maximum over x (value, index), taking the next candidate in index order.
+__device__ __forceinline__ void take_max(float v, int64_t j, int64_t k, float& best, int64_t& arg) {
+  if (v > best || (arg == k && v == best)) best = v, arg = j;
+}
+
+// One block; a warp per row finds the row's first maximum, the sums in double. Rows of whole
+// float4s (k % 4 == 0, 16-byte aligned) are read four values a load, several loads in flight: one
+// warp walking a row a float at a time waited on every load (130 us for 256 x 1000 on an H100).
 __global__ void loss_metrics_kernel(const float* __restrict__ losses,
                                     const float* __restrict__ logits,
                                     const int32_t* __restrict__ labels, int64_t b, int64_t k,
-                                    float* __restrict__ sums) {
+                                    bool vec4, float* __restrict__ sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double loss = 0.0, correct = 0.0;
   for (int64_t i = warp; i < b; i += nwarps) {
     const float* x = logits + i * k;
     float best = -INFINITY;
     int64_t arg = k;  // NaN rows keep k: never correct
-    for (int64_t j = lane; j < k; j += 32)
-      if (x[j] > best || (arg == k && x[j] == best)) best = x[j], arg = j;
+    if (vec4) {
+      const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 4
+      for (int64_t j = lane; j < k / 4; j += 32) {
+        const float4 v = x4[j];
+        take_max(v.x, 4 * j, k, best, arg);
+        take_max(v.y, 4 * j + 1, k, best, arg);
+        take_max(v.z, 4 * j + 2, k, best, arg);
+        take_max(v.w, 4 * j + 3, k, best, arg);
+      }
+    } else {
+#pragma unroll 4
+      for (int64_t j = lane; j < k; j += 32) take_max(x[j], j, k, best, arg);
+    }
+    // Each lane's candidates came in index order; across lanes the lower index wins a tie.
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_down_sync(0xffffffffu, best, o);
       const int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
@@ -131,8 +152,9 @@ __global__ void loss_metrics_kernel(const float* __restrict__ losses,
 void loss_metrics(const float* losses, const float* logits, const int32_t* labels, int64_t b,
                   int64_t k, float* sums, void* stream) {
   if (b <= 0 || k <= 0) return;
-  loss_metrics_kernel<<<1, 512, 0, static_cast<cudaStream_t>(stream)>>>(losses, logits, labels, b,
-                                                                        k, sums);
+  const bool vec4 = k % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  loss_metrics_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(losses, logits, labels, b,
+                                                                         k, vec4, sums);
   CAI_CUDA_CHECK_LAUNCH();
 }
 

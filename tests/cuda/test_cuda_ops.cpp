@@ -418,24 +418,45 @@ TEST_F(Cuda, CrossEntropy) {
 }
 
 TEST_F(Cuda, LossMetricsMatchTheCpu) {
-  Tensor logits = random_tensor({300, 37}, 5, 3.0f);
-  std::vector<int32_t> lab(300);
-  for (int i = 0; i < 300; ++i) lab[i] = (11 * i) % 37;
-  // Make some rows right: the label is the row's maximum.
-  auto lv = logits.to_vector();
-  for (int i = 0; i < 300; i += 3) lv[i * 37 + lab[i]] = 100.0f;
-  logits = Tensor::from_vector(lv, {300, 37});
-  Tensor labels = Tensor::from_vector(lab, {300});
-  Tensor cpu_sums = Tensor::zeros({2}), gpu_sums = Tensor::zeros({2}, DType::F32, kGpu);
-  for (int rep = 0; rep < 2; ++rep) {  // accumulates
-    ops::loss_metrics_(cpu_sums, ops::cross_entropy_fwd(logits, labels, 0.1f), logits, labels);
-    ops::loss_metrics_(gpu_sums, ops::cross_entropy_fwd(gpu(logits), gpu(labels), 0.1f),
-                       gpu(logits), gpu(labels));
+  // k = 37: the scalar path; k = 1000 (ImageNet's classes): whole float4s; k = 1000 from element 1
+  // of its buffer: not 16-byte aligned, the scalar path again.
+  struct Case {
+    int64_t b, k, offset;
+  };
+  for (const Case cs : {Case{300, 37, 0}, Case{256, 1000, 0}, Case{64, 1000, 1}}) {
+    SCOPED_TRACE(::testing::Message() << cs.b << " x " << cs.k << " from " << cs.offset);
+    const int64_t b = cs.b, k = cs.k;
+    auto lv = random_tensor({b * k + cs.offset}, 5, 3.0f).to_vector();
+    std::vector<int32_t> lab(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) lab[i] = static_cast<int32_t>((11 * i + 1) % k);
+    float* row0 = lv.data() + cs.offset;
+    int64_t right = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      float* x = row0 + i * k;
+      if (i % 3 == 0) {  // right: the label is the row's maximum
+        x[lab[i]] = 100.0f, ++right;
+      } else if (i % 3 == 1) {  // a tie, first at index 0: the first maximum is not the label
+        x[0] = x[lab[i]] = 100.0f;
+      } else if (i % 6 == 2) {  // a tie, first at the label: right
+        x[lab[i]] = x[k - 1] = 100.0f, ++right;
+      }
+    }
+    Tensor logits = Tensor::from_vector(lv, {b * k + cs.offset});
+    Tensor labels = Tensor::from_vector(lab, {b});
+    Tensor g_all = gpu(logits);
+    Tensor cl = logits.narrow(cs.offset, b * k).reshape({b, k});
+    Tensor gl = g_all.narrow(cs.offset, b * k).reshape({b, k});
+    Tensor cpu_sums = Tensor::zeros({2}), gpu_sums = Tensor::zeros({2}, DType::F32, kGpu);
+    for (int rep = 0; rep < 2; ++rep) {  // accumulates
+      ops::loss_metrics_(cpu_sums, ops::cross_entropy_fwd(cl, labels, 0.1f), cl, labels);
+      ops::loss_metrics_(gpu_sums, ops::cross_entropy_fwd(gl, gpu(labels), 0.1f), gl, gpu(labels));
+    }
+    const auto c = cpu_sums.to_vector(), g = gpu_sums.to_vector();
+    EXPECT_NEAR(g[0], c[0], 1e-5 * std::abs(c[0]));
+    EXPECT_EQ(g[1], c[1]);
+    EXPECT_GE(c[1], 2.0f * static_cast<float>(right));
+    EXPECT_LT(c[1], 2.0f * static_cast<float>(right) + 0.2f * static_cast<float>(b));
   }
-  const auto c = cpu_sums.to_vector(), g = gpu_sums.to_vector();
-  EXPECT_NEAR(g[0], c[0], 1e-5 * std::abs(c[0]));
-  EXPECT_EQ(g[1], c[1]);
-  EXPECT_GE(c[1], 200.0f);
 }
 
 TEST_F(Cuda, GradStatsAndClipMatchTheCpu) {
