@@ -30,13 +30,17 @@ void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout,
 // Fused attention (t = BF16 or F16, hd a multiple of 8 and <= 128; flash_attention_supported()
 // says whether a shape is handled). Forward writes out (type t) and lse[b, h, n] (fp32 log-sum-exp
 // of each scaled score row) instead of the probabilities; backward recomputes them from qkv and lse
-// and writes dqkv (type t, overwritten) from out, dout (type t). Pointers 16-byte aligned.
+// and writes dqkv (type t, overwritten) from out, dout (type t). Pointers 16-byte aligned. With
+// dbias (fp32, 3·h·hd values): the backward also adds the qkv linear's bias gradient into it, in a
+// fixed order: q, the column sums of dQ as written; k, 0; v, the column sums of dout (what the
+// column sums of dK and dV are in exact arithmetic: the softmax ignores a shift of a score row,
+// and its rows sum to 1).
 // kernels/cuda/flash_attention.cu; the CPU-only build reports false / throws.
 bool flash_attention_supported(DT t, int64_t hd);
 void flash_attention_fwd_t(DT t, const void* qkv, void* out, float* lse, int64_t b, int64_t n,
                            int64_t h, int64_t hd, void* stream = nullptr);
 void flash_attention_bwd_t(DT t, const void* qkv, const void* out, const float* lse,
                            const void* dout, void* dqkv, int64_t b, int64_t n, int64_t h,
-                           int64_t hd, void* stream = nullptr);
+                           int64_t hd, float* dbias = nullptr, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

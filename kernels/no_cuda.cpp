@@ -115,7 +115,7 @@ void flash_attention_fwd_t(DT, const void*, void*, float*, int64_t, int64_t, int
   CAI_STUB("flash_attention_fwd");
 }
 void flash_attention_bwd_t(DT, const void*, const void*, const float*, const void*, void*, int64_t,
-                           int64_t, int64_t, int64_t, void*) {
+                           int64_t, int64_t, int64_t, float*, void*) {
   CAI_STUB("flash_attention_bwd");
 }
 void add(const float*, const float*, float*, int64_t, void*) {

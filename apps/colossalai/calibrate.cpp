@@ -79,7 +79,8 @@ class OpTimer {
     const bool fwd = phase != plan::Phase::Backward;
     if (op == "norm1" || op == "norm2") return layernorm({b_, n_, d_}, fwd);
     if (op == "norm") return layernorm({b_, d_}, fwd);
-    if (op == "attn.qkv") return linear(rows_, d_, 3 * dt_, fwd, ct_);
+    // The block takes qkv's bias gradient from the fused attention backward where it runs.
+    if (op == "attn.qkv") return linear(rows_, d_, 3 * dt_, fwd, ct_, !attention_sums_bias());
     if (op == "attn.proj") return linear(rows_, dt_, d_, fwd, ct_);
     if (op == "mlp.fc1") return linear(rows_, d_, hid_, fwd, ct_);
     if (op == "mlp.fc2") return linear(rows_, hid_, d_, fwd, ct_);
@@ -106,7 +107,8 @@ class OpTimer {
     Tensor dg = Tensor::zeros({s.back()}, DType::F32, dev_), db = dg.clone();
     return time_it([&] { ops::layernorm_bwd(x, g, mean, rstd, y, &dg, &db); }, dev_);
   }
-  double linear(int64_t rows, int64_t in, int64_t out, bool fwd, DType out_dtype) {
+  double linear(int64_t rows, int64_t in, int64_t out, bool fwd, DType out_dtype,
+                bool bias_grad = true) {
     const Tensor x = randn({rows, in}, ct_, dev_, 2);
     const Tensor w = randn({out, in}, DType::F32, dev_, 3);
     const Tensor bias = Tensor::zeros({out}, DType::F32, dev_);
@@ -114,7 +116,7 @@ class OpTimer {
     const Tensor dy = randn({rows, out}, out_dtype, dev_, 4);
     Tensor dw = Tensor::zeros({out, in}, DType::F32, dev_),
            db = Tensor::zeros({out}, DType::F32, dev_);
-    return time_it([&] { ops::linear_bwd(x, w, dy, &dw, &db); }, dev_);
+    return time_it([&] { ops::linear_bwd(x, w, dy, &dw, bias_grad ? &db : nullptr); }, dev_);
   }
   // A forward with the residual add in its epilogue (the weight in the compute dtype, as the
   // block's ComputeCopies hold it).
@@ -130,7 +132,16 @@ class OpTimer {
     Tensor saved;
     const Tensor o = ops::attention_fwd(qkv, heads_, &saved);
     if (fwd) return time_it([&] { ops::attention_fwd(qkv, heads_, &saved); }, dev_);
-    return time_it([&] { ops::attention_bwd(qkv, o, saved, o, heads_); }, dev_);
+    Tensor db = Tensor::zeros({3 * dt_}, DType::F32, dev_);
+    Tensor* dbp = ops::attention_bwd_sums_bias(saved) ? &db : nullptr;
+    return time_it([&] { ops::attention_bwd(qkv, o, saved, o, heads_, dbp); }, dev_);
+  }
+  // Whether the attention backward sums qkv's bias gradient here (the fused GPU kernel).
+  bool attention_sums_bias() {
+    const Tensor qkv = randn({1, 2, 3 * dt_}, ct_, dev_, 5);
+    Tensor saved;
+    ops::attention_fwd(qkv, heads_, &saved);
+    return ops::attention_bwd_sums_bias(saved);
   }
   double gelu(bool fwd) {
     const auto kind = c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact;

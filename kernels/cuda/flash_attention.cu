@@ -43,6 +43,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/device.h"
+#include "kernels/linear.h"
 
 namespace cai::kernels::cuda {
 
@@ -136,6 +137,89 @@ __device__ __forceinline__ void whole_or_tail(bool whole, F&& f) {
     f(std::true_type{});
   else
     f(std::false_type{});
+}
+
+// The qkv bias gradient from the backward (flash_attention_bwd_t's dbias), without the qkv
+// linear's own column sum over dqkv (91 us a ViT-B/16 layer at batch 256 on an H100):
+//   q: Σ_rows dQ, as stored (rounded to T): each dQ CTA sums the rows it writes into one partial
+//      row [hd] of a scratch, flash_bwd_bias_finish_kernel adds the partials in a fixed order;
+//   k: 0. Adding b_k to every key adds q·b_k to a whole row of scores, which the softmax ignores:
+//      Σ_keys dK = scale·Σ_q (Σ_k dS[q, k])·Q[q] with Σ_k dS[q, k] = Σ_k P·dP − D·Σ_k P = 0.
+//      (Summing the stored dK gives rounding noise around 0.)
+//   v: Σ_rows dO. O = P·(V + 1·b_vᵀ) = P·V + b_vᵀ (P's rows sum to 1; this kernel has no
+//      attention dropout), so Σ_keys dV = Σ_q dO[q]: the column sum of dout [b·n, h·hd], a third
+//      of dqkv's bytes.
+// (Measured on an H100 before these identities: partial sums in the dK/dV kernel's epilogue cost
+// it 8% (540 → 583 us a layer) and gave the step nothing.)
+//
+// A warp's share of dQ's column sums: acc holds its 16 rows × HDP columns in mma's C layout (row
+// g: e = 0, 1; row g + 8: e = 2, 3; columns dt·8 + 2·t4 + (e & 1)), stored as pack2(acc · scale);
+// row0 / row1 say whether the thread's two rows exist. Sums over the warp's rows (shuffles over
+// g) into red[warp][HDP] (shared).
+template <typename T, int HDP>
+__device__ __forceinline__ void warp_column_sums(const float (&acc)[HDP / 8][4], float scale,
+                                                 bool row0, bool row1, float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t4 = lane & 3;
+#pragma unroll
+  for (int dt = 0; dt < HDP / 8; ++dt) {
+    const float2 v0 = unpack2<T>(pack2<T>(acc[dt][0] * scale, acc[dt][1] * scale));
+    const float2 v1 = unpack2<T>(pack2<T>(acc[dt][2] * scale, acc[dt][3] * scale));
+    float s0 = (row0 ? v0.x : 0.0f) + (row1 ? v1.x : 0.0f);
+    float s1 = (row0 ? v0.y : 0.0f) + (row1 ? v1.y : 0.0f);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+    }
+    if (lane < 4) {
+      red[warp * HDP + dt * 8 + 2 * t4] = s0;
+      red[warp * HDP + dt * 8 + 2 * t4 + 1] = s1;
+    }
+  }
+}
+// The CTA's partial row: out[d] = Σ_warps red[w][d] in warp order (after a barrier that follows
+// every warp's warp_column_sums).
+template <int HDP>
+__device__ __forceinline__ void block_column_sums(const float* red, float* out, int hd) {
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < nwarps; ++w) s += red[w * HDP + d];
+    out[d] = s;
+  }
+}
+
+// dbias[hi·hd + d] += Σ over (batch, block) of part[((bi·h + hi)·blocks + blk)·hd + d]: a block
+// of 32 columns × 32 lanes, lane y adding chunks y, y + 32, ... (chunk = bi·blocks + blk) in
+// double, kBatch loads in flight, then the lanes in order.
+__global__ void __launch_bounds__(1024)
+    flash_bwd_bias_finish_kernel(const float* __restrict__ part, float* __restrict__ dbias,
+                                 int64_t b, int64_t h, int64_t hd, int64_t blocks) {
+  constexpr int kBatch = 8;
+  __shared__ double sums[32][33];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;  // hi·hd + d
+  const int64_t chunks = b * blocks;
+  double acc = 0.0;
+  if (j < h * hd) {
+    const int64_t hi = j / hd, d = j % hd;
+    for (int64_t c0 = threadIdx.y; c0 < chunks; c0 += 32 * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t c = c0 + 32 * u, bi = c / blocks;
+        v[u] = c < chunks ? part[((bi * h + hi) * blocks + (c - bi * blocks)) * hd + d] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) acc += static_cast<double>(v[u]);
+    }
+  }
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < h * hd) {
+    double total = 0.0;
+    for (int y = 0; y < 32; ++y) total += sums[y][threadIdx.x];
+    dbias[j] += static_cast<float>(total);
+  }
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -379,7 +463,8 @@ __global__ void flash_bwd_d_kernel(const T* __restrict__ out, const T* __restric
 template <typename T, int HDP>
 __global__ void __launch_bounds__(kFwdMaxWarps * 32)
     flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ dst, int ld,
-                        T* __restrict__ dqkv, int n, int h, int hd, int q_blocks, float scale) {
+                        T* __restrict__ dqkv, int n, int h, int hd, int q_blocks, float scale,
+                        float* __restrict__ bias_part) {
   constexpr int kS = HDP + 8, kT = kTile * kS;  // K tiles [64][HDP + 8]
   // As the forward: blockDim.x / 32 warps of 16 queries (fwd_warps), dSᵀ tiles [64 keys][qrows
   // + 8 queries].
@@ -448,6 +533,12 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32)
       whole_or_tail(kvalid == kTile, block);
     }
     __syncthreads();  // before the next iteration's loads overwrite this stage
+  }
+  if (bias_part) {  // every stage is read (the barrier above): the tiles' memory takes the sums
+    float* red = reinterpret_cast<float*>(smem_raw);
+    warp_column_sums<T, HDP>(dq, scale, active && wq0 + g < n, active && wq0 + g + 8 < n, red);
+    __syncthreads();
+    block_column_sums<HDP>(red, bias_part + static_cast<int64_t>(blockIdx.x) * hd, hd);
   }
   if (!active) return;
 #pragma unroll
@@ -717,7 +808,7 @@ size_t bwd_dkdv_smem() {
 // [b·h, n, ld]); then dQ = dS·K from it: no atomics, S and dP computed once.
 template <typename T, int HDP>
 void bwd_launch(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                int64_t b, int64_t n, int64_t h, int64_t hd, cudaStream_t s) {
+                int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, cudaStream_t s) {
   // 3 CTAs per SM (168 registers) for hd ≤ 64 in the dK/dV kernel: measured 0.905 ms for both
   // backward kernels against 1.16 ms uncapped (200 registers, 2 CTAs) and 1.13 ms at 4 CTAs (128
   // registers, spills); hd 128 spills under any cap.
@@ -736,6 +827,12 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
       static_cast<int>(h), static_cast<int>(hd));
   CAI_CUDA_CHECK_LAUNCH();
   const int blocks = static_cast<int>((n + kTile - 1) / kTile);
+  // dQ in blocks of 16·warps queries, as the forward splits a head.
+  const int warps = fwd_warps(n);
+  const int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
+  // With dbias: one partial row [hd] of dQ's column sums per dQ CTA.
+  Scratch part(dbias ? sizeof(float) * static_cast<size_t>(b * h * q_blocks * hd) : 0);
+  float* q_part = dbias ? static_cast<float*>(part.p) : nullptr;
   const size_t smem_k = bwd_dkdv_smem<HDP, T>();
   auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
   allow_smem(kk, smem_k);
@@ -744,16 +841,20 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
       static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks,
       scale, scale * kLog2e);
   CAI_CUDA_CHECK_LAUNCH();
-  // dQ in blocks of 16·warps queries, as the forward splits a head.
-  const int warps = fwd_warps(n);
-  const int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
   const size_t smem_q = bwd_dq_smem<HDP, T>(warps);
   auto kq = flash_bwd_dq_kernel<T, HDP>;
   allow_smem(kq, bwd_dq_smem<HDP, T>(kFwdMaxWarps));
   kq<<<static_cast<unsigned>(b * h * q_blocks), 32 * warps, smem_q, s>>>(
       static_cast<const T*>(qkv), dS, static_cast<int>(ld), static_cast<T*>(dqkv),
-      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale);
+      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale, q_part);
   CAI_CUDA_CHECK_LAUNCH();
+  if (!dbias) return;
+  // q: the partials in order; k: nothing (0); v: Σ_rows dout.
+  flash_bwd_bias_finish_kernel<<<static_cast<unsigned>((h * hd + 31) / 32), dim3(32, 32), 0, s>>>(
+      q_part, dbias, b, h, hd, q_blocks);
+  CAI_CUDA_CHECK_LAUNCH();
+  linear_bwd_t(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, nullptr, nullptr, dout,
+               nullptr, nullptr, dbias + 2 * h * hd, b * n, 0, h * hd, false, s);
 }
 
 template <typename T>
@@ -771,14 +872,14 @@ void fwd_dispatch(const void* qkv, void* out, float* lse, int64_t b, int64_t n, 
 
 template <typename T>
 void bwd_dispatch(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                  int64_t b, int64_t n, int64_t h, int64_t hd, cudaStream_t s) {
+                  int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, cudaStream_t s) {
   switch (padded_hd(hd)) {
     case 32:
-      return bwd_launch<T, 32>(qkv, out, lse, dout, dqkv, b, n, h, hd, s);
+      return bwd_launch<T, 32>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
     case 64:
-      return bwd_launch<T, 64>(qkv, out, lse, dout, dqkv, b, n, h, hd, s);
+      return bwd_launch<T, 64>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
     default:
-      return bwd_launch<T, 128>(qkv, out, lse, dout, dqkv, b, n, h, hd, s);
+      return bwd_launch<T, 128>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
   }
 }
 
@@ -804,7 +905,7 @@ void flash_attention_fwd_t(DT t, const void* qkv, void* out, float* lse, int64_t
 
 void flash_attention_bwd_t(DT t, const void* qkv, const void* out, const float* lse,
                            const void* dout, void* dqkv, int64_t b, int64_t n, int64_t h,
-                           int64_t hd, void* stream) {
+                           int64_t hd, float* dbias, void* stream) {
   check_args("flash_attention_bwd", t, b, n, h, hd);
   if (b == 0 || n == 0 || h == 0) return;
   CAI_CHECK(aligned16(qkv) && aligned16(out) && aligned16(dout) && aligned16(dqkv),
@@ -813,9 +914,9 @@ void flash_attention_bwd_t(DT t, const void* qkv, const void* out, const float* 
             qkv, out, dout, dqkv);
   const cudaStream_t s = as_stream(stream);
   if (t == DT::BF16)
-    bwd_dispatch<__nv_bfloat16>(qkv, out, lse, dout, dqkv, b, n, h, hd, s);
+    bwd_dispatch<__nv_bfloat16>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
   else
-    bwd_dispatch<__half>(qkv, out, lse, dout, dqkv, b, n, h, hd, s);
+    bwd_dispatch<__half>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
 }
 
 }  // namespace cai::kernels::cuda

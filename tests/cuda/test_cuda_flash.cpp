@@ -148,6 +148,53 @@ TEST_F(CudaFlash, MatchesCpu) {
           }
         expect_close(got, ref, tolerance(t), name + (w == 0 ? " dq" : w == 1 ? " dk" : " dv"));
       }
+
+      // With dbias: the same dqkv, bit for bit, and dbias += the qkv bias gradient: q, the
+      // column sums of dQ as written; k, 0 (the softmax ignores a shift of a whole score row);
+      // v, the column sums of dout (P's rows sum to 1). Against sums in double on the host,
+      // |error| within 1e-5 of the column's Σ|x| (fp32 partial sums of at most 128 rows, then
+      // double). The two identities are checked on the CPU's fp32 dqkv too (Σ_keys dK ≈ 0,
+      // Σ_keys dV ≈ Σ dout within 1e-4 of the column's Σ|x|).
+      Buf gdqkv2(t, qkv.size());
+      std::vector<float> db0(3 * d);
+      for (int64_t j = 0; j < 3 * d; ++j) db0[j] = 0.25f * static_cast<float>(j % 5);
+      Buf gdb(DT::F32, db0);
+      kc::flash_attention_bwd_t(t, gqkv.p, gout.p, static_cast<const float*>(glse.p), gdout.p,
+                                gdqkv2.p, s.b, s.n, s.h, s.hd, static_cast<float*>(gdb.p));
+      const auto dqkv2 = gdqkv2.download(), db = gdb.download();
+      for (size_t i = 0; i < dqkv.size(); ++i)
+        ASSERT_EQ(dqkv2[i], dqkv[i]) << name << " dqkv with dbias, element " << i;
+      const int64_t rows = s.b * s.n;
+      auto column = [&](const std::vector<float>& m, int64_t ld, int64_t j, double* abs_sum) {
+        double sum = 0;
+        *abs_sum = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          sum += m[r * ld + j], *abs_sum += std::abs(m[r * ld + j]);
+        return sum;
+      };
+      double worst = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        double aq, ak, av, ao, rk, rv;
+        const double q = column(dqkv, 3 * d, j, &aq);
+        const double o = column(dout, d, j, &ao);
+        const double ref_k = column(dqkv_ref, 3 * d, d + j, &rk);
+        const double ref_v = column(dqkv_ref, 3 * d, 2 * d + j, &rv);
+        column(dqkv, 3 * d, d + j, &ak);
+        column(dqkv, 3 * d, 2 * d + j, &av);
+        ASSERT_LE(std::abs(db[j] - (db0[j] + q)), 1e-5 * aq + 1e-6)
+            << name << " dbias q column " << j << ": " << db[j] << " against " << db0[j] + q;
+        ASSERT_EQ(db[d + j], db0[d + j]) << name << " dbias k column " << j;
+        ASSERT_LE(std::abs(db[2 * d + j] - (db0[2 * d + j] + o)), 1e-5 * ao + 1e-6)
+            << name << " dbias v column " << j << ": " << db[2 * d + j] << " against "
+            << db0[2 * d + j] + o;
+        ASSERT_LE(std::abs(ref_k), 1e-4 * rk + 1e-6) << name << " CPU Σ dK column " << j;
+        ASSERT_LE(std::abs(ref_v - o), 1e-4 * (rv + ao) + 1e-6) << name << " CPU Σ dV column " << j;
+        worst = std::max({worst, std::abs(db[j] - (db0[j] + q)) / (aq + 1e-30),
+                          std::abs(db[2 * d + j] - (db0[2 * d + j] + o)) / (ao + 1e-30)});
+        EXPECT_GT(aq + ak + av, 0.0) << name << " dbias: column " << j << " of dqkv is all zeros";
+      }
+      std::printf("  %-60s max |err| / column sum of |x| %.3e (tol 1e-5)\n",
+                  (name + " dbias").c_str(), worst);
     }
   }
 }

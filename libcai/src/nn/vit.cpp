@@ -495,8 +495,11 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor go =
       ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad);
   if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
-  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_);
-  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq);
+  // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
+  // pass; k: 0, v: dout's column sums, by the softmax's identities: flash_attention.cu).
+  Tensor* qkv_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs) ? &qkv.bias.grad : nullptr;
+  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_db);
+  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq, qkv_db == nullptr);
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);

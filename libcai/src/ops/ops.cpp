@@ -561,8 +561,12 @@ Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* saved) {
   return out;
 }
 
+bool attention_bwd_sums_bias(const Tensor& saved) {
+  return saved.dim() == 3;
+}
+
 Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                     const Tensor& dout_in, int64_t heads) {
+                     const Tensor& dout_in, int64_t heads, Tensor* dbias) {
   int64_t b, n, hd;
   attention_dims(qkv, heads, &b, &n, &hd);
   CAI_CHECK(dout_in.shape() == Shape({b, n, heads * hd}),
@@ -578,10 +582,21 @@ Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved,
               "[attention] fused backward needs half qkv/out on a GPU and fp32 log-sum-exp "
               "[{}, {}, {}], got {}, {} and {}",
               b, heads, n, qkv.str(), out.str(), saved.str());
+    if (dbias) {
+      CAI_CHECK(
+          dbias->dtype() == DType::F32 && dbias->numel() == 3 * heads * hd && dbias->is_cuda(),
+          "[attention] bias gradient {} must be fp32 on the GPU with {} values", dbias->str(),
+          3 * heads * hd);
+      same_device("attention", qkv, *dbias);
+    }
     kernels::cuda::flash_attention_bwd_t(kdt(t), qkv.raw(), out.raw(), f32(saved), dout.raw(),
-                                         dqkv.raw(), b, n, heads, hd);
+                                         dqkv.raw(), b, n, heads, hd,
+                                         dbias ? f32m(*dbias) : nullptr);
     return dqkv;
   }
+  CAI_CHECK(!dbias,
+            "[attention] the bias gradient is summed only by the fused GPU backward "
+            "(attention_bwd_sums_bias)");
   CAI_CHECK(saved.dtype() == t && saved.shape() == Shape({b, heads, n, n}),
             "[attention] probabilities {} must be [{}, {}, {}, {}] in the dtype of qkv {}",
             saved.str(), b, heads, n, n, qkv.str());

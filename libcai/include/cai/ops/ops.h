@@ -90,8 +90,13 @@ Tensor linear_dgelu_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, cons
 // `saved` receives what the backward needs besides qkv and out: the softmax [B, H, N, N], or for
 // the fused half-precision GPU kernel the fp32 log-sum-exp of each score row [B, H, N].
 Tensor attention_fwd(const Tensor& qkv, int64_t heads, Tensor* saved);
+// With dbias (fp32, 3·D values; only where attention_bwd_sums_bias(saved)): also adds the qkv
+// linear's bias gradient (the column sums of dqkv: q's from the fused kernel's own pass, k's are 0
+// and v's those of dout, by the softmax's identities; kernels/cuda/flash_attention.cu).
 Tensor attention_bwd(const Tensor& qkv, const Tensor& out, const Tensor& saved, const Tensor& dout,
-                     int64_t heads);
+                     int64_t heads, Tensor* dbias = nullptr);
+// Whether attention_bwd with this `saved` (the fused GPU kernel's log-sum-exp) takes dbias.
+bool attention_bwd_sums_bias(const Tensor& saved);
 
 // Where a random mask comes from: element i of the op uses philox(seed, stream, offset + i).
 // With row > 0 the op is a slice of a bigger logical tensor whose global indices come in runs of
