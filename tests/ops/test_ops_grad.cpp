@@ -139,6 +139,31 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGrad,
                          ::testing::Values(AttnShape{2, 5, 2, 3}, AttnShape{1, 1, 1, 4},
                                            AttnShape{1, 3, 1, 1}, AttnShape{2, 4, 4, 2}));
 
+// What the fused GPU backward gives as qkv's bias gradient instead of dqkv's column sums (the
+// GPU's own test checks the kernel; this checks the identities on the CPU's fp32 attention):
+// Σ_rows dK = 0 (the softmax ignores a shift of a whole score row) and Σ_rows dV = Σ_rows dout
+// (the softmax's rows sum to 1), per column. The unfused paths do not take dbias.
+TEST(AttentionBiasGradient, KeysSumToZeroAndValuesToTheOutputGradient) {
+  const int b = 2, n = 7, h = 3, hd = 4, d = h * hd;
+  Tensor qkv = random_tensor({b, n, 3 * d}, 11, 2.0f), dout = random_tensor({b, n, d}, 12), probs;
+  Tensor out = ops::attention_fwd(qkv, h, &probs);
+  const auto g = ops::attention_bwd(qkv, out, probs, dout, h).to_vector();
+  const auto o = dout.to_vector();
+  for (int j = 0; j < d; ++j) {
+    double k = 0, k_abs = 0, v = 0, ov = 0;
+    for (int r = 0; r < b * n; ++r) {
+      k += g[r * 3 * d + d + j], k_abs += std::abs(g[r * 3 * d + d + j]);
+      v += g[r * 3 * d + 2 * d + j], ov += o[r * d + j];
+    }
+    EXPECT_GT(k_abs, 1e-3) << "column " << j << ": dK is all zeros, the check cannot fail";
+    EXPECT_LE(std::abs(k), 1e-5 * k_abs) << "column " << j;
+    EXPECT_NEAR(v, ov, 1e-5 * (std::abs(ov) + 1)) << "column " << j;
+  }
+  EXPECT_FALSE(ops::attention_bwd_sums_bias(probs));
+  Tensor db = Tensor::zeros({3 * d});
+  EXPECT_THROW(ops::attention_bwd(qkv, out, probs, dout, h, &db), Error);
+}
+
 TEST(Attention, SingleTokenIsIdentityOnValues) {
   // With one token softmax is 1: the output is v.
   Tensor qkv = random_tensor({1, 1, 6}, 3), probs;
