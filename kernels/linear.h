@@ -32,6 +32,9 @@ void linear_fwd_residual_t(DT t, const void* x, const void* w, const float* b, c
 void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, float* dw,
                   float* db, int64_t m, int64_t k, int64_t n, bool tf32 = false,
                   void* stream = nullptr);
+// db[n] += Σ_rows y for y[m, n] in `t`: linear_bwd_t's bias gradient alone (fp32, summed in
+// double in a fixed order).
+void column_sum_t(DT t, const void* y, float* db, int64_t m, int64_t n, void* stream = nullptr);
 // The MLP's first linear with cuBLASLt's bias + GELU epilogue (GELU's tanh approximation): x, w,
 // b, pre, y in t (BF16, F16 or F32 without TF32); pre[m, n] = x·wᵀ + b is saved for the backward
 // (the epilogue's aux output), y = gelu_tanh(pre). Where cuBLASLt refuses the epilogue it runs

@@ -92,6 +92,9 @@ void linear_bwd_t(DT, const void*, const void*, const void*, void*, float*, floa
                   int64_t, int64_t, bool, void*) {
   CAI_STUB("linear_bwd");
 }
+void column_sum_t(DT, const void*, float*, int64_t, int64_t, void*) {
+  CAI_STUB("column_sum");
+}
 void linear_gelu_fwd_t(DT, const void*, const void*, const void*, void*, void*, int64_t, int64_t,
                        int64_t, void*) {
   CAI_STUB("linear_gelu_fwd_t");

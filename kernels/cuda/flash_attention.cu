@@ -853,8 +853,8 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
   flash_bwd_bias_finish_kernel<<<static_cast<unsigned>((h * hd + 31) / 32), dim3(32, 32), 0, s>>>(
       q_part, dbias, b, h, hd, q_blocks);
   CAI_CUDA_CHECK_LAUNCH();
-  linear_bwd_t(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, nullptr, nullptr, dout,
-               nullptr, nullptr, dbias + 2 * h * hd, b * n, 0, h * hd, false, s);
+  column_sum_t(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, dout, dbias + 2 * h * hd,
+               b * n, h * hd, s);
 }
 
 template <typename T>

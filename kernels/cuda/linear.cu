@@ -351,6 +351,11 @@ void linear_bwd_t(DT t, const void* x, const void* w, const void* dy, void* dx, 
   if (db) launch_column_sum(t, dy, db, m, n, s);
 }
 
+void column_sum_t(DT t, const void* y, float* db, int64_t m, int64_t n, void* stream) {
+  check_dims("column_sum", m, 0, n);
+  if (m > 0 && n > 0) launch_column_sum(t, y, db, m, n, as_stream(stream));
+}
+
 void linear_gelu_fwd_t(DT t, const void* x, const void* w, const void* b, void* pre, void* y,
                        int64_t m, int64_t k, int64_t n, void* stream) {
   check_dims("linear_gelu_fwd", m, k, n);

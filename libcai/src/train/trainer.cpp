@@ -609,12 +609,10 @@ void Trainer::fit(int64_t start_epoch) {
       }
       if (info.skipped) {
         ++skipped_steps_;
-      } else {
-        if (cfg_.clip_grad_norm > 0) {
-          const Tensor norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
-          row.narrow(2, 1).copy_from(norm.to(device));
-          phase("clip_grad_norm");
-        }
+      } else if (cfg_.clip_grad_norm > 0) {
+        const Tensor norm = plugin_->clip_grad_norm(opt_, cfg_.clip_grad_norm);
+        row.narrow(2, 1).copy_from(norm.to(device));
+        phase("clip_grad_norm");
       }
       // The step's row is final: a hook that wants this step's values gets them once the device
       // has come this far (stage_values).
