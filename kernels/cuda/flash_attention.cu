@@ -11,7 +11,8 @@
 // the A operand.
 //   out = O / l, lse = (m + log2 l)·ln 2 (natural log-sum-exp of the scaled scores).
 // Backward in three kernels, no atomics:
-//   1. D = rowsum(dO ⊙ O) [b, h, n], one thread per (token, head).
+//   1. D = rowsum(dO ⊙ O) [b, h, n], 8 or 16 lanes per (token, head) (with the qkv bias
+//      gradient asked: dO's column sums too, from the same reads).
 //   2. dK, dV, one CTA per (batch·head, block of 64 keys), each warp 16 keys, over blocks of 64
 //      queries (Q, dO, lse, D in three stages): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(scale·Sᵀ − lse),
 //      dSᵀ = Pᵀ ⊙ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (registers, fp32); scale·dK and dV written
@@ -33,9 +34,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -43,7 +46,6 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/device.h"
-#include "kernels/linear.h"
 
 namespace cai::kernels::cuda {
 
@@ -148,7 +150,7 @@ __device__ __forceinline__ void whole_or_tail(bool whole, F&& f) {
 //      (Summing the stored dK gives rounding noise around 0.)
 //   v: Σ_rows dO. O = P·(V + 1·b_vᵀ) = P·V + b_vᵀ (P's rows sum to 1; this kernel has no
 //      attention dropout), so Σ_keys dV = Σ_q dO[q]: the column sum of dout [b·n, h·hd], a third
-//      of dqkv's bytes.
+//      of dqkv's bytes, summed by the D kernel, which reads dout anyway.
 // (Measured on an H100 before these identities: partial sums in the dK/dV kernel's epilogue cost
 // it 8% (540 → 583 us a layer) and gave the step nothing.)
 //
@@ -189,14 +191,22 @@ __device__ __forceinline__ void block_column_sums(const float* red, float* out, 
   }
 }
 
-// dbias[hi·hd + d] += Σ over (batch, block) of part[((bi·h + hi)·blocks + blk)·hd + d]: a block
-// of 32 columns × 32 lanes, lane y adding chunks y, y + 32, ... (chunk = bi·blocks + blk) in
-// double, kBatch loads in flight, then the lanes in order.
+// One bias's partial sums: part[((bi·h + hi)·blocks + blk)·hd + d] for bi < b, blk < blocks.
+struct BiasPartials {
+  const float* part;
+  float* dbias;
+  int64_t b, blocks;
+};
+// dbias[hi·hd + d] += Σ over (batch, block) of part[((bi·h + hi)·blocks + blk)·hd + d], for q's
+// partials (blockIdx.y 0) and v's (1): a block of 32 columns × 32 lanes, lane y adding chunks y,
+// y + 32, ... (chunk = bi·blocks + blk) in double, kBatch loads in flight, then the lanes in order.
 __global__ void __launch_bounds__(1024)
-    flash_bwd_bias_finish_kernel(const float* __restrict__ part, float* __restrict__ dbias,
-                                 int64_t b, int64_t h, int64_t hd, int64_t blocks) {
+    flash_bwd_bias_finish_kernel(BiasPartials q, BiasPartials v, int64_t h, int64_t hd) {
   constexpr int kBatch = 8;
   __shared__ double sums[32][33];
+  const float* __restrict__ part = blockIdx.y ? v.part : q.part;
+  float* __restrict__ dbias = blockIdx.y ? v.dbias : q.dbias;
+  const int64_t b = blockIdx.y ? v.b : q.b, blocks = blockIdx.y ? v.blocks : q.blocks;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;  // hi·hd + d
   const int64_t chunks = b * blocks;
   double acc = 0.0;
@@ -422,38 +432,93 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, HDP > 64 ? 1 : 2)
 }
 
 // D[bh, q] = Σ_d dO ⊙ O over a head's row (out and dout [b, n, h, hd], hd a multiple of 8):
-// L = 8 lanes per (token, head) row for hd ≤ 64, else 16, each adding 16-byte chunks, so a warp
-// reads whole rows (coalesced); the lanes are added by shuffles.
-template <typename T, int L>
-__global__ void flash_bwd_d_kernel(const T* __restrict__ out, const T* __restrict__ dout,
-                                   float* __restrict__ Dsum, int64_t rows, int n, int h, int hd) {
-  const int lane = threadIdx.x % L;
-  const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // A warp's first row, the same for its lanes, so every lane of a warp runs the same iterations
-  // (the shuffles below need them all).
-  const int64_t warp_row = gid / 32 * (32 / L), sub = (threadIdx.x % 32) / L;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x / L;
-  for (int64_t base = warp_row; base < rows; base += step) {
-    const int64_t i = base + sub;  // (bi·n + q)·h + hi
-    float acc = 0.0f;
-    if (i < rows)
-      for (int c = lane * 8; c < hd; c += 8 * L) {
-        const uint4 ov = *reinterpret_cast<const uint4*>(out + i * hd + c);
-        const uint4 dv = *reinterpret_cast<const uint4*>(dout + i * hd + c);
-        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+// L = 8 lanes per (token, head) row for hd ≤ 64, else 16, each adding one 16-byte chunk (hd ≤
+// 128), so a warp reads whole rows (coalesced); the lanes are added by shuffles. A thread takes
+// kBatch rows a grid step apart at a time, their loads issued together.
+// With kSums, v's bias gradient (Σ_rows dout, see flash_bwd_bias_finish_kernel) comes from the
+// same reads: the grid steps over rows by a multiple of h (d_sums_grid), so each thread's rows
+// share one head and its lane's 8 columns, summed in registers; at the end the block adds its
+// threads' sums per column (in row order) into one partial row [h·hd] of `part` ([h][blocks][hd],
+// zeros for heads the block has no row of), and the finish kernel adds the partials in order.
+// ViT-B/16 at batch 256 on an H100, a layer: this kernel 60.0 → 65.7 us and the finish 8.2 →
+// 11.1 us (q and v in one launch), against dout's own column sum and its finish (32.7 + 4.5 us)
+// gone: 105 → 77 us. (One block per 32 rows and no loop was 60 us without the sums; the sums
+// need a thread's rows to share a head, hence the loop over one wave of blocks.)
+template <typename T, int L, bool kSums>
+__global__ void __launch_bounds__(kBlock)
+    flash_bwd_d_kernel(const T* __restrict__ out, const T* __restrict__ dout,
+                       float* __restrict__ Dsum, int64_t rows, int n, int h, int hd,
+                       float* __restrict__ part) {
+  constexpr int R = kBlock / L, kBatch = 2;  // rows per block and grid step; rows in flight
+  const int lane = threadIdx.x % L, c = lane * 8;
+  // The warp's first row (its lanes run the same iterations: the shuffles need them all) and the
+  // thread's place among the warp's 32 / L rows.
+  const int64_t warp_first = static_cast<int64_t>(blockIdx.x) * R + threadIdx.x / 32 * (32 / L);
+  const int sub = threadIdx.x % 32 / L;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * R;
+  float col[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i0 = warp_first; i0 < rows; i0 += kBatch * step) {
+    const int64_t i0t = i0 + sub;  // this thread's row in the batch's first step
+    uint4 ov[kBatch], dv[kBatch];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 x = unpack2<T>(ow[k]), y = unpack2<T>(dw[k]);
-          acc += x.x * y.x + x.y * y.y;
-        }
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0t + u * step;
+      if (i < rows && c < hd) {
+        ov[u] = *reinterpret_cast<const uint4*>(out + i * hd + c);
+        dv[u] = *reinterpret_cast<const uint4*>(dout + i * hd + c);
+      } else {
+        ov[u] = dv[u] = make_uint4(0, 0, 0, 0);  // zeros of T: adds nothing
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0t + u * step;
+      const uint32_t ow[4] = {ov[u].x, ov[u].y, ov[u].z, ov[u].w};
+      const uint32_t dw[4] = {dv[u].x, dv[u].y, dv[u].z, dv[u].w};
+      float acc = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 x = unpack2<T>(ow[k]), y = unpack2<T>(dw[k]);
+        acc += x.x * y.x + x.y * y.y;
+        if constexpr (kSums) col[2 * k] += y.x, col[2 * k + 1] += y.y;
       }
 #pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, L);
-    if (lane == 0 && i < rows) {
-      const int64_t hi = i % h, tok = i / h, q = tok % n, bi = tok / n;
-      Dsum[(bi * h + hi) * n + q] = acc;
+      for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, L);
+      if (lane == 0 && i < rows) {
+        const int64_t hi = i % h, tok = i / h, q = tok % n, bi = tok / n;
+        Dsum[(bi * h + hi) * n + q] = acc;
+      }
     }
   }
+  if constexpr (kSums) {
+    __shared__ float red[kBlock * 8];  // thread t's 8 columns at red[8·t]
+#pragma unroll
+    for (int k = 0; k < 8; ++k) red[threadIdx.x * 8 + k] = col[k];
+    __syncthreads();
+    // Row r0 + s of every step has head (r0 + s) % h (the step is a multiple of h).
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * R;
+    const int shift = static_cast<int>(r0 % h);
+    for (int j = threadIdx.x; j < h * hd; j += blockDim.x) {
+      const int hi = j / hd, d = j % hd;
+      float s = 0.0f;
+      for (int sb = (hi - shift + h) % h; sb < R; sb += h) s += red[(sb * L + d / 8) * 8 + d % 8];
+      part[(static_cast<int64_t>(hi) * gridDim.x + blockIdx.x) * hd + d] = s;
+    }
+  }
+}
+
+// The D kernel's grid with v's column sums: one wave (the blocks resident at once on the device,
+// so no block waits for a slot while the others idle at the end), rounded down so a step of
+// grid·r rows is a multiple of h. Each block adds one partial row for the finish.
+template <typename K>
+unsigned d_sums_grid(K kernel, int64_t rows, int64_t h, int r) {
+  int dev = 0, sms = 0, per_sm = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&dev));
+  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, 0));
+  const int64_t m = h / std::gcd(h, static_cast<int64_t>(r));
+  const int64_t g = std::min<int64_t>((rows + r - 1) / r, int64_t{sms} * std::max(per_sm, 1));
+  return static_cast<unsigned>(std::max<int64_t>(g / m * m, m));
 }
 
 // dQ = scale · dS·K from the dSᵀ the dK/dV kernel wrote ([b·h, n keys, ld queries], rounded to
@@ -820,11 +885,17 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
   float* D = static_cast<float*>(dsum.p);
   T* dS = static_cast<T*>(dst.p);
   const int64_t rows = b * n * h;
-  auto d_kernel = hd <= 64 ? flash_bwd_d_kernel<T, 8> : flash_bwd_d_kernel<T, 16>;
   const int lanes = hd <= 64 ? 8 : 16;
-  d_kernel<<<grid_for(rows * lanes), kBlock, 0, s>>>(
-      static_cast<const T*>(out), static_cast<const T*>(dout), D, rows, static_cast<int>(n),
-      static_cast<int>(h), static_cast<int>(hd));
+  // With dbias: v's column sums from the D kernel, one partial row [h·hd] per block.
+  auto d_kernel =
+      hd <= 64 ? (dbias ? flash_bwd_d_kernel<T, 8, true> : flash_bwd_d_kernel<T, 8, false>)
+               : (dbias ? flash_bwd_d_kernel<T, 16, true> : flash_bwd_d_kernel<T, 16, false>);
+  const unsigned d_grid =
+      dbias ? d_sums_grid(d_kernel, rows, h, kBlock / lanes) : grid_for(rows * lanes);
+  Scratch v_part(dbias ? sizeof(float) * static_cast<size_t>(d_grid * h * hd) : 0);
+  d_kernel<<<d_grid, kBlock, 0, s>>>(static_cast<const T*>(out), static_cast<const T*>(dout), D,
+                                     rows, static_cast<int>(n), static_cast<int>(h),
+                                     static_cast<int>(hd), static_cast<float*>(v_part.p));
   CAI_CUDA_CHECK_LAUNCH();
   const int blocks = static_cast<int>((n + kTile - 1) / kTile);
   // dQ in blocks of 16·warps queries, as the forward splits a head.
@@ -849,12 +920,12 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
       static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale, q_part);
   CAI_CUDA_CHECK_LAUNCH();
   if (!dbias) return;
-  // q: the partials in order; k: nothing (0); v: Σ_rows dout.
-  flash_bwd_bias_finish_kernel<<<static_cast<unsigned>((h * hd + 31) / 32), dim3(32, 32), 0, s>>>(
-      q_part, dbias, b, h, hd, q_blocks);
+  // q: the partials in order; k: nothing (0); v: Σ_rows dout from the D kernel's partials.
+  const BiasPartials q{q_part, dbias, b, q_blocks};
+  const BiasPartials v{static_cast<const float*>(v_part.p), dbias + 2 * h * hd, 1, d_grid};
+  flash_bwd_bias_finish_kernel<<<dim3(static_cast<unsigned>((h * hd + 31) / 32), 2), dim3(32, 32),
+                                 0, s>>>(q, v, h, hd);
   CAI_CUDA_CHECK_LAUNCH();
-  column_sum_t(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, dout, dbias + 2 * h * hd,
-               b * n, h * hd, s);
 }
 
 template <typename T>
