@@ -371,6 +371,46 @@ TEST_F(CudaGemm, Attention) {
 }
 
 #ifdef CAI_HAVE_CUDA
+// Not a check: times the MLP's memory-bound kernels on the ViT-B/16 (batch 256) and ViT-L/16
+// (batch 128) shapes in bf16 and prints the bytes they move per second, beside a device-to-device
+// copy of as many bytes (read + write) as a reference.
+TEST_F(CudaGemm, DISABLED_ElementwiseTiming) {
+  const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
+  test::EventTimer timer;
+  const DT t = DT::BF16;
+  struct Shape {
+    const char* name;
+    int64_t m, d, hidden;
+  };
+  for (const Shape sh : {Shape{"B/16", 50432, 768, 3072}, Shape{"L/16", 25216, 1024, 4096}}) {
+    const int64_t m = sh.m, n = sh.hidden, e = m * n;
+    Buf pre(t, e), y(t, e), dy(t, e), dpre(t, e), db(DT::F32, n), src(t, 2 * e), dst(t, 2 * e);
+    fill(pre), fill(dy), fill(src);
+    kc::memset_zero(db.p, n * 4);
+    const double bytes = 2.0 * static_cast<double>(e);  // one bf16 matrix [m, hidden]
+    const auto report = [&](const char* what, double ms, double matrices) {
+      std::printf("TIMING %s %-34s %8.1f us  %5.2f TB/s\n", sh.name, what, ms * 1e3,
+                  matrices * bytes / (ms * 1e-3) * 1e-12);
+    };
+    report(
+        "copy (read + write 2 matrices)",
+        timer.ms(20, [&] { cudaMemcpyAsync(dst.p, src.p, 2 * bytes, cudaMemcpyDeviceToDevice); }),
+        4);
+    report("gelu_fwd_t", timer.ms(20, [&] { kc::gelu_fwd_t(t, pre.p, y.p, e); }), 2);
+    report("gelu_bwd_bias_t (erf)",
+           timer.ms(20,
+                    [&] {
+                      kc::gelu_bwd_bias_t(t, false, pre.p, dy.p, dpre.p, static_cast<float*>(db.p),
+                                          m, n);
+                    }),
+           3);
+    report("column_sum_t [m, d]",
+           timer.ms(20, [&] { kc::column_sum_t(t, dy.p, static_cast<float*>(db.p), m, sh.d); }),
+           static_cast<double>(sh.d) / n);
+  }
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // Not a check: times the ViT-B/16 shapes (bf16) and prints the TFLOP/s reached.
 TEST_F(CudaGemm, DISABLED_Timing) {
   const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
