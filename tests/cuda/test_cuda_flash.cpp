@@ -192,12 +192,13 @@ TEST_F(CudaFlash, MatchesCpu) {
             << db0[2 * d + j] + o;
         ASSERT_LE(std::abs(ref_k), 1e-4 * rk + 1e-6) << name << " CPU Σ dK column " << j;
         ASSERT_LE(std::abs(ref_v - o), 1e-4 * (rv + ao) + 1e-6) << name << " CPU Σ dV column " << j;
-        worst = std::max({worst, std::abs(db[j] - (db0[j] + q)) / (aq + 1e-30),
-                          std::abs(db[2 * d + j] - (db0[2 * d + j] + o)) / (ao + 1e-30)});
+        // The share of the tolerance used (the 1e-6 slack covers columns whose sums vanish
+        // next to db0, e.g. dQ of a single token: rounding noise below db0's last bit).
+        worst = std::max({worst, std::abs(db[j] - (db0[j] + q)) / (1e-5 * aq + 1e-6),
+                          std::abs(db[2 * d + j] - (db0[2 * d + j] + o)) / (1e-5 * ao + 1e-6)});
         EXPECT_GT(aq + ak + av, 0.0) << name << " dbias: column " << j << " of dqkv is all zeros";
       }
-      std::printf("  %-60s max |err| / column sum of |x| %.3e (tol 1e-5)\n",
-                  (name + " dbias").c_str(), worst);
+      std::printf("  %-60s max |err| / tolerance %.3f\n", (name + " dbias").c_str(), worst);
     }
   }
 }
