@@ -512,12 +512,8 @@ __global__ void __launch_bounds__(kBlock)
 // grid·r rows is a multiple of h. Each block adds one partial row for the finish.
 template <typename K>
 unsigned d_sums_grid(K kernel, int64_t rows, int64_t h, int r) {
-  int dev = 0, sms = 0, per_sm = 0;
-  CAI_CUDA_CHECK(cudaGetDevice(&dev));
-  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, 0));
   const int64_t m = h / std::gcd(h, static_cast<int64_t>(r));
-  const int64_t g = std::min<int64_t>((rows + r - 1) / r, int64_t{sms} * std::max(per_sm, 1));
+  const int64_t g = std::min<int64_t>((rows + r - 1) / r, resident_blocks(kernel, kBlock));
   return static_cast<unsigned>(std::max<int64_t>(g / m * m, m));
 }
 

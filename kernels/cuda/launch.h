@@ -4,7 +4,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "kernels/cuda/check.h"
 
 namespace cai::kernels::cuda {
 
@@ -19,6 +22,21 @@ inline unsigned grid_for(int64_t n, int block = kBlock) {
 // One block per row, capped at kMaxGrid (kernels loop over rows with a grid stride).
 inline unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
+}
+// The current device's multiprocessors.
+inline int multiprocessors() {
+  int dev = 0, sms = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&dev));
+  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+// Blocks of `kernel` (`threads` threads, `shmem` bytes of dynamic shared memory) the current
+// device holds at once: a grid of that many is one wave, no block waiting for a slot.
+template <typename K>
+int64_t resident_blocks(K kernel, int threads, size_t shmem = 0) {
+  int per_sm = 0;
+  CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shmem));
+  return static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors();
 }
 inline cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);

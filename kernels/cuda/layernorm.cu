@@ -559,10 +559,7 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
             const size_t shmem = params ? sizeof(float) * kLnWarps * nsums * d : 0;
             // As many blocks as fit on the device at once: each then sums many rows into its
             // partial, and the partials stay few (the grid depends on the device only).
-            int per_sm = 0;
-            CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                         kLnWarps * 32, shmem));
-            const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors();
+            const int64_t resident = resident_blocks(kernel, kLnWarps * 32, shmem);
             const int64_t grid = std::min<int64_t>(warp_rows_grid(m), resident);
             if (!params) {
               kernel<<<static_cast<unsigned>(grid), kLnWarps * 32, 0, s>>>(

@@ -205,14 +205,9 @@ void launch_column_sum_vec(const T* dy, Op op, float* db, int64_t m, int64_t n, 
   // in one wave on an H100 (the last wave's idle slots; ViT-L/16's 250 us either way, and
   // 2,048-row chunks, 1.1 waves, took 489 us); small problems take one chunk.
   int64_t chunks = 1;
-  if (m > 2 * kChunk) {
-    int dev = 0, sms = 0, per_sm = 0;
-    CAI_CUDA_CHECK(cudaGetDevice(&dev));
-    CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CAI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, column_sum_vec_kernel<T, Op>, 32 * kRows, 0));
-    chunks = std::max<int64_t>(1, int64_t{sms} * std::max(per_sm, 1) / tiles);
-  }
+  if (m > 2 * kChunk)
+    chunks =
+        std::max<int64_t>(1, resident_blocks(column_sum_vec_kernel<T, Op>, 32 * kRows) / tiles);
   const int64_t chunk = (m + chunks - 1) / chunks;
   CAI_CHECK(tiles <= INT_MAX && chunks <= 65535, "[linear_bwd] n = {}, m = {} are too large", n, m);
   Scratch part(chunks > 1 ? sizeof(double) * static_cast<size_t>(chunks * n) : 0);

@@ -13,6 +13,7 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/error.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/device.h"
 
 namespace cai::kernels::cuda {
@@ -129,12 +130,5 @@ class Scratch {
   void* p_ = nullptr;
   int device_ = 0;
 };
-
-inline int multiprocessors() {
-  int dev = 0, sms = 0;
-  CAI_CUDA_CHECK(cudaGetDevice(&dev));
-  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
 
 }  // namespace cai::kernels::cuda
