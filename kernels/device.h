@@ -41,6 +41,8 @@ struct AllocatorStats {
   size_t in_use = 0, cached = 0, peak = 0;  // bytes
 };
 AllocatorStats allocator_stats(int device);
+// The peak from here on: peak = the bytes in use now.
+void reset_peak(int device);
 void empty_cache(int device);  // returns cached blocks to the driver
 void copy_h2d(void* dst, const void* src, size_t bytes);
 void copy_d2h(void* dst, const void* src, size_t bytes);

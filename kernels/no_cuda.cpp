@@ -166,6 +166,7 @@ void free(void*, int) {}
 AllocatorStats allocator_stats(int) {
   return {};
 }
+void reset_peak(int) {}
 void empty_cache(int) {}
 void* alloc_pinned(size_t) {
   CAI_STUB("alloc_pinned");

@@ -22,6 +22,8 @@
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
+#include "cai/parallel/data_parallel.h"
+#include "cai/plan/plan.h"
 #include "calibrate.h"
 #include "cmd_run.h"
 #include "config.h"
@@ -70,7 +72,7 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
   sub->add_option("-g,--gpus", o.gpus, "Number of devices (GPUs, or CPU processes) to use")
       ->required()
       ->check(CLI::PositiveNumber);
-  sub->add_option("-b,--batch_size", o.batch_size, "Batch size")
+  sub->add_option("-b,--batch_size", o.batch_size, "Samples per data-parallel rank")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("-s,--seq_len", o.seq_len, "Sequence length (tokens)")
@@ -125,6 +127,8 @@ struct Row {
   TpLayout layout;
   std::string status = "ok", reason;
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, step_ms = 0, samples_per_s = 0;
+  int gpus = 1;       // ranks of the row: samples_per_s / gpus is its throughput per GPU
+  double tflops = 0;  // achieved forward + backward TFLOP/s per GPU (the plan's FLOPs of a rank)
   int64_t peak_mem_bytes = 0, comm_bytes = 0;
   bool simulated = false;
   bool optimizer_known = true;  // simulated rows: the plan has no optimizer cost
@@ -169,8 +173,13 @@ class Worker {
     row.backward_ms = comm_.all_reduce_scalar(t[1] / n, dist::ReduceOp::Max);
     row.optimizer_ms = comm_.all_reduce_scalar(t[2] / n, dist::ReduceOp::Max);
     row.step_ms = row.forward_ms + row.backward_ms + row.optimizer_ms;
-    row.samples_per_s =
-        row.step_ms > 0 ? 1e3 * static_cast<double>(o_.batch_size) / row.step_ms : 0.0;
+    // Every layout takes -b samples per data-parallel rank: `none` runs N data-parallel replicas
+    // (N·b samples a step), a tensor-parallel layout of N ranks one group (b samples a step).
+    row.gpus = comm_.size();
+    const double samples = static_cast<double>(o_.batch_size) * (dp_ ? comm_.size() : 1);
+    row.samples_per_s = row.step_ms > 0 ? 1e3 * samples / row.step_ms : 0.0;
+    const double fb_ms = row.forward_ms + row.backward_ms;
+    row.tflops = fb_ms > 0 ? rank_flops_ / (fb_ms * 1e9) : 0.0;
     row.peak_mem_bytes = static_cast<int64_t>(
         comm_.all_reduce_scalar(static_cast<double>(peak()), dist::ReduceOp::Max));
     const double bytes = tp_ ? static_cast<double>(tp_->comm_bytes()) / n : 0.0;
@@ -180,16 +189,52 @@ class Worker {
   }
 
  private:
+  // `none` on N > 1 ranks: data parallel through the product's DDP (parallel::
+  // DataParallelPlugin: bucketed all-reduces beside the backward), as the simulated row.
+  void make_data_parallel() {
+    if (comm_.size() > 1)
+      dp_ = std::make_unique<parallel::DataParallelPlugin>(comm_, parallel::DataParallelConfig{});
+  }
+
+  // Forward + backward FLOPs of this rank's share of one step, from the plan (plan::flops).
+  void plan_flops(const TpLayout& l, const nn::ViTConfig& model, plan::Layout pl) {
+    pl.world = comm_.size();
+    pl.tp = l.mode == "none" ? 1 : l.size;
+    pl.tp_mode = l.mode == "none" ? "1d" : l.mode;
+    pl.tp_depth = l.mode == "2.5d" ? l.depth : 1;
+    pl.batch = o_.batch_size;
+    pl.precision = dtype_;
+    pl.gpu = dev_.is_cuda();
+    pl.data_parallel_plugin = dp_ != nullptr;
+    try {
+      rank_flops_ = plan::flops(plan::plan_rank(plan::make_plan(model, pl), comm_.rank()));
+    } catch (const Error&) {
+      rank_flops_ = 0;  // a layout the plan does not model: no TFLOP/s column
+    }
+  }
+
   void build(const TpLayout& l) {
     clear();
     if (l.mode != "none") tp_ = std::make_shared<nn::TensorParallel>(comm_, l.mode, false, l.depth);
     const int64_t d = o_.dimension;
     if (o_.model == "vit") {
-      const TrainConfig cfg = load_config(o_.config, o_.overrides);
+      TrainConfig cfg = load_config(o_.config, o_.overrides);
       vit_ = std::make_unique<nn::ViT>(cfg.vit(), tp_);
       vit_->init(17);
       if (dev_.is_cuda()) vit_->to(dev_);
       vit_->set_compute_dtype(dtype_);
+      if (l.mode == "none") {
+        make_data_parallel();
+        if (dp_) dp_->setup(*vit_);
+      }
+      cfg.tensor_mode = l.mode;
+      cfg.tensor_size = l.size;
+      cfg.tensor_depth = l.depth;
+      cfg.sequence_parallel = false;
+      cfg.pipeline = 1;
+      cfg.zero_stage = 0;
+      cfg.batch_size = o_.batch_size;
+      plan_flops(l, cfg.vit(), plan_layout(cfg, comm_.size()));
       const nn::ViTConfig& c = vit_->config();
       Tensor img = Tensor::empty({o_.batch_size, c.in_chans, c.img_size, c.img_size});
       rng::normal_(img, 5, 6, 0.0f, 1.0f);
@@ -231,6 +276,23 @@ class Worker {
       p->value = p->value.to(dev_);
       p->grad = p->grad.to(dev_);
     }
+    nn::ViTConfig m;
+    m.embed_dim = d;
+    m.depth = o_.layers;
+    m.num_heads = o_.model == "block" ? std::max<int64_t>(1, d / 64) : 1;
+    m.mlp_ratio = 4.0;
+    if (l.mode == "none") {
+      make_data_parallel();
+      if (dp_) {
+        std::vector<nn::Layer*> raw;
+        for (auto& l2 : layers_) raw.push_back(l2.get());
+        dp_->setup_layers(raw);
+      }
+    }
+    plan::Layout pl;
+    pl.body = o_.model == "block" ? plan::Body::Blocks : plan::Body::Linears;
+    pl.tokens = o_.seq_len;
+    plan_flops(l, m, pl);
     Tensor x = Tensor::empty({o_.batch_size, o_.seq_len, d});
     rng::normal_(x, 5, 7, 0.0f, 1.0f);
     if (tp_ && tp_->nd()) {
@@ -248,6 +310,8 @@ class Worker {
   }
 
   void clear() {
+    dp_.reset();
+    rank_flops_ = 0;
     layers_.clear();
     vit_.reset();
     opt_.reset();
@@ -258,9 +322,13 @@ class Worker {
   void sync() const {
     if (dev_.is_cuda()) kernels::cuda::synchronize();
   }
+  // The peak from here on, per layout: the parameters, gradients and optimizer state in use
+  // now plus what the timed steps allocate beyond them.
   void reset_peak() const {
-    if (dev_.is_cuda())
-      kernels::cuda::empty_cache(dev_.index);  // peak from here on (allocator stats)
+    if (dev_.is_cuda()) {
+      kernels::cuda::empty_cache(dev_.index);
+      kernels::cuda::reset_peak(dev_.index);
+    }
     reset_peak_memory(dev_.type);
   }
   int64_t peak() const {
@@ -273,32 +341,50 @@ class Worker {
     nn::ForwardCtx ctx{true, 1, step_++, 0};
     sync();
     auto t0 = Clock::now();
+    const nn::LayerHooks* hooks = dp_ ? dp_->train_hooks(true) : nullptr;
     if (vit_) {
       std::vector<std::unique_ptr<nn::Cache>> caches;
-      Tensor logits = vit_->forward(input_, caches, ctx);
+      Tensor logits = vit_->forward(input_, caches, ctx, hooks);
       sync();
       if (t) t[0] += ms_since(t0), t0 = Clock::now();
       vit_->backward(ops::cross_entropy_bwd(logits, labels_, 0.0f, 1.0f / o_.batch_size), caches,
-                     ctx);
+                     ctx, hooks);
+      if (dp_) dp_->sync_gradients(*vit_);
       if (tp_) tp_->drain();
       sync();
       if (t) t[1] += ms_since(t0), t0 = Clock::now();
-      opt_->step();
-      opt_->zero_grad();
+      if (dp_) {
+        dp_->optimizer_step(*opt_);
+        dp_->zero_grad(*vit_, *opt_);
+      } else {
+        opt_->step();
+        opt_->zero_grad();
+      }
       sync();
       if (t) t[2] += ms_since(t0);
       return;
     }
     std::vector<std::unique_ptr<nn::Cache>> caches(layers_.size());
     Tensor x = input_;
-    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, caches[i], ctx);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (hooks && hooks->before_forward) hooks->before_forward(*layers_[i]);
+      x = layers_[i]->forward(x, caches[i], ctx);
+      if (hooks && hooks->after_forward) hooks->after_forward(*layers_[i]);
+    }
     if (tp_) tp_->drain();
     sync();
     if (t) t[0] += ms_since(t0), t0 = Clock::now();
     // d mean(out) / d out (Colossal-AI times out.mean().backward()).
     Tensor g = Tensor::full(x.shape(), 1.0f / static_cast<float>(x.numel()), x.device());
     if (x.dtype() != DType::F32) g = g.to(x.dtype());
-    for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(g, caches[i], ctx);
+    nn::ForwardCtx bctx = ctx;
+    if (hooks && hooks->overlap_point) bctx.overlap_point = &hooks->overlap_point;
+    for (size_t i = layers_.size(); i-- > 0;) {
+      if (hooks && hooks->before_backward) hooks->before_backward(*layers_[i]);
+      g = layers_[i]->backward(g, caches[i], bctx);
+      if (hooks && hooks->after_backward) hooks->after_backward(*layers_[i]);
+    }
+    if (dp_) dp_->sync_layer_gradients();
     if (tp_) tp_->drain();
     sync();
     if (t) t[1] += ms_since(t0);
@@ -313,6 +399,8 @@ class Worker {
   std::vector<std::unique_ptr<nn::Layer>> layers_;
   std::unique_ptr<nn::ViT> vit_;
   std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<parallel::DataParallelPlugin> dp_;  // `none` on N > 1 ranks
+  double rank_flops_ = 0;
   Tensor input_, labels_;
 };
 
@@ -330,7 +418,7 @@ std::string model_line(const BenchmarkOptions& o) {
 void sort_rows(std::vector<Row>& rows) {
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     if ((a.status == "ok") != (b.status == "ok")) return a.status == "ok";
-    return a.status == "ok" && a.step_ms < b.step_ms;
+    return a.status == "ok" && a.samples_per_s > b.samples_per_s;  // most samples/s first
   });
 }
 
@@ -339,22 +427,25 @@ void print_rows(const BenchmarkOptions& o, const std::string& title, std::vector
   sort_rows(rows);
   std::cout << title << "\n";
   const bool vit = o.model == "vit";
-  std::cout << fmt::format("{:<28} {:<8} {:>11} {:>12}{} {:>10} {:>10} {:>14} {:>14}\n", "layout",
-                           "status", "forward ms", "backward ms",
-                           vit ? fmt::format(" {:>9}", "optim ms") : "", "step ms", "samples/s",
-                           "peak MiB/rank", "comm MiB/step");
+  std::cout << fmt::format(
+      "{:<28} {:<8} {:>11} {:>12}{} {:>10} {:>10} {:>12} {:>9} {:>14} {:>14}\n", "layout", "status",
+      "forward ms", "backward ms", vit ? fmt::format(" {:>9}", "optim ms") : "", "step ms",
+      "samples/s", "samples/s/GPU", "TFLOP/s", "peak MiB/rank", "comm MiB/step");
   for (const Row& r : rows) {
     if (r.status != "ok") {
       std::cout << fmt::format("{:<28} {:<8} {}\n", r.layout.describe(), r.status, r.reason);
       continue;
     }
     std::cout << fmt::format(
-        "{:<28} {:<8} {:>11.3f} {:>12.3f}{} {:>10.3f} {:>10.1f} {:>14.1f} {:>14.2f}{}\n",
+        "{:<28} {:<8} {:>11.3f} {:>12.3f}{} {:>10.3f} {:>10.1f} {:>12.1f} {:>9} {:>14.1f} "
+        "{:>14.2f}{}\n",
         r.layout.describe(), r.status, r.forward_ms, r.backward_ms,
         !vit                ? ""
         : r.optimizer_known ? fmt::format(" {:>9.3f}", r.optimizer_ms)
                             : fmt::format(" {:>9}", "-"),
-        r.step_ms, r.samples_per_s, static_cast<double>(r.peak_mem_bytes) / (1 << 20),
+        r.step_ms, r.samples_per_s, r.samples_per_s / std::max(r.gpus, 1),
+        r.tflops > 0 ? fmt::format("{:.3g}", r.tflops) : std::string("-"),
+        static_cast<double>(r.peak_mem_bytes) / (1 << 20),
         static_cast<double>(r.comm_bytes) / (1 << 20), r.fits ? "" : "  (does not fit)");
   }
 }
@@ -391,6 +482,8 @@ void print_table(const BenchmarkOptions& o, int n, const std::string& device,
       e["optimizer_ms"] = r.optimizer_ms;
       e["step_ms"] = r.step_ms;
       e["samples_per_s"] = r.samples_per_s;
+      e["samples_per_s_per_gpu"] = r.samples_per_s / std::max(r.gpus, 1);
+      e["tflops"] = r.tflops;
       e["peak_mem_bytes"] = r.peak_mem_bytes;
       e["comm_bytes"] = r.comm_bytes;
     }
@@ -416,6 +509,7 @@ std::vector<Row> read_rows(const std::string& path, bool* simulated = nullptr) {
             "colossalai-sim --benchmark-layouts)",
             path);
   if (simulated) *simulated = j.value("simulated", false);
+  const int gpus = j.value("gpus", 1);
   std::vector<Row> rows;
   for (const auto& e : j["layouts"]) {
     Row r;
@@ -435,6 +529,8 @@ std::vector<Row> read_rows(const std::string& path, bool* simulated = nullptr) {
       r.optimizer_ms = num("optimizer_ms");
       r.step_ms = num("step_ms");
       r.samples_per_s = num("samples_per_s");
+      r.gpus = gpus;
+      r.tflops = num("tflops");
       r.peak_mem_bytes = static_cast<int64_t>(num("peak_mem_bytes"));
       r.comm_bytes = static_cast<int64_t>(num("comm_bytes"));
       r.fits = e.value("fits_memory", true);
@@ -595,6 +691,11 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
   CLI::Option* compare = add_flags(sub, opts);
   sub->callback([&opts, compare] { opts.compare_requested = compare->count() > 0; });
   sub->footer(
+      "Every layout takes -b samples per data-parallel rank: `none` is N-way data parallel "
+      "(each rank its own b samples, gradients all-reduced as vit_train's DDP, N·b samples a "
+      "step), a tensor layout one group of N ranks (b samples a step), measured or simulated "
+      "alike. Rows are sorted by samples/s; samples/s/GPU, the achieved forward + backward "
+      "TFLOP/s per GPU (the plan's FLOPs) and the measured peak per rank stand beside each. "
       "Shapes that do not divide are listed as failed with the reason. --simulate (with "
       "--cluster) prints the same table from colossalai-sim, found beside this binary or on "
       "PATH: every layout as data parallel N / tensor size × that layout, simulated through the "

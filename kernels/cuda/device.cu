@@ -123,6 +123,12 @@ AllocatorStats allocator_stats(int device) {
   return AllocatorStats{p.in_use, p.cached, p.peak};
 }
 
+void reset_peak(int device) {
+  Pool& p = pool(device);
+  std::lock_guard<std::mutex> l(p.m);
+  p.peak = p.in_use;
+}
+
 void empty_cache(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);

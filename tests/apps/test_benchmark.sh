@@ -173,6 +173,19 @@ for m, d, s, r in b4 + b8:
         assert r["comm_bytes"] == (2 * 4 * 64 * 256 * 4 if m == "1d" else 0), r
     else:
         assert r["comm_bytes"] == nd_bytes(m, r["size"], d), (r, nd_bytes(m, r["size"], d))
+# One definition of throughput: -b samples per data-parallel rank, `none` N-way data parallel
+# (N·b samples a step), a tensor layout one group (b a step); per GPU beside it; achieved TFLOP/s
+# from the plan's FLOPs; the peak measured per layout (the layouts hold different shards).
+for path, g in ((sys.argv[1], 4), (sys.argv[2], 8)):
+    rs = json.load(open(path))["layouts"]
+    for r in rs:
+        n = 4 * (g if r["mode"] is None else 1)
+        assert abs(r["samples_per_s"] - 1e3 * n / r["step_ms"]) <= 1e-6 * r["samples_per_s"], r
+        assert abs(r["samples_per_s_per_gpu"] * g - r["samples_per_s"]) <= 1e-6 * r["samples_per_s"], r
+        assert r["tflops"] > 0, r
+    assert len({r["peak_mem_bytes"] for r in rs}) > 1, [(r["mode"], r["peak_mem_bytes"]) for r in rs]
+    sps = [r["samples_per_s"] for r in rs]
+    assert sps == sorted(sps, reverse=True), sps  # the table's order: most samples/s first
 print("benchmark json: ok")
 PY
 # Every row measured: none skipped or failed in the printed tables.

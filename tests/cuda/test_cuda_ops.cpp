@@ -566,6 +566,23 @@ TEST_F(Cuda, ElementwiseAndNorms) {
   EXPECT_EQ(ga.to_vector(), std::vector<float>(100001, 3.0f));
 }
 
+// Tensor::full fills on the device (the benchmark's d mean(out) / d out, which a host fill and
+// pageable copy made longer than the backward it fed), and the allocator's peak resets to what is
+// in use (the benchmark's per-layout peak).
+TEST_F(Cuda, FullOnTheDeviceAndPeakReset) {
+  const Tensor t = Tensor::full({3, 100001}, -1.25f, kGpu);
+  ASSERT_TRUE(t.is_cuda());
+  EXPECT_EQ(t.to_vector(), std::vector<float>(300003, -1.25f));
+  {
+    const Tensor big = Tensor::empty({64, 1 << 20}, DType::F32, kGpu);  // 256 MiB
+    EXPECT_GE(kernels::cuda::allocator_stats(0).peak, size_t{256} << 20);
+  }
+  kernels::cuda::reset_peak(0);
+  const kernels::cuda::AllocatorStats s = kernels::cuda::allocator_stats(0);
+  EXPECT_EQ(s.peak, s.in_use);
+  EXPECT_LT(s.peak, size_t{256} << 20);
+}
+
 TEST_F(Cuda, OptimizersMatchTheCpu) {
   const auto g = test::load_golden(test::data_path("optim_golden.bin"));
   for (const std::string name : {"sgd", "adamw", "lamb"}) {

@@ -729,6 +729,10 @@ const nn::LayerHooks* DataParallelPlugin::eval_hooks() {
 }
 
 void DataParallelPlugin::sync_gradients(nn::ViT&) {
+  sync_layer_gradients();
+}
+
+void DataParallelPlugin::sync_layer_gradients() {
   Impl& m = *impl_;
   // Buckets not launched yet: waiting for an overlap point that did not come, overlap off, or a
   // layer that never ran (stage 2/3: reduce what has gradients, zeros for the rest).

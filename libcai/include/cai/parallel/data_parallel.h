@@ -128,6 +128,8 @@ class DataParallelPlugin : public train::Plugin {
   // over the ranks (Optimizer::sum_replicas, where the optimizer can; else they sum them in place
   // first), and finish_gradients / sum_pending_gradients sum them in place for other readers.
   void sync_gradients(nn::ViT& model) override;
+  // sync_gradients of the layers given to setup_layers (it does not read the model).
+  void sync_layer_gradients();
   void finish_gradients(nn::ViT& model) override;
   void sum_pending_gradients();
   Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
