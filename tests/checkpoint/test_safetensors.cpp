@@ -133,6 +133,32 @@ TEST(Safetensors, CorruptFilesAreRefusedNamingWhatIsWrong) {
   EXPECT_NO_THROW(parse_safetensors(good, "whole"));
 }
 
+// Issue 42: F32 [2^62] is 2^64 bytes, which wrapped to 0 in 64 bits and matched data_offsets
+// [0, 0]; allocating the tensor then threw std::length_error out of the reader (`vit_train
+// --export-to` died on it).
+TEST(Safetensors, ByteCountBeyond64BitsIsRefusedNamingTheTensor) {
+  const std::string header =
+      R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})";
+  expect_error(file_with(header, 0),
+               "tensor 'w' is fp32 [4611686018427387904] (4611686018427387904 elements of 4 "
+               "bytes: more than 2^64) but its data_offsets span 0 bytes");
+  // As `--export-to` meets it: a model.safetensors in a directory.
+  const std::string d = tmpdir("wrapped");
+  std::ofstream(d + "/model.safetensors", std::ios::binary) << file_with(header, 0);
+  try {
+    load_model_weights(d);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d + "/model.safetensors: tensor 'w'"), std::string::npos)
+        << e.what();
+  }
+  // A dimension beyond int64_t beside a 0 (no elements at all) is no shape either.
+  expect_error(file_with(R"({"w": {"dtype": "F32", "shape": [0, 9223372036854775808],
+                                "data_offsets": [0, 0]}})",
+                         0),
+               "tensor 'w' shape [0,9223372036854775808] overflows");
+}
+
 TEST(Safetensors, AtomicDirectoriesAppearWholeOrNotAtAll) {
   const std::string root = tmpdir("atomic");
   {
