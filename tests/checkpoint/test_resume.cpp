@@ -5,11 +5,13 @@
 // timm's names; keep_last keeps the newest.
 #include <gtest/gtest.h>
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,25 @@
 
 using namespace cai;
 namespace fs = std::filesystem;
+
+// A seam to see what the library flushes: this executable's fsync, to which the library's calls
+// bind, records the path of each descriptor while g_fsyncs is set, then does the real fsync.
+namespace {
+std::mutex g_fsync_mutex;
+std::vector<std::string>* g_fsyncs = nullptr;
+}  // namespace
+
+extern "C" int fsync(int fd) {
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    if (g_fsyncs) {
+      std::error_code ec;
+      const fs::path p = fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+      g_fsyncs->push_back(ec ? "?" : p.string());
+    }
+  }
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
 
 namespace {
 const char* kFmnist = "/usr/share/datasets/fashion-mnist";
@@ -137,6 +158,39 @@ TEST(Checkpoint, ResumeIsBitExactWithFp16LossScaling) {
 
 TEST(Checkpoint, PerRankResumeIsBitExact) {
   expect_bit_exact_resume(DType::F32, true);
+}
+
+// Issue 42: `latest` was replaced by a rename without the fsyncs its comment promised, so after a
+// power loss it could name nothing or an older step. Each save now fsyncs latest.tmp before the
+// rename and the directory after it.
+TEST(Checkpoint, LatestIsFsyncedAndItsDirectoryAfterTheRename) {
+  const fs::path root = fs::temp_directory_path() / "cai_latest_fsync";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string dir = fs::canonical(root).string();  // as /proc/self/fd names it
+  std::vector<std::string> fsyncs;
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    g_fsyncs = &fsyncs;
+  }
+  train_run(dir, "", DType::F32);  // saves steps 3, 6 and 9
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    g_fsyncs = nullptr;
+  }
+  std::ifstream latest(dir + "/latest");
+  const std::string text((std::istreambuf_iterator<char>(latest)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "step-000000009\n");
+  EXPECT_FALSE(fs::exists(dir + "/latest.tmp"));
+  int saves = 0;
+  for (size_t i = 0; i < fsyncs.size(); ++i) {
+    if (fsyncs[i] != dir + "/latest.tmp") continue;
+    ++saves;
+    ASSERT_LT(i + 1, fsyncs.size());
+    EXPECT_EQ(fsyncs[i + 1], dir) << "after the fsync of latest.tmp: the directory";
+  }
+  EXPECT_EQ(saves, 3);
 }
 
 namespace {
