@@ -159,6 +159,29 @@ TEST(Safetensors, ByteCountBeyond64BitsIsRefusedNamingTheTensor) {
                "tensor 'w' shape [0,9223372036854775808] overflows");
 }
 
+// Issue 42: the Hugging Face index was written unchecked (a full disk left a truncated index and
+// no error), and a directory under a file escaped as std::filesystem::filesystem_error.
+TEST(Safetensors, ShardedWriteErrorsAreCaiErrorsNamingThePath) {
+  std::map<std::string, Tensor> ts;
+  for (int i = 0; i < 3; ++i) ts["blocks." + std::to_string(i) + ".w"] = ramp({64}, DType::F32, i);
+  auto expect_write_error = [&](const std::string& dir, const std::string& needle) {
+    try {
+      save_sharded(dir, ts, 300);  // 256 B per tensor: 3 shards and an index
+      ADD_FAILURE() << "wrote " << dir << "; expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // A disk that fills up at the index: /dev/full fails every write with ENOSPC.
+  const std::string full = tmpdir("index_full");
+  fs::create_symlink("/dev/full", full + "/model.safetensors.index.json");
+  expect_write_error(full, "error writing " + full + "/model.safetensors.index.json");
+  // A directory whose parent is a file.
+  const std::string file = tmpdir("index_parent") + "/file";
+  std::ofstream(file) << "not a directory";
+  expect_write_error(file + "/out", "cannot create the directory " + file + "/out");
+}
+
 TEST(Safetensors, AtomicDirectoriesAppearWholeOrNotAtAll) {
   const std::string root = tmpdir("atomic");
   {

@@ -205,7 +205,9 @@ std::vector<std::string> save_sharded(const std::string& dir,
     total += b;
   }
   std::vector<std::string> files;
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  CAI_CHECK(!ec, "[safetensors] cannot create the directory {}: {}", dir, ec.message());
   if (shards.size() == 1) {
     save_safetensors(dir + "/model.safetensors", shards[0], metadata);
     return {"model.safetensors"};
@@ -220,9 +222,12 @@ std::vector<std::string> save_sharded(const std::string& dir,
     for (const auto& [name, t] : shards[i]) index["weight_map"][name] = f;
     files.push_back(f);
   }
-  std::ofstream idx(dir + "/model.safetensors.index.json");
-  CAI_CHECK(idx.good(), "[safetensors] cannot write {}/model.safetensors.index.json", dir);
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::ofstream idx(index_path);
+  CAI_CHECK(idx.good(), "[safetensors] cannot write {}", index_path);
   idx << index.dump(2) << "\n";
+  idx.close();  // a write the buffer held fails here (a full disk): the index would be cut short
+  CAI_CHECK(!idx.fail(), "[safetensors] error writing {} (the index of {} shards)", index_path, k);
   files.push_back("model.safetensors.index.json");
   return files;
 }
