@@ -57,12 +57,16 @@ class Losses : public train::Hook {
 struct TrainRun {
   std::vector<double> losses;
   std::map<std::string, Tensor> params;
+  int64_t steps_left = -1;  // Trainer::steps_left() before fit()
+  size_t epochs = 0;        // epochs fit() ran
 };
 
-// 2 epochs of 5 steps (batch 8, 2 micro-batches of 4), optionally checkpointing every 3 steps,
-// optionally resuming from `resume`.
+// 2 epochs of 5 steps (batch 8, 2 micro-batches of 4), optionally checkpointing every 3 steps
+// (and every `every_epochs` epochs), optionally resuming from `resume`, optionally writing a
+// metrics file (a step record every step).
 TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType precision,
-                   bool per_rank = false, int64_t embed_dim = 16) {
+                   bool per_rank = false, int64_t embed_dim = 16, const std::string& metrics = {},
+                   int64_t every_epochs = 0) {
   auto ds = data::subset(data::load_mnist_dir(kFmnist, true, "fashion-mnist"), 40);
   data::LoaderConfig lc;
   lc.batch_size = 4;
@@ -102,6 +106,7 @@ TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType
     checkpoint::CheckpointConfig cc;
     cc.dir = ckpt_dir;
     cc.every_steps = 3;
+    cc.every_epochs = every_epochs;
     cc.keep_last = 2;
     cc.per_rank = per_rank;
     t->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
@@ -110,10 +115,13 @@ TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType
     plugin->load_optimizer_state(model, opt, ck.optimizer);
     sched->set_last(ck.state.scheduler_last);
     if (auto* s = t->grad_scaler()) s->load_state(ck.state.scaler);
-    t->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
+    t->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step, ck.path);
   }
-  t->fit();
+  if (!metrics.empty()) t->add_hook(std::make_shared<train::MetricsFileHook>(metrics, 1));
   TrainRun r;
+  r.steps_left = t->steps_left();
+  t->fit();
+  r.epochs = t->history().size();
   r.losses = losses->v;
   for (nn::Parameter* p : model.parameters()) r.params[p->name] = p->value.clone();
   return r;
@@ -158,6 +166,67 @@ TEST(Checkpoint, ResumeIsBitExactWithFp16LossScaling) {
 
 TEST(Checkpoint, PerRankResumeIsBitExact) {
   expect_bit_exact_resume(DType::F32, true);
+}
+
+namespace {
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+}  // namespace
+
+// Issue 42: a resumed run truncated the metrics file of the run it continued, and resuming a run
+// that had finished found no step left (vit_train then read the last epoch of an empty history).
+TEST(Checkpoint, ResumedRunAppendsToItsMetricsFile) {
+  const std::string dir = (fs::temp_directory_path() / "cai_resume_metrics").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string metrics = dir + "/metrics.jsonl";
+  std::ofstream(metrics) << "{\"type\": \"step\", \"step\": 99}\n";  // a fresh run starts anew
+  // Saving every 3 steps and at the end of each epoch, keeping the last 2: steps 9 and 10.
+  const TrainRun whole = train_run(dir + "/ck", "", DType::F32, false, 16, metrics, 1);
+  EXPECT_EQ(whole.steps_left, 10);
+  const auto before = read_records(metrics);
+  ASSERT_EQ(before.size(), 12u);  // 10 step records and 2 epoch records
+  EXPECT_EQ(before.front()["type"], "step");
+  EXPECT_EQ(before.front()["step"], 1);
+  EXPECT_EQ(before.back()["type"], "epoch");
+  EXPECT_EQ(before.back()["step"], 10);
+
+  // From step 9 (the second epoch, 4 of its 5 steps done): the records stay, then where it
+  // resumed, then step 10 and the second epoch's record.
+  const std::string from = dir + "/ck/step-000000009";
+  const TrainRun rest = train_run("", from, DType::F32, false, 16, metrics);
+  EXPECT_EQ(rest.steps_left, 1);
+  ASSERT_EQ(rest.losses.size(), 1u);
+  EXPECT_EQ(rest.losses[0], whole.losses[9]);
+  const auto after = read_records(metrics);
+  ASSERT_EQ(after.size(), 15u);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(after[i], before[i]) << "record " << i;
+  EXPECT_EQ(after[12], (nlohmann::json{{"type", "resume"},
+                                       {"epoch", 2},
+                                       {"step_in_epoch", 4},
+                                       {"step", 9},
+                                       {"checkpoint", from}}));
+  EXPECT_EQ(after[13]["type"], "step");
+  EXPECT_EQ(after[13]["step"], 10);
+  EXPECT_EQ(after[14]["type"], "epoch");
+  EXPECT_EQ(after[14]["step"], 10);
+
+  // From the end (step 10, saved after the last epoch): no step left, fit() runs none and adds
+  // only the record of where it resumed.
+  const std::string end = dir + "/ck/step-000000010";
+  const TrainRun none = train_run("", end, DType::F32, false, 16, metrics);
+  EXPECT_EQ(none.steps_left, 0);
+  EXPECT_TRUE(none.losses.empty());
+  EXPECT_EQ(none.epochs, 0u);
+  const auto last = read_records(metrics);
+  ASSERT_EQ(last.size(), 16u);
+  EXPECT_EQ(last.back()["type"], "resume");
+  EXPECT_EQ(last.back()["step"], 10);
+  EXPECT_EQ(last.back()["checkpoint"], end);
 }
 
 // Issue 42: `latest` was replaced by a rename without the fsyncs its comment promised, so after a
