@@ -686,6 +686,7 @@ MetricsRun load_metrics(const std::string& path) {
       return j[key].get<double>();
     };
     const std::string type = j["type"].get<std::string>();
+    if (type == "resume") continue;  // where a resumed run appended its records (no values)
     MetricsRow r;
     r.epoch = static_cast<int64_t>(num("epoch", true));
     r.step = static_cast<int64_t>(num("step", true));
@@ -701,7 +702,7 @@ MetricsRun load_metrics(const std::string& path) {
       if (j.contains("test_accuracy")) r.test_accuracy = num("test_accuracy", true);
       run.epochs.push_back(r);
     } else {
-      fail("[gui] metrics {} line {}: type \"{}\" is not step or epoch", path, no, type);
+      fail("[gui] metrics {} line {}: type \"{}\" is not step, epoch or resume", path, no, type);
     }
   }
   CAI_CHECK(!run.steps.empty() || !run.epochs.empty(), "[gui] metrics {}: no step or epoch lines",

@@ -311,7 +311,15 @@ int main(int argc, char** argv) {
       sched->set_last(ck.state.scheduler_last);
       if (auto* s = trainer->grad_scaler(); s && !ck.state.scaler.empty())
         s->load_state(ck.state.scaler);
-      trainer->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
+      trainer->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step, ck.path);
+      if (trainer->steps_left() == 0) {
+        // Nothing to run: the hooks (the metrics file) are left alone, and there is no history.
+        log::info(
+            "[checkpoint] {} (global step {}) already ends the run's {} epochs: training is "
+            "complete, nothing left to resume",
+            ck.path, ck.state.global_step, cfg.num_epochs);
+        return 0;
+      }
     }
     if (!cfg.checkpoint_dir.empty()) {
       checkpoint::CheckpointConfig cc;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # vit_train checkpoints end to end: a run that saves every 2 steps, a resumed run that continues
 # where the checkpoint stopped (2 processes, another layout: tensor parallel 2 instead of data
-# parallel 2) and follows the uninterrupted run's losses, --init-from,
-# and a corrupt checkpoint named in the error.
+# parallel 2) and follows the uninterrupted run's losses (its metrics first say where it resumed),
+# resuming the finished run (nothing to do: exit 0), --init-from, and a corrupt checkpoint named
+# in the error.
 #   test_vit_train_checkpoint.sh COLOSSALAI VIT_TRAIN CONFIG_DIR
 set -euo pipefail
 cai=$1; bin=$2; configs=$3
@@ -34,7 +35,18 @@ assert sorted(resumed) == [7, 8], resumed
 for s, l in resumed.items():
     assert abs(l - whole[s]) <= 1e-5 * abs(whole[s]), (s, l, whole[s])
 print("resumed losses follow the uninterrupted run:", resumed)
+first = json.loads(open(sys.argv[2]).readline())  # appended after where it resumed
+assert first["type"] == "resume" and first["step"] == 6, first
+assert first["checkpoint"].endswith("/ck/step-000000006"), first
 PY
+# Resuming the finished run (latest: step 8, the end of its 2 epochs) says so and exits 0, and the
+# metrics file stays as it was (it was truncated, then the process died of a segfault).
+cp "$tmp/whole.jsonl" "$tmp/finished.jsonl"
+"$bin" "${common[@]}" --resume "$tmp/ck" --set train.metrics_file="$tmp/finished.jsonl" \
+  >"$tmp/finished.log" 2>&1 || { echo "resuming the finished run: exit $?"; cat "$tmp/finished.log"; exit 1; }
+grep -q "step-000000008 (global step 8) already ends the run's 2 epochs: training is complete" \
+  "$tmp/finished.log" || { cat "$tmp/finished.log"; exit 1; }
+cmp "$tmp/whole.jsonl" "$tmp/finished.jsonl" || { echo "the finished run's metrics changed"; exit 1; }
 # Fine-tuning start from the saved weights.
 "$bin" "${common[@]}" --set train.num_epochs=1 --set data.train_subset=64 \
   --init-from "$tmp/ck/step-000000008" >"$tmp/init.log" 2>&1 ||

@@ -5,11 +5,13 @@
 // timm's names; keep_last keeps the newest.
 #include <gtest/gtest.h>
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,25 @@
 using namespace cai;
 namespace fs = std::filesystem;
 
+// A seam to see what the library flushes: this executable's fsync, to which the library's calls
+// bind, records the path of each descriptor while g_fsyncs is set, then does the real fsync.
+namespace {
+std::mutex g_fsync_mutex;
+std::vector<std::string>* g_fsyncs = nullptr;
+}  // namespace
+
+extern "C" int fsync(int fd) {
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    if (g_fsyncs) {
+      std::error_code ec;
+      const fs::path p = fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
+      g_fsyncs->push_back(ec ? "?" : p.string());
+    }
+  }
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
+
 namespace {
 const char* kFmnist = "/usr/share/datasets/fashion-mnist";
 
@@ -36,12 +57,16 @@ class Losses : public train::Hook {
 struct TrainRun {
   std::vector<double> losses;
   std::map<std::string, Tensor> params;
+  int64_t steps_left = -1;  // Trainer::steps_left() before fit()
+  size_t epochs = 0;        // epochs fit() ran
 };
 
-// 2 epochs of 5 steps (batch 8, 2 micro-batches of 4), optionally checkpointing every 3 steps,
-// optionally resuming from `resume`.
+// 2 epochs of 5 steps (batch 8, 2 micro-batches of 4), optionally checkpointing every 3 steps
+// (and every `every_epochs` epochs), optionally resuming from `resume`, optionally writing a
+// metrics file (a step record every step).
 TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType precision,
-                   bool per_rank = false, int64_t embed_dim = 16) {
+                   bool per_rank = false, int64_t embed_dim = 16, const std::string& metrics = {},
+                   int64_t every_epochs = 0) {
   auto ds = data::subset(data::load_mnist_dir(kFmnist, true, "fashion-mnist"), 40);
   data::LoaderConfig lc;
   lc.batch_size = 4;
@@ -81,6 +106,7 @@ TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType
     checkpoint::CheckpointConfig cc;
     cc.dir = ckpt_dir;
     cc.every_steps = 3;
+    cc.every_epochs = every_epochs;
     cc.keep_last = 2;
     cc.per_rank = per_rank;
     t->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
@@ -89,10 +115,13 @@ TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType
     plugin->load_optimizer_state(model, opt, ck.optimizer);
     sched->set_last(ck.state.scheduler_last);
     if (auto* s = t->grad_scaler()) s->load_state(ck.state.scaler);
-    t->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step);
+    t->resume_at(ck.state.epoch, ck.state.step_in_epoch, ck.state.global_step, ck.path);
   }
-  t->fit();
+  if (!metrics.empty()) t->add_hook(std::make_shared<train::MetricsFileHook>(metrics, 1));
   TrainRun r;
+  r.steps_left = t->steps_left();
+  t->fit();
+  r.epochs = t->history().size();
   r.losses = losses->v;
   for (nn::Parameter* p : model.parameters()) r.params[p->name] = p->value.clone();
   return r;
@@ -137,6 +166,100 @@ TEST(Checkpoint, ResumeIsBitExactWithFp16LossScaling) {
 
 TEST(Checkpoint, PerRankResumeIsBitExact) {
   expect_bit_exact_resume(DType::F32, true);
+}
+
+namespace {
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+}  // namespace
+
+// Issue 42: a resumed run truncated the metrics file of the run it continued, and resuming a run
+// that had finished found no step left (vit_train then read the last epoch of an empty history).
+TEST(Checkpoint, ResumedRunAppendsToItsMetricsFile) {
+  const std::string dir = (fs::temp_directory_path() / "cai_resume_metrics").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string metrics = dir + "/metrics.jsonl";
+  std::ofstream(metrics) << "{\"type\": \"step\", \"step\": 99}\n";  // a fresh run starts anew
+  // Saving every 3 steps and at the end of each epoch, keeping the last 2: steps 9 and 10.
+  const TrainRun whole = train_run(dir + "/ck", "", DType::F32, false, 16, metrics, 1);
+  EXPECT_EQ(whole.steps_left, 10);
+  const auto before = read_records(metrics);
+  ASSERT_EQ(before.size(), 12u);  // 10 step records and 2 epoch records
+  EXPECT_EQ(before.front()["type"], "step");
+  EXPECT_EQ(before.front()["step"], 1);
+  EXPECT_EQ(before.back()["type"], "epoch");
+  EXPECT_EQ(before.back()["step"], 10);
+
+  // From step 9 (the second epoch, 4 of its 5 steps done): the records stay, then where it
+  // resumed, then step 10 and the second epoch's record.
+  const std::string from = dir + "/ck/step-000000009";
+  const TrainRun rest = train_run("", from, DType::F32, false, 16, metrics);
+  EXPECT_EQ(rest.steps_left, 1);
+  ASSERT_EQ(rest.losses.size(), 1u);
+  EXPECT_EQ(rest.losses[0], whole.losses[9]);
+  const auto after = read_records(metrics);
+  ASSERT_EQ(after.size(), 15u);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(after[i], before[i]) << "record " << i;
+  EXPECT_EQ(after[12], (nlohmann::json{{"type", "resume"},
+                                       {"epoch", 2},
+                                       {"step_in_epoch", 4},
+                                       {"step", 9},
+                                       {"checkpoint", from}}));
+  EXPECT_EQ(after[13]["type"], "step");
+  EXPECT_EQ(after[13]["step"], 10);
+  EXPECT_EQ(after[14]["type"], "epoch");
+  EXPECT_EQ(after[14]["step"], 10);
+
+  // From the end (step 10, saved after the last epoch): no step left, fit() runs none and adds
+  // only the record of where it resumed.
+  const std::string end = dir + "/ck/step-000000010";
+  const TrainRun none = train_run("", end, DType::F32, false, 16, metrics);
+  EXPECT_EQ(none.steps_left, 0);
+  EXPECT_TRUE(none.losses.empty());
+  EXPECT_EQ(none.epochs, 0u);
+  const auto last = read_records(metrics);
+  ASSERT_EQ(last.size(), 16u);
+  EXPECT_EQ(last.back()["type"], "resume");
+  EXPECT_EQ(last.back()["step"], 10);
+  EXPECT_EQ(last.back()["checkpoint"], end);
+}
+
+// Issue 42: `latest` was replaced by a rename without the fsyncs its comment promised, so after a
+// power loss it could name nothing or an older step. Each save now fsyncs latest.tmp before the
+// rename and the directory after it.
+TEST(Checkpoint, LatestIsFsyncedAndItsDirectoryAfterTheRename) {
+  const fs::path root = fs::temp_directory_path() / "cai_latest_fsync";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string dir = fs::canonical(root).string();  // as /proc/self/fd names it
+  std::vector<std::string> fsyncs;
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    g_fsyncs = &fsyncs;
+  }
+  train_run(dir, "", DType::F32);  // saves steps 3, 6 and 9
+  {
+    const std::lock_guard<std::mutex> lock(g_fsync_mutex);
+    g_fsyncs = nullptr;
+  }
+  std::ifstream latest(dir + "/latest");
+  const std::string text((std::istreambuf_iterator<char>(latest)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "step-000000009\n");
+  EXPECT_FALSE(fs::exists(dir + "/latest.tmp"));
+  int saves = 0;
+  for (size_t i = 0; i < fsyncs.size(); ++i) {
+    if (fsyncs[i] != dir + "/latest.tmp") continue;
+    ++saves;
+    ASSERT_LT(i + 1, fsyncs.size());
+    EXPECT_EQ(fsyncs[i + 1], dir) << "after the fsync of latest.tmp: the directory";
+  }
+  EXPECT_EQ(saves, 3);
 }
 
 namespace {

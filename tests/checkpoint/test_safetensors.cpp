@@ -133,6 +133,55 @@ TEST(Safetensors, CorruptFilesAreRefusedNamingWhatIsWrong) {
   EXPECT_NO_THROW(parse_safetensors(good, "whole"));
 }
 
+// Issue 42: F32 [2^62] is 2^64 bytes, which wrapped to 0 in 64 bits and matched data_offsets
+// [0, 0]; allocating the tensor then threw std::length_error out of the reader (`vit_train
+// --export-to` died on it).
+TEST(Safetensors, ByteCountBeyond64BitsIsRefusedNamingTheTensor) {
+  const std::string header =
+      R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})";
+  expect_error(file_with(header, 0),
+               "tensor 'w' is fp32 [4611686018427387904] (4611686018427387904 elements of 4 "
+               "bytes: more than 2^64) but its data_offsets span 0 bytes");
+  // As `--export-to` meets it: a model.safetensors in a directory.
+  const std::string d = tmpdir("wrapped");
+  std::ofstream(d + "/model.safetensors", std::ios::binary) << file_with(header, 0);
+  try {
+    load_model_weights(d);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d + "/model.safetensors: tensor 'w'"), std::string::npos)
+        << e.what();
+  }
+  // A dimension beyond int64_t beside a 0 (no elements at all) is no shape either.
+  expect_error(file_with(R"({"w": {"dtype": "F32", "shape": [0, 9223372036854775808],
+                                "data_offsets": [0, 0]}})",
+                         0),
+               "tensor 'w' shape [0,9223372036854775808] overflows");
+}
+
+// Issue 42: the Hugging Face index was written unchecked (a full disk left a truncated index and
+// no error), and a directory under a file escaped as std::filesystem::filesystem_error.
+TEST(Safetensors, ShardedWriteErrorsAreCaiErrorsNamingThePath) {
+  std::map<std::string, Tensor> ts;
+  for (int i = 0; i < 3; ++i) ts["blocks." + std::to_string(i) + ".w"] = ramp({64}, DType::F32, i);
+  auto expect_write_error = [&](const std::string& dir, const std::string& needle) {
+    try {
+      save_sharded(dir, ts, 300);  // 256 B per tensor: 3 shards and an index
+      ADD_FAILURE() << "wrote " << dir << "; expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // A disk that fills up at the index: /dev/full fails every write with ENOSPC.
+  const std::string full = tmpdir("index_full");
+  fs::create_symlink("/dev/full", full + "/model.safetensors.index.json");
+  expect_write_error(full, "error writing " + full + "/model.safetensors.index.json");
+  // A directory whose parent is a file.
+  const std::string file = tmpdir("index_parent") + "/file";
+  std::ofstream(file) << "not a directory";
+  expect_write_error(file + "/out", "cannot create the directory " + file + "/out");
+}
+
 TEST(Safetensors, AtomicDirectoriesAppearWholeOrNotAtAll) {
   const std::string root = tmpdir("atomic");
   {

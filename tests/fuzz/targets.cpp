@@ -204,11 +204,27 @@ Target safetensors_target(const std::string& tmp) {
   Target t;
   t.name = "safetensors";
   t.text = true;  // the header is JSON
-  t.seeds = {read_bytes(f1), read_bytes(f2)};
+  // Issue 42: F32 [2^62] with data_offsets [0, 0] (2^64 bytes, 0 when the count wraps).
+  const std::string wrapped =
+      R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})";
+  std::string wrapped_file(8, '\0');  // the 8-byte little-endian header length, then the header
+  wrapped_file[0] = static_cast<char>(wrapped.size());
+  t.seeds = {read_bytes(f1), read_bytes(f2), wrapped_file + wrapped};
   t.run = [](const std::string& in) {
     auto f = checkpoint::parse_safetensors(in, "fuzz.safetensors");
-    for (const auto& [name, x] : f.tensors)
-      if (x.nbytes() > in.size()) throw std::logic_error("fuzz: tensor larger than the file");
+    for (const auto& [name, x] : f.tensors) {
+      // The bytes from the shape in checked arithmetic, not x.nbytes(): numel * 4 wraps to 0
+      // for 2^62 F32 elements, the very size the reader must refuse.
+      bool empty = false;
+      for (int64_t d : x.shape()) {
+        if (d < 0) throw std::logic_error("fuzz: negative dimension");
+        empty = empty || d == 0;
+      }
+      uint64_t bytes = empty ? 0 : dtype_size(x.dtype());
+      for (int64_t d : x.shape())
+        if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) || bytes > in.size())
+          throw std::logic_error("fuzz: tensor larger than the file");
+    }
   };
   return t;
 }

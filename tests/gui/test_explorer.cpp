@@ -164,6 +164,20 @@ TEST(ExplorerModel, ReadsVitTrainTraceFormat) {
   EXPECT_EQ(s.chunk, 1);
 }
 
+// Issue 42: a resumed vit_train appends its records after {"type": "resume", ...}.
+TEST(ExplorerModel, MetricsOfAResumedRunLoad) {
+  ExplorerModel m;
+  const std::string path =
+      temp_file("resumed.jsonl",
+                "{\"type\":\"step\",\"epoch\":1,\"step\":1,\"loss\":2.3}\n"
+                "{\"type\":\"resume\",\"epoch\":1,\"step_in_epoch\":1,\"step\":1,"
+                "\"checkpoint\":\"ck/step-000000001\"}\n"
+                "{\"type\":\"step\",\"epoch\":1,\"step\":2,\"loss\":2.1}\n");
+  ASSERT_TRUE(m.open_metrics(path)) << m.errors.back();
+  ASSERT_EQ(m.runs[0].steps.size(), 2u);
+  EXPECT_EQ(m.runs[0].steps[1].step, 2);
+}
+
 TEST(ExplorerModel, MetricsAndConfigRoundTrip) {
   ExplorerModel m;
   const std::string path = temp_file(

@@ -32,7 +32,8 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-// Replaces `path` with `text` atomically (temporary file, fsync, rename).
+// Replaces `path` with `text` atomically (temporary file, fsync, rename, fsync of the directory
+// so that the rename is on disk too).
 void write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
@@ -42,9 +43,12 @@ void write_atomically(const std::string& path, const std::string& text) {
     f.flush();
     CAI_CHECK(f.good(), "[checkpoint] error writing {}", tmp);
   }
+  fsync_path(tmp, false);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   CAI_CHECK(!ec, "[checkpoint] cannot rename {} to {}: {}", tmp, path, ec.message());
+  const fs::path parent = fs::path(path).parent_path();
+  fsync_path(parent.empty() ? "." : parent.string(), true);
 }
 
 nlohmann::json to_json(const TrainingState& s) {

@@ -138,12 +138,13 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
     CAI_CHECK(e["shape"].is_array(), "[safetensors] {}: tensor '{}' shape is not an array", origin,
               name);
     Shape shape;
-    uint64_t numel = 1;
+    uint64_t numel = 1;  // at most 2^62, every dimension an int64_t
     for (const auto& d : e["shape"]) {
       CAI_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                 "[safetensors] {}: tensor '{}' has a bad dimension {}", origin, name, d.dump());
       const uint64_t v = d.get<uint64_t>();
-      CAI_CHECK(v == 0 || numel <= (uint64_t{1} << 62) / v,
+      CAI_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) &&
+                    (v == 0 || numel <= (uint64_t{1} << 62) / v),
                 "[safetensors] {}: tensor '{}' shape {} overflows", origin, name,
                 e["shape"].dump());
       numel *= v;
@@ -158,10 +159,15 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
     CAI_CHECK(b <= en && en <= data_size,
               "[safetensors] {}: tensor '{}' data_offsets [{}, {}] outside the {} data bytes",
               origin, name, b, en, data_size);
-    CAI_CHECK(en - b == numel * dtype_size(t),
-              "[safetensors] {}: tensor '{}' is {} {} ({} bytes) but its data_offsets span {} "
-              "bytes",
-              origin, name, dtype_name(t), e["shape"].dump(), numel * dtype_size(t), en - b);
+    // The byte count in checked arithmetic: 2^62 F32 elements are 2^64 bytes, which wrap to 0.
+    uint64_t nbytes = 0;
+    const bool fits = !__builtin_mul_overflow(numel, uint64_t{dtype_size(t)}, &nbytes);
+    CAI_CHECK(fits && en - b == nbytes,
+              "[safetensors] {}: tensor '{}' is {} {} ({}) but its data_offsets span {} bytes",
+              origin, name, dtype_name(t), e["shape"].dump(),
+              fits ? fmt::format("{} bytes", nbytes)
+                   : fmt::format("{} elements of {} bytes: more than 2^64", numel, dtype_size(t)),
+              en - b);
     spans.emplace_back(b, en);
     Tensor x = Tensor::empty(shape, t);
     if (en > b) std::memcpy(x.raw(), data + b, en - b);
@@ -199,7 +205,9 @@ std::vector<std::string> save_sharded(const std::string& dir,
     total += b;
   }
   std::vector<std::string> files;
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  CAI_CHECK(!ec, "[safetensors] cannot create the directory {}: {}", dir, ec.message());
   if (shards.size() == 1) {
     save_safetensors(dir + "/model.safetensors", shards[0], metadata);
     return {"model.safetensors"};
@@ -214,9 +222,12 @@ std::vector<std::string> save_sharded(const std::string& dir,
     for (const auto& [name, t] : shards[i]) index["weight_map"][name] = f;
     files.push_back(f);
   }
-  std::ofstream idx(dir + "/model.safetensors.index.json");
-  CAI_CHECK(idx.good(), "[safetensors] cannot write {}/model.safetensors.index.json", dir);
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::ofstream idx(index_path);
+  CAI_CHECK(idx.good(), "[safetensors] cannot write {}", index_path);
   idx << index.dump(2) << "\n";
+  idx.close();  // a write the buffer held fails here (a full disk): the index would be cut short
+  CAI_CHECK(!idx.fail(), "[safetensors] error writing {} (the index of {} shards)", index_path, k);
   files.push_back("model.safetensors.index.json");
   return files;
 }

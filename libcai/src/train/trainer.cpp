@@ -501,7 +501,8 @@ void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* 
   if (cfg_.clip_grad_norm > 0 && !info->skipped) info->grad_norm = got[(rows - 1) * 3 + 2];
 }
 
-void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step) {
+void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step,
+                        std::string from) {
   CAI_CHECK(epoch >= 0 && step_in_epoch >= 0 && global_step >= 0,
             "[trainer] cannot resume at epoch {} step {} (global step {})", epoch, step_in_epoch,
             global_step);
@@ -511,6 +512,13 @@ void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_ste
   resume_epoch_ = epoch;
   resume_step_ = step_in_epoch;
   global_step_ = global_step;
+  resumed_ = ResumePoint{epoch, step_in_epoch, global_step, std::move(from)};
+}
+
+int64_t Trainer::steps_left() const {
+  const int64_t epoch = resume_epoch_ >= 0 ? resume_epoch_ : 0;
+  const int64_t done = resume_epoch_ >= 0 ? resume_step_ : 0;
+  return epoch >= cfg_.num_epochs ? 0 : (cfg_.num_epochs - epoch) * steps_per_epoch() - done;
 }
 
 void Trainer::fit(int64_t start_epoch) {
@@ -874,6 +882,16 @@ void MetricsFileHook::write(const std::string& line) {
 
 void MetricsFileHook::before_train(Trainer& t) {
   if (t.plugin().rank() != 0) return;
+  if (const Trainer::ResumePoint* r = t.resumed()) {
+    // The run this one continues wrote the records before it: they stay.
+    nlohmann::json j = {{"type", "resume"},
+                        {"epoch", r->epoch + 1},
+                        {"step_in_epoch", r->step_in_epoch},
+                        {"step", r->global_step}};
+    if (!r->from.empty()) j["checkpoint"] = r->from;
+    write(j.dump());
+    return;
+  }
   std::ofstream f(path_, std::ios::trunc);
   CAI_CHECK(f.good(), "[metrics] cannot create {}", path_);
 }

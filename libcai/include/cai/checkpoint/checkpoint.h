@@ -27,9 +27,10 @@
 //
 // Saves are atomic: the directory is written under "<name>.tmp", every file fsync'd (per-rank:
 // each rank its own, after which ranks agree that all succeeded), trainer_state.json last, then
-// renamed; `latest` is replaced by a rename; keep_last removes older checkpoints only after the
-// new one is complete, so a job killed during a save leaves the previous checkpoint loadable and
-// nothing that looks complete. A failed save throws on every rank and removes the temporary.
+// renamed; `latest` is replaced by a rename (the new file fsync'd before it, the directory
+// after); keep_last removes older checkpoints only after the new one is complete, so a job killed
+// during a save leaves the previous checkpoint loadable and nothing that looks complete. A failed
+// save throws on every rank and removes the temporary.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,7 +200,18 @@ class Trainer {
   // Resuming a checkpoint: the next fit() starts in `epoch` after its first `step_in_epoch`
   // optimizer steps (their batches are drawn and skipped, so the data order is the
   // uninterrupted run's) with the global step counter at `global_step` (masks are keyed by it).
-  void resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step);
+  // `from` names the checkpoint for the hooks (the metrics file's resume record).
+  void resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step, std::string from = {});
+  // Where resume_at() put this trainer (null for a fresh run): hooks that keep files across the
+  // runs of one training (MetricsFileHook) continue them instead of starting anew.
+  struct ResumePoint {
+    int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
+    std::string from;
+  };
+  const ResumePoint* resumed() const { return resumed_ ? &*resumed_ : nullptr; }
+  // Before fit(): the optimizer steps it will run, from where resume_at() put it (else from the
+  // start): 0 when a resumed run had finished all num_epochs.
+  int64_t steps_left() const;
   EvalResult evaluate(data::DataLoader& loader);
 
   nn::ViT& model() { return model_; }
@@ -229,6 +241,7 @@ class Trainer {
   void read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info);
   int64_t global_step_ = 0;
   int64_t resume_epoch_ = -1, resume_step_ = 0;
+  std::optional<ResumePoint> resumed_;
   std::vector<EpochInfo> history_;
   std::unique_ptr<optim::DynamicGradScaler> scaler_;
   int64_t skipped_steps_ = 0;
@@ -298,7 +311,10 @@ class LogMetricByEpochHook : public Hook {
 // JSON lines for plotting: {"type": "step", ...} every `interval` global steps (loss, accuracy,
 // lr, img/s, seconds into the epoch, grad_norm when clipping; read at those steps only),
 // {"type": "epoch", ...} after each epoch. Written by rank 0. The file is truncated at the start
-// of training.
+// of a fresh training; a resumed trainer (Trainer::resumed()) appends to it, first
+// {"type": "resume", "epoch", "step_in_epoch", "step", "checkpoint"}: the epoch it continues in
+// (from 1, as step records count), the optimizer steps of that epoch already done, the global
+// step, and the checkpoint's name when resume_at() was given one.
 class MetricsFileHook : public Hook {
  public:
   MetricsFileHook(std::string path, int64_t interval);
