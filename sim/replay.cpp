@@ -283,6 +283,14 @@ struct Replayer {
     }
   }
 
+  // The share of a rank's GPU that k posted receive kinds hold at once (a pipeline's middle
+  // stage waits for activations and gradients): each posted NCCL receive holds SMs of its own, so
+  // the work left runs at (1 - s)^k of its speed, s one posted receive's measured share.
+  double posted_hold(int k) const {
+    const double s1 = posted_share >= 0 ? posted_share : share;
+    return 1.0 - std::pow(1.0 - s1, std::max(k, 1));
+  }
+
   // Whether op i of rank r is communication that holds a share of the rank's GPU while in flight:
   // a transfer, or a collective over more than one rank.
   bool takes_share(int r, int i) const {
@@ -384,8 +392,11 @@ struct Replayer {
     end[r][i] = sg4::Engine::get_clock();
     done[r][i] = 1;
     if (--ops_left[r] == 0) stop_polling(r);
-    if (w.ranks[r].ops[i].kind == OpKind::Recv && !posts_next[r][i] && --receives_posted[r] == 0)
+    if (w.ranks[r].ops[i].kind == OpKind::Recv && !posts_next[r][i]) {
+      // One kind fewer posted: the hold of the kinds still waiting (none: released).
       let_go(receive_hold[r]);
+      if (--receives_posted[r] > 0) receive_hold[r] = hold({r}, posted_hold(receives_posted[r]));
+    }
     if (awaited[r][i] > 0) {
       std::unique_lock<sg4::Mutex> lock(*mutex[r]);
       cv[r]->notify_all();
@@ -626,7 +637,7 @@ struct Replayer {
     }
     sg4::Host* me = p.hosts[r];
     if (!posted.empty() && receives_posted[r] > 0)
-      receive_hold[r] = hold({r}, posted_share >= 0 ? posted_share : share);
+      receive_hold[r] = hold({r}, posted_hold(receives_posted[r]));
     for (size_t k = 0; k < ops.size(); ++k) {
       const int i = ops[k];
       const Op& o = prog[i];

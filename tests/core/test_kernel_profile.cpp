@@ -57,3 +57,18 @@ TEST(KernelProfile, TableFromRecords) {
   // The extra section sits between the summary and the tables.
   EXPECT_LT(md.find("## Host time per step"), md.find("## By category")) << md;
 }
+
+// NCCL's kernels are communication, whatever words their names hold ("Broadcast" holds "cast",
+// "ReduceScatter" "reduce"): a 2D step's broadcasts were listed as casts.
+TEST(KernelProfile, NcclKernelsAreCommunication) {
+  using profile::KernelRecord;
+  std::vector<KernelRecord> r{
+      {"ncclDevKernel_Broadcast_RING_LL", 0, 2000, 9, 8, 512},
+      {"ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 2000, 3000, 9, 8, 512},
+      {"void cai::kernels::cuda::cast_kernel<float, __nv_bfloat16>(long)", 3000, 4000, 7, 8, 256}};
+  const std::string path = ::testing::TempDir() + "/kp_nccl.md";
+  profile::write_kernel_profile(path, r, 1, 0.004, "nccl");
+  const std::string md = slurp(path);
+  EXPECT_NE(md.find("| communication (NCCL) | 0.00 | 75.0% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| casts | 0.00 | 25.0% |"), std::string::npos) << md;
+}

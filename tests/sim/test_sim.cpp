@@ -1434,6 +1434,43 @@ TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
                cai::Error);
 }
 
+// Two receive kinds posted at once (a pipeline's middle stage waits for activations from one side
+// and gradients from the other): each NCCL receive holds SMs of its own, so the work runs at
+// (1 - s)^2 until the first arrives, at 1 - s while the other waits, then at full speed.
+TEST(Overlap, TwoPostedReceiveKindsCompound) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-4.toml");
+  const int64_t bytes = 1 << 20;
+  ReplayOptions opt;
+  opt.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "overlap": {{"op": "all_reduce", "group": 2, "bytes": 1e6,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}}}})",
+                  bytes),
+      "cal.json");
+  Workload w;
+  w.ranks.resize(3);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
+  w.ranks[0].ops.back().deps = {0};
+  w.ranks[2].ops.push_back(Op::compute("B", 0.020));
+  w.ranks[2].ops.push_back(Op::send("SendGradient", 1, 6, bytes));
+  w.ranks[2].ops.back().deps = {0};
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  w.ranks[1].ops.push_back(Op::recv("RecvGradient", 2, 6, bytes));
+  w.ranks[1].ops.push_back(Op::compute("B", 0.002));
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 / (0.75 * 0.75), 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[1].end, 0.011, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[2].end, 0.011 + 0.002 / 0.75, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[3].end, 0.021, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[4].end, 0.023, 1e-9) << merge;  // nothing posted: full speed
+  }
+}
+
 // Compute contention on CPUs (the profile's "contention"): while another rank of the same node
 // computes, a rank computes at 1 - share of its core. On cpu-2 (two cores of one machine), rank 1
 // computes 4 ms of work beside rank 0's 10 ms: both at 0.75 until rank 1 ends at 5.33 ms, rank 0

@@ -35,6 +35,8 @@ std::string demangle(const char* name) {
 // Broad kind of a kernel from its name, for the per-category table.
 std::string category(const std::string& n) {
   auto has = [&](const char* k) { return n.find(k) != std::string::npos; };
+  // First: NCCL's kernel names hold words of the other kinds ("Broadcast" holds "cast").
+  if (has("nccl")) return "communication (NCCL)";
   if (has("memcpy")) return "memcpy";
   if (has("memset")) return "memset";
   if (has("gemm") || has("xmma") || has("cutlass") || has("Kernel2") || has("sm90_"))
