@@ -27,6 +27,7 @@
 #include "calibrate.h"
 #include "cmd_run.h"
 #include "config.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::app {
@@ -161,12 +162,26 @@ class Worker {
       clear();
       return row;
     }
-    for (int64_t s = 0; s < o_.warmup_steps; ++s) step(nullptr);
+    // Progress on rank 0 (stderr), at most every 2 s: the steps done and the layout's ETA.
+    const auto began = Clock::now();
+    auto last = began;
+    const int64_t total = o_.warmup_steps + o_.profile_steps;
+    auto progress = [&](int64_t done) {
+      if (comm_.rank() != 0 || ms_since(last) < 2000 || done >= total) return;
+      last = Clock::now();
+      const double spent = ms_since(began) / 1e3;
+      std::cerr << fmt::format(
+                       "[benchmark] {}: step {}/{}, {:.0f} s, about {:.0f} s left\n", l.describe(),
+                       done, total, spent,
+                       spent / static_cast<double>(done) * static_cast<double>(total - done))
+                << std::flush;
+    };
+    for (int64_t s = 0; s < o_.warmup_steps; ++s) step(nullptr), progress(s + 1);
     sync();
     if (tp_) tp_->reset_comm_bytes();
     reset_peak();
     double t[3] = {0, 0, 0};
-    for (int64_t s = 0; s < o_.profile_steps; ++s) step(t);
+    for (int64_t s = 0; s < o_.profile_steps; ++s) step(t), progress(o_.warmup_steps + s + 1);
     const double n = static_cast<double>(o_.profile_steps);
     // The slowest rank sets the pace.
     row.forward_ms = comm_.all_reduce_scalar(t[0] / n, dist::ReduceOp::Max);
@@ -777,6 +792,16 @@ int run_benchmark(const BenchmarkOptions& o) {
     ro.nproc_per_node = o.gpus / h;
   }
   if (device == "cuda") ro.env.push_back("NCCL_NVLS_ENABLE=0");
+  const int cores = kernels::cpu::job_cores();
+  if (device == "cpu" && o.hostfile.empty() && o.gpus > cores)
+    std::cerr << fmt::format(
+        "[benchmark] {} processes share {} CPU core(s): every layout is measured {}x "
+        "oversubscribed, far slower than on {} devices. To estimate {} GPUs instead: colossalai "
+        "benchmark --gpus {} --simulate --cluster hostfiles/clusters/<cluster>.toml\n",
+        o.gpus, cores, (o.gpus + cores - 1) / cores, o.gpus, o.gpus, o.gpus);
+  std::cerr << fmt::format("[benchmark] {} layout(s) on {} {} rank(s), {} + {} steps each\n",
+                           enumerate_layouts(o.gpus).size(), o.gpus, device, o.warmup_steps,
+                           o.profile_steps);
   ro.command = worker_args(measured, device);
   ro.command.insert(ro.command.begin(), self_exe());
   const int rc = run_launch(ro);

@@ -188,6 +188,24 @@ for path, g in ((sys.argv[1], 4), (sys.argv[2], 8)):
     assert sps == sorted(sps, reverse=True), sps  # the table's order: most samples/s first
 print("benchmark json: ok")
 PY
+# More processes than cores: said up front, with the simulated alternative; progress per layout.
+grep -q "8 processes share .* CPU core(s).*--simulate" "$tmp/b8.err" ||
+  { echo "no oversubscription warning: $(cat "$tmp/b8.err")"; exit 1; }
+grep -q "4 layout(s) on 4 cpu rank(s), 1 + 2 steps each" "$tmp/b4.err" ||
+  { echo "no layout count: $(cat "$tmp/b4.err")"; exit 1; }
+# Ctrl-C ends every rank: the launcher stops them and exits 130, no worker is left.
+"$bin" benchmark --gpus 2 --device cpu -d 256 -s 64 -b 4 -w 1 -p 100000 >"$tmp/int.txt" \
+  2>"$tmp/int.err" &
+pid=$!
+for _ in $(seq 60); do grep -q "step " "$tmp/int.err" && break; sleep 0.5; done
+grep -q "step " "$tmp/int.err" || { echo "no progress line: $(cat "$tmp/int.err")"; exit 1; }
+kill -INT $pid
+set +e
+wait $pid; rc=$?
+set -e
+[ $rc -eq 130 ] || { echo "SIGINT: exit $rc: $(cat "$tmp/int.err")"; exit 1; }
+sleep 1
+! pgrep -f "_benchmark_worker.*-p 100000" >/dev/null || { echo "a rank outlived SIGINT"; exit 1; }
 # Every row measured: none skipped or failed in the printed tables.
 ! grep -Eq " (skipped|failed) " "$tmp/b4.txt" "$tmp/b8.txt" || { echo "a row was not measured"; exit 1; }
 echo "colossalai benchmark: ok"
