@@ -10,8 +10,11 @@
 #include <simgrid/version.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -180,9 +183,17 @@ int run(const Options& o) {
     }
   }
   const ReplayResult r = replay(w, c, ro);
-  if (!o.json.empty()) write(o.json, result_json(w, r));
+  const std::vector<std::string> warnings = result_warnings(w, r, c, ro.calibration);
+  if (!o.json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(result_json(w, r));
+    j["warnings"] = warnings;
+    write(o.json, j.dump(1) + "\n");
+  }
   if (!o.trace.empty()) write(o.trace, result_trace(w, r));
-  if (!o.quiet) std::cout << result_summary(w, r) << plan_line;
+  if (!o.quiet) {
+    std::cout << result_summary(w, r) << plan_line;
+    for (const std::string& s : warnings) std::cout << "  warning: " << s << "\n";
+  }
   return 0;
 }
 
@@ -198,59 +209,117 @@ int main(int argc, char** argv) {
   app.add_flag("--search", o.search,
                "With --config, --nproc and --cluster: rank every layout that fits by simulated "
                "throughput");
-  app.add_option("--top", o.top, "--search: how many layouts to print (and rank exactly)")
-      ->capture_default_str();
-  app.add_flag("--exhaustive", o.exhaustive,
-               "--search: simulate every layout that fits (default: stop once the plan's lower "
-               "bound of the others cannot beat the --top-th best)");
-  app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
-  app.add_option("--trace", o.trace, "Write a Chrome trace here (the vit_train --trace format)");
+  CLI::Option* o_top =
+      app.add_option("--top", o.top, "--search: how many layouts to print (and rank exactly)")
+          ->capture_default_str();
+  CLI::Option* o_exhaustive =
+      app.add_flag("--exhaustive", o.exhaustive,
+                   "--search: simulate every layout that fits (default: stop once the plan's lower "
+                   "bound of the others cannot beat the --top-th best)");
+  CLI::Option* o_out =
+      app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
+  CLI::Option* o_trace = app.add_option("--trace", o.trace,
+                                        "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration,
                  "Calibration profile (JSON, colossalai benchmark --calibrate; sim/calibrations/)");
-  app.add_option("--collectives", o.collectives, "Collective model: bulk (fast) or step (exact)")
-      ->check(CLI::IsMember({"bulk", "step"}));
-  app.add_option("--dtype", o.dtype, "Compute dtype: fp32, bf16, fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--global-batch", o.global_batch,
-                 "Samples per step for img/s (default: one per micro-batch per replica)");
+  CLI::Option* o_collectives = app.add_option("--collectives", o.collectives,
+                                              "Collective model: bulk (fast) or step (exact)")
+                                   ->check(CLI::IsMember({"bulk", "step"}));
+  CLI::Option* o_dtype = app.add_option("--dtype", o.dtype, "Compute dtype: fp32, bf16, fp16")
+                             ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  CLI::Option* o_global_batch =
+      app.add_option("--global-batch", o.global_batch,
+                     "Samples per step for img/s (default: one per micro-batch per replica)");
   app.add_option("--config", o.config,
                  "vit_train TOML: its step on --nproc processes, from the analytic plan");
-  app.add_option("--set", o.sets, "Override a config key (section.key=value), with --config");
+  CLI::Option* o_set =
+      app.add_option("--set", o.sets, "Override a config key (section.key=value), with --config");
   app.add_option("--schedule", o.schedule, "Pipeline schedule to replay")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--stages", o.stages, "Pipeline stages (nproc / stages pipeline replicas)");
-  app.add_option("--microbatches", o.microbatches, "Micro-batches per step (default: stages)");
-  app.add_option("--chunks", o.chunks, "Model chunks per rank (interleaved)");
-  app.add_option("--fwd-ms", o.fwd_ms, "Forward of one micro-batch on one stage, ms");
-  app.add_option("--bwd-ms", o.bwd_ms, "Backward of one micro-batch on one stage, ms");
-  app.add_option("--optimizer-ms", o.optimizer_ms, "Optimizer step, ms");
-  app.add_option("--act-bytes", o.act_bytes, "Boundary activation bytes per micro-batch");
-  app.add_option("--grad-bytes", o.grad_bytes, "Gradient bytes all-reduced over data parallel");
+  CLI::Option* o_stages =
+      app.add_option("--stages", o.stages, "Pipeline stages (nproc / stages pipeline replicas)");
+  CLI::Option* o_microbatches =
+      app.add_option("--microbatches", o.microbatches, "Micro-batches per step (default: stages)");
+  CLI::Option* o_chunks =
+      app.add_option("--chunks", o.chunks, "Model chunks per rank (interleaved)");
+  CLI::Option* o_fwd =
+      app.add_option("--fwd-ms", o.fwd_ms, "Forward of one micro-batch on one stage, ms");
+  CLI::Option* o_bwd =
+      app.add_option("--bwd-ms", o.bwd_ms, "Backward of one micro-batch on one stage, ms");
+  CLI::Option* o_optms = app.add_option("--optimizer-ms", o.optimizer_ms, "Optimizer step, ms");
+  CLI::Option* o_act =
+      app.add_option("--act-bytes", o.act_bytes, "Boundary activation bytes per micro-batch");
+  CLI::Option* o_grad =
+      app.add_option("--grad-bytes", o.grad_bytes, "Gradient bytes all-reduced over data parallel");
   app.add_flag("--benchmark-layouts", o.benchmark_layouts,
                "colossalai benchmark --simulate: simulate every tensor layout of --nproc GPUs "
                "(dp = nproc / tensor size) and write the rows as JSON (--json, else stdout)");
-  app.add_option("--model", o.model, "--benchmark-layouts: vit (--config), block or mlp")
-      ->check(CLI::IsMember({"vit", "block", "mlp"}));
-  app.add_option("--batch", o.batch, "--benchmark-layouts: samples per data-parallel rank")
-      ->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "--benchmark-layouts: tokens (block, mlp)");
-  app.add_option("--dimension", o.dimension, "--benchmark-layouts: hidden size (block, mlp)");
-  app.add_option("--layers", o.layers, "--benchmark-layouts: layers (block, mlp)");
-  app.add_option("--precision", o.precision, "--benchmark-layouts: compute dtype")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--device", o.device,
-                 "--benchmark-layouts: cpu or cuda (default: cpu on a shared-memory cluster)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--layout", o.layouts,
-                 "--benchmark-layouts: MODE[:SIZE[:DEPTH]] (repeatable; default: none and every "
-                 "mode of --nproc)");
+  CLI::Option* o_model =
+      app.add_option("--model", o.model, "--benchmark-layouts: vit (--config), block or mlp")
+          ->check(CLI::IsMember({"vit", "block", "mlp"}));
+  CLI::Option* o_batch =
+      app.add_option("--batch", o.batch, "--benchmark-layouts: samples per data-parallel rank")
+          ->capture_default_str();
+  CLI::Option* o_seq =
+      app.add_option("--seq-len", o.seq_len, "--benchmark-layouts: tokens (block, mlp)");
+  CLI::Option* o_dim =
+      app.add_option("--dimension", o.dimension, "--benchmark-layouts: hidden size (block, mlp)");
+  CLI::Option* o_layers =
+      app.add_option("--layers", o.layers, "--benchmark-layouts: layers (block, mlp)");
+  CLI::Option* o_precision =
+      app.add_option("--precision", o.precision, "--benchmark-layouts: compute dtype")
+          ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  CLI::Option* o_device =
+      app.add_option("--device", o.device,
+                     "--benchmark-layouts: cpu or cuda (default: cpu on a shared-memory cluster)")
+          ->check(CLI::IsMember({"cpu", "cuda"}));
+  CLI::Option* o_layout = app.add_option(
+      "--layout", o.layouts,
+      "--benchmark-layouts: MODE[:SIZE[:DEPTH]] (repeatable; default: none and every "
+      "mode of --nproc)");
   app.add_flag("--data-parallel", o.data_parallel,
                "Replay a data-parallel step: forward, backward, all-reduce of --grad-bytes");
   app.add_flag("--quiet", o.quiet, "No summary on stdout");
-  app.add_flag("--no-fold", o.no_fold,
-               "Simulate every data-parallel replica (default: one copy of the identical "
-               "replicas that fill whole nodes, the same result; docs/SIMULATOR.md)");
+  CLI::Option* o_nofold =
+      app.add_flag("--no-fold", o.no_fold,
+                   "Simulate every data-parallel replica (default: one copy of the identical "
+                   "replicas that fill whole nodes, the same result; docs/SIMULATOR.md)");
   CLI11_PARSE(app, argc, argv);
+  // Flags that do not apply to the chosen mode are errors, not silently ignored.
+  const std::string mode = o.benchmark_layouts   ? "--benchmark-layouts"
+                           : o.search            ? "--search"
+                           : !o.config.empty()   ? "--config"
+                           : !o.schedule.empty() ? "--schedule"
+                           : o.data_parallel     ? "--data-parallel"
+                                                 : "";
+  std::string misuse;
+  auto only = [&](CLI::Option* opt, std::initializer_list<const char*> modes) {
+    if (!misuse.empty() || opt->count() == 0) return;
+    std::vector<std::string> m(modes.begin(), modes.end());
+    if (std::find(m.begin(), m.end(), mode) != m.end()) return;
+    misuse = fmt::format("{} applies to {}, not to {}", opt->get_name(), fmt::join(m, " or "),
+                         mode.empty() ? std::string("no mode") : mode);
+  };
+  for (CLI::Option* opt : {o_fwd, o_bwd, o_optms, o_act, o_grad, o_global_batch, o_dtype})
+    only(opt, {"--schedule", "--data-parallel"});
+  for (CLI::Option* opt : {o_stages, o_microbatches, o_chunks}) only(opt, {"--schedule"});
+  for (CLI::Option* opt : {o_top, o_exhaustive, o_out}) only(opt, {"--search"});
+  for (CLI::Option* opt :
+       {o_model, o_batch, o_seq, o_dim, o_layers, o_precision, o_device, o_layout})
+    only(opt, {"--benchmark-layouts"});
+  only(o_set, {"--config", "--search", "--benchmark-layouts"});
+  only(o_trace, {"--config", "--schedule", "--data-parallel"});
+  only(o_nofold, {"--config", "--schedule", "--data-parallel"});
+  only(o_collectives, {"--config", "--schedule", "--data-parallel"});
+  const int modes = (o.benchmark_layouts ? 1 : 0) + (o.search ? 1 : 0) +
+                    (!o.schedule.empty() ? 1 : 0) + (o.data_parallel ? 1 : 0) +
+                    (!o.config.empty() && !o.benchmark_layouts && !o.search ? 1 : 0);
+  if (misuse.empty() && modes > 1)
+    misuse = "choose one of --benchmark-layouts, --search, --config, --schedule, --data-parallel";
+  if (!misuse.empty()) {
+    std::fprintf(stderr, "colossalai-sim: %s\n", misuse.c_str());
+    return 2;
+  }
   if (o.version) {
     int major = 0, minor = 0, patch = 0;
     sg_version_get(&major, &minor, &patch);

@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -135,6 +137,53 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         t.comm_measured, t.comm_interpolated, t.comm_network);
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;
+}
+
+namespace {
+// The device family a name holds: "H100", "H200", "A100", ... (a letter and 2-3 digits after a
+// space or "NVIDIA"), "cpu" for CPUs; empty when none is recognised.
+std::string device_family(const std::string& name, bool cpu) {
+  if (cpu) return "cpu";
+  for (size_t i = 0; i + 3 < name.size() + 1; ++i) {
+    if (!std::isupper(static_cast<unsigned char>(name[i])) || (i > 0 && name[i - 1] != ' '))
+      continue;
+    size_t j = i + 1;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+    if (j - i >= 3 && j - i <= 4) return name.substr(i, j - i);
+  }
+  if (name.rfind("cpu", 0) == 0) return "cpu";
+  return "";
+}
+}  // namespace
+
+std::vector<std::string> result_warnings(const Workload& w, const ReplayResult& r, const Cluster& c,
+                                         const Calibration& cal) {
+  std::vector<std::string> out;
+  const TimingSources& t = r.timing;
+  const int64_t ops = t.measured + t.interpolated + t.roofline;
+  if (t.roofline > 0)
+    out.push_back(fmt::format(
+        "{} of {} compute ops of rank 0 timed by the roofline's placeholder efficiencies{}: their "
+        "times are a guess (measure a profile on the device: colossalai benchmark --calibrate)",
+        t.roofline, ops, cal.samples.empty() ? " (no --calibration)" : " (no profile sample)"));
+  if (t.comm_network > 0)
+    out.push_back(fmt::format(
+        "{} of {} collectives and sends timed by the cluster file's nominal links (no profile "
+        "sample of that op and group size)",
+        t.comm_network, t.comm_measured + t.comm_interpolated + t.comm_network));
+  if (!cal.samples.empty() && !cal.device.empty()) {
+    const bool cpu_cluster = c.intra.fabric == Fabric::SharedMemory;
+    const std::string a = device_family(cal.device, false),
+                      b = device_family(c.gpu.model, cpu_cluster);
+    if (!a.empty() && !b.empty() && a != b)
+      out.push_back(fmt::format("the profile was measured on {} ({}), the cluster {} has {} ({})",
+                                a, cal.device, r.cluster, b, c.gpu.model));
+    const std::string want = fmt::format(", {})", dtype_name(w.dtype));
+    if (cal.device.find(" (") != std::string::npos && cal.device.find(want) == std::string::npos)
+      out.push_back(fmt::format("the profile ({}) was not measured in {}, the workload's dtype",
+                                cal.device, dtype_name(w.dtype)));
+  }
+  return out;
 }
 
 }  // namespace cai::sim

@@ -3,6 +3,7 @@
 // events; communication streams on tracks of their own), and a human summary.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "replay.h"
 
@@ -20,5 +21,13 @@ std::string result_json(const Workload& w, const ReplayResult& r);
 std::string result_trace(const Workload& w, const ReplayResult& r);
 // A few lines: step, images/s, bubbles, peak memory, compute/comm/idle extremes, wall time.
 std::string result_summary(const Workload& w, const ReplayResult& r);
+// What makes the result a guess, one sentence each: compute ops timed by the roofline's
+// placeholder efficiencies (no profile sample), collectives or sends timed by the cluster file's
+// nominal links, a profile measured on another device family than the cluster's GPU (H100 vs
+// H200, a CPU vs a GPU) or in another dtype than the workload's. Empty: every time came from a
+// profile of this device. colossalai-sim prints them under its summary and in --json
+// ("warnings").
+std::vector<std::string> result_warnings(const Workload& w, const ReplayResult& r, const Cluster& c,
+                                         const Calibration& cal);
 
 }  // namespace cai::sim

@@ -118,4 +118,27 @@ grep -q "missing.toml" "$out/err"
 sed 's/memory_gib = .*/memory_gib = "big"/' "$clusters/h200-2.toml" >"$out/bad.toml"
 if "$sim" --cluster "$out/bad.toml" --schedule 1f1b --stages 2 2>"$out/err"; then exit 1; fi
 grep -q "bad.toml: gpu.memory_gib = \"big\" is not a finite number" "$out/err"
+# Without a profile every op time is a placeholder: the summary and the JSON say so.
+"$sim" "${cfg[@]}" --nproc 2 --json "$out/guess.json" >"$out/guess.txt"
+grep -q "warning: 83 of 83 compute ops of rank 0 timed by the roofline's placeholder" \
+  "$out/guess.txt" || { cat "$out/guess.txt"; exit 1; }
+python3 -c 'import json, sys; w = json.load(open(sys.argv[1]))["warnings"]; assert any(
+    "placeholder" in x for x in w), w' "$out/guess.json"
+# A profile of another GPU family than the cluster's is named.
+cat >"$out/h200.json" <<'JSON'
+{"device": "NVIDIA H200 (cuda, bf16), measured by colossalai benchmark --calibrate",
+ "samples": {"elementwise": [[1e6, 4e6, 1e-5]]}}
+JSON
+"$sim" --config "$configs/fmnist_tiny.toml" --cluster "$clusters/h100-1.toml" --nproc 1 \
+  --set precision.mode=bf16 --set train.device=cuda --calibration "$out/h200.json" >"$out/fam.txt"
+grep -q "the profile was measured on H200 .*, the cluster h100-1 has H100" "$out/fam.txt" ||
+  { cat "$out/fam.txt"; exit 1; }
+# Flags of another mode are errors, not ignored.
+for bad in "--fwd-ms 3" "--stages 2" "--top 3" "--batch 4" "--schedule 1f1b"; do
+  # shellcheck disable=SC2086
+  if "$sim" "${cfg[@]}" --nproc 2 $bad 2>"$out/err" >/dev/null; then
+    echo "accepted $bad with --config"; exit 1
+  fi
+  grep -Eq "applies to|choose one of" "$out/err" || { cat "$out/err"; exit 1; }
+done
 echo "colossalai-sim CLI: ok"
