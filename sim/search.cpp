@@ -45,9 +45,11 @@ std::vector<TensorChoice> tensor_choices(int size) {
 SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  app::validate(base, nproc);
+  // The config's parallel section is where the search starts, not a constraint: its layout need
+  // not fit nproc. The global batch kept is the one it has on nproc processes (batch_size × its
+  // data-parallel size there, at least one replica).
   const nn::ViTConfig vc = base.vit();
-  const int64_t base_dp = nproc / (base.tensor_size * base.pipeline);
+  const int64_t base_dp = std::max<int64_t>(1, nproc / (base.tensor_size * base.pipeline));
   const int64_t global = base.batch_size * base_dp * base.gradient_accumulation;
   const int layers = static_cast<int>(vc.depth) + 2;
   SearchResult out;
@@ -64,50 +66,59 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
         if (dp == 1) zeros = {0};
         std::vector<int> mbs = {1};
         if (pp > 1) mbs = {pp, 2 * pp, 4 * pp};
+        // Every schedule the executor runs: GPipe, 1F1B, interleaved 1F1B with 2 or 4 model
+        // chunks per stage (vit_train's checks refuse the chunk counts the layers do not fill).
+        std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+        if (pp > 1) schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"interleaved", 4}};
         for (int zero : zeros)
-          for (int m : mbs) {
-            if (m > per_dp) continue;
-            for (int ck = 0; ck <= 1; ++ck) {
-              app::TrainConfig c = base;
-              c.tensor_mode = tc.mode;
-              c.tensor_size = tp;
-              c.tensor_depth = tc.depth;
-              c.sequence_parallel = tc.sp;
-              c.pipeline = pp;
-              c.pp_style = "1f1b";
-              c.num_model_chunks = 1;
-              c.num_layers_per_stage.clear();
-              c.num_microbatches = pp > 1 ? m : 0;
-              c.microbatch_size = 0;
-              c.zero_stage = zero;
-              c.checkpoint = ck != 0;
-              c.explicitly_set.insert("model.checkpoint");
-              c.batch_size = per_dp;
-              c.gradient_accumulation = 1;
-              if (c.cpu_offload && zero == 0) c.cpu_offload = false;
-              ++out.considered;
-              Candidate cand;
-              try {
-                app::validate(c, nproc);
-                const plan::StepPlan plan = plan::make_plan(c.vit(), app::plan_layout(c, nproc));
-                cand.peak_mem_bytes = plan.peak();
-                if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
-                  ++out.too_big;
+          for (int m : mbs)
+            for (const auto& [style, chunks] : schedules) {
+              if (m > per_dp) continue;
+              if (chunks * pp > layers) continue;
+              for (int ck = 0; ck <= 1; ++ck) {
+                app::TrainConfig c = base;
+                c.tensor_mode = tc.mode;
+                c.tensor_size = tp;
+                c.tensor_depth = tc.depth;
+                c.sequence_parallel = tc.sp;
+                c.pipeline = pp;
+                c.pp_style = style;
+                c.num_model_chunks = chunks;
+                c.num_layers_per_stage.clear();
+                c.num_microbatches = pp > 1 ? m : 0;
+                c.microbatch_size = 0;
+                c.zero_stage = zero;
+                c.checkpoint = ck != 0;
+                c.explicitly_set.insert("model.checkpoint");
+                c.batch_size = per_dp;
+                c.gradient_accumulation = 1;
+                if (c.cpu_offload && zero == 0) c.cpu_offload = false;
+                ++out.considered;
+                Candidate cand;
+                try {
+                  app::validate(c, nproc);
+                  const plan::StepPlan plan = plan::make_plan(c.vit(), app::plan_layout(c, nproc));
+                  cand.peak_mem_bytes = plan.peak();
+                  if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
+                    ++out.too_big;
+                    continue;
+                  }
+                  cand.bound_ms =
+                      step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
+                } catch (const Error&) {
+                  ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
                   continue;
                 }
-                cand.bound_ms =
-                    step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
-              } catch (const Error&) {
-                ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
-                continue;
+                cand.config = std::move(c);
+                cand.layout = fmt::format(
+                    "dp {} × pp {} × tp {}, zero {}{}{}", dp, pp, tc.describe(tp), zero,
+                    pp > 1 ? fmt::format(", {}{} m {}", style,
+                                         chunks > 1 ? fmt::format(" ×{}", chunks) : "", m)
+                           : "",
+                    ck ? ", checkpointing" : "");
+                fit.push_back(std::move(cand));
               }
-              cand.config = std::move(c);
-              cand.layout =
-                  fmt::format("dp {} × pp {} × tp {}, zero {}{}{}", dp, pp, tc.describe(tp), zero,
-                              pp > 1 ? fmt::format(", m {}", m) : "", ck ? ", checkpointing" : "");
-              fit.push_back(std::move(cand));
             }
-          }
       }
   // Best first: simulate in the order of the bounds until no bound can beat the keep-th best.
   std::stable_sort(fit.begin(), fit.end(),

@@ -1,6 +1,7 @@
 // Layout search: every dp × pp × tensor layout (each mode TensorParallel::modes_for offers for the
 // size: 1d with and without sequence parallelism, 2d, 2.5d per depth, 3d) × ZeRO stage ×
-// micro-batch count × activation checkpointing of a vit_train config on N processes that
+// pipeline schedule (GPipe, 1F1B, interleaved with 2 or 4 chunks) × micro-batch count ×
+// activation checkpointing of a vit_train config on N processes that
 // vit_train accepts, keeps the global batch, and fits the cluster's GPU memory by the plan's
 // predicted peak, ranked by simulated throughput (workload_from_config + replay).
 //
@@ -41,7 +42,8 @@ struct SearchResult {
 };
 
 // `base`: the config whose model, data, optimizer and global batch (batch_size × its dp size on
-// nproc) are kept. Throws when nothing fits.
+// nproc, at least batch_size when its own layout needs more than nproc processes) are kept; its
+// parallel section is only the starting point. Throws when nothing fits.
 SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt = {});
 
