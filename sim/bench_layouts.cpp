@@ -169,7 +169,7 @@ std::string benchmark_layouts_json(const BenchOptions& o, const Cluster& cluster
         pl.batch = o.batch;
         pl.precision = cai::dtype_from_name(o.precision);
         pl.gpu = device == "cuda";
-        pl.data_parallel_plugin = false;
+        pl.data_parallel_plugin = l.mode == "none" && o.gpus > 1;  // as the measured worker
         cw = workload_from_plan(m, pl, cluster);
       }
       add_results(row, cw, cluster, cal, o.model == "vit");

@@ -484,7 +484,7 @@ class ConfigProgram {
   };
   // The rank's data-parallel state, made on first use; null without data parallelism.
   Dp* data_parallel(int rank, Workload& w) {
-    if (D_ <= 1 || layout_.body != plan::Body::ViT) return nullptr;
+    if (D_ <= 1 || !layout_.data_parallel_plugin) return nullptr;
     auto it = dp_.find(rank);
     if (it != dp_.end()) return &it->second;
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;

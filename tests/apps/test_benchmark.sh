@@ -57,6 +57,8 @@ for m in ("mlp", "block"):
         assert s["forward_ms"] > 0 and s["backward_ms"] > 0 and s["optimizer_ms"] == 0, s
         assert abs(s["forward_ms"] + s["backward_ms"] - s["step_ms"]) < 1e-6, s
         assert s["peak_mem_bytes"] > 0 and s["dp"] == 4 // r["size"], s
+        # `none` is 4-way data parallel with its gradients all-reduced, as measured.
+        assert (s["dp_comm_bytes"] > 0) == (r["mode"] is None), s
 print("benchmark --simulate -m mlp|block: every layout, bytes = measured: ok")
 PY
   # --calibration reaches the simulator: the shipped CPU profile times the ops (slower than the

@@ -87,8 +87,9 @@ TEST(SimSource, IsTheDefaultAndIsColossalaiSimsReplay) {
   const Timeline& t = m.current;
   EXPECT_EQ(t.source, "simulator (SimGrid)");
   EXPECT_EQ(t.time_unit, "ms");
-  EXPECT_EQ(fs::path(m.cluster_in_use).filename(), "h200-4.toml");
-  EXPECT_NE(t.detail.find("h200-4"), std::string::npos) << t.detail;
+  // The smallest shipped GPU cluster of 4 ranks, the first by name: h100-4 (then h200-4).
+  EXPECT_EQ(fs::path(m.cluster_in_use).filename(), "h100-4.toml");
+  EXPECT_NE(t.detail.find("h100-4"), std::string::npos) << t.detail;
   // The same step through the simulator library directly (colossalai-sim --config's path).
   const cai::sim::Cluster cluster = cai::sim::load_cluster(m.cluster_in_use);
   const cai::sim::ConfigWorkload cw =
@@ -139,7 +140,7 @@ TEST(SimSource, IsTheDefaultAndIsColossalaiSimsReplay) {
   EXPECT_EQ(t.plan_peak_rank, 0);  // 1F1B: stage 0 keeps the most micro-batches
   EXPECT_EQ(t.peak_rank(), t.plan_peak_rank);
   std::printf(
-      "[explorer] simulator p4 m8 1f1b on h200-4: step %.3f ms, bubbles %.2f %.2f %.2f "
+      "[explorer] simulator p4 m8 1f1b on h100-4: step %.3f ms, bubbles %.2f %.2f %.2f "
       "%.2f%% (ideal %.2f%%), re-simulated in %.0f ms\n",
       t.step(), t.bubbles[0].achieved * 100, t.bubbles[1].achieved * 100,
       t.bubbles[2].achieved * 100, t.bubbles[3].achieved * 100, t.bubbles[0].ideal * 100,

@@ -684,9 +684,9 @@ struct Replay {
     hooks = plugin() && !(d == 1 && l.zero_stage == 0);
   }
 
-  // Gradients through parallel::DataParallelPlugin (whole ViTs only: a Blocks or Linears step
-  // has no gradient reduction).
-  bool plugin() const { return l.data_parallel_plugin && l.body == Body::ViT; }
+  // Gradients through parallel::DataParallelPlugin: a whole ViT's, or a Blocks or Linears step's
+  // when it runs data parallel (colossalai benchmark's `none` on N ranks).
+  bool plugin() const { return l.data_parallel_plugin; }
   int64_t layer_numel(int pos) const { return rank.layer_plans[pos].parameters; }
   int64_t layer_chunk(int pos, int r) const {
     int64_t c = 0;
