@@ -42,10 +42,10 @@ std::vector<TensorChoice> tensor_choices(int size) {
 
 }  // namespace
 
-SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
+SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  app::validate(base, nproc);
+  config::validate(base, nproc);
   const nn::ViTConfig vc = base.vit();
   const int64_t base_dp = nproc / (base.tensor_size * base.pipeline);
   const int64_t global = base.batch_size * base_dp * base.gradient_accumulation;
@@ -68,7 +68,7 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
           for (int m : mbs) {
             if (m > per_dp) continue;
             for (int ck = 0; ck <= 1; ++ck) {
-              app::TrainConfig c = base;
+              config::TrainConfig c = base;
               c.tensor_mode = tc.mode;
               c.tensor_size = tp;
               c.tensor_depth = tc.depth;
@@ -88,8 +88,8 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
               ++out.considered;
               Candidate cand;
               try {
-                app::validate(c, nproc);
-                const plan::StepPlan plan = plan::make_plan(c.vit(), app::plan_layout(c, nproc));
+                config::validate(c, nproc);
+                const plan::StepPlan plan = plan::make_plan(c.vit(), config::plan_layout(c, nproc));
                 cand.peak_mem_bytes = plan.peak();
                 if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
                   ++out.too_big;
