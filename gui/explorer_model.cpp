@@ -58,7 +58,7 @@ struct LayerSizes {
   double boundary = 0;             // bytes per sample of the residual stream between stages
 };
 
-LayerSizes layer_sizes(const app::TrainConfig& c) {
+LayerSizes layer_sizes(const config::TrainConfig& c) {
   const nn::ViTConfig v = c.vit();
   const double n = static_cast<double>(v.num_patches() + 1), d = static_cast<double>(v.embed_dim),
                h = static_cast<double>(v.mlp_hidden()), p = static_cast<double>(v.patch_size),
@@ -80,7 +80,7 @@ LayerSizes layer_sizes(const app::TrainConfig& c) {
   return s;
 }
 
-schedule::Partition partition_for(const app::TrainConfig& c, int layers, int V,
+schedule::Partition partition_for(const config::TrainConfig& c, int layers, int V,
                                   const LayerSizes& sizes) {
   if (!c.num_layers_per_stage.empty())
     return schedule::partition_explicit(c.num_layers_per_stage, layers, V);
@@ -245,10 +245,10 @@ int Knobs::micro_batches() const {
 }
 
 void validate_knobs(const Knobs& k) {
-  const app::TrainConfig& c = k.config;
+  const config::TrainConfig& c = k.config;
   CAI_CHECK(k.world_size() >= 1, "[gui] GPUs = {}: need at least 1", k.world_size());
   CAI_CHECK(c.pipeline >= 1, "[gui] parallel.pipeline = {}: need at least 1", c.pipeline);
-  app::validate(c, k.world_size());
+  config::validate(c, k.world_size());
   const int m = k.micro_batches(), p = static_cast<int>(c.pipeline);
   // The executor's checks (cai/parallel/pipeline.cpp), with its text.
   if (c.pp_style == "interleaved")
@@ -326,7 +326,7 @@ Timeline timeline_for(const Knobs& k) {
 Timeline replay_schedule(const Knobs& k) {
   const auto clock0 = std::chrono::steady_clock::now();
   validate_knobs(k);
-  const app::TrainConfig& c = k.config;
+  const config::TrainConfig& c = k.config;
   const int p = static_cast<int>(c.pipeline), m = k.micro_batches();
   const int v = c.pp_style == "interleaved" ? static_cast<int>(c.num_model_chunks) : 1;
   const LayerSizes sizes = layer_sizes(c);
@@ -767,7 +767,7 @@ void ExplorerModel::unpin() {
 
 bool ExplorerModel::load_config(const std::string& path, const std::vector<std::string>& ov) {
   try {
-    knobs.config = app::load_config(path, ov);
+    knobs.config = config::load_config(path, ov);
     config_path = path;
   } catch (const Error& e) {
     add_error(e.what());
@@ -781,7 +781,7 @@ bool ExplorerModel::apply_overrides(const std::vector<std::string>& ov) {
   if (ov.empty()) return true;
   try {
     // Through vit_train's parser: the resolved config, then the overrides.
-    knobs.config = app::parse_config(app::to_toml(knobs.config), "knobs", ov);
+    knobs.config = config::parse_config(config::to_toml(knobs.config), "knobs", ov);
   } catch (const Error& e) {
     add_error(e.what());
     return false;
@@ -796,7 +796,7 @@ bool ExplorerModel::save_config(const std::string& path) {
     add_error(fmt::format("[gui] config {}: cannot write the file", path));
     return false;
   }
-  f << "# written by colossalai-gui\n" << app::to_toml(knobs.config);
+  f << "# written by colossalai-gui\n" << config::to_toml(knobs.config);
   return true;
 }
 

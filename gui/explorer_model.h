@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "cai/config/config.h"
 #include "cai/schedule/schedule.h"
-#include "config.h"  // apps/vit_train: TrainConfig, load_config, validate
 
 namespace cai::gui {
 
@@ -116,7 +116,7 @@ const char* source_name(Source s);  // "simulator" | "replay"
 // What the explorer lets one turn. The parallel layout and the model are vit_train's own config,
 // so loading/saving a config and validating it use vit_train's code and error text.
 struct Knobs {
-  app::TrainConfig config;
+  config::TrainConfig config;
   int world = 0;  // GPUs (0: pipeline × tensor size, one data-parallel replica)
   Source source = Source::Simulator;  // ExplorerModel sets Replay when built without SimGrid
   // The simulator's inputs: a cluster description (hostfiles/clusters/*.toml; "" = the smallest
@@ -135,7 +135,7 @@ struct Knobs {
   int micro_batches() const;  // num_microbatches, or from microbatch_size, or the stage count
 };
 
-// The knobs as vit_train checks them (app::validate with world_size()), then the schedule's own
+// The knobs as vit_train checks them (config::validate with world_size()), then the schedule's own
 // constraints: throws cai::Error with vit_train's / the schedule's text.
 void validate_knobs(const Knobs& k);
 

@@ -410,7 +410,7 @@ Rgb rank_colour(int rank) {
 
 bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
   bool changed = false;
-  app::TrainConfig& c = model.knobs.config;
+  config::TrainConfig& c = model.knobs.config;
   ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.4f, 1), "timeline: %s", model.current.source.c_str());
   if (model.current.compute_ms > 0) {
     ImGui::SameLine();

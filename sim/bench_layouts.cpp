@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
-#include "config.h"
 #include "from_config.h"
 #include "replay.h"
 
@@ -55,9 +55,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 // Model vit: the config with pipeline 1, ZeRO 0, the layout's tensor mode and -b samples per
 // data-parallel rank, in the benchmark's precision.
-app::TrainConfig vit_config(const app::TrainConfig& base, const BenchLayout& l,
-                            const BenchOptions& o, const std::string& device) {
-  app::TrainConfig c = base;
+config::TrainConfig vit_config(const config::TrainConfig& base, const BenchLayout& l,
+                               const BenchOptions& o, const std::string& device) {
+  config::TrainConfig c = base;
   c.tensor_mode = l.mode;
   c.tensor_size = l.size;
   c.tensor_depth = l.depth;
@@ -134,8 +134,8 @@ std::string benchmark_layouts_json(const BenchOptions& o, const Cluster& cluster
   const std::string device = !o.device.empty()                              ? o.device
                              : cluster.intra.fabric == Fabric::SharedMemory ? "cpu"
                                                                             : "cuda";
-  app::TrainConfig base;
-  if (o.model == "vit") base = app::load_config(o.config, o.sets);
+  config::TrainConfig base;
+  if (o.model == "vit") base = config::load_config(o.config, o.sets);
   const std::vector<BenchLayout> layouts =
       o.layouts.empty() ? default_bench_layouts(o.gpus) : o.layouts;
   json rows = json::array();

@@ -56,7 +56,7 @@ namespace {
 // when listed_dp < dp.
 class ConfigProgram {
  public:
-  ConfigProgram(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+  ConfigProgram(const config::TrainConfig& cfg, int nproc, const Cluster& cluster,
                 const plan::StepPlan* plan)
       : ConfigProgram(cfg.vit(), validated_layout(cfg, nproc), nproc, cluster, plan) {}
   ConfigProgram(const nn::ViTConfig& vc, const plan::Layout& layout, int nproc,
@@ -445,9 +445,9 @@ class ConfigProgram {
 
  private:
   // vit_train's checks (and their messages) before the plan's.
-  static plan::Layout validated_layout(const app::TrainConfig& cfg, int nproc) {
-    app::validate(cfg, nproc);
-    return app::plan_layout(cfg, nproc);
+  static plan::Layout validated_layout(const config::TrainConfig& cfg, int nproc) {
+    config::validate(cfg, nproc);
+    return config::plan_layout(cfg, nproc);
   }
   struct Groups {
     bool made = false;
@@ -651,8 +651,8 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
 
 }  // namespace
 
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
-                                    bool fold, const plan::StepPlan* plan) {
+ConfigWorkload workload_from_config(const config::TrainConfig& cfg, int nproc,
+                                    const Cluster& cluster, bool fold, const plan::StepPlan* plan) {
   ConfigProgram prog(cfg, nproc, cluster, plan);
   return build_workload(prog, cfg.model_name.empty() ? "vit" : cfg.model_name, nproc, cluster,
                         fold);
@@ -669,7 +669,7 @@ ConfigWorkload workload_from_plan(const nn::ViTConfig& model, const plan::Layout
   return build_workload(prog, name, layout.world, cluster, fold);
 }
 
-double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster& cluster,
                         const Calibration& cal, const plan::StepPlan* plan) {
   ConfigProgram prog(cfg, nproc, cluster, plan);
   const int P = prog.P(), m = prog.plan().micro_batches;

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "cai/config/config.h"
 #include "cai/plan/plan.h"
 #include "cluster.h"
-#include "config.h"
 #include "workload.h"
 
 namespace cai::sim {
@@ -49,8 +49,9 @@ struct ConfigWorkload {
 // broadcasts are rounds rooted at every member in turn); 3d and 1d do not fold. false lists
 // every rank (the step-by-step collective model needs that).
 // `plan`: the config's plan when the caller made it already (make_plan of plan_layout).
-ConfigWorkload workload_from_config(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
-                                    bool fold = true, const plan::StepPlan* plan = nullptr);
+ConfigWorkload workload_from_config(const config::TrainConfig& cfg, int nproc,
+                                    const Cluster& cluster, bool fold = true,
+                                    const plan::StepPlan* plan = nullptr);
 
 // The same for a plan layout directly (colossalai benchmark's --model block and mlp: a
 // plan::Layout with body Blocks or Linears and the sequence length as tokens): the layout's
@@ -66,7 +67,7 @@ ConfigWorkload workload_from_plan(const nn::ViTConfig& model, const plan::Layout
 // bulk time), the stages before it's last backwards after it; or the compute before its last
 // backward plus its data-parallel reductions back to back. Contention, bubbles from uneven stages
 // and receive waits are left out, so the replay is never faster. For the layout search.
-double step_lower_bound(const app::TrainConfig& cfg, int nproc, const Cluster& cluster,
+double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster& cluster,
                         const Calibration& cal, const plan::StepPlan* plan = nullptr);
 
 // The calibration entry a plan op is timed with: gemm, attention, layernorm or elementwise.

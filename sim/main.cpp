@@ -82,7 +82,7 @@ int run(const Options& o) {
   if (o.search) {
     CAI_CHECK(!o.config.empty() && o.nproc > 0 && !o.cluster.empty(),
               "[sim] --search needs --config FILE, --nproc N and --cluster FILE");
-    const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
+    const cai::config::TrainConfig cfg = cai::config::load_config(o.config, o.sets);
     const Cluster cluster = load_cluster(o.cluster);
     SearchOptions so;
     so.keep = std::max(o.top, 1);
@@ -111,7 +111,8 @@ int run(const Options& o) {
     if (!o.out.empty()) {
       write(o.out, "# The fastest layout colossalai-sim --search found for " +
                        std::to_string(o.nproc) + " processes on " + o.cluster + ": " +
-                       r.ranked.front().layout + "\n" + cai::app::to_toml(r.ranked.front().config));
+                       r.ranked.front().layout + "\n" +
+                       cai::config::to_toml(r.ranked.front().config));
       std::cout << "best layout written to " << o.out << "\n";
     }
     return 0;
@@ -132,7 +133,7 @@ int run(const Options& o) {
   std::string plan_line;
   if (!o.config.empty()) {
     // The vit_train config on nproc processes, through the analytic plan.
-    const cai::app::TrainConfig cfg = cai::app::load_config(o.config, o.sets);
+    const cai::config::TrainConfig cfg = cai::config::load_config(o.config, o.sets);
     ConfigWorkload cw = workload_from_config(cfg, o.nproc > 0 ? o.nproc : 1, c, fold);
     w = std::move(cw.workload);
     plan_line = fmt::format("plan: predicted peak {:.3f} GiB per rank (the largest stage)\n",

@@ -42,7 +42,7 @@ std::vector<TensorChoice> tensor_choices(int size) {
 
 }  // namespace
 
-SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
+SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   // The config's parallel section is where the search starts, not a constraint: its layout need
@@ -76,7 +76,7 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
               if (m > per_dp) continue;
               if (chunks * pp > layers) continue;
               for (int ck = 0; ck <= 1; ++ck) {
-                app::TrainConfig c = base;
+                config::TrainConfig c = base;
                 c.tensor_mode = tc.mode;
                 c.tensor_size = tp;
                 c.tensor_depth = tc.depth;
@@ -96,8 +96,8 @@ SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Clust
                 ++out.considered;
                 Candidate cand;
                 try {
-                  app::validate(c, nproc);
-                  const plan::StepPlan plan = plan::make_plan(c.vit(), app::plan_layout(c, nproc));
+                  config::validate(c, nproc);
+                  const plan::StepPlan plan = plan::make_plan(c.vit(), config::plan_layout(c, nproc));
                   cand.peak_mem_bytes = plan.peak();
                   if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
                     ++out.too_big;

@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "cai/config/config.h"
 #include "cluster.h"
-#include "config.h"
 #include "replay.h"
 
 namespace cai::sim {
 
 struct Candidate {
-  app::TrainConfig config;  // the layout as a vit_train config (batch_size per dp rank)
-  std::string layout;       // "dp 2 × pp 2 × tp 1d 2 (sp), zero 1, m 4, checkpointing"
+  config::TrainConfig config;  // the layout as a vit_train config (batch_size per dp rank)
+  std::string layout;          // "dp 2 × pp 2 × tp 1d 2 (sp), zero 1, m 4, checkpointing"
   double step_ms = 0, img_per_s = 0, bubble = 0;
   double bound_ms = 0;         // step_lower_bound
   int64_t peak_mem_bytes = 0;  // the plan's largest predicted peak over the ranks
@@ -44,7 +44,7 @@ struct SearchResult {
 // `base`: the config whose model, data, optimizer and global batch (batch_size × its dp size on
 // nproc, at least batch_size when its own layout needs more than nproc processes) are kept; its
 // parallel section is only the starting point. Throws when nothing fits.
-SearchResult search_layouts(const app::TrainConfig& base, int nproc, const Cluster& cluster,
+SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt = {});
 
 }  // namespace cai::sim

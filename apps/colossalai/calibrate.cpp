@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 #include "cai/core/host_memory.h"
 #include "cai/core/rng.h"
@@ -23,7 +24,6 @@
 #include "cai/ops/ops.h"
 #include "cai/optim/optimizer.h"
 #include "cai/plan/plan.h"
-#include "config.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
@@ -647,7 +647,7 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
   auto world = env.world();
   CAI_CHECK(world->size() == o.gpus, "[benchmark] --gpus {} but {} ranks were started", o.gpus,
             world->size());
-  const TrainConfig cfg = load_config(o.config, o.overrides);
+  const config::TrainConfig cfg = config::load_config(o.config, o.overrides);
   const nn::ViTConfig vc = cfg.vit();
   BenchmarkOptions opts = o;
   if (opts.device.empty()) opts.device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";
@@ -697,7 +697,7 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
                   const ContentionTiming& contention) {
   CAI_CHECK(!o.config.empty(),
             "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
-  const TrainConfig cfg = load_config(o.config, o.overrides);
+  const config::TrainConfig cfg = config::load_config(o.config, o.overrides);
   const nn::ViTConfig vc = cfg.vit();
   std::string device = o.device;
   if (device.empty()) device = kernels::cuda::device_count() > 0 ? "cuda" : "cpu";

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
 #include "cai/dist/communicator.h"
@@ -26,7 +27,6 @@
 #include "cai/plan/plan.h"
 #include "calibrate.h"
 #include "cmd_run.h"
-#include "config.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
@@ -233,7 +233,7 @@ class Worker {
     if (l.mode != "none") tp_ = std::make_shared<nn::TensorParallel>(comm_, l.mode, false, l.depth);
     const int64_t d = o_.dimension;
     if (o_.model == "vit") {
-      TrainConfig cfg = load_config(o_.config, o_.overrides);
+      config::TrainConfig cfg = config::load_config(o_.config, o_.overrides);
       vit_ = std::make_unique<nn::ViT>(cfg.vit(), tp_);
       vit_->init(17);
       if (dev_.is_cuda()) vit_->to(dev_);
@@ -249,7 +249,7 @@ class Worker {
       cfg.pipeline = 1;
       cfg.zero_stage = 0;
       cfg.batch_size = o_.batch_size;
-      plan_flops(l, cfg.vit(), plan_layout(cfg, comm_.size()));
+      plan_flops(l, cfg.vit(), config::plan_layout(cfg, comm_.size()));
       const nn::ViTConfig& c = vit_->config();
       Tensor img = Tensor::empty({o_.batch_size, c.in_chans, c.img_size, c.img_size});
       rng::normal_(img, 5, 6, 0.0f, 1.0f);
@@ -736,11 +736,12 @@ int run_benchmark(const BenchmarkOptions& o) {
     if (dist::launch_from_env().world_size > 1) return run_calibrate_ranks(o);
     CAI_CHECK(!o.config.empty(),
               "[benchmark] --calibrate needs --config (a vit_train TOML whose model it times)");
-    (void)load_config(o.config, o.overrides);  // errors before launching
+    (void)config::load_config(o.config, o.overrides);  // errors before launching
   }
   CAI_CHECK(o.model != "vit" || !o.config.empty(),
             "[benchmark] --model vit needs --config (a vit_train TOML)");
-  if (!o.config.empty()) (void)load_config(o.config, o.overrides);  // errors before launching
+  if (!o.config.empty())
+    (void)config::load_config(o.config, o.overrides);  // errors before launching
   if (o.search) {
     CAI_CHECK(!o.config.empty() && !o.cluster.empty(),
               "[benchmark] --search needs --config FILE (a vit_train TOML) and --cluster FILE");

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cai/checkpoint/checkpoint.h"
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 #include "cai/core/host_memory.h"
 #include "cai/core/log.h"
@@ -23,12 +24,11 @@
 #include "cai/parallel/hybrid.h"
 #include "cai/parallel/pipeline.h"
 #include "cai/train/trainer.h"
-#include "config.h"
 #include "kernels/device.h"
 
 namespace {
 
-std::shared_ptr<cai::data::Dataset> load_dataset(const cai::app::TrainConfig& c, bool train,
+std::shared_ptr<cai::data::Dataset> load_dataset(const cai::config::TrainConfig& c, bool train,
                                                  const std::string& path) {
   using namespace cai::data;
   if (c.dataset == "fashion_mnist") return load_mnist_dir(path, train, "fashion-mnist");
@@ -91,16 +91,16 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   using namespace cai;
-  app::TrainConfig cfg;
+  config::TrainConfig cfg;
   dist::LaunchInfo li;
   try {
     li = dist::launch_from_env();
     dist::prefer_eager_cuda_module_loading(li);  // before the first CUDA call
-    cfg = app::load_config(config_path, overrides);
-    cfg.path = app::expand_env(cfg.path, "data.path");
-    cfg.metrics_file = app::expand_env(cfg.metrics_file, "train.metrics_file");
+    cfg = config::load_config(config_path, overrides);
+    cfg.path = config::expand_env(cfg.path, "data.path");
+    cfg.metrics_file = config::expand_env(cfg.metrics_file, "train.metrics_file");
     CAI_CHECK(nproc == 0 || dry_run, "[vit_train] --nproc {} needs --dry-run", nproc);
-    app::validate(cfg, dry_run && nproc > 0 ? nproc : li.world_size);
+    config::validate(cfg, dry_run && nproc > 0 ? nproc : li.world_size);
   } catch (const Error& e) {
     if (li.rank == 0) std::cerr << "vit_train: " << e.what() << "\n";
     return 2;
@@ -136,13 +136,13 @@ int main(int argc, char** argv) {
     }
     if (dry_run) {
       const int world = nproc > 0 ? nproc : li.world_size;
-      std::cout << "# resolved configuration\n" << app::to_toml(cfg) << "\n";
+      std::cout << "# resolved configuration\n" << config::to_toml(cfg) << "\n";
       std::cout << fmt::format(
           "# model: ViT img {} patch {} dim {} depth {} heads {} mlp {} classes {}: {} "
           "parameters\n",
           vc.img_size, vc.patch_size, vc.embed_dim, vc.depth, vc.num_heads, vc.mlp_hidden(),
           vc.num_classes, nparams);
-      std::cout << plan::summary(plan::make_plan(vc, app::plan_layout(cfg, world)));
+      std::cout << plan::summary(plan::make_plan(vc, config::plan_layout(cfg, world)));
       return 0;
     }
 

@@ -13,11 +13,11 @@
 
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/checkpoint/safetensors.h"
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 #include "cai/data/data.h"
 #include "cluster.h"
 #include "cmd_run.h"
-#include "config.h"
 #include "fuzz.h"
 
 #pragma GCC diagnostic push
@@ -318,7 +318,7 @@ Target config_target() {
       "[parallel]\nnum_layers_per_stage = [1, 2]\ntensor = { mode = \"2.5d\", size = 8, depth = 2 "
       "}\n[precision]\nmode = \"bf16\"\nmax_scale = 65536.0\n[data]\ndataset = \"synthetic\"\n"
       "[checkpoint]\ndir = \"ckpt\"\nmax_shard_mb = 0.5\n");
-  t.run = [](const std::string& in) { app::parse_config(in, "fuzz.toml", {}); };
+  t.run = [](const std::string& in) { config::parse_config(in, "fuzz.toml", {}); };
   return t;
 }
 
@@ -341,7 +341,7 @@ Target config_set_target() {
   t.run = [](const std::string& in) {
     if (in.empty()) return;
     const std::string key = keys[static_cast<unsigned char>(in[0]) % std::size(keys)];
-    app::parse_config("", "fuzz.toml", {key + "=" + in.substr(1)});
+    config::parse_config("", "fuzz.toml", {key + "=" + in.substr(1)});
   };
   return t;
 }

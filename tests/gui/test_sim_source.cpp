@@ -186,7 +186,7 @@ TEST(SimSource, InvalidKnobsAndFilesGiveTheirText) {
   EXPECT_FALSE(m.recompute());
   std::string expected;
   try {
-    cai::app::validate(m.knobs.config, m.knobs.world_size());
+    cai::config::validate(m.knobs.config, m.knobs.world_size());
   } catch (const cai::Error& e) {
     expected = e.what();
   }

@@ -641,8 +641,8 @@ Workload data_parallel(int listed, int copies, int64_t bytes) {
   return w;
 }
 
-cai::app::TrainConfig fmnist(const std::vector<std::string>& sets) {
-  return cai::app::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
+cai::config::TrainConfig fmnist(const std::vector<std::string>& sets) {
+  return cai::config::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
 }
 
 }  // namespace

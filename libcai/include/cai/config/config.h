@@ -1,4 +1,5 @@
-// vit_train's TOML configuration: the keys mirror Colossal-AI's ViT configs.
+// The training configuration (TOML) that vit_train, colossalai (benchmark, calibrate),
+// colossalai-sim and colossalai-gui share: the keys mirror Colossal-AI's ViT configs.
 // Unknown keys and bad values are errors naming the key and what is allowed, never silently
 // ignored.
 #pragma once
@@ -10,7 +11,7 @@
 #include "cai/nn/vit.h"
 #include "cai/plan/plan.h"
 
-namespace cai::app {
+namespace cai::config {
 
 struct TrainConfig {
   // [train]
@@ -104,4 +105,4 @@ std::string expand_env(const std::string& s, const std::string& key);
 // prints and what colossalai-sim reads.
 plan::Layout plan_layout(const TrainConfig& c, int world);
 
-}  // namespace cai::app
+}  // namespace cai::config

@@ -1,15 +1,15 @@
-// vit_train's config: keys, types, ranges, choices, overrides, environment expansion and the
-// "not supported yet" errors.
+// The training config (cai/config: vit_train's --config): keys, types, ranges, choices,
+// overrides, environment expansion and the "not supported yet" errors.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 
+#include "cai/config/config.h"
 #include "cai/core/error.h"
-#include "config.h"
 
 using namespace cai;
-using namespace cai::app;
+using namespace cai::config;
 
 namespace {
 // Expects parse/validate to throw with every fragment in the message.

@@ -1,5 +1,5 @@
 #define TOML_HEADER_ONLY 1
-#include "config.h"
+#include "cai/config/config.h"
 
 #include <algorithm>
 
@@ -16,7 +16,7 @@
 #include "cai/core/toml_text.h"
 #include "cai/data/data.h"
 
-namespace cai::app {
+namespace cai::config {
 
 namespace {
 
@@ -537,4 +537,4 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   return l;
 }
 
-}  // namespace cai::app
+}  // namespace cai::config
