@@ -3,7 +3,8 @@
 # refused and changes nothing (one process and under `colossalai run`), checkpoint.overwrite =
 # true replaces that run, --resume continues it and keeps its record, keep_last removes none of
 # another run's step directories, and a second live job is refused while the first holds the
-# lock (a killed job leaves no stale lock). Each part reports its own failure.
+# lock (a killed job leaves no stale lock); a run that saved nothing does not hold its directory.
+# Each part reports its own failure.
 #   test_vit_train_run_identity.sh COLOSSALAI VIT_TRAIN CONFIG_DIR
 set -uo pipefail
 cai=$1; bin=$2; configs=$3
@@ -162,6 +163,16 @@ if [ -f "$ck/latest" ] && kill -0 "$bg" 2>/dev/null; then
 else
   cat "$tmp/e1.log"; fail e "the first job saved no checkpoint"
 fi
+
+# (f) A run that ended before its first checkpoint (here: no such dataset) leaves only its
+# record: the same command, corrected, runs.
+ck=$tmp/f
+train "$tmp/f1.log" --set checkpoint.dir="$ck" --set data.path="$tmp/no-such-dataset" &&
+  fail f "a run without its dataset exited 0"
+[ -f "$ck/run.json" ] || fail f "the failed run left no record"
+train "$tmp/f2.log" --set checkpoint.dir="$ck" ||
+  { cat "$tmp/f2.log"; fail f "the run after a run that saved nothing was refused"; }
+grep -q "replacing the record of run" "$tmp/f2.log" || fail f "the replaced record is not logged"
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "vit_train run identity: failed: ${failed[*]}"

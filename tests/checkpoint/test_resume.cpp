@@ -517,10 +517,17 @@ TEST(RunIdentity, ANewRunIsRefusedAnotherRunsDirectory) {
       checkpoint::claim_run_dir(dir, run_record("run-a", 1, "vit_a", "aaaa"), "", false);
   EXPECT_EQ(a.run_id, "run-a");
   EXPECT_FALSE(a.started.empty());
+  const checkpoint::RunRecord b = run_record("run-b", 2, "vit_b", "bbbb");
+  // Run a saved nothing (it failed at start, or was stopped in its first epoch): b takes over.
+  const std::string empty = dir + "_no_checkpoints";
+  fs::remove_all(empty);
+  checkpoint::claim_run_dir(empty, a, "", false);
+  EXPECT_EQ(checkpoint::claim_run_dir(empty, b, "", false).run_id, "run-b");
+  EXPECT_EQ(checkpoint::read_run_record(empty)->run_id, "run-b");
+  // Once a has a checkpoint, b is refused and nothing changes.
   fake_step(dir, 3, "run-a");
   std::ofstream(dir + "/latest") << "step-000000003\n";
   const auto before = snapshot(dir);
-  const checkpoint::RunRecord b = run_record("run-b", 2, "vit_b", "bbbb");
   const std::string err = claim_error(dir, b);
   for (const std::string& part :
        {dir, std::string("belongs to another run"), std::string("run run-a (model vit_a, seed 1, "),

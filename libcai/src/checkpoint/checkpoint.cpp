@@ -712,12 +712,15 @@ RunRecord claim_run_dir(const std::string& dir, RunRecord run, const std::string
     if (ck_run && !ck_run->empty()) run.run_id = *ck_run;
     run.resumed.push_back(entry);
   }
-  if (owner || !steps.empty()) {
-    const std::string theirs =
-        owner ? describe(*owner) + (steps.empty() ? "; no checkpoints yet"
-                                                  : "; its checkpoints: " + list_names(steps))
-              : "a run without a run record (" + list_names(steps) +
-                    "; written before run records, or by hand)";
+  // A record without any step entry is of a run that ended before its first save (an error at
+  // start, Ctrl-C in its first epoch): nothing to lose, so the new run takes its place.
+  if (owner && steps.empty())
+    log::info("[checkpoint] {}: replacing the record of run {}, which saved no checkpoint there",
+              dir, owner->run_id);
+  if (!steps.empty()) {
+    const std::string theirs = owner ? describe(*owner) + "; its checkpoints: " + list_names(steps)
+                                     : "a run without a run record (" + list_names(steps) +
+                                           "; written before run records, or by hand)";
     CAI_CHECK(
         overwrite,
         "[checkpoint] {} belongs to another run: {}. This run: {}{}. To go on: --resume "

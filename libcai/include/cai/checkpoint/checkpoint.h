@@ -108,7 +108,7 @@ void load_model_state(nn::ViT& model, const std::map<std::string, Tensor>& full,
 
 // --- Run identity ------------------------------------------------------------------------------
 // DIR/run.json records the run that owns a checkpoint directory. A new run is refused a
-// directory holding another run's record or step directories (unless `overwrite`), keep_last
+// directory holding another run's step directories (unless `overwrite`), keep_last
 // deletes only the owner's checkpoints, and DIR/.lock keeps a second live job out.
 struct RunRecord {
   std::string run_id;       // new_run_id()
@@ -137,11 +137,12 @@ std::optional<RunRecord> read_run_record(const std::string& dir);
 
 // Rank 0, under the DirLock, before training: makes `dir` this run's and returns the record that
 // owns it now (its run_id goes into CheckpointConfig::run_id).
-//  - A new run (`resume_from` empty) into a directory holding another run's record or step
-//    directories is refused with an Error naming both runs and the ways on (--resume, another
-//    checkpoint.dir, checkpoint.overwrite = true); nothing in the directory changes. With
-//    `overwrite`, that run's step directories and `latest` are removed first, then `run`
-//    becomes the record.
+//  - A new run (`resume_from` empty) into a directory holding step directories (step-*) is
+//    refused with an Error naming both runs (the record's, or "a run without a run record") and
+//    the ways on (--resume, another checkpoint.dir, checkpoint.overwrite = true); nothing in the
+//    directory changes. With `overwrite`, the step directories and `latest` are removed first,
+//    then `run` becomes the record. A record without step directories (a run that ended before
+//    its first save) is replaced.
 //  - A resume from a checkpoint inside `dir` continues the directory's run: its record stays
 //    (with this resume appended); a directory without one (written before run records) gets
 //    one. A resume from elsewhere continues the resumed checkpoint's run (its run id): into a
