@@ -146,6 +146,41 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    if (resume_opt->count() > 0 && resume.empty()) {
+      CAI_CHECK(!cfg.checkpoint_dir.empty(),
+                "[vit_train] --resume without a directory needs checkpoint.dir in the config");
+      resume = cfg.checkpoint_dir;
+    }
+    // Rank 0 holds checkpoint.dir for the job (its lock, until exit) and claims it for this run
+    // (run.json) before anything is loaded: a new run into another run's directory ends here.
+    checkpoint::DirLock dir_lock;
+    std::string run_id;
+    if (!cfg.checkpoint_dir.empty() && li.rank == 0) {
+      dir_lock = checkpoint::DirLock(cfg.checkpoint_dir);
+      checkpoint::RunRecord run;
+      run.run_id = checkpoint::new_run_id();
+      config::TrainConfig canonical = cfg;
+      canonical.checkpoint_overwrite = false;  // how the directory is taken, not what runs
+      run.config_hash = checkpoint::text_hash(config::to_toml(canonical));
+      run.seed = cfg.seed;
+      run.model =
+          !cfg.model_name.empty()
+              ? cfg.model_name
+              : fmt::format("custom ViT (img {} patch {} dim {} depth {} heads {})", vc.img_size,
+                            vc.patch_size, vc.embed_dim, vc.depth, vc.num_heads);
+      run.world_size = mesh.world();
+      run.dp = mesh.dp_size();
+      run.pp = mesh.pp_size();
+      run.tp = mesh.tp_size();
+      run.zero_stage = static_cast<int>(cfg.zero_stage);
+      run.layout = mesh.describe();
+      const checkpoint::RunRecord owner =
+          checkpoint::claim_run_dir(cfg.checkpoint_dir, run, resume, cfg.checkpoint_overwrite);
+      run_id = owner.run_id;
+      log::info("[checkpoint] {}: {}{}", cfg.checkpoint_dir, resume.empty() ? "" : "continuing ",
+                checkpoint::describe(owner));
+    }
+
     auto train_set = load_dataset(cfg, true, cfg.path);
     auto eval_set = load_dataset(cfg, false, cfg.path);
     if (cfg.train_subset > 0) train_set = data::subset(train_set, cfg.train_subset);
@@ -240,11 +275,6 @@ int main(int argc, char** argv) {
     nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
     model.init(static_cast<uint64_t>(cfg.seed));
     // Weights before the plugin's setup: each rank cuts its part of the full tensors.
-    if (resume_opt->count() > 0 && resume.empty()) {
-      CAI_CHECK(!cfg.checkpoint_dir.empty(),
-                "[vit_train] --resume without a directory needs checkpoint.dir in the config");
-      resume = cfg.checkpoint_dir;
-    }
     checkpoint::Checkpoint ck;
     if (!resume.empty()) {
       ck = checkpoint::load_checkpoint(resume);
@@ -332,6 +362,7 @@ int main(int argc, char** argv) {
       cc.export_dtype = dtype_from_name(cfg.checkpoint_export_dtype);
       cc.per_rank = cfg.checkpoint_per_rank;
       cc.layout = mesh.describe();
+      cc.run_id = run_id;
       trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
     }
     trainer->add_hook(

@@ -2,7 +2,8 @@
 // checkpoint (a fresh model, optimizer, scheduler and loader) continues bit for bit like the run
 // that was never interrupted — losses of every later step and the final parameters — with dropout,
 // gradient accumulation, a step-based cosine schedule and fp16 loss scaling; a checkpoint loads in
-// timm's names; keep_last keeps the newest.
+// timm's names; keep_last keeps the newest. RunIdentity: the run that owns a directory (run.json),
+// refusing it to a new run, overwrite, resume, keep_last sparing other runs, the lock.
 #include <gtest/gtest.h>
 
 #include <sys/syscall.h>
@@ -66,7 +67,7 @@ struct TrainRun {
 // metrics file (a step record every step).
 TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType precision,
                    bool per_rank = false, int64_t embed_dim = 16, const std::string& metrics = {},
-                   int64_t every_epochs = 0) {
+                   int64_t every_epochs = 0, const std::string& run_id = {}) {
   auto ds = data::subset(data::load_mnist_dir(kFmnist, true, "fashion-mnist"), 40);
   data::LoaderConfig lc;
   lc.batch_size = 4;
@@ -109,6 +110,7 @@ TrainRun train_run(const std::string& ckpt_dir, const std::string& resume, DType
     cc.every_epochs = every_epochs;
     cc.keep_last = 2;
     cc.per_rank = per_rank;
+    cc.run_id = run_id;
     t->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
   }
   if (!resume.empty()) {
@@ -432,4 +434,191 @@ TEST(Checkpoint, ModelWeightsLoadByTimmNamesAndShapes) {
   EXPECT_THROW(checkpoint::load_model_state(b, w, {"head.weight", "head.bias"}), Error);
   w.erase("pos_embed");
   EXPECT_THROW(checkpoint::load_model_state(b, w, {"head.weight", "head.bias"}, true), Error);
+}
+
+namespace {
+// What a directory holds: every file's path and contents.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    std::ifstream f(e.path());
+    out[e.path().string()] = e.is_regular_file() ? std::string(std::istreambuf_iterator<char>(f),
+                                                               std::istreambuf_iterator<char>())
+                                                 : "(directory)";
+  }
+  return out;
+}
+
+// A checkpoint directory made by hand: only trainer_state.json (run_id "": before run records).
+void fake_step(const std::string& dir, int64_t step, const std::string& run_id) {
+  const std::string d = fmt::format("{}/step-{:09d}", dir, step);
+  fs::create_directories(d);
+  nlohmann::json j = {
+      {"epoch", 0},        {"step_in_epoch", step}, {"global_step", step}, {"scheduler_last", step},
+      {"loss_scaler", {}}, {"layout", ""},          {"version", ""}};
+  if (!run_id.empty()) j["run_id"] = run_id;
+  std::ofstream(d + "/trainer_state.json") << j.dump();
+}
+
+checkpoint::RunRecord run_record(const std::string& id, int64_t seed, const std::string& model,
+                                 const std::string& hash) {
+  checkpoint::RunRecord r;
+  r.run_id = id;
+  r.seed = seed;
+  r.model = model;
+  r.config_hash = hash;
+  r.layout = "dp 1 × pp 1 × tp 1";
+  return r;
+}
+
+std::string claim_error(const std::string& dir, const checkpoint::RunRecord& run,
+                        const std::string& resume = {}) {
+  try {
+    checkpoint::claim_run_dir(dir, run, resume, false);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// Issue 42: keep_last removed the oldest step directories by name, another run's included.
+TEST(RunIdentity, KeepLastRemovesOnlyTheOwningRunsCheckpoints) {
+  const std::string dir = (fs::temp_directory_path() / "cai_run_keep_last").string();
+  fs::remove_all(dir);
+  checkpoint::claim_run_dir(dir, run_record("run-a", 1, "vit_a", "aaaa"), "", false);
+  fake_step(dir, 1, "run-b");  // another run's
+  fake_step(dir, 2, "");       // written before run records
+  const auto foreign = snapshot(dir + "/step-000000001"),
+             legacy = snapshot(dir + "/step-000000002");
+  train_run(dir, "", DType::F32, false, 16, {}, 0, "run-a");  // steps 3, 6, 9; keep_last 2
+  EXPECT_FALSE(fs::exists(dir + "/step-000000003"));
+  for (const char* s : {"/step-000000006", "/step-000000009"}) {
+    ASSERT_TRUE(fs::exists(dir + s + "/trainer_state.json")) << s;
+    EXPECT_EQ(checkpoint::load_checkpoint(dir + s).state.run_id, "run-a") << s;
+  }
+  EXPECT_EQ(snapshot(dir + "/step-000000001"), foreign);
+  EXPECT_EQ(snapshot(dir + "/step-000000002"), legacy);
+  // A job saving as another run than the one run.json names removes nothing at all
+  // (claim_run_dir would have refused it the directory).
+  const std::string other = dir + "_not_owner";
+  fs::remove_all(other);
+  checkpoint::claim_run_dir(other, run_record("run-a", 1, "vit_a", "aaaa"), "", false);
+  train_run(other, "", DType::F32, false, 16, {}, 0, "run-c");
+  for (const char* s : {"/step-000000003", "/step-000000006", "/step-000000009"})
+    EXPECT_TRUE(fs::exists(other + s)) << s;
+}
+
+// Issue 42: a new run into another run's directory replaced its checkpoints and `latest`.
+TEST(RunIdentity, ANewRunIsRefusedAnotherRunsDirectory) {
+  const std::string dir = (fs::temp_directory_path() / "cai_run_refused").string();
+  fs::remove_all(dir);
+  const checkpoint::RunRecord a =
+      checkpoint::claim_run_dir(dir, run_record("run-a", 1, "vit_a", "aaaa"), "", false);
+  EXPECT_EQ(a.run_id, "run-a");
+  EXPECT_FALSE(a.started.empty());
+  const checkpoint::RunRecord b = run_record("run-b", 2, "vit_b", "bbbb");
+  // Run a saved nothing (it failed at start, or was stopped in its first epoch): b takes over.
+  const std::string empty = dir + "_no_checkpoints";
+  fs::remove_all(empty);
+  checkpoint::claim_run_dir(empty, a, "", false);
+  EXPECT_EQ(checkpoint::claim_run_dir(empty, b, "", false).run_id, "run-b");
+  EXPECT_EQ(checkpoint::read_run_record(empty)->run_id, "run-b");
+  // Once a has a checkpoint, b is refused and nothing changes.
+  fake_step(dir, 3, "run-a");
+  std::ofstream(dir + "/latest") << "step-000000003\n";
+  const auto before = snapshot(dir);
+  const std::string err = claim_error(dir, b);
+  for (const std::string& part :
+       {dir, std::string("belongs to another run"), std::string("run run-a (model vit_a, seed 1, "),
+        std::string("config hash aaaa"), "started " + a.started, std::string("step-000000003"),
+        std::string("run run-b (model vit_b, seed 2, "), std::string("config hash bbbb"),
+        std::string("--resume"), std::string("another checkpoint.dir"),
+        std::string("checkpoint.overwrite = true")})
+    EXPECT_NE(err.find(part), std::string::npos) << part << " in: " << err;
+  EXPECT_EQ(snapshot(dir), before);
+  // Step directories without a record (written before run records, or by hand): refused too.
+  const std::string legacy = dir + "_legacy";
+  fs::remove_all(legacy);
+  fake_step(legacy, 5, "");
+  EXPECT_NE(claim_error(legacy, b).find("a run without a run record (step-000000005"),
+            std::string::npos);
+  // A resume from elsewhere does not make another run's directory this one's either.
+  EXPECT_NE(claim_error(dir, b, legacy + "/step-000000005").find("belongs to another run"),
+            std::string::npos);
+  EXPECT_EQ(snapshot(dir), before);
+
+  // checkpoint.overwrite: the old run's step directories and `latest` go, the record is b's.
+  EXPECT_EQ(checkpoint::claim_run_dir(dir, b, "", true).run_id, "run-b");
+  EXPECT_FALSE(fs::exists(dir + "/step-000000003"));
+  EXPECT_FALSE(fs::exists(dir + "/latest"));
+  const auto now = checkpoint::read_run_record(dir);
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->run_id, "run-b");
+  EXPECT_EQ(now->seed, 2);
+  EXPECT_EQ(now->model, "vit_b");
+  EXPECT_EQ(now->config_hash, "bbbb");
+}
+
+TEST(RunIdentity, AResumeContinuesTheDirectorysRun) {
+  const std::string dir = (fs::temp_directory_path() / "cai_run_resume").string();
+  fs::remove_all(dir);
+  const checkpoint::RunRecord a =
+      checkpoint::claim_run_dir(dir, run_record("run-a", 1, "vit_a", "aaaa"), "", false);
+  fake_step(dir, 4, "run-a");
+  std::ofstream(dir + "/latest") << "step-000000004\n";
+  // --resume DIR (or a checkpoint in it): the record stays the directory's run's, plus the resume.
+  const checkpoint::RunRecord c = run_record("run-c", 3, "vit_c", "cccc");
+  for (const std::string& from : {dir, dir + "/step-000000004"}) {
+    const checkpoint::RunRecord r = checkpoint::claim_run_dir(dir, c, from, false);
+    EXPECT_EQ(r.run_id, "run-a");
+    EXPECT_EQ(r.started, a.started);
+    EXPECT_EQ(r.seed, 1);
+  }
+  const auto rec = checkpoint::read_run_record(dir);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->run_id, "run-a");
+  ASSERT_EQ(rec->resumed.size(), 2u);
+  EXPECT_EQ(rec->resumed[1].checkpoint, dir + "/step-000000004");
+  EXPECT_EQ(rec->resumed[1].config_hash, "cccc");
+  // Overwrite never applies to the run being resumed.
+  EXPECT_EQ(checkpoint::claim_run_dir(dir, c, dir, true).run_id, "run-a");
+  EXPECT_TRUE(fs::exists(dir + "/step-000000004"));
+  // Resumed into another (empty) directory, the run goes on there under its id.
+  const std::string moved = dir + "_moved";
+  fs::remove_all(moved);
+  EXPECT_EQ(checkpoint::claim_run_dir(moved, c, dir, false).run_id, "run-a");
+  EXPECT_EQ(checkpoint::read_run_record(moved)->run_id, "run-a");
+  // A directory of steps without a record, resumed: adopted (a record for the run).
+  const std::string legacy = dir + "_legacy";
+  fs::remove_all(legacy);
+  fake_step(legacy, 2, "");
+  EXPECT_EQ(checkpoint::claim_run_dir(legacy, c, legacy + "/step-000000002", false).run_id,
+            "run-c");
+  EXPECT_TRUE(fs::exists(legacy + "/step-000000002"));
+  EXPECT_EQ(checkpoint::read_run_record(legacy)->run_id, "run-c");
+  // A record that does not parse is named.
+  std::ofstream(legacy + "/run.json") << "{";
+  EXPECT_NE(claim_error(legacy, c).find(legacy + "/run.json"), std::string::npos);
+}
+
+// Issue 42: two jobs could share one checkpoint.dir unnoticed.
+TEST(RunIdentity, TheLockKeepsASecondJobOut) {
+  const std::string dir = (fs::temp_directory_path() / "cai_run_lock").string();
+  fs::remove_all(dir);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  checkpoint::DirLock first(dir);
+  EXPECT_TRUE(first.held());
+  try {
+    checkpoint::DirLock second(dir);  // another open file description: flock says no
+    FAIL() << "locked twice";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("in use by another job"), std::string::npos) << m;
+    EXPECT_NE(m.find(fmt::format("pid {} on host {}", ::getpid(), host)), std::string::npos) << m;
+  }
+  first.release();
+  checkpoint::DirLock third(dir);
+  EXPECT_TRUE(third.held());
 }

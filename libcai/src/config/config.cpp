@@ -122,6 +122,7 @@ std::vector<Field> fields(TrainConfig& c) {
        &c.checkpoint_export_dtype,
        {"fp32", "bf16", "fp16"}},
       {"checkpoint.per_rank", Kind::Bool, &c.checkpoint_per_rank},
+      {"checkpoint.overwrite", Kind::Bool, &c.checkpoint_overwrite},
       {"data.synthetic_size", Kind::Int, &c.synthetic_size, {}, 1, inf},
   };
 }

@@ -24,6 +24,8 @@
 // export_consolidated() turns either format into timm-loadable weights.
 //
 //   DIR/latest                                     the newest complete checkpoint's name
+//   DIR/run.json                                   the run that owns DIR (RunRecord)
+//   DIR/.lock                                      flock'd by the job using DIR (DirLock)
 //
 // Saves are atomic: the directory is written under "<name>.tmp", every file fsync'd (per-rank:
 // each rank its own, after which ranks agree that all succeeded), trainer_state.json last, then
@@ -34,8 +36,10 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "cai/checkpoint/safetensors.h"
 #include "cai/optim/lr_scheduler.h"
@@ -51,6 +55,9 @@ struct CheckpointConfig {
   DType export_dtype = DType::F32;  // model weights; bf16/fp16 for a lighter export
   std::string layout;               // recorded in trainer_state.json, e.g. "dp 2 × pp 1 × tp 2"
   bool per_rank = false;            // every rank writes its own shard files (see above)
+  // The run saving (rank 0's; claim_run_dir's): recorded in each trainer_state.json. keep_last
+  // removes only checkpoints of this run, and none while DIR/run.json names another run.
+  std::string run_id;
 };
 
 // Where training stands (trainer_state.json).
@@ -61,6 +68,7 @@ struct TrainingState {
   int64_t scheduler_last = 0;  // LRScheduler::last()
   std::vector<double> scaler;  // DynamicGradScaler::state(); empty without fp16
   std::string layout, version;
+  std::string run_id;  // the run that saved it ("" before run records)
 };
 
 // Collective: writes DIR/step-<global_step> (consolidated: gathered, rank 0 writes; per_rank:
@@ -97,6 +105,69 @@ void export_consolidated(const std::string& checkpoint, const std::string& out_d
 void load_model_state(nn::ViT& model, const std::map<std::string, Tensor>& full,
                       const std::set<std::string>& skip = {}, bool allow_unexpected = false,
                       const std::string& origin = "the weights");
+
+// --- Run identity ------------------------------------------------------------------------------
+// DIR/run.json records the run that owns a checkpoint directory. A new run is refused a
+// directory holding another run's step directories (unless `overwrite`), keep_last
+// deletes only the owner's checkpoints, and DIR/.lock keeps a second live job out.
+struct RunRecord {
+  std::string run_id;       // new_run_id()
+  std::string config_hash;  // text_hash() of the resolved config's canonical text
+  int64_t seed = 0;
+  std::string model;  // a model name, or a description of a custom one
+  int world_size = 1, dp = 1, pp = 1, tp = 1, zero_stage = 0;
+  std::string layout;   // e.g. "dp 2 × pp 1 × tp 2"
+  std::string started;  // UTC, ISO 8601 (claim_run_dir: now, when empty)
+  std::string host;     // claim_run_dir: this host, when empty
+  int64_t pid = 0;      // claim_run_dir: this process, when 0
+  struct Resume {
+    std::string time, checkpoint, config_hash, layout;
+  };
+  std::vector<Resume> resumed;  // each --resume that continued the run, oldest first
+};
+
+std::string new_run_id();                        // "<UTC time>-<16 random hex digits>"
+std::string utc_now();                           // "2026-01-31T12:00:00Z"
+std::string text_hash(const std::string& text);  // 16 hex digits (FNV-1a 64)
+// One line for messages: run id, model, seed, config hash, layout, start time and host.
+std::string describe(const RunRecord& r);
+
+// DIR/run.json, or nullopt when there is none; a record that does not parse is an error naming it.
+std::optional<RunRecord> read_run_record(const std::string& dir);
+
+// Rank 0, under the DirLock, before training: makes `dir` this run's and returns the record that
+// owns it now (its run_id goes into CheckpointConfig::run_id).
+//  - A new run (`resume_from` empty) into a directory holding step directories (step-*) is
+//    refused with an Error naming both runs (the record's, or "a run without a run record") and
+//    the ways on (--resume, another checkpoint.dir, checkpoint.overwrite = true); nothing in the
+//    directory changes. With `overwrite`, the step directories and `latest` are removed first,
+//    then `run` becomes the record. A record without step directories (a run that ended before
+//    its first save) is replaced.
+//  - A resume from a checkpoint inside `dir` continues the directory's run: its record stays
+//    (with this resume appended); a directory without one (written before run records) gets
+//    one. A resume from elsewhere continues the resumed checkpoint's run (its run id): into a
+//    directory owned by that run, or an empty one; another run's directory is refused as above.
+RunRecord claim_run_dir(const std::string& dir, RunRecord run, const std::string& resume_from,
+                        bool overwrite);
+
+// An exclusive flock on DIR/.lock (created with DIR if missing), held by one job's rank 0 while
+// it runs, holding its pid, host and start time. A second holder is refused with an Error naming
+// the first's pid and host. Released on destruction, and by the kernel when the process dies.
+class DirLock {
+ public:
+  DirLock() = default;
+  explicit DirLock(const std::string& dir);
+  ~DirLock();
+  DirLock(DirLock&& o) noexcept;
+  DirLock& operator=(DirLock&& o) noexcept;
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+  void release();
+
+ private:
+  int fd_ = -1;
+};
 
 // Saves every `every_steps` optimizer steps and/or at the end of every `every_epochs` epochs.
 class CheckpointHook : public train::Hook {

@@ -81,6 +81,8 @@ struct TrainConfig {
   double checkpoint_max_shard_mb = 5120.0;
   std::string checkpoint_export_dtype = "fp32";
   bool checkpoint_per_rank = false;  // every rank writes its own shard files (no gathering)
+  // A new run may take over a checkpoint.dir holding another run (its checkpoints are deleted).
+  bool checkpoint_overwrite = false;
   // synthetic: training samples (random images of the model's size, fixed labels, no I/O); the
   // evaluation set has a fifth as many (at least 1).
   int64_t synthetic_size = 50000;
