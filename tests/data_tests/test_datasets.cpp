@@ -369,6 +369,22 @@ TEST(Cifar10, SyntheticRecords) {
   EXPECT_NE(msg.find("offset 3073"), std::string::npos) << msg;
 }
 
+// A small gzip file that inflates past a CIFAR-10 batch (10,000 records) is refused after one
+// byte more, not decompressed whole: 10,001 records of zeros and 64 MiB beyond them.
+TEST(Cifar10, GzipIsNotInflatedBeyondABatch) {
+  TempDir d;
+  std::vector<uint8_t> bomb(10001u * 3073u + (64u << 20), 0);
+  write_gz(d / "test_batch.bin", bomb);
+  EXPECT_LT(fs::file_size(d / "test_batch.bin"), 1u << 20);
+  const std::string msg = error_of([&] { load_cifar10(d.path.string(), false); });
+  EXPECT_NE(msg.find("more than 30730000 bytes (decompressed), the 10000 records of a CIFAR-10"),
+            std::string::npos)
+      << msg;
+  // A whole batch still loads.
+  write_gz(d / "test_batch.bin", std::vector<uint8_t>(10000u * 3073u, 0));
+  EXPECT_EQ(load_cifar10(d.path.string(), false)->size(), 10000);
+}
+
 TEST(ImageFolder, ClassesFromSortedFoldersAndResize) {
   TempDir d;
   fs::create_directories(d.path / "cat");

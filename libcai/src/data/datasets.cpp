@@ -203,6 +203,7 @@ class IdxDataset final : public Dataset {
 
 constexpr int64_t kCifarPixels = 3 * 32 * 32;
 constexpr int64_t kCifarRecord = 1 + kCifarPixels;
+constexpr int64_t kCifarBatchRecords = 10000;  // records in each file of the binary version
 
 class Cifar10Dataset final : public Dataset {
  public:
@@ -302,8 +303,16 @@ std::shared_ptr<Dataset> load_cifar10(const std::string& dir, bool train) {
               "[cifar10] {}: missing {} (the CIFAR-10 binary version has data_batch_1..5.bin for "
               "train and test_batch.bin for test)",
               dir, path);
-    FileBytes fb = read_file(path, "cifar10");
+    // A batch of the binary version holds 10,000 records: a gzip stream is not inflated past
+    // one byte more (a small compressed file cannot expand without bound).
+    FileBytes fb = read_file(path, "cifar10", [](const std::vector<uint8_t>&) {
+      return static_cast<size_t>(kCifarBatchRecords) * kCifarRecord;
+    });
     const size_t size = fb.bytes.size();
+    CAI_CHECK(size <= static_cast<size_t>(kCifarBatchRecords) * kCifarRecord,
+              "[cifar10] {}: more than {} bytes{}, the {} records of a CIFAR-10 batch", path,
+              static_cast<size_t>(kCifarBatchRecords) * kCifarRecord, where(fb),
+              kCifarBatchRecords);
     CAI_CHECK(size > 0 && size % kCifarRecord == 0,
               "[cifar10] {}: size {} bytes{} is not a positive multiple of the {}-byte record (1 "
               "label byte + 3072 pixel bytes); the last record starts at byte offset {}",
