@@ -523,34 +523,73 @@ std::vector<Row> read_rows(const std::string& path, bool* simulated = nullptr) {
             "[benchmark] {} has no \"layouts\" array (a --json of colossalai benchmark or "
             "colossalai-sim --benchmark-layouts)",
             path);
-  if (simulated) *simulated = j.value("simulated", false);
-  const int gpus = j.value("gpus", 1);
+  // Every field checked for its type and range: a file that is not what benchmark or
+  // colossalai-sim wrote is a cai::Error naming the file and the entry, never a crash.
   std::vector<Row> rows;
-  for (const auto& e : j["layouts"]) {
-    Row r;
-    r.layout.mode = e["mode"].is_null() ? "none" : e["mode"].get<std::string>();
-    r.layout.size = e.value("size", 1);
-    r.layout.depth = e.value("depth", 1);
-    r.status = e.value("status", std::string("ok"));
-    r.reason = e.value("reason", std::string());
-    r.simulated = e.value("simulated", false);
-    if (r.status == "ok") {
-      auto num = [&](const char* k) {
-        return e.contains(k) && e[k].is_number() ? e[k].get<double>() : 0.0;
-      };
-      r.forward_ms = num("forward_ms");
-      r.backward_ms = num("backward_ms");
-      r.optimizer_known = e.contains("optimizer_ms") && e["optimizer_ms"].is_number();
-      r.optimizer_ms = num("optimizer_ms");
-      r.step_ms = num("step_ms");
-      r.samples_per_s = num("samples_per_s");
-      r.gpus = gpus;
-      r.tflops = num("tflops");
-      r.peak_mem_bytes = static_cast<int64_t>(num("peak_mem_bytes"));
-      r.comm_bytes = static_cast<int64_t>(num("comm_bytes"));
-      r.fits = e.value("fits_memory", true);
+  size_t at = 0;
+  try {
+    auto flag = [&](const nlohmann::json& o, const char* k, bool def) {
+      if (!o.contains(k)) return def;
+      CAI_CHECK(o[k].is_boolean(), "\"{}\" must be true or false", k);
+      return o[k].get<bool>();
+    };
+    auto integer = [&](const nlohmann::json& o, const char* k, int64_t def, int64_t hi) {
+      if (!o.contains(k)) return def;
+      CAI_CHECK(o[k].is_number_integer() && o[k].get<int64_t>() >= 1 && o[k].get<int64_t>() <= hi,
+                "\"{}\" must be a whole number in [1, {}]", k, hi);
+      return o[k].get<int64_t>();
+    };
+    auto text = [&](const nlohmann::json& o, const char* k, const std::string& def) {
+      if (!o.contains(k)) return def;
+      CAI_CHECK(o[k].is_string(), "\"{}\" must be a string", k);
+      return o[k].get<std::string>();
+    };
+    // Milliseconds, rates and bytes: absent, null or a number in [0, 2^62].
+    auto num = [&](const nlohmann::json& o, const char* k) {
+      if (!o.contains(k) || o[k].is_null()) return 0.0;
+      CAI_CHECK(o[k].is_number(), "\"{}\" must be a number", k);
+      const double v = o[k].get<double>();
+      CAI_CHECK(std::isfinite(v) && v >= 0 && v <= 4.6e18, "\"{}\" = {} is outside [0, 2^62]", k,
+                v);
+      return v;
+    };
+    if (simulated) *simulated = flag(j, "simulated", false);
+    const int gpus = static_cast<int>(integer(j, "gpus", 1, 1 << 24));
+    for (const auto& e : j["layouts"]) {
+      CAI_CHECK(e.is_object(), "a layout must be an object");
+      Row r;
+      CAI_CHECK(!e.contains("mode") || e["mode"].is_null() || e["mode"].is_string(),
+                "\"mode\" must be null or a string");
+      r.layout.mode =
+          !e.contains("mode") || e["mode"].is_null() ? "none" : e["mode"].get<std::string>();
+      CAI_CHECK(r.layout.mode == "none" || r.layout.mode == "1d" || r.layout.mode == "2d" ||
+                    r.layout.mode == "2.5d" || r.layout.mode == "3d",
+                "\"mode\" = \"{}\" is not null, 1d, 2d, 2.5d or 3d", r.layout.mode);
+      r.layout.size = static_cast<int>(integer(e, "size", 1, 1 << 24));
+      r.layout.depth = static_cast<int>(integer(e, "depth", 1, 1 << 24));
+      r.status = text(e, "status", "ok");
+      r.reason = text(e, "reason", "");
+      r.simulated = flag(e, "simulated", false);
+      if (r.status == "ok") {
+        r.forward_ms = num(e, "forward_ms");
+        r.backward_ms = num(e, "backward_ms");
+        r.optimizer_known = e.contains("optimizer_ms") && e["optimizer_ms"].is_number();
+        r.optimizer_ms = num(e, "optimizer_ms");
+        r.step_ms = num(e, "step_ms");
+        r.samples_per_s = num(e, "samples_per_s");
+        r.gpus = gpus;
+        r.tflops = num(e, "tflops");
+        r.peak_mem_bytes = static_cast<int64_t>(num(e, "peak_mem_bytes"));
+        r.comm_bytes = static_cast<int64_t>(num(e, "comm_bytes"));
+        r.fits = flag(e, "fits_memory", true);
+      }
+      rows.push_back(r);
+      ++at;
     }
-    rows.push_back(r);
+  } catch (const Error& e) {
+    fail("[benchmark] {}: layout {}: {}", path, at, e.what());
+  } catch (const nlohmann::json::exception& e) {
+    fail("[benchmark] {}: layout {}: {}", path, at, e.what());
   }
   return rows;
 }
@@ -726,6 +765,10 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
   worker->group("");  // hidden
   add_flags(worker, opts);
   worker->callback([&opts] { opts.worker = true; });
+}
+
+size_t read_benchmark_json(const std::string& path) {
+  return read_rows(path).size();
 }
 
 int run_benchmark(const BenchmarkOptions& o) {

@@ -48,6 +48,11 @@ struct BenchmarkOptions {
   bool worker = false;             // the hidden _benchmark_worker subcommand
 };
 
+// Reads a benchmark JSON as --compare does (a --json of colossalai benchmark or colossalai-sim
+// --benchmark-layouts) and returns its row count; anything malformed is a cai::Error naming the
+// file and the entry (a fuzz target).
+size_t read_benchmark_json(const std::string& path);
+
 // One tensor-parallel layout of N devices. mode: "none", "1d", "2d", "2.5d" or "3d".
 struct TpLayout {
   std::string mode;

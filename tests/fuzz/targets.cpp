@@ -17,6 +17,7 @@
 #include "cai/core/error.h"
 #include "cai/data/data.h"
 #include "cluster.h"
+#include "cmd_benchmark.h"
 #include "cmd_run.h"
 #include "fuzz.h"
 
@@ -389,14 +390,40 @@ Target calibration_target() {
 
 }  // namespace
 
+// colossalai benchmark --compare's JSON (a --json of benchmark or colossalai-sim
+// --benchmark-layouts).
+Target benchmark_json_target(const std::string& tmp) {
+  const std::string path = tmp + "/benchmark.json";
+  Target t;
+  t.name = "benchmark_json";
+  t.seeds = {
+      R"({"gpus": 4, "device": "cuda", "precision": "bf16", "model": "mlp", "layouts": [
+        {"mode": null, "size": 1, "depth": 1, "status": "ok", "reason": "", "simulated": false,
+         "forward_ms": 0.48, "backward_ms": 1.557, "optimizer_ms": 0, "step_ms": 2.037,
+         "samples_per_s": 15711.4, "samples_per_s_per_gpu": 3927.8, "tflops": 405.0,
+         "peak_mem_bytes": 508297216, "comm_bytes": 0},
+        {"mode": "2.5d", "size": 4, "depth": 1, "status": "failed", "reason": "heads"}]})",
+      R"({"gpus": 4, "cluster": "h200-4", "simulated": true, "layouts": [
+        {"mode": "1d", "size": 4, "depth": 1, "status": "ok", "simulated": true, "dp": 1,
+         "forward_ms": 0.34, "backward_ms": 0.479, "optimizer_ms": null, "step_ms": 0.82,
+         "samples_per_s": 9761.2, "peak_mem_bytes": 243269632, "comm_bytes": 67108864,
+         "dp_comm_bytes": 0, "fits_memory": true}]})"};
+  t.run = [path](const std::string& in) {
+    write_file(path, in);
+    app::read_benchmark_json(path);
+  };
+  return t;
+}
+
 std::vector<Target> all_targets(const std::string& tmp) {
   fs::create_directories(tmp);
-  std::vector<Target> ts = {config_target(),        config_set_target(),
-                            hostfile_target(),      idx_target(tmp, true),
-                            idx_target(tmp, false), cifar_target(tmp),
-                            image_target(tmp),      safetensors_target(tmp),
-                            index_target(tmp),      per_rank_index_target(tmp),
-                            cluster_target(),       calibration_target()};
+  std::vector<Target> ts = {config_target(),           config_set_target(),
+                            hostfile_target(),         idx_target(tmp, true),
+                            idx_target(tmp, false),    cifar_target(tmp),
+                            image_target(tmp),         safetensors_target(tmp),
+                            index_target(tmp),         per_rank_index_target(tmp),
+                            cluster_target(),          calibration_target(),
+                            benchmark_json_target(tmp)};
 #ifdef CAI_FUZZ_HAVE_TRACE
   ts.push_back(trace_target());
 #endif
