@@ -34,6 +34,7 @@ namespace cai::fuzz {
 
 #ifdef CAI_FUZZ_HAVE_TRACE
 Target trace_target();
+Target metrics_target(const std::string& tmp);
 #endif
 
 namespace {
@@ -426,6 +427,7 @@ std::vector<Target> all_targets(const std::string& tmp) {
                             benchmark_json_target(tmp)};
 #ifdef CAI_FUZZ_HAVE_TRACE
   ts.push_back(trace_target());
+  ts.push_back(metrics_target(tmp));
 #endif
   return ts;
 }

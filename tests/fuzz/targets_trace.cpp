@@ -1,5 +1,8 @@
-// The explorer's Chrome-trace reader (built only where the GUI's model library is).
+// The explorer's Chrome-trace and metrics-file readers (built only where the GUI's model library
+// is).
+#include <fstream>
 #include <stdexcept>
+#include <string>
 
 #include "explorer_model.h"
 #include "fuzz.h"
@@ -30,6 +33,27 @@ Target trace_target() {
     // What the explorer does next with it: the last step and the first as timelines.
     gui::trace_step(rt, -1);
     gui::trace_step(rt, 0);
+  };
+  return t;
+}
+
+// vit_train's metrics file (JSON lines) as the explorer's training-curves panel reads it.
+Target metrics_target(const std::string& tmp) {
+  const std::string path = tmp + "/metrics.jsonl";
+  Target t;
+  t.name = "metrics";
+  t.seeds = {
+      R"({"type": "step", "epoch": 1, "step": 10, "loss": 2.3, "accuracy": 0.1, "lr": 0.001, "img_per_s": 1600.5, "seconds": 1.5, "grad_norm": 0.8}
+{"type": "resume", "epoch": 1, "step_in_epoch": 3, "step": 10, "checkpoint": "ckpt/step-10"}
+{"type": "step", "epoch": 1, "step": 20, "loss": 2.1, "accuracy": 0.2, "lr": 0.001, "img_per_s": 1610.0, "seconds": 3.0}
+{"type": "epoch", "epoch": 1, "step": 20, "train_loss": 2.2, "train_accuracy": 0.15, "test_loss": 2.0, "test_accuracy": 0.3, "seconds": 3.1}
+)"};
+  t.run = [path](const std::string& in) {
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::trunc);
+      f.write(in.data(), static_cast<std::streamsize>(in.size()));
+    }
+    gui::load_metrics(path);
   };
   return t;
 }
