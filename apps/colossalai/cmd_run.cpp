@@ -571,6 +571,18 @@ void wait_for_dir_lock(const std::string& dir) {
   close(fd);  // releases it
 }
 
+// DIR's entries named step-* (checkpoints, and saves that never completed: step-*.tmp).
+std::vector<std::string> step_entries(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step-", 0) == 0) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // Runs mpirun once with the launcher's signal handlers in place (they write to `sig_fd`'s pipe):
 // forwards its stderr, stops it on a signal or at `deadline`, returns how it ended.
 Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
@@ -764,6 +776,9 @@ int run_launch(const RunOptions& opts) {
           e.what()));
     }
   }
+  // A checkpoint.dir without step entries at the start: any step-*.tmp found at a restart is an
+  // interrupted save of this job, which would make vit_train refuse the directory to a new run.
+  const bool ck_dir_fresh = !ck_dir.empty() && step_entries(ck_dir).empty();
   int sig_pipe[2];
   CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[run] pipe: {}", std::strerror(errno));
   g_signal_pipe = sig_pipe[1];
@@ -854,6 +869,16 @@ int run_launch(const RunOptions& opts) {
         how = fmt::format("with --resume (newest complete checkpoint: {})", latest);
       } else {
         how = fmt::format("with the same command ({} holds no complete checkpoint yet)", ck_dir);
+        std::vector<std::string> removed;
+        for (const auto& n : ck_dir_fresh ? step_entries(ck_dir) : std::vector<std::string>{}) {
+          if (n.size() < 4 || n.compare(n.size() - 4, 4, ".tmp") != 0) continue;
+          std::error_code ec;
+          std::filesystem::remove_all(std::filesystem::path(ck_dir) / n, ec);
+          if (!ec) removed.push_back(n);
+        }
+        if (!removed.empty())
+          how += fmt::format(" after removing this job's incomplete save{} {}",
+                             removed.size() == 1 ? "" : "s", join(removed, ", "));
       }
     }
     say(
