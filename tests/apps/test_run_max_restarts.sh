@@ -2,13 +2,17 @@
 # colossalai run --max_restarts end to end (2 CPU ranks through mpirun):
 #  - vit_train whose rank 1 is SIGKILLed after its second checkpoint restarts once with --resume,
 #    finishes, and its final weights equal an uninterrupted run's byte for byte;
+#  - vit_train whose rank 0 is SIGKILLed in its first save (kill_in_save.so, once) restarts as
+#    first started (this job's incomplete step-*.tmp removed: no complete checkpoint yet) and
+#    also ends with the uninterrupted run's weights;
 #  - --max_restarts 0: a failing rank ends the job as without the flag;
 #  - a rank that fails once (no checkpoint.dir): restarted with the same command, exit 0;
 #  - a rank that always fails: gives up after 2 restarts listing 3 failures (also --hostfile).
 # After every case no process of the test may be left.
-#   test_run_max_restarts.sh COLOSSALAI VIT_TRAIN CONFIG_DIR
+#   test_run_max_restarts.sh COLOSSALAI VIT_TRAIN CONFIG_DIR KILL_IN_SAVE_SO
 set -uo pipefail
 cai=${1:?path to colossalai}; bin=${2:?path to vit_train}; configs=${3:?config dir}
+so=${4:?path to kill_in_save.so}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -86,6 +90,25 @@ cmp "$tmp/ref/step-000000016/model.safetensors" "$ck/step-000000016/model.safete
   fail "the final weights differ from the uninterrupted run's"
 cmp "$tmp/ref/step-000000016/optimizer.safetensors" "$ck/step-000000016/optimizer.safetensors" ||
   fail "the final optimizer state differs from the uninterrupted run's"
+leftovers
+
+case=killed_in_first_save
+log=$tmp/first_save.log
+ck=$tmp/ck_first
+"$cai" run --nproc_per_node 2 --max_restarts 1 -x LD_PRELOAD="$so" -x KILL_IN_SAVE_RANK=0 \
+  -x KILL_IN_SAVE_PATH=step-000000002.tmp/ -x KILL_IN_SAVE_ONCE="$tmp/fired" "$bin" \
+  "${common[@]}" --set checkpoint.dir="$ck" >"$log" 2>&1
+rc=$?
+show
+[ $rc -eq 0 ] || fail "exit $rc, expected 0"
+expect "kill_in_save: rank 0 kills itself after the fsync of .*step-000000002.tmp/"
+expect "attempt 1 failed: rank 0 \(host [^)]*\) failed: killed by signal 9 \(SIGKILL\); all ranks stopped; restart 1 of 1 \(--max_restarts 1\) with the same command \(.*/ck_first holds no complete checkpoint yet"
+# (the fault leaves step-000000002.tmp, which a new run would be refused: the launcher removes it)
+expect "holds no complete checkpoint yet\) after removing this job's incomplete save step-000000002.tmp$"
+expect_not "resuming "
+expect "the job succeeded after 1 restart \(--max_restarts 1\)"
+cmp "$tmp/ref/step-000000016/model.safetensors" "$ck/step-000000016/model.safetensors" ||
+  fail "the final weights differ from the uninterrupted run's"
 leftovers
 
 # A rank-1 failure as a shell command: rank 1 exits 3 (or, with $1, only while $1 is missing:
