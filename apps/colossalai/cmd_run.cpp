@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,8 @@
 #include <sstream>
 #include <thread>
 
+#include "cai/checkpoint/checkpoint.h"
+#include "cai/config/config.h"
 #include "cai/core/error.h"
 
 extern char** environ;
@@ -306,6 +309,9 @@ LaunchPlan make_plan(const RunOptions& o, const Getenv& getenv, int cores_per_ho
   CAI_CHECK(o.ssh_port >= 0 && o.ssh_port <= 65535, "[run] --ssh-port {} is not a port (1-65535)",
             o.ssh_port);
   CAI_CHECK(o.timeout >= 0, "[run] --timeout {} must be positive", o.timeout);
+  CAI_CHECK(o.max_restarts >= 0, "[run] --max_restarts {} must be 0 or more", o.max_restarts);
+  CAI_CHECK(o.monitor_interval > 0, "[run] --monitor_interval {} must be positive",
+            o.monitor_interval);
   std::vector<std::string> command = o.command;
   if (!command.empty() && command.front() == "--") command.erase(command.begin());
   CAI_CHECK(!command.empty(), "[run] no program given: colossalai run [OPTIONS] PROGRAM [ARGS...]");
@@ -403,6 +409,59 @@ std::string failure_summary(const RankFailure& f) {
                      f.host, what);
 }
 
+std::string failure_cause(const RankFailure& f) {
+  return f.signal ? fmt::format("killed by signal {} ({})", f.signal, f.signal_name)
+                  : fmt::format("exit code {}", f.exit_code);
+}
+
+std::string describe_attempt_failure(const AttemptFailure& f) {
+  if (f.rank)
+    return fmt::format("attempt {}: rank {} (host {}): {}", f.attempt, f.rank->rank, f.rank->host,
+                       failure_cause(*f.rank));
+  return fmt::format("attempt {}: mpirun exited with code {} (no rank named a failure)", f.attempt,
+                     f.mpirun_code);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restarts of a vit_train job
+
+std::string vit_train_checkpoint_dir(const std::vector<std::string>& command) {
+  if (command.empty() || std::filesystem::path(command.front()).filename() != "vit_train")
+    return "";
+  // vit_train's own options that matter here, parsed as its CLI11 parses them; the rest is
+  // left alone.
+  CLI::App app;
+  app.allow_extras();
+  std::string config;
+  std::vector<std::string> overrides, resume;
+  app.add_option("-c,--config", config);
+  app.add_option("--set", overrides);
+  app.add_option("--resume", resume)->expected(0, 1);
+  std::vector<std::string> args(command.rbegin(), command.rend() - 1);  // CLI11: reversed
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    fail("[run] cannot read the vit_train command's options: {}", e.what());
+  }
+  if (config.empty()) return "";
+  return config::load_config(config, overrides).checkpoint_dir;
+}
+
+std::vector<std::string> with_resume(const std::vector<std::string>& command) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const std::string& a = command[i];
+    if (i > 0 && a == "--resume") {
+      if (i + 1 < command.size() && !command[i + 1].empty() && command[i + 1].front() != '-') ++i;
+      continue;
+    }
+    if (i > 0 && a.rfind("--resume=", 0) == 0) continue;
+    out.push_back(a);
+  }
+  out.push_back("--resume");
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Processes
 
@@ -481,6 +540,190 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// One run of the mpirun command: what ended it.
+struct Attempt {
+  int code = 0;                        // mpirun's exit code (128 + signal when killed)
+  std::optional<RankFailure> failure;  // the first rank failure line seen in its output
+  bool timed_out = false;              // the job's --timeout passed
+  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP that stopped it
+  int late_signal = 0;                 // one that came after mpirun had exited: no restart
+};
+
+// The first stop signal (not SIGCHLD) waiting in the self-pipe, 0 when none; empties the pipe.
+int pending_stop_signal(int fd) {
+  int first = 0;
+  unsigned char sigs[64];
+  ssize_t n;
+  while ((n = read(fd, sigs, sizeof sigs)) > 0)
+    for (ssize_t i = 0; i < n; ++i)
+      if (sigs[i] != SIGCHLD && !first) first = sigs[i];
+  return first;
+}
+
+// Waits (up to 30 s) until nobody holds DIR/.lock, vit_train's DirLock: a killed job's rank 0
+// may take a moment to go, and a restart's rank 0 would be refused the directory meanwhile.
+void wait_for_dir_lock(const std::string& dir) {
+  const int fd = open((dir + "/.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  close(fd);  // releases it
+}
+
+// DIR's entries named step-* (checkpoints, and saves that never completed: step-*.tmp).
+std::vector<std::string> step_entries(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step-", 0) == 0) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Runs mpirun once with the launcher's signal handlers in place (they write to `sig_fd`'s pipe):
+// forwards its stderr, stops it on a signal or at `deadline`, returns how it ended.
+Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
+                    std::optional<Clock::time_point> deadline, int sig_fd,
+                    const std::vector<int>& handled) {
+  int err_pipe[2];
+  CAI_CHECK(pipe2(err_pipe, O_CLOEXEC) == 0, "[run] pipe: {}", std::strerror(errno));
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int s : handled) sigaddset(&block, s);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  std::vector<std::string> env = mpirun_environment();
+  auto c_args = c_argv(argv);
+  auto c_env = c_argv(env);
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  CAI_CHECK(pid >= 0, "[run] fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    // mpirun gets its own process group: a terminal's Ctrl-C reaches only us, and we forward it
+    // once (a second SIGINT makes mpirun quit without cleaning up).
+    setpgid(0, 0);
+    // If we die without forwarding anything (SIGKILL), mpirun still stops the job.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(143);
+    dup2(err_pipe[1], 2);
+    for (int s : handled) signal(s, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    execve(argv[0].c_str(), c_args.data(), c_env.data());
+    const std::string msg =
+        fmt::format("colossalai run: cannot run {}: {}\n", argv[0], std::strerror(errno));
+    write_all(2, msg.data(), msg.size());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(err_pipe[1]);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+
+  // The longest wait between checks of mpirun (its exit also wakes us at once, by SIGCHLD).
+  const long long monitor_ms =
+      std::max<long long>(1, static_cast<long long>(opts.monitor_interval * 1000));
+  std::optional<Clock::time_point> kill_at, drain_until;
+  bool exited = false, err_open = true;
+  int status = 0;
+  Attempt out;
+  std::string line;
+
+  auto scan = [&](const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] != '\n' && line.size() < 65536) {
+        line += p[i];
+        continue;
+      }
+      if (!out.failure) out.failure = parse_failure_line(line);
+      line.clear();
+    }
+  };
+  auto stop = [&](int sig) {  // ask mpirun to stop every rank; SIGKILL its group if it hangs
+    kill(pid, sig);
+    kill_at = Clock::now() + std::chrono::seconds(10);
+  };
+
+  while (!exited || (err_open && (!drain_until || Clock::now() < *drain_until))) {
+    const auto now = Clock::now();
+    std::optional<Clock::time_point> next;
+    for (const auto& t : {!out.timed_out && !out.stop_signal ? deadline : std::nullopt, kill_at,
+                          exited ? drain_until : std::nullopt})
+      if (t && (!next || *t < *next)) next = t;
+    long long wait = exited ? -1 : monitor_ms;
+    if (next) {
+      const long long until_next =
+          std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count() + 1;
+      wait = std::max<long long>(0, wait < 0 ? until_next : std::min(wait, until_next));
+    }
+    const int wait_ms = static_cast<int>(std::min<long long>(wait, INT_MAX));
+    pollfd fds[2] = {{err_open ? err_pipe[0] : -1, POLLIN, 0}, {sig_fd, POLLIN, 0}};
+    const int r = poll(fds, 2, wait_ms);
+    if (r < 0 && errno != EINTR) break;
+    if (r > 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char buf[8192];
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n > 0) {
+        write_all(2, buf, static_cast<size_t>(n));
+        scan(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        err_open = false;
+      }
+    }
+    if (r > 0 && (fds[1].revents & POLLIN)) {
+      unsigned char sigs[64];
+      const ssize_t n = read(sig_fd, sigs, sizeof sigs);
+      for (ssize_t i = 0; i < n; ++i) {
+        const int s = sigs[i];
+        if (s == SIGCHLD) continue;
+        if (exited) {  // after mpirun: the job is over, but no restart may follow
+          if (!out.late_signal) out.late_signal = s;
+          continue;
+        }
+        if (!out.stop_signal && !out.timed_out) {
+          out.stop_signal = s;
+          say(fmt::format("colossalai run: got {}: stopping every rank", signal_name(s)));
+          stop(s);
+        } else {
+          if (!out.stop_signal) out.stop_signal = s;
+          say(fmt::format("colossalai run: got {} again: killing mpirun", signal_name(s)));
+          kill(-pid, SIGKILL);
+        }
+      }
+    }
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      drain_until = Clock::now() + std::chrono::seconds(2);
+    }
+    const auto t = Clock::now();
+    if (!exited && deadline && !out.timed_out && !out.stop_signal && t >= *deadline) {
+      out.timed_out = true;
+      say(
+          fmt::format("colossalai run: timeout: the job ran {} s (--timeout {}): stopping every "
+                      "rank",
+                      opts.timeout, opts.timeout));
+      stop(SIGTERM);
+    }
+    if (!exited && kill_at && t >= *kill_at) {
+      say("colossalai run: mpirun did not stop within 10 s: killing it");
+      kill(-pid, SIGKILL);
+      kill_at.reset();
+    }
+  }
+  if (!exited) {  // poll failed: do not leave mpirun behind
+    kill(-pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  if (!line.empty() && !out.failure) out.failure = parse_failure_line(line);
+  // Whatever is left in mpirun's process group (its local ranks) goes now.
+  kill(-pid, SIGKILL);
+  close(err_pipe[0]);
+  out.code = exit_code_of(status);
+  return out;
+}
+
 }  // namespace
 
 std::string self_exe() {
@@ -520,172 +763,141 @@ int run_launch(const RunOptions& opts) {
               "[run] program {} not found or not executable{}", plan.command.front(),
               plan.command.front().find('/') == std::string::npos ? " (searched PATH)" : "");
 
-  // Self-pipe for signals; mpirun's stderr through a pipe (scanned for failure lines, forwarded
-  // byte for byte); its stdout is ours.
-  int sig_pipe[2], err_pipe[2];
-  CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0 && pipe2(err_pipe, O_CLOEXEC) == 0,
-            "[run] pipe: {}", std::strerror(errno));
+  // Self-pipe for signals (one for the whole job, every attempt); mpirun's stderr through a pipe
+  // per attempt (scanned for failure lines, forwarded byte for byte); its stdout is ours.
+  std::string ck_dir;
+  if (opts.max_restarts > 0) {
+    try {
+      ck_dir = vit_train_checkpoint_dir(plan.command);
+    } catch (const Error& e) {
+      say(fmt::format(
+          "colossalai run: --max_restarts: cannot read the vit_train command's checkpoint.dir "
+          "({}): a restart reruns the same command",
+          e.what()));
+    }
+  }
+  // A checkpoint.dir without step entries at the start: any step-*.tmp found at a restart is an
+  // interrupted save of this job, which would make vit_train refuse the directory to a new run.
+  const bool ck_dir_fresh = !ck_dir.empty() && step_entries(ck_dir).empty();
+  int sig_pipe[2];
+  CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[run] pipe: {}", std::strerror(errno));
   g_signal_pipe = sig_pipe[1];
-  const int handled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-  sigset_t block, old;
-  sigemptyset(&block);
-  for (int s : handled) sigaddset(&block, s);
-  sigprocmask(SIG_BLOCK, &block, &old);
-  for (int s : handled) {
-    struct sigaction sa {};
-    sa.sa_handler = on_launcher_signal;
-    sa.sa_flags = SA_RESTART | (s == SIGCHLD ? SA_NOCLDSTOP : 0);
-    sigemptyset(&sa.sa_mask);
-    sigaction(s, &sa, nullptr);
-  }
-  std::vector<std::string> env = mpirun_environment();
-  auto c_args = c_argv(argv);
-  auto c_env = c_argv(env);
-  const pid_t launcher = getpid();
-  const pid_t pid = fork();
-  CAI_CHECK(pid >= 0, "[run] fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    // mpirun gets its own process group: a terminal's Ctrl-C reaches only us, and we forward it
-    // once (a second SIGINT makes mpirun quit without cleaning up).
-    setpgid(0, 0);
-    // If we die without forwarding anything (SIGKILL), mpirun still stops the job.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != launcher) _exit(143);
-    dup2(err_pipe[1], 2);
-    for (int s : handled) signal(s, SIG_DFL);
-    signal(SIGQUIT, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
+  const std::vector<int> handled = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  {
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (int s : handled) sigaddset(&block, s);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    for (int s : handled) {
+      struct sigaction sa {};
+      sa.sa_handler = on_launcher_signal;
+      sa.sa_flags = SA_RESTART | (s == SIGCHLD ? SA_NOCLDSTOP : 0);
+      sigemptyset(&sa.sa_mask);
+      sigaction(s, &sa, nullptr);
+    }
     sigprocmask(SIG_SETMASK, &old, nullptr);
-    execve(argv[0].c_str(), c_args.data(), c_env.data());
-    const std::string msg =
-        fmt::format("colossalai run: cannot run {}: {}\n", argv[0], std::strerror(errno));
-    write_all(2, msg.data(), msg.size());
-    _exit(127);
   }
-  setpgid(pid, pid);
-  close(err_pipe[1]);
-  sigprocmask(SIG_SETMASK, &old, nullptr);
-
-  const auto start = Clock::now();
-  std::optional<Clock::time_point> deadline, kill_at, drain_until;
+  std::optional<Clock::time_point> deadline;
   if (opts.timeout > 0)
-    deadline = start + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(opts.timeout));
-  bool exited = false, err_open = true, timed_out = false;
-  int status = 0, stop_signal = 0;
-  std::optional<RankFailure> failure;
-  std::string line;
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(opts.timeout));
 
-  auto scan = [&](const char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if (p[i] != '\n' && line.size() < 65536) {
-        line += p[i];
-        continue;
-      }
-      if (!failure) failure = parse_failure_line(line);
-      line.clear();
-    }
-  };
-  auto stop = [&](int sig) {  // ask mpirun to stop every rank; SIGKILL its group if it hangs
-    kill(pid, sig);
-    kill_at = Clock::now() + std::chrono::seconds(10);
-  };
-
-  while (!exited || (err_open && (!drain_until || Clock::now() < *drain_until))) {
-    const auto now = Clock::now();
-    std::optional<Clock::time_point> next;
-    for (const auto& t : {!timed_out && !stop_signal ? deadline : std::nullopt, kill_at,
-                          exited ? drain_until : std::nullopt})
-      if (t && (!next || *t < *next)) next = t;
-    int wait_ms = -1;
-    if (next)
-      wait_ms = static_cast<int>(std::clamp<long long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count() + 1, 0,
-          INT_MAX));
-    pollfd fds[2] = {{err_open ? err_pipe[0] : -1, POLLIN, 0}, {sig_pipe[0], POLLIN, 0}};
-    const int r = poll(fds, 2, wait_ms);
-    if (r < 0 && errno != EINTR) break;
-    if (r > 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-      char buf[8192];
-      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
-      if (n > 0) {
-        write_all(2, buf, static_cast<size_t>(n));
-        scan(buf, static_cast<size_t>(n));
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        err_open = false;
-      }
-    }
-    if (r > 0 && (fds[1].revents & POLLIN)) {
-      unsigned char sigs[64];
-      const ssize_t n = read(sig_pipe[0], sigs, sizeof sigs);
-      for (ssize_t i = 0; i < n; ++i) {
-        const int s = sigs[i];
-        if (s == SIGCHLD || exited) continue;
-        if (!stop_signal && !timed_out) {
-          stop_signal = s;
-          say(fmt::format("colossalai run: got {}: stopping every rank", signal_name(s)));
-          stop(s);
-        } else {
-          if (!stop_signal) stop_signal = s;
-          say(fmt::format("colossalai run: got {} again: killing mpirun", signal_name(s)));
-          kill(-pid, SIGKILL);
-        }
-      }
-    }
-    if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
-      exited = true;
-      drain_until = Clock::now() + std::chrono::seconds(2);
-    }
-    const auto t = Clock::now();
-    if (!exited && deadline && !timed_out && !stop_signal && t >= *deadline) {
-      timed_out = true;
+  std::vector<AttemptFailure> failures;
+  int result = 0;
+  for (int attempt = 1;; ++attempt) {
+    const Attempt a = run_attempt(argv, opts, deadline, sig_pipe[0], handled);
+    if (a.timed_out) {
       say(
-          fmt::format("colossalai run: timeout: the job ran {} s (--timeout {}): stopping every "
-                      "rank",
+          fmt::format("colossalai run: timeout: job stopped after {} s (--timeout {}); all ranks "
+                      "stopped",
                       opts.timeout, opts.timeout));
-      stop(SIGTERM);
+      result = 124;
+      break;
     }
-    if (!exited && kill_at && t >= *kill_at) {
-      say("colossalai run: mpirun did not stop within 10 s: killing it");
-      kill(-pid, SIGKILL);
-      kill_at.reset();
+    if (a.stop_signal) {
+      say(fmt::format("colossalai run: interrupted by {}; all ranks stopped",
+                      signal_name(a.stop_signal)));
+      result = 128 + a.stop_signal;
+      break;
     }
+    if (a.code == 0) {
+      if (!failures.empty())
+        say(fmt::format("colossalai run: the job succeeded after {} restart{} (--max_restarts {})",
+                        failures.size(), failures.size() == 1 ? "" : "s", opts.max_restarts));
+      result = 0;
+      break;
+    }
+    failures.push_back({attempt, a.failure, a.code});
+    result = a.code;
+    if (opts.max_restarts == 0) {
+      if (a.failure)
+        say(failure_summary(*a.failure));
+      else
+        say(
+            fmt::format("colossalai run: mpirun failed with exit code {} (see its messages "
+                        "above); all ranks stopped",
+                        a.code));
+      break;
+    }
+    const std::string what = a.failure
+                                 ? fmt::format("rank {} (host {}) failed: {}", a.failure->rank,
+                                               a.failure->host, failure_cause(*a.failure))
+                                 : fmt::format("mpirun failed with exit code {}", a.code);
+    if (attempt > opts.max_restarts) {
+      say(fmt::format("colossalai run: attempt {} failed: {}; all ranks stopped", attempt, what));
+      say(
+          fmt::format("colossalai run: giving up after {} restart{} (--max_restarts {}); {} "
+                      "failures:",
+                      opts.max_restarts, opts.max_restarts == 1 ? "" : "s", opts.max_restarts,
+                      failures.size()));
+      for (const auto& f : failures) say("  " + describe_attempt_failure(f));
+      break;
+    }
+    // The same mpirun command line again; a vit_train job with a complete checkpoint in its
+    // checkpoint.dir continues from it (a new run into its own step directories is refused).
+    LaunchPlan next = plan;
+    std::string how = "with the same command";
+    if (!ck_dir.empty()) {
+      wait_for_dir_lock(ck_dir);
+      std::string latest;
+      try {
+        latest = checkpoint::resolve_checkpoint(ck_dir);
+      } catch (const Error&) {
+      }
+      if (!latest.empty()) {
+        next.command = with_resume(plan.command);
+        how = fmt::format("with --resume (newest complete checkpoint: {})", latest);
+      } else {
+        how = fmt::format("with the same command ({} holds no complete checkpoint yet)", ck_dir);
+        std::vector<std::string> removed;
+        for (const auto& n : ck_dir_fresh ? step_entries(ck_dir) : std::vector<std::string>{}) {
+          if (n.size() < 4 || n.compare(n.size() - 4, 4, ".tmp") != 0) continue;
+          std::error_code ec;
+          std::filesystem::remove_all(std::filesystem::path(ck_dir) / n, ec);
+          if (!ec) removed.push_back(n);
+        }
+        if (!removed.empty())
+          how += fmt::format(" after removing this job's incomplete save{} {}",
+                             removed.size() == 1 ? "" : "s", join(removed, ", "));
+      }
+    }
+    say(
+        fmt::format("colossalai run: attempt {} failed: {}; all ranks stopped; restart {} of {} "
+                    "(--max_restarts "
+                    "{}) {}",
+                    attempt, what, attempt, opts.max_restarts, opts.max_restarts, how));
+    if (const int s = a.late_signal ? a.late_signal : pending_stop_signal(sig_pipe[0])) {
+      say(fmt::format("colossalai run: interrupted by {}; not restarting", signal_name(s)));
+      result = 128 + s;
+      break;
+    }
+    argv = build_mpirun_argv(next);
   }
-  if (!exited) {  // poll failed: do not leave mpirun behind
-    kill(-pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
-  if (!line.empty() && !failure) failure = parse_failure_line(line);
-  // Whatever is left in mpirun's process group (its local ranks) goes now.
-  kill(-pid, SIGKILL);
-  close(err_pipe[0]);
   for (int s : handled) signal(s, SIG_DFL);
   close(sig_pipe[0]);
   close(sig_pipe[1]);
   g_signal_pipe = -1;
-
-  const int code = exit_code_of(status);
-  if (timed_out) {
-    say(
-        fmt::format("colossalai run: timeout: job stopped after {} s (--timeout {}); all ranks "
-                    "stopped",
-                    opts.timeout, opts.timeout));
-    return 124;
-  }
-  if (stop_signal) {
-    say(fmt::format("colossalai run: interrupted by {}; all ranks stopped",
-                    signal_name(stop_signal)));
-    return 128 + stop_signal;
-  }
-  if (code == 0) return 0;
-  if (failure)
-    say(failure_summary(*failure));
-  else
-    say(
-        fmt::format("colossalai run: mpirun failed with exit code {} (see its messages above); "
-                    "all ranks stopped",
-                    code));
-  return code;
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -854,13 +1066,27 @@ void setup_run(CLI::App& app, RunOptions& opts) {
   sub->add_flag("--dry-run", opts.dry_run,
                 "Print the mpirun command (shell-quoted, one line) and exit without running it");
   sub->add_option("--timeout", opts.timeout,
-                  "Stop the whole job after SECONDS and exit 124 (default: no limit)")
+                  "Stop the whole job after SECONDS and exit 124 (default: no limit; with "
+                  "--max_restarts, counted from the first start)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--max_restarts", opts.max_restarts,
+                  "When a rank fails, stop every rank and start the job again (the same mpirun "
+                  "command), at most N times; then give up, exit non-zero and list every "
+                  "failure. A vit_train job whose checkpoint.dir holds a complete checkpoint "
+                  "restarts with --resume (from its newest, `latest`), else as first started")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--monitor_interval", opts.monitor_interval,
+                  "Seconds between the launcher's checks of its ranks (a rank's exit is also "
+                  "noticed at once)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and Open MPI's "
       "OMPI_COMM_WORLD_*). When a rank fails, every rank on every host is stopped and the exit "
-      "names the rank, host and exit code or signal. Ctrl-C/SIGTERM stop the job (exit "
-      "130/143).");
+      "names the rank, host and exit code or signal; with --max_restarts N the job then starts "
+      "again, up to N times (a job that succeeds after restarts exits 0 and says how many it "
+      "took). Ctrl-C/SIGTERM stop the job and never restart it (exit 130/143).");
   // PROGRAM [ARGS...]: prefix_command() hands the first positional and everything after it to
   // remaining(), unparsed. After "--", CLI11 2.1 would give the rest back to the parent app unless
   // the subcommand has a positional, so `program` takes what follows "--" (its validator refuses

@@ -3,7 +3,8 @@
 //   colossalai run --nproc_per_node N [--host h1,h2 | --hostfile F [--include a,b | --exclude c]]
 //                  [--num_nodes K] [--master_addr A] [--master_port P] [--ssh-port S]
 //                  [--extra_launch_args "..."] [-x NAME[=VALUE] ...] [--dry-run]
-//                  [--timeout SECONDS] PROGRAM [ARGS...]
+//                  [--timeout SECONDS] [--max_restarts N] [--monitor_interval SECONDS]
+//                  PROGRAM [ARGS...]
 //
 // Every rank runs under `colossalai _rank_wrapper PROGRAM ARGS` (hidden subcommand): the wrapper
 // sets torchrun's RANK/WORLD_SIZE/LOCAL_RANK/..., runs the program in its own process group,
@@ -35,6 +36,8 @@ struct RunOptions {
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
   bool dry_run = false;
   double timeout = 0;                // seconds; 0: none
+  int max_restarts = 0;              // restarts of the whole job after a failure (torchrun's)
+  double monitor_interval = 5;       // seconds: the longest the launcher waits between checks
   std::vector<std::string> command;  // PROGRAM ARGS... (everything after the program, unparsed)
   bool rank_wrapper = false;         // set by the hidden `_rank_wrapper` subcommand
   std::vector<std::string> after_dashes;  // parsing detail: PROGRAM ARGS given after "--"
@@ -111,6 +114,27 @@ std::optional<RankFailure> parse_failure_line(const std::string& line);
 std::string wrapper_failure_line(const std::string& rank, const std::string& host, int status);
 std::string failure_summary(const RankFailure& f);  // "rank 3 (host h) failed: exit code 3; ..."
 std::string signal_name(int sig);                   // "SIGKILL"; "signal 42" if unknown
+
+// One failure of the job, for --max_restarts' list: the rank's line when one was seen, else
+// mpirun's exit code.
+struct AttemptFailure {
+  int attempt = 1;  // 1-based
+  std::optional<RankFailure> rank;
+  int mpirun_code = 0;
+};
+// "exit code 3" / "killed by signal 9 (SIGKILL)".
+std::string failure_cause(const RankFailure& f);
+// "attempt 2: rank 1 (host h): killed by signal 9 (SIGKILL)" or "attempt 2: mpirun exited with
+// code 1 (no rank named a failure)".
+std::string describe_attempt_failure(const AttemptFailure& f);
+
+// When `command` runs vit_train (its program's file name): the checkpoint.dir of its --config
+// with its --set overrides (the config loaded as vit_train loads it), else "". Errors of the
+// config are cai::Error.
+std::string vit_train_checkpoint_dir(const std::vector<std::string>& command);
+// `command` for a restart that continues from checkpoint.dir: any --resume [VALUE] /
+// --resume=VALUE removed, then `--resume` (no value: vit_train's checkpoint.dir) appended.
+std::vector<std::string> with_resume(const std::vector<std::string>& command);
 
 // This program's path (/proc/self/exe).
 std::string self_exe();

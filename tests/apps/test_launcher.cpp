@@ -540,3 +540,57 @@ TEST(Hostfile, ShippedExampleParses) {
   EXPECT_EQ(names(hosts), (std::vector<std::string>{"node1", "node2", "node3", "10.0.0.5"}));
   EXPECT_EQ(hosts[2].slots, 8);
 }
+
+// --max_restarts: which checkpoint.dir a vit_train command names, the restarted command, and the
+// failure list's lines.
+TEST(Restart, VitTrainCheckpointDir) {
+  const std::string cfg =
+      std::string(CAI_TEST_DATA_DIR) + "/../../apps/vit_train/configs/fmnist_tiny.toml";
+  EXPECT_EQ(vit_train_checkpoint_dir({"build/apps/vit_train", "--config", cfg, "--set",
+                                      "checkpoint.dir=/tmp/ck", "--set", "train.num_epochs=1"}),
+            "/tmp/ck");
+  EXPECT_EQ(vit_train_checkpoint_dir({"vit_train", "-c", cfg, "--resume", "/x/step-000000002",
+                                      "--set=checkpoint.dir=ck2", "--trace", "t.json"}),
+            "ck2");
+  EXPECT_EQ(vit_train_checkpoint_dir({"vit_train", "--config", cfg}), "");  // no checkpoint.dir
+  EXPECT_EQ(vit_train_checkpoint_dir({"./train", "--config", cfg, "--set", "checkpoint.dir=x"}),
+            "");  // not vit_train
+  EXPECT_THROW(vit_train_checkpoint_dir({"vit_train", "--config", "/nonexistent.toml"}), Error);
+}
+
+TEST(Restart, WithResume) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(with_resume({"vit_train", "--config", "c.toml"}),
+            (V{"vit_train", "--config", "c.toml", "--resume"}));
+  // A --resume of the first start (a checkpoint elsewhere, or one step) gives way to the newest.
+  EXPECT_EQ(with_resume({"vit_train", "--resume", "/a/step-2", "--config", "c.toml"}),
+            (V{"vit_train", "--config", "c.toml", "--resume"}));
+  EXPECT_EQ(with_resume({"vit_train", "--resume", "--config", "c.toml", "--resume=/b"}),
+            (V{"vit_train", "--config", "c.toml", "--resume"}));
+}
+
+TEST(Restart, FailureLines) {
+  RankFailure k{"1", "h", -1, 9, "SIGKILL"};
+  EXPECT_EQ(failure_cause(k), "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(describe_attempt_failure({2, k, 137}),
+            "attempt 2: rank 1 (host h): killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(describe_attempt_failure({1, RankFailure{"0", "n", 3, 0, ""}, 3}),
+            "attempt 1: rank 0 (host n): exit code 3");
+  EXPECT_EQ(describe_attempt_failure({3, std::nullopt, 1}),
+            "attempt 3: mpirun exited with code 1 (no rank named a failure)");
+}
+
+TEST(Restart, Cli) {
+  RunOptions o = parse({"run", "--nproc_per_node", "2", "p"});
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_EQ(o.monitor_interval, 5);
+  o = parse({"run", "--nproc_per_node", "2", "--max_restarts", "3", "--monitor_interval", "0.5",
+             "p", "--max_restarts", "9"});
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_EQ(o.monitor_interval, 0.5);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"p", "--max_restarts", "9"}));
+  EXPECT_THROW(parse({"run", "--nproc_per_node", "1", "--max_restarts", "-1", "p"}),
+               CLI::ParseError);
+  EXPECT_THROW(parse({"run", "--nproc_per_node", "1", "--monitor_interval", "0", "p"}),
+               CLI::ParseError);
+}

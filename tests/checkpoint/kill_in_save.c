@@ -2,7 +2,9 @@
 // file whose path contains $KILL_IN_SAVE_PATH, on the rank $KILL_IN_SAVE_RANK
 // (OMPI_COMM_WORLD_RANK), the process kills itself with SIGKILL, in the middle of a save, so the
 // test sees what a job killed there leaves (tests/apps/test_vit_train_killed_save.sh). The
-// library under test is not changed; every other call goes to the real fsync.
+// library under test is not changed; every other call goes to the real fsync. With
+// $KILL_IN_SAVE_ONCE (a file name) it fires only while that file does not exist, creating it
+// first (a restarted job then runs through).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <signal.h>
@@ -24,7 +26,12 @@ int fsync(int fd) {
     const ssize_t n = readlink(link, path, sizeof path - 1);
     if (n > 0) {
       path[n] = '\0';
-      if (strstr(path, want)) {
+      const char* once = getenv("KILL_IN_SAVE_ONCE");
+      if (strstr(path, want) && (!once || access(once, F_OK) != 0)) {
+        if (once) {
+          FILE* f = fopen(once, "w");
+          if (f) fclose(f);
+        }
         fprintf(stderr, "kill_in_save: rank %s kills itself after the fsync of %s\n", me, path);
         fflush(stderr);
         raise(SIGKILL);
