@@ -57,20 +57,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // data-parallel rank, in the benchmark's precision.
 config::TrainConfig vit_config(const config::TrainConfig& base, const BenchLayout& l,
                                const BenchOptions& o, const std::string& device) {
-  config::TrainConfig c = base;
-  c.tensor_mode = l.mode;
-  c.tensor_size = l.size;
-  c.tensor_depth = l.depth;
-  c.sequence_parallel = false;
-  c.pipeline = 1;
-  c.num_microbatches = 0;
-  c.microbatch_size = 0;
-  c.num_model_chunks = 1;
-  c.num_layers_per_stage.clear();
-  c.zero_stage = 0;
-  c.cpu_offload = false;
-  c.gradient_accumulation = 1;
-  c.batch_size = o.batch;
+  config::TrainConfig c = config::tensor_layout_config(base, l.mode, l.size, l.depth, o.batch);
   c.precision = o.precision;
   c.device = device;
   return c;

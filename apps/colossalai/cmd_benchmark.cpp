@@ -242,13 +242,7 @@ class Worker {
         make_data_parallel();
         if (dp_) dp_->setup(*vit_);
       }
-      cfg.tensor_mode = l.mode;
-      cfg.tensor_size = l.size;
-      cfg.tensor_depth = l.depth;
-      cfg.sequence_parallel = false;
-      cfg.pipeline = 1;
-      cfg.zero_stage = 0;
-      cfg.batch_size = o_.batch_size;
+      cfg = config::tensor_layout_config(cfg, l.mode, l.size, l.depth, o_.batch_size);
       plan_flops(l, cfg.vit(), config::plan_layout(cfg, comm_.size()));
       const nn::ViTConfig& c = vit_->config();
       Tensor img = Tensor::empty({o_.batch_size, c.in_chans, c.img_size, c.img_size});

@@ -498,6 +498,25 @@ std::string to_toml(const TrainConfig& c0) {
   return out;
 }
 
+TrainConfig tensor_layout_config(const TrainConfig& base, const std::string& mode, int size,
+                                 int depth, int64_t batch) {
+  TrainConfig c = base;
+  c.tensor_mode = mode;
+  c.tensor_size = size;
+  c.tensor_depth = depth;
+  c.sequence_parallel = false;
+  c.pipeline = 1;
+  c.num_microbatches = 0;
+  c.microbatch_size = 0;
+  c.num_model_chunks = 1;
+  c.num_layers_per_stage.clear();
+  c.zero_stage = 0;
+  c.cpu_offload = false;
+  c.gradient_accumulation = 1;
+  c.batch_size = batch;
+  return c;
+}
+
 plan::Layout plan_layout(const TrainConfig& c, int world) {
   plan::Layout l;
   l.world = world;

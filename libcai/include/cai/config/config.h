@@ -106,5 +106,11 @@ std::string expand_env(const std::string& s, const std::string& key);
 // The step model's layout for this config on `world` processes (cai/plan): what --dry-run
 // prints and what colossalai-sim reads.
 plan::Layout plan_layout(const TrainConfig& c, int world);
+// `base` with its parallel section replaced by one tensor layout (mode none/1d/2d/2.5d/3d, size,
+// depth) and nothing else: pipeline 1, ZeRO 0, no sequence parallelism, offload or accumulation,
+// `batch` samples per data-parallel rank. What colossalai benchmark measures and simulates per
+// layout.
+TrainConfig tensor_layout_config(const TrainConfig& base, const std::string& mode, int size,
+                                 int depth, int64_t batch);
 
 }  // namespace cai::config
