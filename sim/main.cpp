@@ -108,6 +108,31 @@ int run(const Options& o) {
                                i + 1, c.layout, c.step_ms, c.img_per_s, c.bubble, c.bound_ms,
                                static_cast<double>(c.peak_mem_bytes) / double(1ull << 30));
     }
+    if (!o.json.empty()) {
+      // Every simulated layout, best first, with the vit_train config that runs it (the
+      // validation of the search measures these configs: scripts/gpu-layouts search).
+      nlohmann::json j;
+      j["config"] = o.config;
+      j["nproc"] = o.nproc;
+      j["cluster"] = o.cluster;
+      j["calibration"] = o.calibration;
+      j["considered"] = r.considered;
+      j["simulated"] = r.simulated;
+      j["bounded"] = r.bounded;
+      j["ranked"] = nlohmann::json::array();
+      for (size_t i = 0; i < r.ranked.size(); ++i) {
+        const Candidate& c = r.ranked[i];
+        j["ranked"].push_back({{"rank", i + 1},
+                               {"layout", c.layout},
+                               {"step_ms", c.step_ms},
+                               {"img_per_s", c.img_per_s},
+                               {"bubble", c.bubble},
+                               {"bound_ms", c.bound_ms},
+                               {"peak_mem_bytes", c.peak_mem_bytes},
+                               {"toml", cai::config::to_toml(c.config)}});
+      }
+      write(o.json, j.dump(1) + "\n");
+    }
     if (!o.out.empty()) {
       write(o.out, "# The fastest layout colossalai-sim --search found for " +
                        std::to_string(o.nproc) + " processes on " + o.cluster + ": " +
@@ -206,7 +231,9 @@ int main(int argc, char** argv) {
   app.add_flag("--version", o.version, "Print the version and the SimGrid linked");
   app.add_option("--cluster", o.cluster, "Cluster description (hostfiles/clusters/*.toml)");
   app.add_option("--nproc", o.nproc, "Ranks (GPUs or CPU processes) the layout runs on");
-  app.add_option("--json", o.json, "Write the result JSON here");
+  app.add_option("--json", o.json,
+                 "Write the result JSON here (--search: every simulated layout, best first, with "
+                 "the vit_train config that runs it)");
   app.add_flag("--search", o.search,
                "With --config, --nproc and --cluster: rank every layout that fits by simulated "
                "throughput");

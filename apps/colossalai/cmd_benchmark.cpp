@@ -105,7 +105,9 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--hostfile", o.hostfile, "Hosts to run on (as colossalai run)");
-  sub->add_option("--json", o.json, "Also write the table as JSON to this file");
+  sub->add_option("--json", o.json,
+                  "Also write the table as JSON to this file (--search: every layout that fits, "
+                  "simulated, best first, each with the vit_train config that runs it)");
   sub->add_flag("--simulate", o.simulate, "Estimate with colossalai-sim instead of measuring");
   sub->add_option("--cluster", o.cluster, "Virtual cluster file (hostfiles/clusters/*.toml)");
   sub->add_option("--calibration", o.calibration,
@@ -788,6 +790,7 @@ int run_benchmark(const BenchmarkOptions& o) {
     for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
     if (!o.calibration.empty()) a.insert(a.end(), {"--calibration", o.calibration});
     if (!o.out.empty()) a.insert(a.end(), {"--out", o.out});
+    if (!o.json.empty()) a.insert(a.end(), {"--json", o.json, "--exhaustive"});
     return run_program(a);
   }
   if (o.simulate) {
