@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The layout search against measured runs: scripts/search_validation.py DIR STEPS [--markdown]
+"""The layout search against measured runs: scripts/search_validation.py DIR STEPS
 
 DIR holds `benchmark --search --json` output (search.json) and, per measured layout of rank R,
 rRRR.toml, rRRR.metrics.jsonl (vit_train's, STEPS steps) and rRRR.log (scripts/gpu-layouts
 search writes them). Writes DIR/measured.jsonl and prints the Spearman rank correlation of
 simulated and measured throughput, the search's pick against the measured best, and one row per
-layout (--markdown: as a table for docs). A layout whose run failed or hung counts as measured
-at 0 img/s (a pick that does not run is the worst pick)."""
+layout. A layout whose run failed or hung is listed apart and left out of the correlation; the
+pick is the search's first place whether it ran or not (one that does not run scores 0%)."""
 import json, os, re, sys
 s, steps = sys.argv[1], int(sys.argv[2])
 ranked = json.load(open(f"{s}/search.json"))["ranked"]
@@ -53,10 +53,15 @@ if len(ok) > 2:
     cov = sum((p - ma) * (q - mb) for p, q in zip(a, b))
     rho = cov / (sum((p - ma) ** 2 for p in a) * sum((q - mb) ** 2 for q in b)) ** 0.5
     best = max(ok, key=lambda x: x["img_per_s"])
-    pick = ok[0]
-    print(f"measured {len(ok)} of {len(rows)} picked layouts; Spearman {rho:.3f}; the pick "
-          f"(rank {pick['rank']}) {pick['img_per_s']:.1f} img/s, the measured best (rank "
-          f"{best['rank']}) {best['img_per_s']:.1f}: {100 * pick['img_per_s'] / best['img_per_s']:.1f}%")
+    pick = rows[0]  # the search's first place, whether it ran or not
+    got = pick["img_per_s"] or 0.0
+    print(f"measured {len(ok)} of {len(rows)} picked layouts (Spearman over those that ran); "
+          f"Spearman {rho:.3f}; the pick (rank {pick['rank']}) {got:.1f} img/s, the measured best "
+          f"(rank {best['rank']}) {best['img_per_s']:.1f}: {100 * got / best['img_per_s']:.1f}%")
+    failed = [x for x in rows if not x["img_per_s"]]
+    if failed:
+        print("did not finish (failed or hung; see their logs): " +
+              ", ".join(f"rank {x['rank']} {x['layout']}" for x in failed))
 for x in rows:
     err = 100 * (x["sim_step_ms"] / x["step_ms"] - 1) if x["step_ms"] else float("nan")
     print(f"{x['rank']:4} {x['layout']:66} sim {x['sim_step_ms']:8.2f} ms  measured "
