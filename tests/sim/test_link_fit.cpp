@@ -36,6 +36,56 @@ Calibration synthetic(const std::vector<int>& groups) {
   return c;
 }
 
+Cluster cluster(const std::string& name) {
+  return load_cluster(std::string(CAI_CLUSTER_DIR) + "/" + name);
+}
+
+// Collectives of `kind` over each group (every member's op on stream `stream + k` for group k, so
+// the groups run at once), `bytes` each.
+Workload collectives(OpKind kind, const std::vector<std::vector<int>>& groups, int64_t bytes,
+                     int ranks) {
+  Workload w;
+  w.name = "collectives";
+  w.ranks.resize(ranks);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const int g = w.add_group(groups[k]);
+    for (int r : groups[k])
+      w.ranks[r].ops.push_back(
+          Op::collective(kind, fmt::format("c{}", k), g, bytes, 1 + static_cast<int>(k)));
+  }
+  return w;
+}
+
+Workload one_send(int64_t bytes) {
+  Workload w;
+  w.name = "send";
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::send("send", 1, 7, bytes));
+  w.ranks[1].ops.push_back(Op::recv("recv", 0, 7, bytes));
+  return w;
+}
+
+double replay_s(const Workload& w, const Cluster& c, const Calibration& cal,
+                CollectiveModel m = CollectiveModel::Flows) {
+  ReplayOptions o;
+  o.collectives = m;
+  o.calibration = cal;
+  return replay(w, c, o).step_s;
+}
+
+std::vector<int> first(int n) {
+  std::vector<int> v(n);
+  for (int r = 0; r < n; ++r) v[r] = r;
+  return v;
+}
+
+OpKind kind_of(const std::string& op) {
+  return op == "all_reduce"       ? OpKind::AllReduce
+         : op == "all_gather"     ? OpKind::AllGather
+         : op == "reduce_scatter" ? OpKind::ReduceScatter
+                                  : OpKind::Broadcast;
+}
+
 }  // namespace
 
 TEST(LinkFit, RingSteps) {
@@ -130,4 +180,87 @@ TEST(LinkFit, Errors) {
   const LinkModel none = fit_links(Calibration{}, 1e-6);
   EXPECT_FALSE(none.covers("all_reduce"));
   EXPECT_EQ(none.seconds("all_reduce", 2, 1e6), -1);
+}
+
+// A collective replayed through the flow model (SimGrid flows over the fitted links) against its
+// own calibration samples: every op and group size of the 4-GPU H200 profile, every 4th size
+// (and the largest), and p2p sends; within 3%.
+TEST(Flows, ReplayMatchesItsSamples) {
+  const Calibration cal = profile("h200x4-vit_base_patch16_224-bf16-nccl.json");
+  const Cluster c = cluster("h200-4.toml");
+  double worst = 0;
+  int n_checked = 0;
+  for (const auto& [key, v] : cal.collectives)
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i % 4 != 0 && i + 1 != v.size()) continue;
+      const auto& [op, n] = key;
+      const auto bytes = static_cast<int64_t>(v[i].bytes);
+      const Workload w =
+          op == "p2p" ? one_send(bytes) : collectives(kind_of(op), {first(n)}, bytes, n);
+      const double e = replay_s(w, c, cal) / v[i].seconds - 1;
+      EXPECT_LT(std::abs(e), 0.03) << op << " over " << n << " ranks, " << bytes << " bytes";
+      worst = std::max(worst, std::abs(e)), ++n_checked;
+    }
+  fmt::print("flows against their own samples: {} replays, max |error| {:.3f}%\n", n_checked,
+             100 * worst);
+  EXPECT_GE(n_checked, 80);
+}
+
+// A group size the profile lacks (3 ranks, samples of 2 and 4 only) replays as the link model
+// predicts it (the same time), not as the network model's nominal links.
+TEST(Flows, UnmeasuredGroupSizeThroughTheLinks) {
+  Calibration cal = profile("h200x4-vit_base_patch16_224-bf16-nccl.json");
+  const Calibration full = cal;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"})
+    cal.collectives.erase({op, 3});
+  const LinkModel lm = fit_links(cal, cluster("h200-4.toml").intra.latency);
+  const Cluster c = cluster("h200-4.toml");
+  for (const int64_t bytes : {int64_t(1) << 16, int64_t(1) << 26}) {
+    const Workload w = collectives(OpKind::AllReduce, {first(3)}, bytes, 3);
+    const double t = replay_s(w, c, cal);
+    EXPECT_NEAR(t / lm.seconds("all_reduce", 3, static_cast<double>(bytes)), 1.0, 1e-6) << bytes;
+    EXPECT_NEAR(t / full.collective_seconds("all_reduce", 3, static_cast<double>(bytes), nullptr),
+                1.0, 0.15)
+        << bytes;
+  }
+}
+
+// Two all-reduces at once on the same two GPUs share their links: together they take longer
+// than one alone (about twice at 256 MiB, the links' capacity being about one flow's bandwidth);
+// on disjoint GPUs of an NVSwitch node they do not. The calibrated sleep sees neither.
+TEST(Flows, ConcurrentCollectivesOnSharedLinksContend) {
+  const Calibration cal = profile("h200x4-vit_base_patch16_224-bf16-nccl.json");
+  const Cluster c = cluster("h200-4.toml");
+  const int64_t b = int64_t(1) << 28;
+  const double one = replay_s(collectives(OpKind::AllReduce, {{0, 1}}, b, 2), c, cal);
+  const double shared = replay_s(collectives(OpKind::AllReduce, {{0, 1}, {0, 1}}, b, 2), c, cal);
+  const double disjoint = replay_s(collectives(OpKind::AllReduce, {{0, 1}, {2, 3}}, b, 4), c, cal);
+  EXPECT_GT(shared, 1.5 * one);
+  EXPECT_NEAR(disjoint / one, 1.0, 1e-6);
+  EXPECT_NEAR(replay_s(collectives(OpKind::AllReduce, {{0, 1}, {0, 1}}, b, 2), c, cal,
+                       CollectiveModel::Bulk) /
+                  one,
+              1.0, 0.01);
+  fmt::print("256 MiB all-reduce on 2 H200s: {:.3f} ms alone, {:.3f} ms beside another\n",
+             1e3 * one, 1e3 * shared);
+}
+
+// Strided groups route over the links their ranks use: on 2 nodes of 2 GPUs, pairs {0, 2} and
+// {1, 3} cross the nodes and share both NIC links (slower together than alone, slower than the
+// consecutive pairs {0, 1}, {2, 3} inside the nodes).
+TEST(Flows, StridedGroupsCrossTheNics) {
+  const Calibration cal = profile("h200x4-vit_base_patch16_224-bf16-nccl.json");
+  Cluster c = cluster("h200-4.toml");
+  c.nodes = 2, c.gpus_per_node = 2;
+  c.inter.nics_per_node = 1, c.inter.nic_bandwidth = 50e9, c.inter.latency = 5e-6;
+  const int64_t b = int64_t(1) << 26;
+  const double inside = replay_s(collectives(OpKind::AllReduce, {{0, 1}, {2, 3}}, b, 4), c, cal);
+  const double across_one = replay_s(collectives(OpKind::AllReduce, {{0, 2}}, b, 4), c, cal);
+  const double across = replay_s(collectives(OpKind::AllReduce, {{0, 2}, {1, 3}}, b, 4), c, cal);
+  EXPECT_GT(across_one, 2 * inside);  // 50 GB/s NICs against ~330 GB/s links
+  EXPECT_GT(across, 1.5 * across_one);
+  fmt::print(
+      "64 MiB all-reduce pairs: inside nodes {:.3f} ms; across {:.3f} ms alone, {:.3f} ms "
+      "two at once\n",
+      1e3 * inside, 1e3 * across_one, 1e3 * across);
 }
