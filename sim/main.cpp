@@ -33,7 +33,7 @@ namespace {
 
 struct Options {
   std::string cluster, json, trace, calibration, config, schedule, dtype = "bf16";
-  std::string collectives = "auto";
+  std::string collectives = "calibrated";
   std::vector<std::string> sets;
   int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
@@ -149,10 +149,7 @@ int run(const Options& o) {
   const Cluster c = load_cluster(o.cluster);
   ReplayOptions ro;
   if (!o.calibration.empty()) ro.calibration = load_calibration(o.calibration);
-  ro.collectives =
-      o.collectives == "auto"
-          ? (ro.calibration.collectives.empty() ? CollectiveModel::Bulk : CollectiveModel::Flows)
-          : parse_collective_model(o.collectives);
+  ro.collectives = parse_collective_model(o.collectives);
   const int nproc = o.nproc > 0 ? o.nproc : (o.data_parallel ? c.gpus() : o.stages);
   // Identical data-parallel replicas are simulated once (replay.h: replicas_per_copy) unless
   // --no-fold or the step-by-step model asks for every rank.
@@ -255,14 +252,14 @@ int main(int argc, char** argv) {
                  "Calibration profile (JSON, colossalai benchmark --calibrate; sim/calibrations/)");
   CLI::Option* o_collectives =
       app.add_option("--collectives", o.collectives,
-                     "Collective model: flows (collectives the calibration measured run as flows "
-                     "over links fitted to its samples: contention, unmeasured group sizes and "
-                     "nodes from the link model), calibrated (their measured time, slept; = "
-                     "bulk), bulk (network model: one flow per ring edge) or step (network model "
-                     "step by step, exact); auto: flows when the calibration has collectives, "
-                     "else bulk")
+                     "Collective model: calibrated (= bulk: a collective whose op and group size "
+                     "the calibration measured takes its measured time, slept; others the "
+                     "network model, one flow per ring edge), flows (every collective and send of "
+                     "an op the calibration measured runs as flows over links fitted to its "
+                     "samples: contention, unmeasured group sizes and nodes from the link model) "
+                     "or step (the network model step by step, exact)")
           ->capture_default_str()
-          ->check(CLI::IsMember({"auto", "flows", "calibrated", "bulk", "step"}));
+          ->check(CLI::IsMember({"calibrated", "bulk", "flows", "step"}));
   CLI::Option* o_dtype = app.add_option("--dtype", o.dtype, "Compute dtype: fp32, bf16, fp16")
                              ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   CLI::Option* o_global_batch =

@@ -138,8 +138,8 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         t.comm_flows, t.comm_network);
   else if (t.comm_measured + t.comm_interpolated + t.comm_network > 0)
     s += fmt::format(
-        "  collectives and sends: {} calibrated (the measured time, slept), {} interpolated "
-        "between its samples, {} from the network model\n",
+        "  collectives and sends: {} measured by the calibration, {} interpolated between its "
+        "samples (the measured time, slept), {} from the network model\n",
         t.comm_measured, t.comm_interpolated, t.comm_network);
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;
