@@ -264,3 +264,29 @@ TEST(Flows, StridedGroupsCrossTheNics) {
       "two at once\n",
       1e3 * inside, 1e3 * across_one, 1e3 * across);
 }
+
+// Profiles with the group layouts of `colossalai benchmark -g 4 --calibrate` (an entry's optional
+// "layout") load: those samples go to collective_layouts, the others as before; a profile without
+// them loads unchanged, and an unknown layout is refused naming it.
+TEST(LinkFit, CalibrationLayouts) {
+  const std::string text = R"({"device": "x", "collectives": [
+    {"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 2e-5},
+    {"op": "all_reduce", "group": 2, "bytes": 2048, "seconds": 3e-5, "layout": "strided"},
+    {"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 2.5e-5, "layout": "concurrent"},
+    {"op": "all_reduce", "group": 2, "bytes": 512, "seconds": 2.4e-5, "layout": "concurrent"}]})";
+  const Calibration c = parse_calibration(text, "layouts.json");
+  EXPECT_EQ(c.collectives.at({"all_reduce", 2}).size(), 1u);
+  const auto& conc = c.collective_layouts.at({"all_reduce", 2, "concurrent"});
+  ASSERT_EQ(conc.size(), 2u);
+  EXPECT_EQ(conc[0].bytes, 512);  // sorted by bytes
+  EXPECT_EQ(c.collective_layouts.at({"all_reduce", 2, "strided"}).size(), 1u);
+  EXPECT_TRUE(profile("h200x4-vit_base_patch16_224-bf16-nccl.json").collective_layouts.empty());
+  try {
+    parse_calibration(R"({"collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024,
+      "seconds": 2e-5, "layout": "diagonal"}]})",
+                      "bad.json");
+    FAIL() << "no error";
+  } catch (const cai::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"diagonal\""), std::string::npos) << e.what();
+  }
+}
