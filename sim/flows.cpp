@@ -46,21 +46,30 @@ void run_flows(const LinkModel& m, const std::string& op, int n, double bytes,
   if (bound > 0) rate = rate > 0 ? std::min(rate, bound) : bound;
   const double launch = f.launch(n);
   if (launch > 0) sg4::this_actor::sleep_for(launch);
-  // A flow alone on a link of the model's capacity C runs at C: it carries link_bytes · C / beta,
-  // so it takes link_bytes / beta alone, and flows sharing a link share C in proportion (the
-  // protocol's low bandwidth occupies the link for longer). (SimGrid 3.32 does not apply a
-  // comm's set_rate bound in this platform: measured, a bounded flow ran at the link's speed.)
-  std::vector<sg4::CommPtr> flows;
+  // One flow per edge carrying link_bytes, bounded to beta: alone it runs at beta, and flows
+  // sharing a link share its capacity once their bounds together exceed it (max-min). Mailbox
+  // transfers between an actor on each end: SimGrid 3.32 bounds those by set_rate (with a TCP
+  // gamma other than 0, simgrid_args), not host-to-host sendto comms.
+  static char payload = 0;
+  static uint64_t serial = 0;
+  // At least a byte: a zero-byte host-to-host comm took longer than its route's latency.
+  const uint64_t size = std::max<uint64_t>(1, std::llround(std::max(0.0, s.link_bytes)));
+  std::vector<sg4::ActorPtr> senders;
   double route_max = 0;
-  const double size = std::max(0.0, s.link_bytes) * (rate > 0 ? m.capacity / rate : 1.0);
   for (const auto& [from, to] : edges) {
     std::vector<sg4::Link*> links;
     double lat = 0;
     from->route_to(to, links, &lat);
     route_max = std::max(route_max, lat);
-    flows.push_back(sg4::Comm::sendto_async(from, to, std::max<uint64_t>(1, std::llround(size))));
+    sg4::Mailbox* box = sg4::Mailbox::by_name("flow#" + std::to_string(serial++));
+    sg4::Actor::create("flow-rx", to, [box] { box->get<char>(); });
+    senders.push_back(sg4::Actor::create("flow-tx", from, [box, size, rate] {
+      sg4::CommPtr comm = box->put_init(&payload, size);
+      if (rate > 0) comm->set_rate(rate);
+      comm->wait();
+    }));
   }
-  for (const sg4::CommPtr& c : flows) c->wait();
+  for (const sg4::ActorPtr& a : senders) a->join();
   // The steps' latencies the flows did not take: steps · alpha in all, plus what the slowest
   // route adds over one inside a node at every further step.
   const double extra = std::max(0.0, route_max - m.latency);
@@ -97,7 +106,6 @@ SendFlow send_flow(const LinkModel& m, double bytes, double bound) {
   SendFlow out;
   out.rate = beta < kNoBandwidth ? beta : 0;
   if (bound > 0) out.rate = out.rate > 0 ? std::min(out.rate, bound) : bound;
-  out.bytes = bytes * (out.rate > 0 && m.capacity > 0 ? m.capacity / out.rate : 1.0);
   out.delay = std::max(0.0, f.launch(2) + f.alpha - m.latency);
   return out;
 }

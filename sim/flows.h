@@ -3,13 +3,13 @@
 //
 // The platform's intra-node links carry the link model's capacity and latency (flow_cluster). A
 // collective of `op` over n ranks of `bytes` (link_fit.h's ring shape: `steps`, `link_bytes`)
-// takes launch(n), then one flow per ring edge (per chain edge for a broadcast) that alone runs
-// link_bytes at the fitted bandwidth beta(n, bytes) (it carries link_bytes · capacity / beta;
-// flows sharing a link share its capacity, SimGrid's max-min), then the remaining step latencies:
-// steps · alpha in all, less the route latency the flows took, plus (steps - 1) × what the slowest
-// edge's route adds over a link inside a node (a ring across nodes pays the NICs' latency at every
-// step). Alone inside a node it takes launch(n) + steps · alpha + link_bytes / beta: the link
-// model's time.
+// takes launch(n), then one flow per ring edge (per chain edge for a broadcast) carrying
+// link_bytes, its rate bounded to the fitted bandwidth beta(n, bytes) (flows sharing a link share
+// its capacity once their bounds together exceed it, SimGrid's max-min), then the remaining step
+// latencies: steps · alpha in all, less the route latency the flows took, plus (steps - 1) × what
+// the slowest edge's route adds over a link inside a node (a ring across nodes pays the NICs'
+// latency at every step). Alone inside a node it takes launch(n) + steps · alpha + link_bytes /
+// beta: the link model's time.
 #pragma once
 #include <string>
 #include <utility>
@@ -50,11 +50,10 @@ void flow_timing(const Workload& w, const detail::Matching& m, const Calibration
                  const LinkModel& lm, CommDurations& cd, TimingSources& t);
 
 // A send of `bytes` as one flow (the replay's message to the posted receive): wait `delay`, then
-// send `bytes` scaled to run at the fitted bandwidth `rate` on a link of the model's capacity
-// (run_flows); the receive completes after launch(2) + alpha + what the route adds over one
-// inside a node + bytes / rate.
+// send bounded to `rate` (0: unbounded); the receive completes after launch(2) + alpha + what the
+// route adds over one inside a node + bytes / rate.
 struct SendFlow {
-  double delay = 0, rate = 0, bytes = 0;
+  double delay = 0, rate = 0;
 };
 SendFlow send_flow(const LinkModel& m, double bytes, double bound = 0);
 

@@ -715,8 +715,10 @@ struct Replayer {
                           p.node_of[r] != p.node_of[o.peer] ? c.inter.nic_bandwidth : 0);
             auto held = hold({r, o.peer});
             if (sf.delay > 0) sg4::this_actor::sleep_for(sf.delay);
-            sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))
-                ->put(&payload, static_cast<uint64_t>(std::llround(sf.bytes)));
+            sg4::CommPtr comm = sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))
+                                    ->put_init(&payload, std::max<uint64_t>(1, o.bytes));
+            if (sf.rate > 0) comm->set_rate(sf.rate);
+            comm->wait();
             let_go(held);
             break;
           }
