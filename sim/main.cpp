@@ -25,6 +25,7 @@
 #include "cluster.h"
 #include "expand.h"
 #include "from_config.h"
+#include "link_fit.h"
 #include "replay.h"
 #include "report.h"
 #include "search.h"
@@ -218,6 +219,11 @@ int run(const Options& o) {
   if (!o.trace.empty()) write(o.trace, result_trace(w, r));
   if (!o.quiet) {
     std::cout << result_summary(w, r) << plan_line;
+    if (ro.collectives == CollectiveModel::Flows && !ro.calibration.collectives.empty()) {
+      // The links the flows ran over (the replay's fit of the same profile).
+      const LinkModel lm = fit_links(ro.calibration, c.intra.latency);
+      std::cout << "  " << link_fit_report(lm).substr(0, link_fit_report(lm).find('\n') + 1);
+    }
     for (const std::string& s : warnings) std::cout << "  warning: " << s << "\n";
   }
   return 0;
