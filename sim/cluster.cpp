@@ -356,13 +356,14 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else if (k == "collectives") {
       CAI_CHECK(v.is_array(), "[calibration] {}: collectives is not a list", origin);
       for (const json& e : v) {
-        const bool ok = e.is_object() && e.size() == 4 && e.contains("op") && e["op"].is_string() &&
-                        e.contains("group") && e["group"].is_number_integer() &&
-                        e.contains("bytes") && e["bytes"].is_number() && e.contains("seconds") &&
-                        e["seconds"].is_number();
+        const bool has_layout = e.is_object() && e.contains("layout");
+        const bool ok = e.is_object() && e.size() == (has_layout ? 5u : 4u) && e.contains("op") &&
+                        e["op"].is_string() && e.contains("group") &&
+                        e["group"].is_number_integer() && e.contains("bytes") &&
+                        e["bytes"].is_number() && e.contains("seconds") && e["seconds"].is_number();
         CAI_CHECK(ok,
                   "[calibration] {}: collectives entry {} is not {{\"op\": name, \"group\": n, "
-                  "\"bytes\": b, \"seconds\": s}}",
+                  "\"bytes\": b, \"seconds\": s}} (and optionally \"layout\")",
                   origin, e.dump());
         const std::string op = e["op"].get<std::string>();
         CAI_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
@@ -377,12 +378,23 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                   "[calibration] {}: collectives entry {} needs group >= 2 (p2p: 2), bytes > 0 "
                   "and seconds > 0",
                   origin, e.dump());
+        if (has_layout) {
+          const json& l = e["layout"];
+          const std::string layout = l.is_string() ? l.get<std::string>() : "";
+          CAI_CHECK(layout == "strided" || layout == "strided_concurrent" || layout == "concurrent",
+                    "[calibration] {}: collectives entry {}: layout {}: expected \"strided\", "
+                    "\"strided_concurrent\" or \"concurrent\"",
+                    origin, e.dump(), l.dump());
+          c.collective_layouts[{op, static_cast<int>(g), layout}].push_back({b, sec});
+          continue;
+        }
         c.collectives[{op, static_cast<int>(g)}].push_back({b, sec});
       }
-      for (auto& [key, list] : c.collectives)
-        std::sort(
-            list.begin(), list.end(),
-            [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
+      auto by_bytes = [](const CollectiveSample& a, const CollectiveSample& b) {
+        return a.bytes < b.bytes;
+      };
+      for (auto& [key, list] : c.collectives) std::sort(list.begin(), list.end(), by_bytes);
+      for (auto& [key, list] : c.collective_layouts) std::sort(list.begin(), list.end(), by_bytes);
     } else if (k == "wake") {
       const char* form = "{\"group\", \"poll_seconds\", \"base_seconds\", \"late_seconds\"}";
       auto num = [&](const char* key) {

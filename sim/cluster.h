@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace cai::sim {
@@ -112,6 +113,12 @@ struct Calibration {
   // "broadcast" or "p2p" (group size 2: a one-way send/recv), sorted by bytes. No entry: the
   // network model of the cluster file times that collective.
   std::map<std::pair<std::string, int>, std::vector<CollectiveSample>> collectives;
+  // Samples of other group layouts (an entry's optional "layout": "strided", the pair {0, N/2}
+  // alone; "strided_concurrent", every pair {r, r + N/2} at once; "concurrent", every consecutive
+  // pair at once; rank 0's pair's time), per {op, group size, layout}, sorted by bytes. Not
+  // used for timing: the flow model predicts them from the links (tests compare).
+  std::map<std::tuple<std::string, int, std::string>, std::vector<CollectiveSample>>
+      collective_layouts;
   // Seconds of collective `op` over `group_size` ranks moving `bytes`: a sample's when one
   // matches (within 0.1%), between samples interpolated in log-log (log-seconds linear in
   // log-bytes); -1 outside the sampled range of that {op, group size} or without samples.
@@ -148,7 +155,8 @@ struct Calibration {
 Calibration default_calibration();
 // JSON: {"device": "...", "default": {"flops": f, "bytes": b}, "ops": {"gemm": {...}, ...},
 // "samples": {"attn.qkv|fwd": [[flops, bytes, seconds], ...], ...},
-// "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...],
+// "collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024, "seconds": 1e-5}, ...] (an
+// entry may add "layout": "strided" | "strided_concurrent" | "concurrent"),
 // "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
 // "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t},
 // "wake": {"group": g, "poll_seconds": p, "base_seconds": b, "late_seconds": l}};

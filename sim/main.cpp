@@ -25,6 +25,7 @@
 #include "cluster.h"
 #include "expand.h"
 #include "from_config.h"
+#include "link_fit.h"
 #include "replay.h"
 #include "report.h"
 #include "search.h"
@@ -33,7 +34,7 @@ namespace {
 
 struct Options {
   std::string cluster, json, trace, calibration, config, schedule, dtype = "bf16";
-  std::string collectives = "bulk";
+  std::string collectives = "calibrated";
   std::vector<std::string> sets;
   int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
@@ -148,12 +149,12 @@ int run(const Options& o) {
   CAI_CHECK(!o.cluster.empty(), "[sim] --cluster FILE is required");
   const Cluster c = load_cluster(o.cluster);
   ReplayOptions ro;
-  ro.collectives = parse_collective_model(o.collectives);
   if (!o.calibration.empty()) ro.calibration = load_calibration(o.calibration);
+  ro.collectives = parse_collective_model(o.collectives);
   const int nproc = o.nproc > 0 ? o.nproc : (o.data_parallel ? c.gpus() : o.stages);
   // Identical data-parallel replicas are simulated once (replay.h: replicas_per_copy) unless
   // --no-fold or the step-by-step model asks for every rank.
-  const bool fold = !o.no_fold && ro.collectives == CollectiveModel::Bulk;
+  const bool fold = !o.no_fold && ro.collectives != CollectiveModel::Step;
   Workload w;
   std::string plan_line;
   if (!o.config.empty()) {
@@ -218,6 +219,11 @@ int run(const Options& o) {
   if (!o.trace.empty()) write(o.trace, result_trace(w, r));
   if (!o.quiet) {
     std::cout << result_summary(w, r) << plan_line;
+    if (ro.collectives == CollectiveModel::Flows && !ro.calibration.collectives.empty()) {
+      // The links the flows ran over (the replay's fit of the same profile).
+      const LinkModel lm = fit_links(ro.calibration, c.intra.latency);
+      std::cout << "  " << link_fit_report(lm).substr(0, link_fit_report(lm).find('\n') + 1);
+    }
     for (const std::string& s : warnings) std::cout << "  warning: " << s << "\n";
   }
   return 0;
@@ -250,9 +256,16 @@ int main(int argc, char** argv) {
                                         "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration,
                  "Calibration profile (JSON, colossalai benchmark --calibrate; sim/calibrations/)");
-  CLI::Option* o_collectives = app.add_option("--collectives", o.collectives,
-                                              "Collective model: bulk (fast) or step (exact)")
-                                   ->check(CLI::IsMember({"bulk", "step"}));
+  CLI::Option* o_collectives =
+      app.add_option("--collectives", o.collectives,
+                     "Collective model: calibrated (= bulk: a collective whose op and group size "
+                     "the calibration measured takes its measured time, slept; others the "
+                     "network model, one flow per ring edge), flows (every collective and send of "
+                     "an op the calibration measured runs as flows over links fitted to its "
+                     "samples: contention, unmeasured group sizes and nodes from the link model) "
+                     "or step (the network model step by step, exact)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"calibrated", "bulk", "flows", "step"}));
   CLI::Option* o_dtype = app.add_option("--dtype", o.dtype, "Compute dtype: fp32, bf16, fp16")
                              ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   CLI::Option* o_global_batch =

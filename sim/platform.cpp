@@ -13,9 +13,9 @@ namespace sg4 = simgrid::s4u;
 namespace cai::sim {
 
 std::vector<std::string> simgrid_args() {
-  return {"--log=root.thresh:critical", "--log=xbt_cfg.thresh:critical",
-          "--cfg=network/model:CM02",   "--cfg=network/crosstraffic:0",
-          "--cfg=network/TCP-gamma:0",  "--cfg=contexts/factory:raw",
+  return {"--log=root.thresh:critical",    "--log=xbt_cfg.thresh:critical",
+          "--cfg=network/model:CM02",      "--cfg=network/crosstraffic:0",
+          "--cfg=network/TCP-gamma:1e300", "--cfg=contexts/factory:raw",
           "--cfg=surf/precision:1e-13"};
 }
 

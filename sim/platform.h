@@ -55,7 +55,9 @@ double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t 
                               const std::vector<int>& ring, int root_pos);
 
 // The SimGrid configuration every replay uses (SIMGRID.md): CM02 network model without its LV08
-// factors, no cross-traffic, no TCP window cap, raw contexts, quiet logs, and a timing precision
+// factors, no cross-traffic, no TCP window cap (gamma 1e300: a cap of gamma / (2 · latency) no
+// flow reaches; gamma 0 also lifts the cap but makes CM02 drop every comm's set_rate bound, as
+// min(rate, 0) reads "unbounded"), raw contexts, quiet logs, and a timing precision
 // of 1e-13 s instead of 1e-9 (each executed op otherwise ended up to a nanosecond off, which
 // thousands of ops per rank turned into microseconds through the links' sharing).
 std::vector<std::string> simgrid_args();

@@ -16,6 +16,7 @@
 
 #include "cai/core/error.h"
 #include "cai/dist/communicator.h"
+#include "flows.h"
 #include "platform.h"
 
 namespace sg4 = simgrid::s4u;
@@ -23,13 +24,14 @@ namespace sg4 = simgrid::s4u;
 namespace cai::sim {
 
 CollectiveModel parse_collective_model(const std::string& s) {
-  if (s == "bulk") return CollectiveModel::Bulk;
+  if (s == "bulk" || s == "calibrated") return CollectiveModel::Bulk;
   if (s == "step") return CollectiveModel::Step;
-  fail("[sim] unknown collective model '{}': expected bulk or step", s);
+  if (s == "flows") return CollectiveModel::Flows;
+  fail("[sim] unknown collective model '{}': expected bulk (or calibrated), step or flows", s);
 }
 
 const char* collective_model_name(CollectiveModel m) {
-  return m == CollectiveModel::Bulk ? "bulk" : "step";
+  return m == CollectiveModel::Bulk ? "bulk" : m == CollectiveModel::Step ? "step" : "flows";
 }
 
 int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas) {
@@ -162,6 +164,8 @@ struct Replayer {
   const std::vector<std::vector<double>>& dur;
   const CommDurations& comm_dur;
   CollectiveModel model;
+  // CollectiveModel::Flows: the link model its collectives and sends run over (null otherwise).
+  const LinkModel* links = nullptr;
   Platform p;
   std::vector<std::vector<double>> start, end;
   std::vector<std::vector<char>> done;
@@ -511,6 +515,28 @@ struct Replayer {
       for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
       mt.waiting = {};
     };
+    if (links && links->covers(link_op(in.kind))) {
+      // Flows over the fitted links (flows.h); a round is n broadcasts rooted at each member.
+      if (!meet()) return;
+      auto held = hold(w.groups[in.group_id], frac);
+      if (const double late = woken(mt.arrivals); late > 0) sg4::this_actor::sleep_for(late);
+      std::vector<Edge> edges;
+      for (int t = 0; t < (round ? n : 1); ++t) {
+        edges.clear();
+        if (chain || round) {
+          const int root = round ? t : in.root_pos;
+          for (int k = 0; k + 1 < n; ++k)
+            edges.push_back({p.hosts[G[(k + root) % n]], p.hosts[G[(k + 1 + root) % n]]});
+        } else {
+          for (int k = 0; k < listed; ++k)
+            edges.push_back({p.hosts[G[k]], successor(in.group_id, k)});
+        }
+        run_flows(*links, link_op(in.kind), n, static_cast<double>(in.bytes), edges);
+      }
+      let_go(held);
+      release();
+      return;
+    }
     if (comm_dur.instance[id] >= 0) {
       // Calibrated: the measured time of this collective on this group size, from the moment
       // every member is there (either model; the links carry nothing for it).
@@ -681,6 +707,21 @@ struct Replayer {
           }
           break;
         case OpKind::Send: {
+          if (links && links->covers("p2p")) {
+            // Flows: the launch and step latency, then the message to the posted receive at the
+            // fitted bandwidth (a pair between nodes uses one NIC).
+            const SendFlow sf =
+                send_flow(*links, static_cast<double>(o.bytes),
+                          p.node_of[r] != p.node_of[o.peer] ? c.inter.nic_bandwidth : 0);
+            auto held = hold({r, o.peer});
+            if (sf.delay > 0) sg4::this_actor::sleep_for(sf.delay);
+            sg4::CommPtr comm = sg4::Mailbox::by_name(p2p_box(r, o.peer, o.tag))
+                                    ->put_init(&payload, std::max<uint64_t>(1, o.bytes));
+            if (sf.rate > 0) comm->set_rate(sf.rate);
+            comm->wait();
+            let_go(held);
+            break;
+          }
           const double cal = comm_dur.send[r][i];
           if (cal >= 0) {
             // Calibrated: the measured one-way time, the last part of it the route latency that
@@ -805,7 +846,7 @@ bool write_all(int fd, const void* buf, size_t n) {
 // 'E' + a message.
 [[noreturn]] void child(int fd, const Workload& w, const detail::Matching& m, const Cluster& c,
                         const std::vector<std::vector<double>>& dur, const CommDurations& cd,
-                        const ReplayOptions& opt) {
+                        const ReplayOptions& opt, const LinkModel* links) {
   std::string out;
   try {
     const auto t0 = std::chrono::steady_clock::now();
@@ -821,7 +862,9 @@ bool write_all(int fd, const void* buf, size_t n) {
     rp.wake = opt.calibration.wake_s;
     rp.posted_share = opt.calibration.posted_share;
     rp.wake_poll = opt.calibration.wake_poll_s;
-    rp.p = build_platform(c, static_cast<int>(w.ranks.size()), w.dtype, w.copies, w.gpus);
+    rp.links = links;
+    rp.p = build_platform(links ? flow_cluster(c, *links) : c, static_cast<int>(w.ranks.size()),
+                          w.dtype, w.copies, w.gpus);
     rp.launch();
     e.run();
     const std::string stuck = rp.unfinished();
@@ -947,13 +990,20 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
             "[sim] workload '{}' has {} ranks but cluster '{}' ({}) has {} GPUs{}", w.name,
             static_cast<int64_t>(w.ranks.size()) * w.copies, c.name, c.origin, c.gpus(),
             c.max_ranks_per_gpu > 1 ? fmt::format(" for {} ranks", c.max_ranks()) : "");
-  CAI_CHECK(w.copies == 1 || opt.collectives == CollectiveModel::Bulk,
-            "[sim] workload '{}' folds {} identical copies, which only the bulk collective model "
-            "replays: build it unfolded for the step-by-step model",
+  CAI_CHECK(w.copies == 1 || opt.collectives != CollectiveModel::Step,
+            "[sim] workload '{}' folds {} identical copies, which only the bulk and flows models "
+            "replay: build it unfolded for the step-by-step model",
             w.name, w.copies);
   TimingSources timing;
   const auto dur = compute_durations(w, c, opt.calibration, &timing);
-  const CommDurations cd = comm_durations(w, m, opt.calibration, &timing);
+  CommDurations cd = comm_durations(w, m, opt.calibration, &timing);
+  // Flows: the link model of the calibration's collectives, which times every covered op.
+  LinkModel lm;
+  const bool flows = opt.collectives == CollectiveModel::Flows;
+  if (flows) {
+    lm = fit_links(opt.calibration, c.intra.latency);
+    flow_timing(w, m, opt.calibration, lm, cd, timing);
+  }
   // Buffered output would be written twice (by the child too) if it were not flushed now.
   std::fflush(stdout);
   std::fflush(stderr);
@@ -963,7 +1013,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   CAI_CHECK(pid >= 0, "[sim] fork() failed: {}", std::strerror(errno));
   if (pid == 0) {
     ::close(fds[0]);
-    child(fds[1], w, m, c, dur, cd, opt);
+    child(fds[1], w, m, c, dur, cd, opt, flows && !lm.ops.empty() ? &lm : nullptr);
   }
   ::close(fds[1]);
   std::string data;

@@ -17,9 +17,16 @@ namespace cai::sim {
 
 // Bulk: one flow per ring edge carrying every step's bytes, plus (steps - 1) route latencies;
 // Step: every ring (or broadcast chain) step a message over the links. Bulk scales (1,024 ranks in
-// milliseconds); Step is the exact reference the tests hold Bulk against.
-enum class CollectiveModel { Bulk, Step };
-CollectiveModel parse_collective_model(const std::string& s);  // "bulk" | "step"
+// milliseconds); Step is the exact reference the tests hold Bulk against. Both time a collective
+// that the calibration measured ({op, group size} with samples around its bytes) as a sleep of the
+// measured time ("calibrated" is another name for bulk).
+// Flows: every collective and send whose op the calibration measured (any group size, any bytes)
+// runs as SimGrid flows over intra-node links fitted to the samples (link_fit.h, flows.h), so
+// concurrent collectives on shared links contend and unmeasured group sizes and node counts come
+// from the link model; ops without samples as in Bulk.
+enum class CollectiveModel { Bulk, Step, Flows };
+// "bulk" | "calibrated" (Bulk) | "step" | "flows"
+CollectiveModel parse_collective_model(const std::string& s);
 const char* collective_model_name(CollectiveModel m);
 
 struct ReplayOptions {
@@ -64,6 +71,9 @@ struct TimingSources {
   // or the cluster's network model (no samples of that op and group size, or bytes outside the
   // sampled range).
   int64_t comm_measured = 0, comm_interpolated = 0, comm_network = 0;
+  // CollectiveModel::Flows: those run as flows over the links fitted to the calibration (counted
+  // instead of measured / interpolated).
+  int64_t comm_flows = 0;
 };
 
 struct ReplayResult {

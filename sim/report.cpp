@@ -71,6 +71,7 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
             {"comm_ops_timed",
              {{"measured", r.timing.comm_measured},
               {"interpolated", r.timing.comm_interpolated},
+              {"flows", r.timing.comm_flows},
               {"network", r.timing.comm_network}}}};
   return j.dump(1);
 }
@@ -130,10 +131,15 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         "  compute ops of rank 0: {} measured by the calibration, {} interpolated between its "
         "samples, {} from the roofline, {} given\n",
         t.measured, t.interpolated, t.roofline, t.given);
-  if (t.comm_measured + t.comm_interpolated + t.comm_network > 0)
+  if (t.comm_flows > 0)
+    s += fmt::format(
+        "  collectives and sends: {} as flows over links fitted to the calibration's collectives, "
+        "{} from the network model\n",
+        t.comm_flows, t.comm_network);
+  else if (t.comm_measured + t.comm_interpolated + t.comm_network > 0)
     s += fmt::format(
         "  collectives and sends: {} measured by the calibration, {} interpolated between its "
-        "samples, {} from the network model\n",
+        "samples (the measured time, slept), {} from the network model\n",
         t.comm_measured, t.comm_interpolated, t.comm_network);
   s += fmt::format("  wall_s {:.3f} (SimGrid {:.3f})\n", r.wall_s, r.simgrid_s);
   return s;

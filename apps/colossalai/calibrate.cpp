@@ -427,6 +427,35 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
     }
     world.barrier();
   }
+  // Pairs as the meshes' rows and columns use them (CollectiveTiming::layout), all-reduces only.
+  if (N >= 4 && N % 2 == 0) {
+    struct Layout {
+      const char* name;
+      int color;      // the pair of this rank
+      bool everyone;  // every pair runs, or the first only
+    };
+    for (const Layout& l :
+         {Layout{"strided", me % (N / 2), false}, Layout{"strided_concurrent", me % (N / 2), true},
+          Layout{"concurrent", me / 2, true}}) {
+      auto pair = world.split(l.color, me, fmt::format("calibrate[{}]", l.name));
+      pair->set_timeout(world.timeout());
+      const bool runs = l.everyone || l.color == 0;
+      for (double bytes : sizes) {
+        const int64_t elems = static_cast<int64_t>(bytes) / 4;
+        if (elems < 2) continue;
+        Tensor full = buffer(elems);
+        world.barrier();  // the pairs start together
+        if (!runs) continue;
+        const double t = time_collective(*pair, [&] { pair->all_reduce(full); });
+        out.push_back({"all_reduce", 2, bytes, t, l.name});
+      }
+      world.barrier();
+      if (me == 0)
+        std::cerr << fmt::format(
+            "[calibrate] all_reduce over pairs, {}: {} sizes, {:.1f} s so far\n", l.name,
+            sizes.size(), seconds_since(t0));
+    }
+  }
   return out;
 }
 
@@ -804,8 +833,12 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   j["samples"] = js;
   if (!collectives.empty()) {
     nlohmann::json jc = nlohmann::json::array();
-    for (const CollectiveTiming& c : collectives)
-      jc.push_back({{"op", c.op}, {"group", c.group}, {"bytes", c.bytes}, {"seconds", c.seconds}});
+    for (const CollectiveTiming& c : collectives) {
+      nlohmann::json e = {
+          {"op", c.op}, {"group", c.group}, {"bytes", c.bytes}, {"seconds", c.seconds}};
+      if (!c.layout.empty()) e["layout"] = c.layout;
+      jc.push_back(e);
+    }
     j["collectives"] = jc;
   }
   if (overlap.group > 0)

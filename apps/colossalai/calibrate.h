@@ -42,6 +42,12 @@ struct CollectiveTiming {
   std::string op;  // all_reduce | reduce_scatter | all_gather | broadcast | p2p
   int group = 2;
   double bytes = 0, seconds = 0;
+  // "" for the first `group` ranks alone (consecutive); on 4 ranks or more, all-reduces of pairs
+  // of ranks N/2 apart as 2D/2.5D/3D rows and columns use them: "strided" (the pair {0, N/2}
+  // alone), "strided_concurrent" (every pair {r, r + N/2} at once) and "concurrent" (every
+  // consecutive pair {2k, 2k + 1} at once: groups contending for shared links); rank 0's pair's
+  // time.
+  std::string layout;
 };
 
 // Message sizes the calibration times for a model of `params` parameters whose largest

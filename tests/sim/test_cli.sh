@@ -141,4 +141,16 @@ for bad in "--fwd-ms 3" "--stages 2" "--top 3" "--batch 4" "--schedule 1f1b"; do
   fi
   grep -Eq "applies to|choose one of" "$out/err" || { cat "$out/err"; exit 1; }
 done
+# --collectives flows: the data-parallel all-reduce of a shipped 2-GPU profile runs as flows over
+# the fitted links (the summary and the JSON say so), and an unknown model is refused.
+cal2="$(dirname "$0")/../../sim/calibrations/h200x2-vit_base_patch16_224-bf16-nccl.json"
+"$sim" --cluster "$clusters/h200-2.toml" --data-parallel --nproc 2 --fwd-ms 10 --bwd-ms 20 \
+  --grad-bytes 3.4e8 --calibration "$cal2" --collectives flows --json "$out/flows.json" |
+  tee "$out/flows.txt" | grep -q "1 as flows over links fitted to the calibration"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+assert r["collectives"] == "flows" and r["comm_ops_timed"]["flows"] == 1, r["comm_ops_timed"]' \
+  "$out/flows.json"
+if "$sim" --cluster "$clusters/h200-2.toml" --data-parallel --collectives slept >/dev/null 2>&1; then
+  echo "accepted --collectives slept"; exit 1
+fi
 echo "colossalai-sim CLI: ok"
