@@ -237,8 +237,8 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     }
   }
   // --split-backward: the steps ran programs of BackwardInput and BackwardWeight (a run of whole
-  // Backwards would pass the comparison without testing the split).
-  if (pa.split_backward) {
+  // Backwards would pass the comparison without testing the split). The reference is whole.
+  if (comm && pa.split_backward) {
     parallel::PipelinePlugin* pp = pipe ? pipe.get() : hybrid ? hybrid->pipeline() : nullptr;
     CAI_CHECK(pp, "--split-backward needs a pipeline (--pp > 1)");
     int b_in = 0, b_w = 0, whole = 0;
