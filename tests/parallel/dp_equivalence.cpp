@@ -459,13 +459,13 @@ int main(int argc, char** argv) {
         "parameters %lld B (single %lld B, ratio %.3f), eval loss %.6f (single %.6f, rel err "
         "%.2e) accuracy %.3f (single %.3f) on %lld samples: %s\n",
         world->rank(), dev.str().c_str(), pa.tp, pa.tp_mode.c_str(), pa.sp ? " (sp)" : "", pa.pp,
-        pa.style.c_str(), pa.split_backward ? ", split backward" : "", pa.chunks, zero, W, accum, pa.precision.c_str(), pa.bucket_dtype.c_str(),
-        dist.losses.size(), dist.losses.front(), dist.losses.back(), loss_err, param_err,
-        static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
-        state_ratio, static_cast<long long>(dist.param_bytes),
-        static_cast<long long>(ref.param_bytes), param_ratio, dist.eval.loss, ref.eval.loss,
-        eval_err, dist.eval.accuracy, ref.eval.accuracy, static_cast<long long>(dist.eval.samples),
-        ok ? "OK" : "MISMATCH");
+        pa.style.c_str(), pa.split_backward ? ", split backward" : "", pa.chunks, zero, W, accum,
+        pa.precision.c_str(), pa.bucket_dtype.c_str(), dist.losses.size(), dist.losses.front(),
+        dist.losses.back(), loss_err, param_err, static_cast<long long>(dist.state_bytes),
+        static_cast<long long>(ref.state_bytes), state_ratio,
+        static_cast<long long>(dist.param_bytes), static_cast<long long>(ref.param_bytes),
+        param_ratio, dist.eval.loss, ref.eval.loss, eval_err, dist.eval.accuracy, ref.eval.accuracy,
+        static_cast<long long>(dist.eval.samples), ok ? "OK" : "MISMATCH");
     if (cpu_offload)
       std::printf(
           "[rank %d] cpu_offload: optimizer state on the GPU %lld B, on the host %lld B "
