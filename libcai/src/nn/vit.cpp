@@ -420,9 +420,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     fc1_bias_done = true;
   }
   if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
-  g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with (or in W)
+  g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
   Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done, &wg);
-  gf = Tensor();
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
@@ -442,16 +441,13 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
   Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
-  gy = gh_half = Tensor();
   if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
   // pass; k: 0, v: dout's column sums, by the softmax's identities: flash_attention.cu).
   const bool qkv_fused_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs);
   Tensor qkv_db = qkv_fused_db ? wg.into(qkv.bias) : Tensor();
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
-  go = Tensor();
   Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq, !qkv_fused_db, &wg);
-  gq = Tensor();
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);
