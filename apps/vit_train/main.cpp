@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
     pc.num_microbatches = static_cast<int>(cfg.num_microbatches);
     pc.microbatch_size = static_cast<int>(cfg.microbatch_size);
     pc.chunks = static_cast<int>(cfg.num_model_chunks);
+    pc.split_backward = cfg.split_backward;
     pc.partition = cfg.partition;
     pc.num_layers_per_stage = cfg.num_layers_per_stage;
     pc.dp = dc;

@@ -251,6 +251,17 @@ TEST(Config, ShippedConfigsParse) {
   EXPECT_GE(n, 4);
 }
 
+// parallel.split_backward: each pipeline backward as BackwardInput + BackwardWeight.
+TEST(Config, SplitBackwardNeedsAPipeline) {
+  TrainConfig c = parse_config("[parallel]\npipeline = 2\nsplit_backward = true\n", "t", {});
+  EXPECT_TRUE(c.split_backward);
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_FALSE(parse_config("[parallel]\npipeline = 2\n", "t", {}).split_backward);
+  expect_error("[parallel]\nsplit_backward = true\n",
+               {"parallel.split_backward = true", "parallel.pipeline > 1 (got 1)"});
+  expect_error("[parallel]\npipeline = 2\nsplit_backward = 1\n", {"split_backward"});
+}
+
 TEST(Config, TensorParallelSettings) {
   // Overrides reach into the inline table.
   TrainConfig c = parse_config(

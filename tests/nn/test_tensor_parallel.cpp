@@ -52,7 +52,8 @@ Tensor labels(int64_t b) {
 
 // One forward and backward at step 3, sample offset 6 (masks keyed by global positions), of a
 // batch of 4 (2d/2.5d/3d split it into 2 or 4 chunks).
-StepResult step(ViT& m, DType dtype, Device dev) {
+// split: every layer's backward_input (B, with the collectives), then every backward_weight (W).
+StepResult step(ViT& m, DType dtype, Device dev, bool split = false) {
   const ViTConfig& c = m.config();
   m.init(11);
   if (dev.is_cuda()) m.to(dev);
@@ -65,7 +66,15 @@ StepResult step(ViT& m, DType dtype, Device dev) {
   r.logits = logits.to_vector();
   const Tensor y = labels(b).to(dev);
   for (float l : ops::cross_entropy_fwd(logits, y, 0.1f).to_vector()) r.loss += l / b;
-  m.backward(ops::cross_entropy_bwd(logits, y, 0.1f, 1.0f / b), caches, ctx);
+  Tensor g = ops::cross_entropy_bwd(logits, y, 0.1f, 1.0f / b);
+  if (!split) {
+    m.backward(g, caches, ctx);
+    return r;
+  }
+  auto& layers = m.layers();
+  for (size_t i = layers.size(); i-- > 0;) g = layers[i]->backward_input(g, caches[i], ctx);
+  for (size_t i = layers.size(); i-- > 0;) layers[i]->backward_weight(caches[i]);
+  for (auto& c : caches) EXPECT_EQ(c, nullptr);
   return r;
 }
 
@@ -83,7 +92,8 @@ StepResult single(DType dtype = DType::F32, bool checkpoint = false, Device dev 
 
 // T threads, one shard each; rank 0's logits and loss, gradients and values unsharded.
 StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = false,
-                    Device dev = Device::cpu(), const std::string& mode = "1d", int depth = 1) {
+                    Device dev = Device::cpu(), const std::string& mode = "1d", int depth = 1,
+                    bool split = false) {
   auto comms = dist::make_fake_group(T);
   std::vector<StepResult> rs(T);
   std::vector<std::vector<std::pair<Parameter, int>>> params(T);  // copies (value, grad, shard)
@@ -96,7 +106,7 @@ StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = 
         ViTConfig c = tp_config();
         c.checkpoint = checkpoint;
         ViT m(c, tp);
-        rs[r] = step(m, dtype, dev);
+        rs[r] = step(m, dtype, dev, split);
         tp->drain();
         for (Parameter* p : m.parameters()) {
           Parameter host = *p;
@@ -305,6 +315,19 @@ TEST(TensorParallel, SequenceParallelMatchesTheSingleProcess) {
     SCOPED_TRACE("tp " + std::to_string(T) + " + sp");
     expect_same(ref, parallel(T, true), 1e-5);
   }
+}
+
+// Split backward (zero-bubble): the collectives stay in B (1D: the input gradients' all-reduce
+// or reduce-scatter, the sequence-parallel LayerNorm and embedding sums); 2d keeps a combined
+// backward in B.
+TEST(TensorParallel, SplitBackwardMatchesTheSingleProcess) {
+  const StepResult ref = single();
+  const Device cpu = Device::cpu();
+  expect_same(ref, parallel(2, false, DType::F32, false, cpu, "1d", 1, true), 1e-5);
+  expect_same(ref, parallel(3, true, DType::F32, false, cpu, "1d", 1, true), 1e-5);
+  expect_same(ref, parallel(4, false, DType::F32, false, cpu, "2d", 1, true), 1e-5);
+  const StepResult ref_ckpt = single(DType::F32, true);
+  expect_same(ref_ckpt, parallel(2, true, DType::F32, true, cpu, "1d", 1, true), 1e-5);
 }
 
 TEST(TensorParallel, CheckpointingRecomputesTheSameCollectives) {

@@ -3,7 +3,8 @@
 // relative), and per-rank optimizer state (ZeRO ≥ 1) and parameter bytes (ZeRO 3) shrink to
 // ≈ 1/dp.
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
-//            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M]
+//            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M
+//             [--split-backward]]
 //            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
 //            [--cpu-offload] [--bucket-dtype fp32|bf16] [--copy-engine] [--exchange]
 //            [--data DIR]
@@ -77,6 +78,9 @@ struct PipeArgs {
   // parameter's change is -lr × its gradient, compared per parameter: a gradient scaled by a
   // constant, or one tensor's wrong, cannot hide in the global error after AdamW and clipping.
   bool grad_check = false;
+  // --split-backward: each Backward as BackwardInput + BackwardWeight (Layer::backward_input /
+  // backward_weight); zero-bubble styles set it themselves.
+  bool split_backward = false;
   int heads = 4;       // --heads: 3 or 6 for grids of q = 3 (2D on 9 ranks, 2.5D q 3)
   int eval_batch = 8;  // --eval-batch: a multiple of the batch chunks (q = 3: 12)
 };
@@ -120,6 +124,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     hc.pipeline.style = pa.style;
     hc.pipeline.chunks = pa.chunks;
     hc.pipeline.num_microbatches = pa.microbatches;
+    hc.pipeline.split_backward = pa.split_backward;
     hc.dp.zero_stage = zero;
     hc.dp.overlap = overlap;
     hc.dp.ddp_bucket_cap_mb = 0.01;
@@ -146,6 +151,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     pc.style = pa.style;
     pc.chunks = pa.chunks;
     pc.num_microbatches = pa.microbatches;
+    pc.split_backward = pa.split_backward;
     pc.dp.zero_stage = zero;
     pc.dp.ddp_bucket_cap_mb = 0.01;
     pc.dp.bucket_dtype = dtype_from_name(pa.bucket_dtype);
@@ -229,6 +235,23 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
       for (int b : bursts) std::printf(" %d", b);
       std::printf("\n");
     }
+  }
+  // --split-backward: the steps ran programs of BackwardInput and BackwardWeight (a run of whole
+  // Backwards would pass the comparison without testing the split). The reference is whole.
+  if (comm && pa.split_backward) {
+    parallel::PipelinePlugin* pp = pipe ? pipe.get() : hybrid ? hybrid->pipeline() : nullptr;
+    CAI_CHECK(pp, "--split-backward needs a pipeline (--pp > 1)");
+    int b_in = 0, b_w = 0, whole = 0;
+    for (const auto& prog : pp->schedule_for(lc.batch_size).programs)
+      for (const auto& in : prog) {
+        b_in += in.op == schedule::Op::BackwardInput;
+        b_w += in.op == schedule::Op::BackwardWeight;
+        whole += in.op == schedule::Op::Backward;
+      }
+    CAI_CHECK(b_in > 0 && b_in == b_w && whole == 0,
+              "--split-backward: the schedule has {} BackwardInput, {} BackwardWeight and {} "
+              "Backward instructions",
+              b_in, b_w, whole);
   }
   r.eval = t.evaluate(eval_loader);
   r.state_bytes = opt->state_bytes();
@@ -318,6 +341,8 @@ int main(int argc, char** argv) {
       pa.heads = std::atoi(argv[++i]);
     else if (a == "--eval-batch" && i + 1 < argc)
       pa.eval_batch = std::atoi(argv[++i]);
+    else if (a == "--split-backward")
+      pa.split_backward = true;
     else if (a == "--grad-check")
       pa.grad_check = true, steps = 1;
     else {
@@ -425,7 +450,7 @@ int main(int argc, char** argv) {
     // Every rank must agree.
     const double all_ok = world->all_reduce_scalar(ok ? 1.0 : 0.0, dist::ReduceOp::Min);
     std::printf(
-        "[rank %d] %s tp %d (%s)%s pp %d (%s, %d chunks) zero %d dp %d accum %d %s (%s buckets): "
+        "[rank %d] %s tp %d (%s)%s pp %d (%s%s, %d chunks) zero %d dp %d accum %d %s (%s buckets): "
         "%zu "
         "steps, "
         "losses "
@@ -434,13 +459,13 @@ int main(int argc, char** argv) {
         "parameters %lld B (single %lld B, ratio %.3f), eval loss %.6f (single %.6f, rel err "
         "%.2e) accuracy %.3f (single %.3f) on %lld samples: %s\n",
         world->rank(), dev.str().c_str(), pa.tp, pa.tp_mode.c_str(), pa.sp ? " (sp)" : "", pa.pp,
-        pa.style.c_str(), pa.chunks, zero, W, accum, pa.precision.c_str(), pa.bucket_dtype.c_str(),
-        dist.losses.size(), dist.losses.front(), dist.losses.back(), loss_err, param_err,
-        static_cast<long long>(dist.state_bytes), static_cast<long long>(ref.state_bytes),
-        state_ratio, static_cast<long long>(dist.param_bytes),
-        static_cast<long long>(ref.param_bytes), param_ratio, dist.eval.loss, ref.eval.loss,
-        eval_err, dist.eval.accuracy, ref.eval.accuracy, static_cast<long long>(dist.eval.samples),
-        ok ? "OK" : "MISMATCH");
+        pa.style.c_str(), pa.split_backward ? ", split backward" : "", pa.chunks, zero, W, accum,
+        pa.precision.c_str(), pa.bucket_dtype.c_str(), dist.losses.size(), dist.losses.front(),
+        dist.losses.back(), loss_err, param_err, static_cast<long long>(dist.state_bytes),
+        static_cast<long long>(ref.state_bytes), state_ratio,
+        static_cast<long long>(dist.param_bytes), static_cast<long long>(ref.param_bytes),
+        param_ratio, dist.eval.loss, ref.eval.loss, eval_err, dist.eval.accuracy, ref.eval.accuracy,
+        static_cast<long long>(dist.eval.samples), ok ? "OK" : "MISMATCH");
     if (cpu_offload)
       std::printf(
           "[rank %d] cpu_offload: optimizer state on the GPU %lld B, on the host %lld B "

@@ -80,6 +80,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
       {"parallel.pp_style", Kind::String, &c.pp_style, {"gpipe", "1f1b", "interleaved"}},
       {"parallel.num_model_chunks", Kind::Int, &c.num_model_chunks, {}, 1, inf},
+      {"parallel.split_backward", Kind::Bool, &c.split_backward},
       {"parallel.partition", Kind::String, &c.partition, {"uniform", "balanced"}},
       {"parallel.num_layers_per_stage", Kind::IntList, &c.num_layers_per_stage, {}, 1, inf},
       {"parallel.tensor.mode", Kind::String, &c.tensor_mode, {"none", "1d", "2d", "2.5d", "3d"}},
@@ -348,6 +349,10 @@ void validate(const TrainConfig& c, int world) {
   CAI_CHECK(c.tensor_depth == 1 || c.tensor_mode == "2.5d",
             "[config] parallel.tensor.depth = {} applies to mode \"2.5d\" only (mode is \"{}\")",
             c.tensor_depth, c.tensor_mode);
+  CAI_CHECK(!c.split_backward || c.pipeline > 1,
+            "[config] parallel.split_backward = true needs parallel.pipeline > 1 (got {}): it "
+            "splits the pipeline schedule's backward",
+            c.pipeline);
   CAI_CHECK(!c.sequence_parallel || c.tensor_size > 1,
             "[config] parallel.sequence_parallel = true needs parallel.tensor.size > 1 (got {}): "
             "the sequence is split over the tensor-parallel group",
@@ -509,6 +514,7 @@ TrainConfig tensor_layout_config(const TrainConfig& base, const std::string& mod
   c.num_microbatches = 0;
   c.microbatch_size = 0;
   c.num_model_chunks = 1;
+  c.split_backward = false;
   c.num_layers_per_stage.clear();
   c.zero_stage = 0;
   c.cpu_offload = false;

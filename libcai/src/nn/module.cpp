@@ -25,6 +25,55 @@ ops::RngKey ForwardCtx::key_slice(const std::string& site, int64_t per_sample, i
   return k;
 }
 
+Tensor Layer::backward_input(const Tensor& dy, std::unique_ptr<Cache>& cache,
+                             const ForwardCtx& ctx) {
+  ForwardCtx c = ctx;
+  c.defer_weight_grads = true;
+  return backward(dy, cache, c);
+}
+
+void Layer::backward_weight(std::unique_ptr<Cache>& cache) {
+  // A layer that did everything in backward_input released its cache there.
+  if (cache)
+    for (auto& step : cache->weight_steps) step();
+  cache.reset();
+}
+
+void WeightGrads::run(std::function<void()> f) {
+  if (defer_)
+    steps_.push_back(std::move(f));
+  else
+    f();
+}
+
+Tensor WeightGrads::into(Parameter& p) {
+  if (!defer_) return p.grad;
+  CAI_CHECK(p.grad.defined(), "[{}] split backward: the gradient is not allocated", p.name);
+  Tensor part = Tensor::zeros(p.grad.shape(), DType::F32, p.grad.device());
+  steps_.push_back([&p, part] { ops::add_(p.grad, part); });
+  return part;
+}
+
+void WeightGrads::finish(std::unique_ptr<Cache>& cache) {
+  cache.reset();
+  if (!defer_) return;
+  cache = std::make_unique<Cache>();
+  cache->weight_steps = std::move(steps_);
+}
+
+Tensor linear_bwd(WeightGrads& wg, const Tensor& x, const Tensor& w, const Tensor& dy,
+                  Parameter* weight, Parameter* bias) {
+  if (!wg.deferred())
+    return ops::linear_bwd(x, w, dy, weight ? &weight->grad : nullptr,
+                           bias ? &bias->grad : nullptr);
+  Tensor dx = ops::linear_bwd(x, w, dy, nullptr, nullptr);
+  if (weight || bias)
+    wg.run([x, dy, weight, bias] {
+      ops::linear_bwd_weight(x, dy, weight ? &weight->grad : nullptr, bias ? &bias->grad : nullptr);
+    });
+  return dx;
+}
+
 Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay) {
   Parameter p;
   p.name = name;

@@ -666,9 +666,11 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
 }
 
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad) {
-  Tensor* db = bias_grad ? &l.bias.grad : nullptr;
-  if (!tp || tp->size() == 1) return ops::linear_bwd(x, l.w(), dy, &l.weight.grad, db);
+                         bool bias_grad, WeightGrads* wg) {
+  WeightGrads now{ForwardCtx{}};
+  WeightGrads& w_grads = wg ? *wg : now;
+  if (!tp || tp->size() == 1)
+    return linear_bwd(w_grads, x, l.w(), dy, &l.weight, bias_grad ? &l.bias : nullptr);
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
   const Tensor w =
@@ -677,7 +679,9 @@ Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const T
   Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
   auto pending =
       tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
-  ops::linear_bwd(x, w, g, &l.weight.grad, db, false);
+  w_grads.run([x, g, &l, bias_grad] {
+    ops::linear_bwd_weight(x, g, &l.weight.grad, bias_grad ? &l.bias.grad : nullptr);
+  });
   return tp->finish(std::move(pending));
 }
 
@@ -718,14 +722,16 @@ Tensor ParallelLinear::forward(const Tensor& x, std::unique_ptr<Cache>& cache, c
 }
 
 Tensor ParallelLinear::backward(const Tensor& dy, std::unique_ptr<Cache>& cache,
-                                const ForwardCtx&) {
+                                const ForwardCtx& ctx) {
   auto* c = dynamic_cast<LinearCache*>(cache.get());
   CAI_CHECK(c, "[{}] backward called without a matching forward cache", name_);
+  // Nd keeps a combined backward (its weight gradients are all-reduced inside): all in B.
+  WeightGrads wg(kind_ == Kind::Nd ? ForwardCtx{} : ctx);
   Tensor dx = kind_ == Kind::Nd ? nd_linear_bwd(*tp_, c->x, lin, dy, orient_)
               : kind_ == Kind::Column
-                  ? column_linear_bwd(tp_, c->x, lin, dy)
-                  : ops::linear_bwd(c->x, lin.weight.value, dy, &lin.weight.grad, &lin.bias.grad);
-  cache.reset();
+                  ? column_linear_bwd(tp_, c->x, lin, dy, true, &wg)
+                  : linear_bwd(wg, c->x, lin.weight.value, dy, &lin.weight, &lin.bias);
+  wg.finish(cache);
   return dx;
 }
 

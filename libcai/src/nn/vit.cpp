@@ -9,89 +9,6 @@
 namespace cai::nn {
 
 // ---------------------------------------------------------------------------------------------
-// Config
-
-void ViTConfig::validate() const {
-  CAI_CHECK(img_size > 0 && patch_size > 0 && img_size % patch_size == 0,
-            "[vit] img_size {} must be a positive multiple of patch_size {}", img_size, patch_size);
-  CAI_CHECK(in_chans > 0, "[vit] in_chans {} must be positive", in_chans);
-  CAI_CHECK(num_classes > 0, "[vit] num_classes {} must be positive", num_classes);
-  CAI_CHECK(depth > 0, "[vit] depth {} must be positive", depth);
-  CAI_CHECK(num_heads > 0 && embed_dim > 0 && embed_dim % num_heads == 0,
-            "[vit] hidden size {} must be divisible by num_heads {}", embed_dim, num_heads);
-  CAI_CHECK(mlp_ratio > 0 && mlp_hidden() > 0, "[vit] mlp_ratio {} gives no hidden units",
-            mlp_ratio);
-  CAI_CHECK(drop_rate >= 0 && drop_rate < 1, "[vit] dropout {} is outside [0, 1)", drop_rate);
-  CAI_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "[vit] drop_path {} is outside [0, 1)",
-            drop_path_rate);
-  CAI_CHECK(act == "gelu" || act == "gelu_tanh", "[vit] act '{}' must be gelu or gelu_tanh", act);
-}
-
-void ViTConfig::validate_tensor_parallel(int tp, bool sequence_parallel) const {
-  CAI_CHECK(tp >= 1, "[vit] tensor-parallel size {} must be at least 1", tp);
-  CAI_CHECK(num_heads % tp == 0,
-            "[vit] num_heads {} is not divisible by the tensor-parallel size {}", num_heads, tp);
-  CAI_CHECK(embed_dim % tp == 0,
-            "[vit] hidden size {} is not divisible by the tensor-parallel size {}", embed_dim, tp);
-  CAI_CHECK(mlp_hidden() % tp == 0,
-            "[vit] MLP hidden size {} (hidden {} × mlp_ratio {}) is not divisible by the "
-            "tensor-parallel size {}",
-            mlp_hidden(), embed_dim, mlp_ratio, tp);
-  CAI_CHECK(!sequence_parallel || num_patches() + 1 >= tp,
-            "[vit] sequence parallelism over {} ranks needs at least {} tokens, the model has {}",
-            tp, tp, num_patches() + 1);
-}
-
-void ViTConfig::validate_tensor_parallel(const std::string& mode, int tp, int depth,
-                                         bool sequence_parallel) const {
-  const TensorParallel::Grid g = TensorParallel::grid(mode, tp, depth);
-  if (mode == "1d") return validate_tensor_parallel(tp, sequence_parallel);
-  const int q = g.q;
-  const int64_t in_cut = g.in_cut;
-  CAI_CHECK(num_heads % q == 0, "[vit] num_heads {} is not divisible by {}'s q = {}", num_heads,
-            mode, q);
-  CAI_CHECK(embed_dim % in_cut == 0,
-            "[vit] hidden size {} is not divisible by {} ({} with q = {} cuts a linear's input "
-            "features into {} parts)",
-            embed_dim, in_cut, mode, q, in_cut);
-  CAI_CHECK(mlp_hidden() % in_cut == 0,
-            "[vit] MLP hidden size {} is not divisible by {} ({} with q = {} cuts a linear's "
-            "input features into {} parts)",
-            mlp_hidden(), in_cut, mode, q, in_cut);
-}
-
-int64_t ViTConfig::num_parameters() const {
-  const int64_t d = embed_dim, h = mlp_hidden(), n = num_patches() + 1;
-  const int64_t embed = d * in_chans * patch_size * patch_size + d + d + n * d;
-  const int64_t block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d);
-  return embed + depth * block + 2 * d + (d * num_classes + num_classes);
-}
-
-std::vector<std::string> ViTConfig::names() {
-  return {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
-          "vit_large_patch16_224", "vit_huge_patch14_224"};
-}
-
-ViTConfig ViTConfig::named(const std::string& name) {
-  ViTConfig c;
-  if (name == "vit_tiny_patch16_224") {
-    c.embed_dim = 192, c.depth = 12, c.num_heads = 3;
-  } else if (name == "vit_small_patch16_224") {
-    c.embed_dim = 384, c.depth = 12, c.num_heads = 6;
-  } else if (name == "vit_base_patch16_224") {
-    c.embed_dim = 768, c.depth = 12, c.num_heads = 12;
-  } else if (name == "vit_large_patch16_224") {
-    c.embed_dim = 1024, c.depth = 24, c.num_heads = 16;
-  } else if (name == "vit_huge_patch14_224" || name == "vit_huge_patch16_224") {
-    c.embed_dim = 1280, c.depth = 32, c.num_heads = 16;
-    c.patch_size = name == "vit_huge_patch14_224" ? 14 : 16;
-  } else {
-    fail("[vit] unknown model '{}': expected one of {}", name, fmt::join(names(), ", "));
-  }
-  return c;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Embedding
 
 namespace {
@@ -156,52 +73,69 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
 Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& cc = cache_as<EmbedCache>(cache, "embedding");
   const bool nd = tp_ && tp_->nd();
+  WeightGrads wg(ctx);
   // The last overlap point of a backward (1D path, as Block's): what the first block completed
   // runs beside the position and class-token gradients rather than after the backward.
   if (!nd && ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // Sequence parallel and nd: the gradients of this rank's tokens / samples, summed over the
   // group (nd: the ranks holding the same features of the other samples).
   const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;
-  // Sequence parallel: this rank's tokens give part of every parameter gradient; the parts are
-  // computed into one buffer and summed over the group.
   Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
-  Tensor flat;
+  // The parameter gradients of dy into grads[] (the mask, the class token and position
+  // embedding's sums, the patch projection's GEMM).
+  auto param_grads = [this, nd](const Tensor& dy, const Tensor& patches, const ForwardCtx& ctx,
+                                Tensor* grads) {
+    const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;
+    Tensor g = sp && !nd ? tp_->pad_tokens(dy, c_.num_patches() + 1) : dy;
+    if (ctx.training && c_.drop_rate > 0) {
+      if (nd) {
+        ForwardCtx sub = ctx;
+        sub.sample_offset += tp_->layout(0).chunk * dy.size(0);
+        const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
+        const auto [f0, f1] = tp_->feature_slice(d, 0);
+        g = ops::dropout_bwd(g, c_.drop_rate, sub.key_slice("pos_drop", n * d, f0, f1 - f0, d));
+      } else {
+        g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
+      }
+    }
+    Tensor dt = ops::cls_pos_bwd(g, &grads[0], &grads[1], patches.dtype());
+    const int64_t row = patches.size(-1);
+    Tensor dw = grads[2].reshape({grads[2].size(0), row});
+    ops::linear_bwd_weight(patches, dt, &dw, &grads[3]);
+  };
+  if (!sp) {
+    // Nothing flows back to the images: all of it is parameter gradients (split: all in W).
+    ForwardCtx c = ctx;
+    c.overlap_point = nullptr;
+    wg.run([this, param_grads, dy, patches = cc.patches, c] {
+      Tensor grads[4] = {cls_token.grad, pos_embed.grad, proj.weight.grad, proj.bias.grad};
+      param_grads(dy, patches, c, grads);
+    });
+    wg.finish(cache);
+    return Tensor();  // images need no gradient
+  }
+  // Sequence parallel: this rank's tokens give part of every parameter gradient; the parts are
+  // computed into one buffer and summed over the group (in B: the collective stays there).
+  int64_t total = 0;
+  for (Parameter* p : ps) total += p->grad.numel();
+  Tensor flat = Tensor::zeros({total}, DType::F32, dy.device());
   Tensor grads[4];
-  if (sp) {
-    int64_t total = 0;
-    for (Parameter* p : ps) total += p->grad.numel();
-    flat = Tensor::zeros({total}, DType::F32, dy.device());
-    int64_t off = 0;
-    for (int i = 0; i < 4; ++i) {
-      grads[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
-      off += ps[i]->grad.numel();
-    }
-  } else {
-    for (int i = 0; i < 4; ++i) grads[i] = ps[i]->grad;
+  int64_t off = 0;
+  for (int i = 0; i < 4; ++i) {
+    grads[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
+    off += ps[i]->grad.numel();
   }
-  Tensor g = sp && !nd ? tp_->pad_tokens(dy, c_.num_patches() + 1) : dy;
-  if (ctx.training && c_.drop_rate > 0) {
-    if (nd) {
-      ForwardCtx sub = ctx;
-      sub.sample_offset += tp_->layout(0).chunk * dy.size(0);
-      const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
-      const auto [f0, f1] = tp_->feature_slice(d, 0);
-      g = ops::dropout_bwd(g, c_.drop_rate, sub.key_slice("pos_drop", n * d, f0, f1 - f0, d));
-    } else {
-      g = ops::dropout_bwd(g, c_.drop_rate, ctx.key("pos_drop", g.numel() / g.size(0)));
-    }
-  }
-  Tensor dt = ops::cls_pos_bwd(g, &grads[0], &grads[1], cc.patches.dtype());
-  ops::patch_embed_bwd(cc.patches, proj.weight.value, dt, &grads[2], &grads[3]);
-  if (sp) {
-    flat = nd ? tp_->all_reduce(tp_->layout(0).replica_group, flat) : tp_->all_reduce(flat);
+  param_grads(dy, cc.patches, ctx, grads);
+  flat = nd ? tp_->all_reduce(tp_->layout(0).replica_group, flat) : tp_->all_reduce(flat);
+  wg.run([this, flat] {
+    Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
     int64_t off = 0;
     for (Parameter* p : ps) {
       ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
       off += p->grad.numel();
     }
-  }
-  cache.reset();
+  });
+  wg.finish(cache);
   return Tensor();  // images need no gradient
 }
 
@@ -431,10 +365,14 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
   if (!a.full) run_forward(Tensor(a.x), a, ctx);
   if (nd()) {
+    // 2d/2.5d/3d: a combined backward (the weight gradients are reduced inside); split: all in B.
     Tensor gx = backward_nd(dy, a, ctx);
     cache.reset();
     return gx;
   }
+  // Split backward: the four weight GEMMs go to W with their inputs and output gradients; the
+  // bias and LayerNorm gradients that fused passes of B make anyway go to W as partial sums.
+  WeightGrads wg(ctx);
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
   const int64_t n = c_.num_patches() + 1;
@@ -447,7 +385,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     ln_flat = Tensor::zeros({4 * d}, DType::F32, dy.device());
     for (int i = 0; i < 4; ++i) ln[i] = ln_flat.narrow(i * d, d);
   } else {
-    for (int i = 0; i < 4; ++i) ln[i] = ln_params[i]->grad;
+    for (int i = 0; i < 4; ++i) ln[i] = wg.into(*ln_params[i]);
   }
 
   // MLP half: out = h + dpath(drop(fc2(m)))
@@ -456,7 +394,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor g = half_dy(dy, a.m.dtype(), &fc2_bias_sum);
   if (!takes_dy_as_is(ctx)) fc2_bias_sum = Tensor();
   if (!g.defined() || !takes_dy_as_is(ctx)) g = dy;
-  Tensor* fc2_db = fc2_bias_sum.defined() ? nullptr : &fc2.bias.grad;
+  Parameter* fc2_db = fc2_bias_sum.defined() ? nullptr : &fc2.bias;
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (sp()) g = tp_->gather_tokens(g, n);
@@ -464,17 +402,26 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gf;
   bool fc1_bias_done = false;
   if (tanh && !drop) {  // fc2's input gradient through the GELU in one (the DGELU epilogue)
-    gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad, fc2_db);
+    if (wg.deferred()) {
+      gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, nullptr, nullptr);
+      wg.run([this, m = a.m, g, fc2_db] {
+        ops::linear_bwd_weight(m, g, &fc2.weight.grad, fc2_db ? &fc2_db->grad : nullptr);
+      });
+    } else {
+      gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad,
+                                 fc2_db ? &fc2_db->grad : nullptr);
+    }
   } else {
-    Tensor gm = ops::linear_bwd(a.m, fc2.w(), g, &fc2.weight.grad, fc2_db);
+    Tensor gm = linear_bwd(wg, a.m, fc2.w(), g, &fc2.weight, fc2_db);
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
-    gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1.bias.grad);
+    Tensor fc1_db = wg.into(fc1.bias);
+    gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1_db);
     fc1_bias_done = true;
   }
-  if (!fc2_db) ops::add_(fc2.bias.grad, fc2_bias_sum);
+  if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
-  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done);
+  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done, &wg);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
@@ -482,24 +429,25 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool half = a.o.dtype() == DType::BF16 || a.o.dtype() == DType::F16;
   const bool gy_as_is = !dpath && !drop && !sp();
   const bool half_gy = half && gy_as_is;
-  Tensor gh_half;
+  Tensor gh_half, proj_db;
+  if (gy_as_is) proj_db = wg.into(proj.bias);
   Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
                                      &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr,
-                                     gy_as_is ? &proj.bias.grad : nullptr);
+                                     gy_as_is ? &proj_db : nullptr);
 
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
   Tensor gy = half_gy ? gh_half : gh;
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
-  Tensor go =
-      ops::linear_bwd(a.o, proj.w(), gy, &proj.weight.grad, gy_as_is ? nullptr : &proj.bias.grad);
+  Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
   if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
   // pass; k: 0, v: dout's column sums, by the softmax's identities: flash_attention.cu).
-  Tensor* qkv_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs) ? &qkv.bias.grad : nullptr;
-  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_db);
-  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq, qkv_db == nullptr);
+  const bool qkv_fused_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs);
+  Tensor qkv_db = qkv_fused_db ? wg.into(qkv.bias) : Tensor();
+  Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
+  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq, !qkv_fused_db, &wg);
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);
@@ -511,10 +459,13 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (send || send_sum) dx_ = gx, dx_half_ = gx_half, dx_sum_ = gx_sum;
   if (sp()) {
     ln_flat = tp_->all_reduce(ln_flat);
-    for (int i = 0; i < 4; ++i)
-      ops::add_(ln_params[i]->grad, ln_flat.narrow(i * c_.embed_dim, c_.embed_dim));
+    wg.run([this, ln_flat] {
+      Parameter* ps[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
+      for (int i = 0; i < 4; ++i)
+        ops::add_(ps[i]->grad, ln_flat.narrow(i * c_.embed_dim, c_.embed_dim));
+    });
   }
-  cache.reset();
+  wg.finish(cache);
   return gx;
 }
 
@@ -607,7 +558,7 @@ Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forwa
   return logits;
 }
 
-Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx&) {
+Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) {
   auto& hc = cache_as<HeadCache>(cache, "head");
   const bool tp = tp_ && tp_->size() > 1;
   if (tp && tp_->nd()) {
@@ -640,16 +591,18 @@ Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const For
     cache.reset();
     return gx;
   }
-  Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dy, &head.weight.grad, &head.bias.grad);
+  // Split backward: the classifier's GEMM goes to W with z and dy, the norm's gradients as sums.
+  WeightGrads wg(ctx);
+  Tensor gz = linear_bwd(wg, hc.z, head.weight.value, dy, &head.weight, &head.bias);
   if (tp) gz = tp_->gather_features(gz);
-  Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &norm.weight.grad,
-                                 &norm.bias.grad);
+  Tensor dgamma = wg.into(norm.weight), dbeta = wg.into(norm.bias);
+  Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &dgamma, &dbeta);
   Tensor gx;
   if (tp && tp_->sequence_parallel() && tp_->rank() != 0)
     gx = Tensor::zeros({gt.size(0), hc.tokens, gt.size(1)}, gt.dtype(), gt.device());
   else
     gx = ops::select_token_bwd(gt, hc.tokens, 0);
-  cache.reset();
+  wg.finish(cache);
   return gx;
 }
 

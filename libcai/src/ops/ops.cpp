@@ -180,6 +180,35 @@ Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw
   return need_dx ? as(dxf, t) : dx;
 }
 
+void linear_bwd_weight(const Tensor& x, const Tensor& dy, Tensor* dw, Tensor* db) {
+  floating("linear", x);
+  const int64_t m = rows_of(x), k = x.size(-1), n = dy.size(-1);
+  CAI_CHECK(dy.shape() == with_last(x.shape(), n) && dy.device() == x.device(),
+            "[linear] grad {} does not match input {}", dy.str(), x.str());
+  if (dw) {
+    CAI_CHECK(dw->shape() == Shape({n, k}) && dw->device() == x.device(),
+              "[linear] weight gradient {} does not match [{}, {}]", dw->str(), n, k);
+    f32_only("linear", *dw);
+  }
+  if (db) {
+    CAI_CHECK(db->numel() == n, "[linear] bias grad {} has not {} elements", db->str(), n);
+    f32_only("linear", *db);
+  }
+  const DType t = x.dtype();
+  if (t == DType::F32) {
+    const Tensor dyf = as(dy, DType::F32);
+    CAI_DISPATCH(x, linear_bwd, f32(x), nullptr, f32(dyf), nullptr, opt(dw), opt(db), m, k, n);
+    return;
+  }
+  const Tensor dyc = as(dy, t);
+  if (x.is_cuda()) {
+    kernels::cuda::linear_bwd_t(kdt(t), x.raw(), nullptr, dyc.raw(), nullptr, opt(dw), opt(db), m,
+                                k, n);
+    return;
+  }
+  linear_bwd_weight(up(x), up(dyc), dw, db);
+}
+
 // ---------------------------------------------------------------------------------------------
 // LayerNorm: statistics and parameters in fp32; the input, output and gradients in any float type.
 

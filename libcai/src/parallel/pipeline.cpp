@@ -91,6 +91,7 @@ struct PipelinePlugin::Impl {
     so.stages = p();
     so.micro_batches = m;
     so.chunks = cfg.chunks;
+    so.split_backward = cfg.split_backward;
     so.activation_bytes = shape_numel(model->residual_shape((batch + m - 1) / m)) *
                           static_cast<int64_t>(sizeof(float));
     schedule::Schedule s = schedule::make(cfg.style, so, part);
@@ -252,6 +253,13 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     if (prog[i].op == schedule::Op::RecvGrad) recv_order[1].push_back(i);
   }
   size_t next_recv[2] = {0, 0};
+  // Per chunk, the micro-batch whose parameter gradients come last in the program (its Backward
+  // or BackwardWeight): the data-parallel hooks reduce after that one (1F1B, GPipe: the last
+  // micro-batch; a zero-bubble schedule may finish another one's W last).
+  std::vector<int> last_weight_mb(m.cfg.chunks, mbs - 1);
+  for (const schedule::Instr& i : prog)
+    if (i.op == schedule::Op::Backward || i.op == schedule::Op::BackwardWeight)
+      last_weight_mb[i.chunk] = i.mb;
   std::map<size_t, Posted> posted;  // by program position
   auto post = [&](int kind) {
     if (next_recv[kind] >= recv_order[kind].size()) return;
@@ -339,36 +347,61 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         break;
       case Op::Backward:
       case Op::BackwardInput: {
+        // BackwardInput (split backward): the input gradient only, sent on at once; the
+        // parameter gradients stay in the caches for this micro-batch's BackwardWeight.
+        const bool split = in.op == Op::BackwardInput;
         Tensor g = vs == last_vs ? dlogits.at(in.mb) : grad_in.at(key);
         if (vs == last_vs)
           dlogits.erase(in.mb);
         else
           grad_in.erase(key);
-        const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == mbs - 1);
+        const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == last_weight_mb[in.chunk]);
         auto& cs = caches.at(key);
         nn::ForwardCtx ctx = ctx_of(in.mb);
         if (hooks && hooks->overlap_point) ctx.overlap_point = &hooks->overlap_point;
         const auto layers = m.chunk_layers(in.chunk);
         for (size_t i = layers.size(); i-- > 0;) {
           if (hooks && hooks->before_backward) hooks->before_backward(*layers[i]);
-          g = layers[i]->backward(g, cs[i], ctx);
-          if (hooks && hooks->after_backward) hooks->after_backward(*layers[i]);
+          if (split) {
+            g = layers[i]->backward_input(g, cs[i], ctx);
+          } else {
+            g = layers[i]->backward(g, cs[i], ctx);
+            if (hooks && hooks->after_backward) hooks->after_backward(*layers[i]);
+          }
         }
         // What waits for an overlap point goes now: other micro-batches' work follows.
         if (hooks && hooks->overlap_point) hooks->overlap_point();
-        caches.erase(key);
+        if (!split) caches.erase(key);
         if (vs > 0) grad_out[key] = g;
         compute_us += trace::Recorder::now_us() - t0;
         break;
       }
-      case Op::BackwardWeight:
-        break;  // our layers compute weight gradients together with input gradients
+      case Op::BackwardWeight: {
+        // The parameter gradients BackwardInput left, layer by layer in backward order: the
+        // data-parallel hooks see a layer's gradients final here, so the W that completes a
+        // bucket (of the chunk's last such micro-batch) starts its reduction.
+        const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == last_weight_mb[in.chunk]);
+        auto& cs = caches.at(key);
+        const auto layers = m.chunk_layers(in.chunk);
+        for (size_t i = layers.size(); i-- > 0;) {
+          layers[i]->backward_weight(cs[i]);
+          if (hooks && hooks->after_backward) hooks->after_backward(*layers[i]);
+        }
+        if (hooks && hooks->overlap_point) hooks->overlap_point();
+        caches.erase(key);
+        compute_us += trace::Recorder::now_us() - t0;
+        break;
+      }
       case Op::SendGrad:
         sends.push_back(
             m.pp_grad->send_async(grad_out.at(key), in.peer, tag_of(in.mb, vs, V, kGrad)));
         grad_out.erase(key);
         break;
       case Op::ReduceGrads:
+        CAI_CHECK(caches.empty(),
+                  "[pipeline] ReduceGrads with {} micro-batches' backward (or BackwardWeight) "
+                  "still pending on rank {}",
+                  caches.size(), m.world.rank());
         for (auto& w : sends) w->wait();
         sends.clear();
         m.inner->sync_gradients(model);

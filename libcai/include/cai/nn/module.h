@@ -63,6 +63,10 @@ struct ForwardCtx {
   // Backward only (may be null): called by a layer's backward at the point where a collective
   // started beside it slows it least (LayerHooks::overlap_point).
   const std::function<void()>* overlap_point = nullptr;
+  // Backward only: set by Layer::backward_input (split backward, zero-bubble pipelines). The
+  // layer leaves its parameter-gradient work in the cache for backward_weight (WeightGrads)
+  // instead of accumulating into Parameter::grad.
+  bool defer_weight_grads = false;
   // RNG key for a random op at `site` (e.g. "blocks.3.drop_path1") whose elements per sample
   // are `per_sample`.
   ops::RngKey key(const std::string& site, int64_t per_sample) const;
@@ -76,6 +80,10 @@ struct ForwardCtx {
 // Opaque per-layer activations of one micro-batch.
 struct Cache {
   virtual ~Cache() = default;
+  // Split backward: the parameter-gradient steps backward_input left for backward_weight, in
+  // order; each holds the tensors it reads (a linear's input and output gradient, a fused pass's
+  // partial sums), nothing else of the forward's activations.
+  std::vector<std::function<void()>> weight_steps;
 };
 
 class Layer {
@@ -84,8 +92,18 @@ class Layer {
   virtual Tensor forward(const Tensor& x, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx) = 0;
   // Returns the gradient w.r.t. the layer's input and accumulates parameter gradients.
   // Consumes (and releases) the cache.
+  // A layer implements it once: under ctx.defer_weight_grads it puts its parameter gradients
+  // through a WeightGrads (see there), so the same code serves the split below.
   virtual Tensor backward(const Tensor& dy, std::unique_ptr<Cache>& cache,
                           const ForwardCtx& ctx) = 0;
+  // Split backward (zero-bubble pipelines: B and W). backward_input returns the input gradient
+  // (with every collective of the layer's backward) and leaves the parameter-gradient work in
+  // the cache, which then holds only what that work reads; no Parameter::grad changes. Then
+  // backward_weight does that work (accumulating into Parameter::grad) and releases the cache.
+  // Together they give backward()'s gradients (bitwise on the CPU from zeroed gradients). A layer
+  // whose backward ignores ctx.defer_weight_grads does all of it in backward_input (2d/2.5d/3d).
+  Tensor backward_input(const Tensor& dy, std::unique_ptr<Cache>& cache, const ForwardCtx& ctx);
+  void backward_weight(std::unique_ptr<Cache>& cache);
   virtual void collect(std::vector<Parameter*>& out) = 0;
   virtual std::string name() const = 0;
 
@@ -155,6 +173,34 @@ struct LayerNorm {
   LayerNorm(const std::string& name, const ShardSpec& spec, float eps = 1e-6f);
   void collect(std::vector<Parameter*>& out);
 };
+
+// Where a layer's backward puts its parameter gradients. backward(): into Parameter::grad at
+// once (fused passes write there directly). backward_input (ctx.defer_weight_grads): a step
+// run() is kept for backward_weight, and into() hands a fused pass a zeroed partial that
+// backward_weight adds to the gradient; finish() then shrinks the cache to those steps.
+class WeightGrads {
+ public:
+  explicit WeightGrads(const ForwardCtx& ctx) : defer_(ctx.defer_weight_grads) {}
+  bool deferred() const { return defer_; }
+  // Runs f now, or keeps it for backward_weight (f must capture what it reads by value and read
+  // Parameter::grad when it runs: the gradient's storage may change in between).
+  void run(std::function<void()> f);
+  // The tensor a pass that makes p's gradient as a by-product accumulates into: p.grad now, or a
+  // zeroed fp32 partial of its shape added to p.grad by backward_weight.
+  Tensor into(Parameter& p);
+  // The end of the layer's backward: releases the cache, or (deferred) replaces it by one that
+  // holds only the kept steps (also when there are none: backward_weight still expects it).
+  void finish(std::unique_ptr<Cache>& cache);
+
+ private:
+  bool defer_;
+  std::vector<std::function<void()>> steps_;
+};
+
+// ops::linear_bwd through wg: returns the input gradient; the gradients of `weight` and `bias`
+// (either may be null) accumulate now or in backward_weight.
+Tensor linear_bwd(WeightGrads& wg, const Tensor& x, const Tensor& w, const Tensor& dy,
+                  Parameter* weight, Parameter* bias);
 
 Parameter make_parameter(const std::string& name, const Shape& shape, bool weight_decay);
 // A parameter holding the part `spec` selects of a `spec.full` tensor (whole when not sharded).

@@ -270,9 +270,10 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l);
 // Column-parallel backward: the weight and bias gradients of this rank's output rows, and the
 // input gradient summed over the group (reduce-scattered with sequence parallelism), its
 // reduction running under the weight-gradient GEMM. bias_grad false: the caller has accumulated
-// the bias gradient already (the fused GELU backward).
+// the bias gradient already (the fused GELU backward). wg (null: now): where the weight and bias
+// gradients go (split backward: W; the input gradient's reduction stays in B).
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad = true);
+                         bool bias_grad = true, WeightGrads* wg = nullptr);
 
 // One Linear(in, out) as a layer of a parallel mode: Whole (not split), Column (1D: output
 // features split, input replicated), Row (1D: input features split, output summed over the

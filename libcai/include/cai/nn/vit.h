@@ -167,6 +167,8 @@ void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c);
 
 // Callbacks around each layer's forward and backward: where data parallelism starts gradient
 // reductions as soon as a layer's gradients are final, and ZeRO-3 gathers and frees parameters.
+// With a split backward (the pipeline's BackwardInput / BackwardWeight) before_backward comes
+// before a layer's backward_input and after_backward after its backward_weight.
 struct LayerHooks {
   std::function<void(Layer&)> before_forward, after_forward, before_backward, after_backward;
   // Inside a layer's backward (ForwardCtx::overlap_point): where a collective launched now runs

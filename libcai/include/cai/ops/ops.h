@@ -26,6 +26,10 @@ Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, co
 // converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx = true);
+// The weight half of linear_bwd (the same kernels, so the same values): dw ([N, K]) and db ([N])
+// accumulate, either may be null. Needs no weight: the deferred W of a split backward runs it
+// after the pass that held the weight (zero-bubble pipelines).
+void linear_bwd_weight(const Tensor& x, const Tensor& dy, Tensor* dw, Tensor* db);
 
 // LayerNorm over the last dimension. `mean`/`rstd` ([rows]) are written for the backward.
 // y has dtype `out` (default x's); dx has x's dtype; dy may be any float dtype.

@@ -30,6 +30,9 @@ struct PipelineConfig {
   int num_microbatches = 0;    // per step; 0: from microbatch_size, else the stage count
   int microbatch_size = 0;
   int chunks = 1;  // model chunks per rank (interleaved: >= 2)
+  // Each Backward as BackwardInput (input gradient, sent on at once) + BackwardWeight (parameter
+  // gradients, which the data-parallel reduction waits for): Layer::backward_input/weight.
+  bool split_backward = false;
   // uniform: blocks spread evenly, the embedding with the first virtual stage and norm + head
   // with the last (all layers spread evenly when there are fewer blocks than virtual stages);
   // balanced: contiguous split minimising the largest per-stage parameter count.
