@@ -48,7 +48,7 @@ struct TrainConfig {
   std::string act = "gelu";  // gelu (exact) | gelu_tanh (fused into the GEMM epilogues on a GPU)
   // [parallel]
   int64_t pipeline = 1, num_microbatches = 0, microbatch_size = 0, num_model_chunks = 1;
-  std::string pp_style = "1f1b";          // gpipe | 1f1b | interleaved
+  std::string pp_style = "1f1b";          // gpipe | 1f1b | interleaved | zbh1 | zbv
   std::string partition = "uniform";      // uniform | balanced (by parameter count)
   std::vector<int> num_layers_per_stage;  // explicit partition per virtual stage
   std::string tensor_mode = "none";       // none | 1d | 2d | 2.5d | 3d
