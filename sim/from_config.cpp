@@ -764,13 +764,17 @@ double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster
   double bound = 0;
   double fill = 0, drain = 0;
   for (int s = 0; s < P; ++s) {
-    double per_mb = 0;
+    double per_mb = 0, per_mb_input = 0;
     for (int c = 0; c < sched.chunks; ++c) {
       const int v = sched.virtual_stage(s, c);
       per_mb += fwd[v] + bwd[v];
+      per_mb_input += fwd[v] + bwd_input[v];
     }
     const double last_bwd = bwd[sched.virtual_stage(s, 0)];
-    bound = std::max(bound, fill + m * per_mb + drain);
+    // Split: the stage's last BackwardInput may come before some of its W's, so the drain
+    // follows its forwards and input parts only; its whole work is a bound of its own.
+    bound = std::max(bound, fill + m * per_mb);
+    bound = std::max(bound, fill + m * per_mb_input + drain);
     bound = std::max(bound, fill + m * per_mb - last_bwd + dp[s]);
     fill += fwd[sched.virtual_stage(s, 0)];
     drain += bwd_input[sched.virtual_stage(s, 0)];
