@@ -1164,9 +1164,16 @@ std::string summary(const StepPlan& p) {
       dtype_name(l.precision), p.model.checkpoint ? ", activation checkpointing" : "");
   for (const RankPlan& r : p.stages) {
     const Memory& m = r.memory;
-    const std::string who = l.pp > 1 ? fmt::format("stage {} (layers {}-{})", r.pp_rank,
-                                                   r.layers.front(), r.layers.back())
-                                     : std::string("every rank");
+    // Contiguous runs of the stage's layers ("0-1, 4-5": interleaved or ZB-V chunks).
+    std::string runs;
+    for (size_t i = 0; i < r.layers.size();) {
+      size_t j = i;
+      while (j + 1 < r.layers.size() && r.layers[j + 1] == r.layers[j] + 1) ++j;
+      runs += fmt::format("{}{}-{}", runs.empty() ? "" : ", ", r.layers[i], r.layers[j]);
+      i = j + 1;
+    }
+    const std::string who =
+        l.pp > 1 ? fmt::format("stage {} (layers {})", r.pp_rank, runs) : std::string("every rank");
     out += fmt::format(
         "# memory per process, {}: parameters {}, gradients {}, ZeRO shards {}, optimizer state "
         "{}, buckets {}, input batches {}, activations {} ({} micro-batch(es) in flight), "
