@@ -458,7 +458,11 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     changed |= int_knob("pp", "pipeline stages", c.pipeline, 1, 512, drawn);
     ImGui::TextUnformatted("schedule");
     for (const char* s : {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}) {
-      ImGui::SameLine();
+      // The zero-bubble styles on a second row: the panel is too narrow for five.
+      if (std::string(s) == "zbh1")
+        ImGui::Indent(ImGui::CalcTextSize("schedule").x + ImGui::GetStyle().ItemSpacing.x);
+      else
+        ImGui::SameLine();
       if (ImGui::RadioButton(s, c.pp_style == s)) {
         c.pp_style = s;
         if (c.pp_style == "interleaved" && c.num_model_chunks < 2) c.num_model_chunks = 2;
@@ -468,6 +472,7 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
       }
       drawn.widgets[std::string("schedule.") + s] = item_rect();
     }
+    ImGui::Unindent(ImGui::CalcTextSize("schedule").x + ImGui::GetStyle().ItemSpacing.x);
     if (c.pp_style == "interleaved")
       changed |= int_knob("chunks", "chunks per rank", c.num_model_chunks, 1, 16, drawn);
     int64_t m = model.knobs.micro_batches();
