@@ -24,7 +24,7 @@ namespace {
 using nlohmann::json;
 
 bool is_compute(Category c) {
-  return c == Category::Forward || c == Category::Backward;
+  return c == Category::Forward || c == Category::Backward || c == Category::Weight;
 }
 
 // Length of the union of [start, end) ∩ [t0, t1) over the spans accepted by `keep`.
@@ -138,8 +138,9 @@ Category category_of(schedule::Op op) {
       return Category::Forward;
     case Op::Backward:
     case Op::BackwardInput:
-    case Op::BackwardWeight:
       return Category::Backward;
+    case Op::BackwardWeight:
+      return Category::Weight;
     case Op::LoadMicroBatch:
       return Category::Load;
     case Op::ReduceGrads:
@@ -165,6 +166,8 @@ const char* category_name(Category c) {
       return "load";
     case Category::Reduce:
       return "reduce";
+    case Category::Weight:
+      return "weight grad";
   }
   return "?";
 }
@@ -328,7 +331,8 @@ Timeline replay_schedule(const Knobs& k) {
   validate_knobs(k);
   const config::TrainConfig& c = k.config;
   const int p = static_cast<int>(c.pipeline), m = k.micro_batches();
-  const int v = c.pp_style == "interleaved" ? static_cast<int>(c.num_model_chunks) : 1;
+  const int v =
+      c.pp_style == "interleaved" || c.pp_style == "zbv" ? static_cast<int>(c.num_model_chunks) : 1;
   const LayerSizes sizes = layer_sizes(c);
   const int layers = static_cast<int>(sizes.params.size());
   const schedule::Partition part = partition_for(c, layers, p * v, sizes);
@@ -447,7 +451,9 @@ Span span_from_name(const std::string& name, const std::string& cat) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   if (starts("SendAct") || starts("RecvAct") || starts("SendGrad") || starts("RecvGrad")) {
     s.category = Category::Comm;
-  } else if (starts("BI(") || starts("BW(") || starts("B(")) {
+  } else if (starts("BW(")) {
+    s.category = Category::Weight;
+  } else if (starts("BI(") || starts("B(")) {
     s.category = Category::Backward;
   } else if (starts("F(")) {
     s.category = Category::Forward;
@@ -457,9 +463,12 @@ Span span_from_name(const std::string& name, const std::string& cat) {
     s.category = Category::Reduce;
   } else if (starts("OptStep")) {
     s.category = Category::Optimizer;
-  } else if ((starts("F") || starts("B")) && name.size() > 1 && std::isdigit(name[1])) {
-    // Short form "F3.1": micro-batch 3, chunk 1.
-    s.category = name[0] == 'F' ? Category::Forward : Category::Backward;
+  } else if ((starts("F") || starts("B") || starts("W")) && name.size() > 1 &&
+             std::isdigit(name[1])) {
+    // Short form "F3.1": micro-batch 3, chunk 1 ("W3.1": its weight gradient).
+    s.category = name[0] == 'F'   ? Category::Forward
+                 : name[0] == 'W' ? Category::Weight
+                                  : Category::Backward;
     s.mb = small_index(name, 1);
     const auto dot = name.find('.');
     s.chunk = dot == std::string::npos ? 0 : small_index(name, dot + 1);

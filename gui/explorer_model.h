@@ -21,11 +21,12 @@
 
 namespace cai::gui {
 
-enum class Category { Forward, Backward, Comm, Optimizer, Load, Reduce };
+// Backward: a whole backward or a split one's BackwardInput (B); Weight: its BackwardWeight (W).
+enum class Category { Forward, Backward, Comm, Optimizer, Load, Reduce, Weight };
 // The category a schedule instruction is drawn in (the replay and the simulator source alike).
 Category category_of(schedule::Op op);
-inline constexpr int kNumCategories = 6;
-const char* category_name(Category c);  // "forward", "backward", "comm", ...
+inline constexpr int kNumCategories = 7;
+const char* category_name(Category c);  // "forward", "backward", "comm", ..., "weight grad"
 
 // One timed instruction on one rank. Times are in Timeline::time_unit from the timeline's origin.
 struct Span {

@@ -37,11 +37,11 @@ int main(int argc, char** argv) {
   cli.add_option("--frames", frames, "Frames rendered before the screenshot")
       ->check(CLI::Range(1, 10000));
   cli.add_option("--pp", pp, "Pipeline stages")->check(CLI::Range(1, 4096));
-  cli.add_option("--schedule", schedule, "gpipe | 1f1b | interleaved")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  cli.add_option("--schedule", schedule, "gpipe | 1f1b | interleaved | zbh1 | zbv")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}));
   cli.add_option("--microbatches", microbatches, "Micro-batches per step")
       ->check(CLI::Range(1, 1 << 20));
-  cli.add_option("--chunks", chunks, "Model chunks per rank (interleaved)")
+  cli.add_option("--chunks", chunks, "Model chunks per rank (interleaved; zbv: 2, its default)")
       ->check(CLI::Range(1, 64));
   cli.add_option("--depth", depth, "Transformer blocks")->check(CLI::Range(1, 4096));
   cli.add_option("--gpus", gpus, "GPUs (data parallel = GPUs / (pipeline x tensor))")
@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   if (pp) c.pipeline = pp;
   if (!schedule.empty()) c.pp_style = schedule;
   if (schedule == "interleaved" && !chunks && c.num_model_chunks < 2) c.num_model_chunks = 2;
+  if (schedule == "zbv" && !chunks) c.num_model_chunks = 2;
   if (chunks) c.num_model_chunks = chunks;
   if (microbatches) c.num_microbatches = microbatches, c.microbatch_size = 0;
   if (depth) c.depth = depth, c.explicitly_set.insert("model.depth");

@@ -256,8 +256,10 @@ void draw_timeline(const Timeline& t, const TimelineView& v, UiState& ui, Drawn&
         const float xa = x_of(s.start), xb = x_of(s.end);
         (s.lane == 0 ? lane0 : lane1).add(xa, xb, col(category_colour(s.category, s.mb)));
         if (s.lane == 0 && xb - xa > 16 && ym - ya >= text_h && s.mb >= 0) {
+          // A weight gradient (W) is labelled "W3": it sits beside its B's "3".
           const std::string lab =
-              t.chunks > 1 ? fmt::format("{}.{}", s.mb, s.chunk) : fmt::format("{}", s.mb);
+              (s.category == Category::Weight ? "W" : "") +
+              (t.chunks > 1 ? fmt::format("{}.{}", s.mb, s.chunk) : fmt::format("{}", s.mb));
           const ImVec2 ts = ImGui::CalcTextSize(lab.c_str());
           if (ts.x + 2 < xb - xa)
             labels.push_back({ImVec2((xa + xb - ts.x) / 2, (ya + ym - ts.y) / 2), lab});
@@ -391,8 +393,11 @@ void line_plot(const char* title, const std::vector<Series>& series, ImVec2 size
 }  // namespace
 
 Rgb category_colour(Category c, int mb) {
+  // forward blue, backward (B) green, comm amber, optimizer purple, load grey, reduce orange,
+  // weight gradient (W) cyan.
   static constexpr Rgb base[kNumCategories] = {{70, 130, 230}, {60, 180, 95},   {235, 175, 40},
-                                               {175, 95, 210}, {130, 160, 170}, {215, 110, 60}};
+                                               {175, 95, 210}, {130, 160, 170}, {215, 110, 60},
+                                               {40, 205, 215}};
   const Rgb b = base[static_cast<int>(c)];
   const float f = 1.0f - 0.3f * static_cast<float>(mb < 0 ? 0 : mb % 4) / 3.0f;
   return Rgb{static_cast<uint8_t>(b.r * f), static_cast<uint8_t>(b.g * f),
@@ -452,16 +457,22 @@ bool knobs_panel(ExplorerModel& model, UiState& ui, Drawn& drawn) {
     }
     changed |= int_knob("pp", "pipeline stages", c.pipeline, 1, 512, drawn);
     ImGui::TextUnformatted("schedule");
-    for (const char* s : {"gpipe", "1f1b", "interleaved"}) {
-      ImGui::SameLine();
+    for (const char* s : {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}) {
+      // The zero-bubble styles on a second row: the panel is too narrow for five.
+      if (std::string(s) == "zbh1")
+        ImGui::Indent(ImGui::CalcTextSize("schedule").x + ImGui::GetStyle().ItemSpacing.x);
+      else
+        ImGui::SameLine();
       if (ImGui::RadioButton(s, c.pp_style == s)) {
         c.pp_style = s;
         if (c.pp_style == "interleaved" && c.num_model_chunks < 2) c.num_model_chunks = 2;
-        if (c.pp_style != "interleaved") c.num_model_chunks = 1;
+        if (c.pp_style == "zbv") c.num_model_chunks = 2;  // its V: two chunks per rank
+        if (c.pp_style != "interleaved" && c.pp_style != "zbv") c.num_model_chunks = 1;
         changed = true;
       }
       drawn.widgets[std::string("schedule.") + s] = item_rect();
     }
+    ImGui::Unindent(ImGui::CalcTextSize("schedule").x + ImGui::GetStyle().ItemSpacing.x);
     if (c.pp_style == "interleaved")
       changed |= int_knob("chunks", "chunks per rank", c.num_model_chunks, 1, 16, drawn);
     int64_t m = model.knobs.micro_batches();

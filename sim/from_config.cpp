@@ -23,6 +23,22 @@ std::string op_kind_of(const std::string& op) {
 
 namespace {
 
+// Which part of a compute instruction ops() expands: a Forward or a whole Backward, or a split
+// backward's BackwardInput (everything but the linears' weight-gradient GEMMs) or its
+// BackwardWeight (those GEMMs, and the gradient buckets they complete).
+enum class Part { Whole, Input, Weight };
+
+Part part_of(schedule::Op op) {
+  return op == schedule::Op::BackwardInput    ? Part::Input
+         : op == schedule::Op::BackwardWeight ? Part::Weight
+                                              : Part::Whole;
+}
+
+// A linear's backward: an input-gradient and a weight-gradient GEMM of the same FLOPs.
+bool has_weight_gemm(const plan::OpCost& c) {
+  return c.phase == plan::Phase::Backward && op_kind_of(c.op) == "gemm";
+}
+
 OpKind kind_of(plan::CollectiveKind k) {
   switch (k) {
     case plan::CollectiveKind::AllReduce:
@@ -168,7 +184,14 @@ class ConfigProgram {
 
   // The ops of a Forward or Backward of virtual stage `vstage` for micro-batch `mb` on sim rank
   // `rank`; groups are registered in `w` (one Workload per ConfigProgram: the ids are cached).
-  std::vector<Op> ops(bool fwd, int mb, int rank, int vstage, Workload& w, int base = 0) {
+  // A split backward (part Input, then Weight): the linears' GEMMs in halves, dx in the
+  // BackwardInput, dw in the BackwardWeight; a layer with linears keeps its cache and its output
+  // gradient until its BackwardWeight (as the plan's memory replay counts); the gradient buckets
+  // complete in the BackwardWeight.
+  std::vector<Op> ops(bool fwd, int mb, int rank, int vstage, Workload& w, int base = 0,
+                      Part part = Part::Whole) {
+    const bool input_only = !fwd && part == Part::Input;
+    const bool weight_only = !fwd && part == Part::Weight;
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
     Groups& g = groups_[rank];
     // The sim ranks of a tensor sub-group ("tp": the whole group); with folded tensor slices
@@ -231,8 +254,9 @@ class ConfigProgram {
     for (size_t li = 0; li < layers.size(); ++li) {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
       const int pos = dp ? dp->pos.at(layers[li]) : -1;
+      const bool has_w = std::any_of(lp.ops.begin(), lp.ops.end(), has_weight_gemm);
       // ZeRO-3: the gathers the window starts now, then this layer's completes into its values.
-      if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0) {
+      if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0 && !weight_only) {
         for (int i : dp->window.fetch(pos, !fwd)) {
           ops.push_back(dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i],
                                 dp->layer_params[i]));
@@ -274,10 +298,12 @@ class ConfigProgram {
       // (forward order), then the backward's ops last to first.
       std::vector<const plan::OpCost*> order;
       for (const plan::OpCost& c : lp.ops)
-        if (c.phase == (fwd ? plan::Phase::Forward : plan::Phase::Recompute)) order.push_back(&c);
+        if (c.phase == (fwd ? plan::Phase::Forward : plan::Phase::Recompute) && !weight_only)
+          order.push_back(&c);
       if (!fwd)
         for (auto it = lp.ops.rbegin(); it != lp.ops.rend(); ++it)
-          if (it->phase == plan::Phase::Backward) order.push_back(&*it);
+          if (it->phase == plan::Phase::Backward && (!weight_only || has_weight_gemm(*it)))
+            order.push_back(&*it);
       for (const plan::OpCost* cp : order) {
         const plan::OpCost& c = *cp;
         // The overlap points: a block's before its attention backward, the embedding's before
@@ -295,8 +321,12 @@ class ConfigProgram {
         op.mem_bytes = static_cast<double>(c.bytes_read + c.bytes_written);
         op.op_kind = op_kind_of(c.op);
         op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
+        if ((input_only || weight_only) && has_weight_gemm(c)) {
+          op.name += input_only ? " dx" : " dw";
+          op.share = 0.5;
+        }
         std::vector<const plan::Collective*> during;
-        if (c.phase == plan::Phase::Backward)
+        if (c.phase == plan::Phase::Backward && !weight_only)
           for (const plan::Collective& k : lp.collectives)
             if (k.op == c.op + " input grad" && overlapped(k)) during.push_back(&k);
         if (during.empty()) {
@@ -304,7 +334,7 @@ class ConfigProgram {
           continue;
         }
         Op dw = op;
-        op.name += " dx", dw.name += " dw";
+        if (!input_only) op.name += " dx", dw.name += " dw";
         op.share = dw.share = 0.5;  // two GEMMs of the same FLOPs
         const int dx_at = static_cast<int>(ops.size());
         ops.push_back(std::move(op));
@@ -319,7 +349,7 @@ class ConfigProgram {
             started.push_back(static_cast<int>(ops.size()));
             ops.push_back(std::move(x));
           }
-        ops.push_back(std::move(dw));
+        if (!input_only) ops.push_back(std::move(dw));  // split: in the BackwardWeight
         Op wait = Op::compute(fmt::format("{} {} bwd wait", lp.name, c.op), 0.0, mb);
         wait.deps = started;
         ops.push_back(std::move(wait));
@@ -332,17 +362,24 @@ class ConfigProgram {
         // output and its gradient are counted while the layer's ops run (the plan's peak is
         // inside a layer), the cache until its backward ends.
         const int64_t work = fwd ? lp.forward_extra + lp.output : lp.backward_extra + lp.output;
+        // Split: what the weight-gradient GEMMs read stays from the BackwardInput to the
+        // BackwardWeight (the cache and the output gradient).
+        const int64_t held = has_w && (input_only || weight_only) ? lp.saved + lp.output : 0;
+        const int64_t release = fwd           ? work
+                                : weight_only ? held
+                                : input_only  ? work + lp.saved - held
+                                              : work + lp.saved;
         if (fwd && lp.saved + work > 0)
           ops[first_op].mem_start.push_back({MemKind::Activations, lp.saved + work});
-        if (!fwd && work > 0) ops[first_op].mem_start.push_back({MemKind::Activations, work});
-        if (work > 0 || (!fwd && lp.saved > 0))
-          ops.back().mem_end.push_back({MemKind::Activations, fwd ? -work : -work - lp.saved});
-        if (dp && !fwd && layout_.zero_stage >= 2 && dp->layer_numel[pos] > 0)  // full gradients
+        if (!fwd && !weight_only && work > 0)
+          ops[first_op].mem_start.push_back({MemKind::Activations, work});
+        if (release > 0) ops.back().mem_end.push_back({MemKind::Activations, -release});
+        if (dp && !fwd && !weight_only && layout_.zero_stage >= 2 && dp->layer_numel[pos] > 0)
           ops[first_op].mem_start.push_back({MemKind::Gradients, 4 * dp->layer_numel[pos]});
-        if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0)  // values released
+        if (dp && !weight_only && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0)
           ops.back().mem_end.push_back({MemKind::Parameters, -4 * dp->layer_numel[pos]});
       }
-      if (g.tp >= 0)
+      if (g.tp >= 0 && !weight_only)
         for (const plan::Collective& c : lp.collectives) {
           const bool mine =
               fwd ? c.phase == plan::Phase::Forward
@@ -366,7 +403,8 @@ class ConfigProgram {
       // micro-batch (all-reduced in place at the next overlap point, what waited from before
       // launched now), ZeRO-2/3 in every micro-batch (packed, then reduce-scattered, at most
       // zero_max_inflight_buckets in flight).
-      const bool reduces = layout_.zero_stage >= 2 || mb == plan_.micro_batches - 1;
+      const bool reduces =
+          (layout_.zero_stage >= 2 || mb == plan_.micro_batches - 1) && !input_only;
       if (dp && !fwd && reduces && layout_.zero_stage < 2) {
         launch_waiting();
         for (int b : dp->launch_at[pos]) {
@@ -390,6 +428,10 @@ class ConfigProgram {
     // The end of a chunk's backward is an overlap point too (what waits goes before other
     // micro-batches' work).
     if (!fwd) launch_waiting();
+    // A chunk without linears still has its BackwardWeight instruction: an empty op marks it.
+    if (weight_only &&
+        std::none_of(ops.begin(), ops.end(), [](const Op& o) { return o.stream == 0; }))
+      ops.push_back(Op::compute(fmt::format("vs {} no weight gradients", vstage), 0.0, mb));
     return ops;
   }
 
@@ -625,7 +667,7 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
     eo.static_mem.push_back(mem);
   }
   eo.compute = [&prog](const schedule::Instr& in, int rank, int vstage, int base, Workload& w) {
-    return prog.ops(in.op == schedule::Op::Forward, in.mb, rank, vstage, w, base);
+    return prog.ops(in.op == schedule::Op::Forward, in.mb, rank, vstage, w, base, part_of(in.op));
   };
   eo.after = [&prog](const schedule::Instr& in, int rank, int base, Workload& w) {
     return prog.after(in, rank, base, w);
@@ -680,7 +722,10 @@ double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster
   Workload w;
   w.dtype = sim_dtype(prog.layout().precision);
   w.ranks.resize(1);
-  std::vector<double> fwd(V, 0.0), bwd(V, 0.0), dp(P, 0.0);
+  std::vector<double> fwd(V, 0.0), bwd(V, 0.0), bwd_input(V, 0.0), dp(P, 0.0);
+  // Split backwards (zbh1, zbv): the drain waits only for the earlier stages' BackwardInputs.
+  bool split = false;
+  for (const schedule::Instr& in : sched.programs[0]) split |= in.op == schedule::Op::BackwardInput;
   auto time_of = [&](std::vector<Op> ops, bool stream0) {
     w.ranks[0].ops = std::move(ops);
     const auto dur = compute_durations(w, cluster, cal);
@@ -707,26 +752,32 @@ double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster
       const int v = sched.virtual_stage(s, c);
       fwd[v] = time_of(prog.ops(true, 0, s, v, w), true);
       bwd[v] = time_of(prog.ops(false, 0, s, v, w), true);
+      bwd_input[v] = split ? time_of(prog.ops(false, 0, s, v, w, 0, Part::Input), true) : bwd[v];
     }
     dp[s] = time_of(prog.ops(false, m - 1, s, sched.virtual_stage(s, 0), w), false);
   }
   // Stage s starts its first forward after the first micro-batch's forward went through the
   // stages before it, runs every micro-batch's forward and backward on its stream 0, and the
-  // stages before it run their last backward after its own; its data-parallel reductions (on
-  // their stream, in order) start after its last backward started and end before the step.
+  // stages before it run their last backward (input part, when split) after its own; its
+  // data-parallel reductions (on their stream, in order) start after its last backward started and
+  // end before the step.
   double bound = 0;
   double fill = 0, drain = 0;
   for (int s = 0; s < P; ++s) {
-    double per_mb = 0;
+    double per_mb = 0, per_mb_input = 0;
     for (int c = 0; c < sched.chunks; ++c) {
       const int v = sched.virtual_stage(s, c);
       per_mb += fwd[v] + bwd[v];
+      per_mb_input += fwd[v] + bwd_input[v];
     }
     const double last_bwd = bwd[sched.virtual_stage(s, 0)];
-    bound = std::max(bound, fill + m * per_mb + drain);
+    // Split: the stage's last BackwardInput may come before some of its W's, so the drain
+    // follows its forwards and input parts only; its whole work is a bound of its own.
+    bound = std::max(bound, fill + m * per_mb);
+    bound = std::max(bound, fill + m * per_mb_input + drain);
     bound = std::max(bound, fill + m * per_mb - last_bwd + dp[s]);
     fill += fwd[sched.virtual_stage(s, 0)];
-    drain += bwd[sched.virtual_stage(s, 0)];
+    drain += bwd_input[sched.virtual_stage(s, 0)];
   }
   return bound;
 }

@@ -64,7 +64,8 @@ ConfigWorkload workload_from_plan(const nn::ViTConfig& model, const plan::Layout
 // collective model, without building or replaying it: per pipeline stage, the first micro-batch's
 // forward through the stages before it, every micro-batch's forward and backward on the compute
 // stream (compute timed as the replay times it, tensor-parallel collectives at their uncontended
-// bulk time), the stages before it's last backwards after it; or the compute before its last
+// bulk time), the stages before it's last backwards after it (split backwards: after its
+// forwards and input parts, its weight parts a bound of their own); or the compute before its last
 // backward plus its data-parallel reductions back to back. Contention, bubbles from uneven stages
 // and receive waits are left out, so the replay is never faster. For the layout search.
 double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster& cluster,

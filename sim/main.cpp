@@ -36,7 +36,7 @@ struct Options {
   std::string cluster, json, trace, calibration, config, schedule, dtype = "bf16";
   std::string collectives = "calibrated";
   std::vector<std::string> sets;
-  int nproc = 0, stages = 1, microbatches = 0, chunks = 1;
+  int nproc = 0, stages = 1, microbatches = 0, chunks = 0;
   double fwd_ms = 1, bwd_ms = 2, optimizer_ms = 0, act_bytes = 0, grad_bytes = 0;
   int64_t global_batch = 0;
   bool data_parallel = false, version = false, quiet = false, search = false, no_fold = false;
@@ -144,8 +144,8 @@ int run(const Options& o) {
     return 0;
   }
   CAI_CHECK(!o.schedule.empty() || o.data_parallel || !o.config.empty(),
-            "[sim] nothing to replay: give --schedule gpipe|1f1b|interleaved, --data-parallel or "
-            "--config FILE");
+            "[sim] nothing to replay: give --schedule gpipe|1f1b|interleaved|zbh1|zbv, "
+            "--data-parallel or --config FILE");
   CAI_CHECK(!o.cluster.empty(), "[sim] --cluster FILE is required");
   const Cluster c = load_cluster(o.cluster);
   ReplayOptions ro;
@@ -170,14 +170,15 @@ int run(const Options& o) {
     cai::schedule::ScheduleOptions so;
     so.stages = o.stages;
     so.micro_batches = o.microbatches > 0 ? o.microbatches : o.stages;
-    so.chunks = o.chunks;
+    const int chunks = o.chunks > 0 ? o.chunks : o.schedule == "zbv" ? 2 : 1;
+    so.chunks = chunks;
     so.activation_bytes = static_cast<int64_t>(o.act_bytes);
-    const int V = o.stages * o.chunks;
+    const int V = o.stages * chunks;
     const auto s = cai::schedule::make(o.schedule, so, cai::schedule::partition_uniform(V, V));
     cai::schedule::validate_or_throw(s);
     ExpandOptions eo;
-    eo.forward_s = {o.fwd_ms * 1e-3 / o.chunks};
-    eo.backward_s = {o.bwd_ms * 1e-3 / o.chunks};
+    eo.forward_s = {o.fwd_ms * 1e-3 / chunks};
+    eo.backward_s = {o.bwd_ms * 1e-3 / chunks};
     eo.optimizer_s = o.optimizer_ms * 1e-3;
     const int dp = nproc / o.stages;
     eo.dp = fold ? replicas_per_copy(c, o.stages, dp) : dp;
@@ -276,13 +277,14 @@ int main(int argc, char** argv) {
   CLI::Option* o_set =
       app.add_option("--set", o.sets, "Override a config key (section.key=value), with --config");
   app.add_option("--schedule", o.schedule, "Pipeline schedule to replay")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+      ->check(CLI::IsMember(cai::schedule::styles()));
   CLI::Option* o_stages =
       app.add_option("--stages", o.stages, "Pipeline stages (nproc / stages pipeline replicas)");
   CLI::Option* o_microbatches =
       app.add_option("--microbatches", o.microbatches, "Micro-batches per step (default: stages)");
   CLI::Option* o_chunks =
-      app.add_option("--chunks", o.chunks, "Model chunks per rank (interleaved)");
+      app.add_option("--chunks", o.chunks,
+                     "Model chunks per rank (interleaved: >= 2; zbv: 2, its default; else 1)");
   CLI::Option* o_fwd =
       app.add_option("--fwd-ms", o.fwd_ms, "Forward of one micro-batch on one stage, ms");
   CLI::Option* o_bwd =

@@ -66,10 +66,13 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
         if (dp == 1) zeros = {0};
         std::vector<int> mbs = {1};
         if (pp > 1) mbs = {pp, 2 * pp, 4 * pp};
-        // Every schedule the executor runs: GPipe, 1F1B, interleaved 1F1B with 2 or 4 model
-        // chunks per stage (vit_train's checks refuse the chunk counts the layers do not fill).
+        // Every schedule style: GPipe, 1F1B, interleaved 1F1B with 2 or 4 model chunks per stage
+        // (vit_train's checks refuse the chunk counts the layers do not fill), and the
+        // zero-bubble ZB-H1 and ZB-V (2 chunks in a V; the executor's split backward runs them).
         std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
-        if (pp > 1) schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"interleaved", 4}};
+        if (pp > 1)
+          schedules = {{"gpipe", 1},       {"1f1b", 1}, {"interleaved", 2},
+                       {"interleaved", 4}, {"zbh1", 1}, {"zbv", 2}};
         for (int zero : zeros)
           for (int m : mbs)
             for (const auto& [style, chunks] : schedules) {
@@ -97,7 +100,8 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
                 Candidate cand;
                 try {
                   config::validate(c, nproc);
-                  const plan::StepPlan plan = plan::make_plan(c.vit(), config::plan_layout(c, nproc));
+                  const plan::StepPlan plan =
+                      plan::make_plan(c.vit(), config::plan_layout(c, nproc));
                   cand.peak_mem_bytes = plan.peak();
                   if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
                     ++out.too_big;

@@ -1,9 +1,9 @@
 // Layout search: every dp × pp × tensor layout (each mode TensorParallel::modes_for offers for the
 // size: 1d with and without sequence parallelism, 2d, 2.5d per depth, 3d) × ZeRO stage ×
-// pipeline schedule (GPipe, 1F1B, interleaved with 2 or 4 chunks) × micro-batch count ×
-// activation checkpointing of a vit_train config on N processes that
-// vit_train accepts, keeps the global batch, and fits the cluster's GPU memory by the plan's
-// predicted peak, ranked by simulated throughput (workload_from_config + replay).
+// pipeline schedule (GPipe, 1F1B, interleaved with 2 or 4 chunks, ZB-H1, ZB-V) × micro-batch count
+// × activation checkpointing of a vit_train config on N processes that vit_train accepts, keeps the
+// global batch, and fits the cluster's GPU memory by the plan's predicted peak, ranked by simulated
+// throughput (workload_from_config + replay).
 //
 // Best first with a bound: every layout gets the plan's lower bound on its step time
 // (step_lower_bound, cheap), layouts are simulated in the order of their bounds, and once `keep`

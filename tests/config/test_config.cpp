@@ -153,6 +153,22 @@ TEST(Config, PipelineSettingsAreChecked) {
   expect_error("[parallel]\nnum_model_chunks = 2\n", {"needs parallel.pp_style = \"interleaved\""});
   expect_error("[parallel]\npipeline = 2\npp_style = \"interleaved\"\n", {"num_model_chunks >= 2"},
                {}, 2);
+  // Zero-bubble styles: zbh1 on one chunk, zbv on exactly two (its V placement).
+  EXPECT_NO_THROW(
+      validate(parse_config("[parallel]\npipeline = 2\nnum_microbatches = 4\npp_style = \"zbh1\"\n",
+                            "t", {}),
+               2));
+  EXPECT_NO_THROW(validate(parse_config("[parallel]\npipeline = 2\nnum_microbatches = 4\npp_style "
+                                        "= \"zbv\"\nnum_model_chunks = 2\n",
+                                        "t", {}),
+                           2));
+  expect_error("[parallel]\npipeline = 2\npp_style = \"zbv\"\n",
+               {"pp_style = \"zbv\" places 2 model chunks", "num_model_chunks = 2 (got 1)"}, {}, 2);
+  expect_error("[parallel]\npipeline = 2\npp_style = \"zbv\"\nnum_model_chunks = 3\n",
+               {"num_model_chunks = 2 (got 3)"}, {}, 2);
+  expect_error("[parallel]\npipeline = 2\npp_style = \"zbh1\"\nnum_model_chunks = 2\n",
+               {"num_model_chunks = 2 needs parallel.pp_style = \"interleaved\""}, {}, 2);
+  expect_error("[parallel]\npp_style = \"zb\"\n", {"parallel.pp_style", "zbh1", "zbv"});
   expect_error("[parallel]\nnum_microbatches = 2\nmicrobatch_size = 8\n", {"not both"});
   expect_error("[parallel]\nnum_layers_per_stage = [2, \"x\"]\n",
                {"parallel.num_layers_per_stage", "an array of integers"});

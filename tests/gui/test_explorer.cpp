@@ -45,6 +45,45 @@ TEST(ExplorerModel, ReplayBubbleIsTheSchedules) {
   EXPECT_LT(il.current.bubbles[0].ideal, m.current.bubbles[0].ideal);
 }
 
+// Zero-bubble schedules: B (BackwardInput) drawn as backward, W (BackwardWeight) in a category
+// and colour of its own, labelled "W<mb>"; the ideal bubbles order as the schedule tests assert.
+TEST(ExplorerModel, ZeroBubbleDrawsBAndWApart) {
+  const ExplorerModel one = pipeline_model(4, 8, "1f1b");
+  const ExplorerModel h1 = pipeline_model(4, 8, "zbh1");
+  const ExplorerModel zv = pipeline_model(4, 8, "zbv", 2);
+  EXPECT_EQ(zv.current.chunks, 2);
+  EXPECT_LT(h1.current.bubbles[0].ideal, one.current.bubbles[0].ideal);
+  EXPECT_LT(zv.current.bubbles[0].ideal, h1.current.bubbles[0].ideal);
+  for (const ExplorerModel* m : {&h1, &zv}) {
+    const size_t per_kind = 8u * m->current.chunks;
+    for (const auto& r : m->current.ranks) {
+      size_t f = 0, b = 0, w = 0;
+      for (const Span& s : r.spans) {
+        f += s.category == Category::Forward;
+        b += s.category == Category::Backward;
+        if (s.category == Category::Weight) {
+          ++w;
+          EXPECT_EQ(s.name.rfind("BW(", 0), 0u) << s.name;
+        }
+      }
+      EXPECT_EQ(f, per_kind);
+      EXPECT_EQ(b, per_kind);
+      EXPECT_EQ(w, per_kind);
+    }
+  }
+  EXPECT_EQ(category_of(cai::schedule::Op::BackwardWeight), Category::Weight);
+  EXPECT_EQ(category_of(cai::schedule::Op::BackwardInput), Category::Backward);
+  EXPECT_STREQ(category_name(Category::Weight), "weight grad");
+  EXPECT_EQ(span_from_name("BW(mb=2,c=1)", "compute").category, Category::Weight);
+  EXPECT_EQ(span_from_name("BI(mb=2,c=1)", "compute").category, Category::Backward);
+  const Span w = span_from_name("W3.1", "compute");
+  EXPECT_EQ(w.category, Category::Weight);
+  EXPECT_EQ(w.mb, 3);
+  EXPECT_EQ(w.chunk, 1);
+  const Rgb cb = category_colour(Category::Backward, 0), cw = category_colour(Category::Weight, 0);
+  EXPECT_TRUE(cb.r != cw.r || cb.g != cw.g || cb.b != cw.b);
+}
+
 TEST(ExplorerModel, InvalidKnobsGiveVitTrainsText) {
   ExplorerModel m = pipeline_model(4, 8, "1f1b");
   const Timeline before = m.current;

@@ -248,6 +248,36 @@ TEST(Plan, ActivationsFollowCheckpointingAndThePipeline) {
   EXPECT_EQ(plan::make_plan(c, l).stages[0].memory.micro_batches_in_flight, 4);
 }
 
+// Zero-bubble schedules: a BackwardInput keeps what the weight gradients read (the layers'
+// caches and output gradients) until its BackwardWeight, so ZB-H1's last stage holds as many
+// micro-batches as the first (the validator's peaks); ZB-V places stage 0's chunks at both ends.
+TEST(Plan, ZeroBubbleHoldsWeightInputsAndPlacesChunksInAV) {
+  const nn::ViTConfig c = tiny();  // 4 layers: embedding, 2 blocks, head
+  plan::Layout l;
+  l.batch = 4, l.world = 2, l.pp = 2, l.num_microbatches = 4;
+  const auto one = plan::make_plan(c, l);
+  l.pp_style = "zbh1";
+  const auto h1 = plan::make_plan(c, l);
+  EXPECT_EQ(h1.schedule.name, "zbh1");
+  EXPECT_EQ(h1.peak_micro_batches, (std::vector<int>{2, 2}));
+  EXPECT_EQ(h1.stages[1].memory.micro_batches_in_flight, 2);
+  EXPECT_EQ(one.stages[1].memory.micro_batches_in_flight, 1);
+  // Stage 1 holds a second micro-batch's caches for its pending W: more activations, a higher
+  // peak; stage 0 (1F1B's two in flight either way) no less than 1F1B's.
+  EXPECT_GT(h1.stages[1].memory.activations, one.stages[1].memory.activations);
+  EXPECT_GT(h1.stages[1].memory.peak, one.stages[1].memory.peak);
+  EXPECT_GE(h1.stages[0].memory.peak, one.stages[0].memory.peak);
+  EXPECT_EQ(h1.stages[0].memory.micro_batches_in_flight, 2);
+  l.pp_style = "zbv", l.chunks = 2;
+  const auto zv = plan::make_plan(c, l);
+  EXPECT_EQ(zv.stages[0].layers, (std::vector<int>{0, 3}));  // virtual stages 0 and 3
+  EXPECT_EQ(zv.stages[1].layers, (std::vector<int>{1, 2}));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_LE(zv.peak_micro_batches[s], 4) << s;  // 2p chunks
+    EXPECT_GT(zv.stages[s].memory.peak, 0) << s;
+  }
+}
+
 TEST(Plan, CollectivesOfATensorParallelBlock) {
   const nn::ViTConfig c = tiny();
   plan::Layout l;

@@ -22,6 +22,23 @@ t = json.load(open(sys.argv[2]))
 names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
 assert "F(mb=0,c=0)" in names and "SendAct(mb=0,c=0,->1)" in names, sorted(names)[:10]
 PY
+# Zero-bubble schedules: ZB-H1 at the paper's 3m + p - 1 units (10 ms each), ZB-V (2 chunks by
+# default) lower still, B and W as separate spans.
+for s in zbh1 zbv; do
+  "$sim" --cluster "$clusters/h200-4.toml" --nproc 4 --schedule $s --stages 4 --microbatches 8 \
+    --fwd-ms 10 --bwd-ms 20 --act-bytes 1e6 --json "$out/$s.json" --trace "$out/$s.trace" >/dev/null
+done
+python3 - "$out" <<'PY'
+import json, sys
+d = sys.argv[1]
+h1, zv = (json.load(open(f"{d}/{n}.json")) for n in ("zbh1", "zbv"))
+assert abs(h1["step_ms"] - 270.0) < 0.5, h1["step_ms"]
+assert abs(h1["bubble_mean"] - 3 / 27) < 1e-3, h1["bubble_mean"]
+assert zv["step_ms"] < h1["step_ms"] and zv["bubble_mean"] < h1["bubble_mean"], (zv, h1)
+for n, c in (("zbh1", 0), ("zbv", 1)):
+    names = {e["name"] for e in json.load(open(f"{d}/{n}.trace"))["traceEvents"] if e["ph"] == "X"}
+    assert f"BI(mb=0,c={c})" in names and f"BW(mb=0,c={c})" in names, sorted(names)[:20]
+PY
 configs=$(cd "$(dirname "$0")/../../apps/vit_train/configs" && pwd)
 cfg=(--config "$configs/fmnist_tiny.toml" --cluster "$clusters/cpu-2.toml")
 "$sim" "${cfg[@]}" --nproc 1 --json "$out/one.json" >/dev/null
@@ -30,6 +47,11 @@ cfg=(--config "$configs/fmnist_tiny.toml" --cluster "$clusters/cpu-2.toml")
   --json "$out/tp2.json" >/dev/null
 "$sim" "${cfg[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.num_microbatches=4 \
   --json "$out/pp2.json" --trace "$out/pp2.trace" >/dev/null
+for s in zbh1 zbv; do
+  "$sim" "${cfg[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.num_microbatches=4 \
+    --set parallel.pp_style=$s --set parallel.num_model_chunks=$([ $s = zbv ] && echo 2 || echo 1) \
+    --json "$out/pp2$s.json" --trace "$out/pp2$s.trace" >/dev/null
+done
 # 2d and 3d: the plan's sub-group collectives (row/col, input/weight/output) on their ranks.
 "$sim" "${cfg[@]}" --nproc 4 --set parallel.tensor.mode=2d --set parallel.tensor.size=4 \
   --json "$out/tp2d.json" --trace "$out/tp2d.trace" >/dev/null
@@ -59,6 +81,16 @@ assert max(pp2["peak_mem_bytes"]) < one["peak_mem_bytes"][0]
 t = json.load(open(f"{d}/pp2.trace"))
 names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
 assert any(n.startswith("blocks.0 attn.qkv") for n in names), sorted(names)[:20]
+# Zero-bubble pipelines from the config: the linears' GEMMs split, dx in B and dw in W; the
+# same work as 1F1B per stage, in a shorter or equal step.
+for s in ("zbh1", "zbv"):
+    r = json.load(open(f"{d}/pp2{s}.json"))
+    assert len(r["bubble"]) == 2, r["bubble"]
+    assert r["step_ms"] <= pp2["step_ms"] * 1.001, (s, r["step_ms"], pp2["step_ms"])
+    t = json.load(open(f"{d}/pp2{s}.trace"))
+    names = {e["name"] for e in t["traceEvents"] if e["ph"] == "X"}
+    assert any(n.endswith("attn.qkv bwd dx") for n in names), (s, sorted(names)[:30])
+    assert any(n.endswith("attn.qkv bwd dw") for n in names), (s, sorted(names)[:30])
 print("--config layouts: ok")
 PY
 # Calibration: colossalai benchmark --calibrate times the model's kernels (per op, no step

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -467,6 +469,43 @@ TEST(Replay, PipelineSchedulesMatchTheValidator) {
   EXPECT_LT(bubble_interleaved, bubble_1f1b - 0.05);
 }
 
+// The zero-bubble schedules replayed with the paper's unit costs (a stage's F = B = W = 1, a
+// ZB-V chunk half of that): the simulator's step and bubble are the validator's, and the
+// bubbles order as the schedule tests assert (tests/schedule/test_zero_bubble.cpp).
+TEST(Replay, ZeroBubbleSchedulesMatchTheValidator) {
+  for (auto [p, m] : {std::pair{4, 8}, std::pair{2, 4}}) {
+    const Cluster c = test_cluster(1, p);
+    std::map<std::string, double> bubble;
+    for (const char* style : {"1f1b", "zbh1", "zbv"}) {
+      SCOPED_TRACE(fmt::format("{} p={} m={}", style, p, m));
+      cai::schedule::ScheduleOptions so;
+      so.stages = p;
+      so.micro_batches = m;
+      so.chunks = std::string(style) == "zbv" ? 2 : 1;
+      const int V = so.stages * so.chunks;
+      const auto s = cai::schedule::make(style, so, cai::schedule::partition_uniform(V, V));
+      cai::schedule::CostModel cm;
+      cm.forward = 1.0 / so.chunks;
+      cm.backward = 2.0 / so.chunks;  // B + W, half each
+      const auto v = cai::schedule::validate_or_throw(s, cm);
+      ExpandOptions eo;
+      eo.forward_s = {cm.forward};
+      eo.backward_s = {cm.backward};
+      eo.backward_input_share = cm.backward_input_share;
+      eo.global_batch = 8 * m;
+      const ReplayResult r = replay(expand_schedule(s, eo), c);
+      EXPECT_NEAR(r.step_s, v.makespan, 1e-3);  // 10 µs latencies over seconds
+      EXPECT_NEAR(r.bubble_mean, v.bubble_fraction, 1e-4);
+      bubble[style] = r.bubble_mean;
+      std::printf("sim p=%d m=%d %-5s step %.3f s, bubble %.4f (validator %.4f)\n", p, m, style,
+                  r.step_s, r.bubble_mean, v.bubble_fraction);
+    }
+    EXPECT_NEAR(bubble["1f1b"], (p - 1.0) / (m + p - 1.0), 1e-4);
+    EXPECT_NEAR(bubble["zbh1"], (p - 1.0) / (3.0 * m + p - 1.0), 1e-4);  // the paper's ZB-H1
+    EXPECT_LT(bubble["zbv"], bubble["zbh1"]);
+  }
+}
+
 TEST(Replay, PipelineMemoryCurve) {
   // 1F1B keeps min(p - s, m) micro-batches' activations on stage s.
   const Cluster c = test_cluster(1, 4);
@@ -835,7 +874,7 @@ TEST(Bound, SearchKeepsTheExhaustiveRanking) {
   for (const Candidate& c : every.ranked)
     if (c.config.pipeline > 1)
       styles.insert(fmt::format("{}{}", c.config.pp_style, c.config.num_model_chunks));
-  EXPECT_EQ(styles, (std::set<std::string>{"gpipe1", "1f1b1", "interleaved2"}));
+  EXPECT_EQ(styles, (std::set<std::string>{"gpipe1", "1f1b1", "interleaved2", "zbh11", "zbv2"}));
   SearchOptions top;
   top.keep = 5;
   const SearchResult bounded = search_layouts(cfg, 8, dgx, top);
@@ -1116,10 +1155,11 @@ TEST(Memory, SimulatedPeakIsThePlansWhereLayersSetIt) {
   // above it). Before, the compute instructions of the plan's programs carried no boundary bytes
   // and the sends freed buffers nobody had counted: the stage 0 peaks were 1-3% below the
   // plan's and 4-7% below the measured ones.
-  for (const char* style : {"gpipe", "1f1b", "interleaved"}) {
+  for (const char* style : {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}) {
     std::vector<std::string> sets = {"parallel.pipeline=2", "parallel.num_microbatches=4",
                                      std::string("parallel.pp_style=") + style};
-    if (std::string(style) == "interleaved") sets.push_back("parallel.num_model_chunks=2");
+    if (std::string(style) == "interleaved" || std::string(style) == "zbv")
+      sets.push_back("parallel.num_model_chunks=2");
     const ConfigWorkload cw = workload_from_config(fmnist(sets), 2, cpu, false);
     const ReplayResult r = replay(cw.workload, cpu);
     const double plan_peak = static_cast<double>(cw.plan.stages[0].memory.peak);

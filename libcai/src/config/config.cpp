@@ -78,7 +78,10 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.pipeline", Kind::Int, &c.pipeline, {}, 1, inf},
       {"parallel.num_microbatches", Kind::Int, &c.num_microbatches, {}, 0, inf},
       {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
-      {"parallel.pp_style", Kind::String, &c.pp_style, {"gpipe", "1f1b", "interleaved"}},
+      {"parallel.pp_style",
+       Kind::String,
+       &c.pp_style,
+       {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}},
       {"parallel.num_model_chunks", Kind::Int, &c.num_model_chunks, {}, 1, inf},
       {"parallel.split_backward", Kind::Bool, &c.split_backward},
       {"parallel.partition", Kind::String, &c.partition, {"uniform", "balanced"}},
@@ -334,8 +337,13 @@ void validate(const TrainConfig& c, int world) {
               "through parallel.num_microbatches instead",
               c.gradient_accumulation, c.pipeline);
   }
-  CAI_CHECK(c.pp_style == "interleaved" || c.num_model_chunks == 1,
-            "[config] parallel.num_model_chunks = {} needs parallel.pp_style = \"interleaved\"",
+  CAI_CHECK(c.pp_style == "interleaved" || c.pp_style == "zbv" || c.num_model_chunks == 1,
+            "[config] parallel.num_model_chunks = {} needs parallel.pp_style = \"interleaved\" "
+            "(or \"zbv\", 2 chunks)",
+            c.num_model_chunks);
+  CAI_CHECK(c.pp_style != "zbv" || c.num_model_chunks == 2 || c.pipeline == 1,
+            "[config] parallel.pp_style = \"zbv\" places 2 model chunks per rank in a V: set "
+            "parallel.num_model_chunks = 2 (got {})",
             c.num_model_chunks);
   CAI_CHECK(c.pp_style != "interleaved" || c.num_model_chunks >= 2 || c.pipeline == 1,
             "[config] parallel.pp_style = \"interleaved\" needs parallel.num_model_chunks >= 2");

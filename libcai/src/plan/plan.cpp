@@ -785,23 +785,43 @@ struct Replay {
     }
   }
 
+  // What a BackwardInput leaves alive for its BackwardWeight (bytes; of which activations).
+  struct Held {
+    int64_t live = 0, act = 0;
+  };
+
   // One micro-batch's backward; dy of the last layer alive on entry; returns with the first
-  // layer's input gradient alive (0 for the embedding).
-  void backward(int first, int last, const std::string& tag) {
+  // layer's input gradient alive (0 for the embedding). hold_for_weight (a BackwardInput): every
+  // layer's saved tensors and its output gradient stay alive for the BackwardWeight, returned as
+  // Held (an upper bound: a linear's weight gradient needs its input and its output gradient,
+  // which the Cache and dy hold; the rest of the Cache could go earlier).
+  Held backward(int first, int last, const std::string& tag, bool hold_for_weight = false) {
+    Held held;
     for (int pos = last; pos >= first; --pos) {
       const LayerPlan& lp = rank.layer_plans[pos];
       const std::string where = tag + " " + lp.name;
       before_backward(pos, where);
       t.add(lp.backward_extra, where);  // the input gradient included
       t.live -= lp.backward_extra - lp.grad_input;
-      t.live -= lp.saved;
-      t.act -= lp.saved - (lp.keeps_input ? lp.input : 0);
-      t.live -= pos == static_cast<int>(rank.layer_plans.size()) - 1 &&
-                        rank.layers[pos] == plan.model.depth + 1
-                    ? 0
-                    : lp.output;  // dy (the head's dlogits are the caller's)
+      const int64_t act = lp.saved - (lp.keeps_input ? lp.input : 0);
+      const int64_t dy = pos == static_cast<int>(rank.layer_plans.size()) - 1 &&
+                                 rank.layers[pos] == plan.model.depth + 1
+                             ? 0
+                             : lp.output;  // dy (the head's dlogits are the caller's)
+      if (hold_for_weight) {
+        held.live += lp.saved + dy;
+        held.act += act;
+      } else {
+        t.live -= lp.saved + dy;
+        t.act -= act;
+      }
       after_backward(pos, where);
     }
+    return held;
+  }
+  void release(const Held& h) {
+    t.live -= h.live;
+    t.act -= h.act;
   }
 };
 
@@ -891,6 +911,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
     std::map<int, int> pos_of;  // global layer -> position
     for (int i = 0; i < L; ++i) pos_of[r.layers[i]] = i;
     int64_t sending = 0;
+    std::map<std::pair<int, int>, Replay::Held> held_for_weight;  // (mb, chunk)
     bool posted[2] = {false, false};
     auto post = [&](int kind, size_t from) {
       for (size_t i = from; i < prog.size(); ++i)
@@ -930,11 +951,26 @@ void replay(const StepPlan& plan, RankPlan& r) {
           }
           break;
         case Op::Backward:
-        case Op::BackwardInput:
           rp.backward(first, last, tag);
           if (in.first_layer + in.num_layers - 1 == last_layer) t.live -= logits;
           --t.in_flight;
           break;
+        case Op::BackwardInput: {
+          // The weight gradients wait for the BackwardWeight: what they read stays (the loss
+          // stage's dlogits included, the head's output gradient).
+          Replay::Held h = rp.backward(first, last, tag, true);
+          if (in.first_layer + in.num_layers - 1 == last_layer) h.live += logits;
+          held_for_weight[{in.mb, in.chunk}] = h;
+          break;
+        }
+        case Op::BackwardWeight: {
+          const auto it = held_for_weight.find({in.mb, in.chunk});
+          CAI_CHECK(it != held_for_weight.end(), "[plan] {} without its BackwardInput", tag);
+          rp.release(it->second);
+          held_for_weight.erase(it);
+          --t.in_flight;
+          break;
+        }
         case Op::SendActivation:
         case Op::SendGrad:
           sending = bnd;  // the output or input gradient, already counted, now the send's
@@ -1051,7 +1087,7 @@ RankPlan plan_rank(const StepPlan& plan, int rank) {
     for (int i = 0; i < static_cast<int>(all.size()); ++i) r.layers.push_back(i);
   } else {
     for (int c = 0; c < l.chunks; ++c) {
-      const int vs = c * l.pp + r.pp_rank;
+      const int vs = plan.schedule.virtual_stage(r.pp_rank, c);  // the style's placement
       for (int i = 0; i < plan.partition.num_layers(vs); ++i)
         r.layers.push_back(plan.partition.first_layer(vs) + i);
     }
@@ -1128,9 +1164,16 @@ std::string summary(const StepPlan& p) {
       dtype_name(l.precision), p.model.checkpoint ? ", activation checkpointing" : "");
   for (const RankPlan& r : p.stages) {
     const Memory& m = r.memory;
-    const std::string who = l.pp > 1 ? fmt::format("stage {} (layers {}-{})", r.pp_rank,
-                                                   r.layers.front(), r.layers.back())
-                                     : std::string("every rank");
+    // Contiguous runs of the stage's layers ("0-1, 4-5": interleaved or ZB-V chunks).
+    std::string runs;
+    for (size_t i = 0; i < r.layers.size();) {
+      size_t j = i;
+      while (j + 1 < r.layers.size() && r.layers[j + 1] == r.layers[j] + 1) ++j;
+      runs += fmt::format("{}{}-{}", runs.empty() ? "" : ", ", r.layers[i], r.layers[j]);
+      i = j + 1;
+    }
+    const std::string who =
+        l.pp > 1 ? fmt::format("stage {} (layers {})", r.pp_rank, runs) : std::string("every rank");
     out += fmt::format(
         "# memory per process, {}: parameters {}, gradients {}, ZeRO shards {}, optimizer state "
         "{}, buckets {}, input batches {}, activations {} ({} micro-batch(es) in flight), "

@@ -17,8 +17,11 @@
 namespace cai::schedule {
 namespace {
 
+// One compute step of a rank's order. Backward is lowered to BackwardInput + BackwardWeight when
+// ScheduleOptions::split_backward; Input and Weight are the zero-bubble schedules' split halves.
+enum class Kind { Forward, Backward, Input, Weight };
 struct Step {
-  bool forward;
+  Kind kind;
   int mb, chunk;
 };
 
@@ -43,12 +46,13 @@ void check_common(const ScheduleOptions& opt, const Partition& part, const char*
 
 // Adds loads, transfers and the final ReduceGrads/OptimizerStep around each rank's compute order.
 Schedule lower(const std::string& name, const ScheduleOptions& opt, const Partition& part,
-               const std::vector<std::vector<Step>>& order) {
+               const std::vector<std::vector<Step>>& order, std::vector<int> placement = {}) {
   Schedule s;
   s.name = name;
   s.stages = opt.stages;
   s.micro_batches = opt.micro_batches;
   s.chunks = opt.chunks;
+  s.placement = std::move(placement);
   s.programs.resize(opt.stages);
   const int p = opt.stages, last = s.virtual_stages() - 1;
   std::vector<int> first(last + 1);
@@ -64,26 +68,32 @@ Schedule lower(const std::string& name, const ScheduleOptions& opt, const Partit
     };
     for (const Step& st : order[r]) {
       const int v = s.virtual_stage(r, st.chunk);
-      if (st.forward) {
-        // Images on the first virtual stage; labels where the loss is (a single load when p == 1).
-        if (v == 0 || (v == last && r != 0)) emit(Op::LoadMicroBatch, st.mb, st.chunk, -1);
+      if (st.kind == Kind::Forward) {
+        // Images on the first virtual stage; labels where the loss is (a single load when one
+        // rank holds both: p == 1, or ZB-V's rank 0).
+        if (v == 0 || (v == last && s.rank_of(0) != r))
+          emit(Op::LoadMicroBatch, st.mb, st.chunk, -1);
         if (v > 0 && s.rank_of(v - 1) != r)
           emit(Op::RecvActivation, st.mb, st.chunk, s.rank_of(v - 1));
         emit(Op::Forward, st.mb, st.chunk, -1);
         if (v < last && s.rank_of(v + 1) != r)
           emit(Op::SendActivation, st.mb, st.chunk, s.rank_of(v + 1));
+      } else if (st.kind == Kind::Weight) {
+        emit(Op::BackwardWeight, st.mb, st.chunk, -1);
       } else {
+        const bool split = st.kind == Kind::Input || opt.split_backward;
         if (v < last && s.rank_of(v + 1) != r)
           emit(Op::RecvGrad, st.mb, st.chunk, s.rank_of(v + 1));
-        emit(opt.split_backward ? Op::BackwardInput : Op::Backward, st.mb, st.chunk, -1);
+        emit(split ? Op::BackwardInput : Op::Backward, st.mb, st.chunk, -1);
         if (v > 0 && s.rank_of(v - 1) != r) emit(Op::SendGrad, st.mb, st.chunk, s.rank_of(v - 1));
-        if (opt.split_backward) emit(Op::BackwardWeight, st.mb, st.chunk, -1);
+        if (split && st.kind == Kind::Backward) emit(Op::BackwardWeight, st.mb, st.chunk, -1);
       }
     }
     int held = 0;
     for (int c = 0; c < s.chunks; ++c) held += part.num_layers(s.virtual_stage(r, c));
-    prog.push_back(Instr{Op::ReduceGrads, -1, 0, -1, first[r], held, 0});
-    prog.push_back(Instr{Op::OptimizerStep, -1, 0, -1, first[r], held, 0});
+    const int first0 = first[s.virtual_stage(r, 0)];
+    prog.push_back(Instr{Op::ReduceGrads, -1, 0, -1, first0, held, 0});
+    prog.push_back(Instr{Op::OptimizerStep, -1, 0, -1, first0, held, 0});
   }
   return s;
 }
@@ -91,8 +101,96 @@ Schedule lower(const std::string& name, const ScheduleOptions& opt, const Partit
 void check_single_chunk(const ScheduleOptions& opt, const char* style) {
   CAI_CHECK(opt.chunks == 1,
             "[schedule] {}: chunks must be 1 (got {}); several chunks per rank need style "
-            "'interleaved'",
+            "'interleaved' (or 'zbv', 2 chunks)",
             style, opt.chunks);
+}
+
+// The zero-bubble schedules' list scheduler (schedule.h: zbh1, zbv). Unit costs, so every event
+// happens at an integer time; ranks decide in order of the time they become free, so every
+// decision at time t sees every op that ended by t.
+struct ZbLimits {
+  std::vector<int> live;       // per rank: most chunk activations between F and W
+  std::vector<int> in_flight;  // per rank: most between F and BackwardInput
+  std::vector<int> chunk0;     // per rank: most chunk-0 activations between F and W
+};
+
+std::vector<std::vector<Step>> zero_bubble_order(int p, int m, int chunks,
+                                                 const std::vector<int>& place, const ZbLimits& lim,
+                                                 const char* style) {
+  const int nv = p * chunks, last = nv - 1;
+  std::vector<std::vector<int>> vs_of(p);  // rank -> its virtual stages, ascending
+  for (int v = 0; v < nv; ++v) vs_of[place[v]].push_back(v);
+  auto at = [&](int mb, int v) { return static_cast<size_t>(mb) * nv + v; };
+  std::vector<int> f_end(static_cast<size_t>(m) * nv, -1), b_end(f_end);
+  std::vector<int> next_f(nv, 0), next_b(nv, 0), next_w(nv, 0);
+  std::vector<int> live(p, 0), in_flight(p, 0), chunk0(p, 0), free_at(p, 0);
+  std::vector<int> left(p, 3 * m * chunks);
+  int remaining = 3 * m * nv, last_end = 0;
+  auto done_by = [](int end, int t) { return end >= 0 && end <= t; };
+  std::vector<std::vector<Step>> order(p);
+  while (remaining > 0) {
+    int r = -1;
+    for (int q = 0; q < p; ++q)
+      if (left[q] > 0 && (r < 0 || free_at[q] < free_at[r])) r = q;
+    const int t = free_at[r];
+    CAI_CHECK(t <= last_end + 1,
+              "[schedule] {}: internal error, the greedy scheduler is stuck at time {} (p={}, "
+              "m={}); please report",
+              style, t, p, m);
+    Kind kind = Kind::Forward;
+    int pick = -1, pick_mb = 0;
+    // 1. A ready Forward that fits the memory limits: the virtual stage nearest the loss (its
+    // micro-batches go in order). Forwards first keeps the next micro-batch's critical path
+    // moving; the limits turn this into 1F1B's alternation once the warm-up is done.
+    if (live[r] < lim.live[r] && in_flight[r] < lim.in_flight[r])
+      for (int v : vs_of[r]) {
+        const int mb = next_f[v];
+        if (mb >= m || (v > 0 && !done_by(f_end[at(mb, v - 1)], t))) continue;
+        if (v == vs_of[r][0] && chunks > 1 && chunk0[r] >= lim.chunk0[r]) continue;
+        pick = v, pick_mb = mb;  // vs_of is ascending: the last ready one is nearest the loss
+      }
+    // 2. A ready BackwardInput: the oldest micro-batch, then the virtual stage nearest the loss.
+    if (pick < 0)
+      for (int v : vs_of[r]) {
+        const int mb = next_b[v];
+        if (mb >= m || !done_by(f_end[at(mb, v)], t)) continue;
+        if (v < last && !done_by(b_end[at(mb, v + 1)], t)) continue;
+        if (pick < 0 || mb < pick_mb || (mb == pick_mb && v > pick))
+          pick = v, pick_mb = mb, kind = Kind::Input;
+      }
+    // 3. A pending BackwardWeight: the oldest micro-batch.
+    if (pick < 0)
+      for (int v : vs_of[r]) {
+        const int mb = next_w[v];
+        if (mb >= m || !done_by(b_end[at(mb, v)], t)) continue;
+        if (pick < 0 || mb < pick_mb) pick = v, pick_mb = mb, kind = Kind::Weight;
+      }
+    if (pick < 0) {
+      free_at[r] = t + 1;  // idle until the next event
+      continue;
+    }
+    const int chunk =
+        static_cast<int>(std::find(vs_of[r].begin(), vs_of[r].end(), pick) - vs_of[r].begin());
+    order[r].push_back({kind, pick_mb, chunk});
+    const bool is_chunk0 = chunks > 1 && chunk == 0;
+    switch (kind) {
+      case Kind::Forward:
+        f_end[at(pick_mb, pick)] = t + 1;
+        ++next_f[pick], ++live[r], ++in_flight[r], chunk0[r] += is_chunk0;
+        break;
+      case Kind::Input:
+        b_end[at(pick_mb, pick)] = t + 1;
+        ++next_b[pick], --in_flight[r];
+        break;
+      default:
+        ++next_w[pick], --live[r], chunk0[r] -= is_chunk0;
+        break;
+    }
+    free_at[r] = t + 1;
+    last_end = std::max(last_end, t + 1);
+    --left[r], --remaining;
+  }
+  return order;
 }
 
 }  // namespace
@@ -102,8 +200,8 @@ Schedule gpipe(const ScheduleOptions& opt, const Partition& part) {
   check_single_chunk(opt, "gpipe");
   std::vector<std::vector<Step>> order(opt.stages);
   for (auto& o : order) {
-    for (int mb = 0; mb < opt.micro_batches; ++mb) o.push_back({true, mb, 0});
-    for (int mb = 0; mb < opt.micro_batches; ++mb) o.push_back({false, mb, 0});
+    for (int mb = 0; mb < opt.micro_batches; ++mb) o.push_back({Kind::Forward, mb, 0});
+    for (int mb = 0; mb < opt.micro_batches; ++mb) o.push_back({Kind::Backward, mb, 0});
   }
   return lower("gpipe", opt, part, order);
 }
@@ -116,12 +214,12 @@ Schedule one_f_one_b(const ScheduleOptions& opt, const Partition& part) {
   for (int r = 0; r < p; ++r) {
     const int warmup = std::min(p - r - 1, m);
     int f = 0, b = 0;
-    for (; f < warmup; ++f) order[r].push_back({true, f, 0});
+    for (; f < warmup; ++f) order[r].push_back({Kind::Forward, f, 0});
     for (; f < m; ++f, ++b) {
-      order[r].push_back({true, f, 0});
-      order[r].push_back({false, b, 0});
+      order[r].push_back({Kind::Forward, f, 0});
+      order[r].push_back({Kind::Backward, b, 0});
     }
-    for (; b < m; ++b) order[r].push_back({false, b, 0});
+    for (; b < m; ++b) order[r].push_back({Kind::Backward, b, 0});
   }
   return lower("1f1b", opt, part, order);
 }
@@ -141,7 +239,7 @@ Schedule interleaved(const ScheduleOptions& opt, const Partition& part) {
   auto step = [&](int k, bool forward) {
     const int in_group = k % group;
     const int chunk = forward ? in_group / p : v - 1 - in_group / p;
-    return Step{forward, (k / group) * p + k % p, chunk};
+    return Step{forward ? Kind::Forward : Kind::Backward, (k / group) * p + k % p, chunk};
   };
   std::vector<std::vector<Step>> order(p);
   for (int r = 0; r < p; ++r) {
@@ -157,11 +255,46 @@ Schedule interleaved(const ScheduleOptions& opt, const Partition& part) {
   return lower("interleaved", opt, part, order);
 }
 
+Schedule zbh1(const ScheduleOptions& opt, const Partition& part) {
+  check_common(opt, part, "zbh1");
+  check_single_chunk(opt, "zbh1");
+  const int p = opt.stages;
+  ZbLimits lim;
+  for (int r = 0; r < p; ++r) {
+    lim.live.push_back(p);
+    lim.in_flight.push_back(p - r);
+    lim.chunk0.push_back(p);
+  }
+  std::vector<int> place(p);
+  for (int r = 0; r < p; ++r) place[r] = r;
+  return lower("zbh1", opt, part, zero_bubble_order(p, opt.micro_batches, 1, place, lim, "zbh1"));
+}
+
+Schedule zbv(const ScheduleOptions& opt, const Partition& part) {
+  CAI_CHECK(opt.chunks == 2,
+            "[schedule] zbv: chunks must be 2 (got {}); ZB-V places two chunks per rank in a V",
+            opt.chunks);
+  check_common(opt, part, "zbv");
+  const int p = opt.stages;
+  const ZbLimits lim{std::vector<int>(p, 2 * p), std::vector<int>(p, 2 * p),
+                     std::vector<int>(p, 2 * p - 1)};
+  std::vector<int> place = v_placement(p);
+  auto order = zero_bubble_order(p, opt.micro_batches, 2, place, lim, "zbv");
+  return lower("zbv", opt, part, order, std::move(place));
+}
+
+const std::vector<std::string>& styles() {
+  static const std::vector<std::string> names{"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
+  return names;
+}
+
 Schedule make(const std::string& style, const ScheduleOptions& opt, const Partition& part) {
   if (style == "gpipe") return gpipe(opt, part);
   if (style == "1f1b") return one_f_one_b(opt, part);
   if (style == "interleaved") return interleaved(opt, part);
-  fail("[schedule] unknown style '{}' (expected gpipe, 1f1b or interleaved)", style);
+  if (style == "zbh1") return zbh1(opt, part);
+  if (style == "zbv") return zbv(opt, part);
+  fail("[schedule] unknown style '{}' (expected gpipe, 1f1b, interleaved, zbh1 or zbv)", style);
 }
 
 }  // namespace cai::schedule

@@ -235,3 +235,71 @@ int micro_batch_count(int64_t batch, int num_microbatches, int microbatch_size, 
 }
 
 }  // namespace cai::schedule
+
+namespace cai::schedule {
+
+std::vector<int> v_placement(int stages) {
+  CAI_CHECK(stages >= 1, "[schedule] v_placement: stages must be >= 1 (got {})", stages);
+  std::vector<int> out(2 * stages);
+  for (int r = 0; r < stages; ++r) out[r] = out[2 * stages - 1 - r] = r;
+  return out;
+}
+
+std::vector<int> placement_of(const std::string& style, int stages, int chunks) {
+  if (style == "zbv") {
+    CAI_CHECK(chunks == 2, "[schedule] zbv holds 2 chunks per rank (got chunks = {})", chunks);
+    return v_placement(stages);
+  }
+  return {};
+}
+
+std::vector<int> placement_table(const std::vector<int>& placement, int stages, int chunks) {
+  const int nv = stages * chunks;
+  if (placement.empty()) {
+    std::vector<int> out(nv);
+    for (int v = 0; v < nv; ++v) out[v] = v % stages;
+    return out;
+  }
+  CAI_CHECK(static_cast<int>(placement.size()) == nv,
+            "[schedule] placement has {} entries, expected stages {} x chunks {} = {}",
+            placement.size(), stages, chunks, nv);
+  std::vector<int> count(stages, 0);
+  for (int v = 0; v < nv; ++v) {
+    CAI_CHECK(placement[v] >= 0 && placement[v] < stages,
+              "[schedule] placement[{}] = {} is not a rank in [0, {})", v, placement[v], stages);
+    ++count[placement[v]];
+  }
+  for (int r = 0; r < stages; ++r)
+    CAI_CHECK(count[r] == chunks,
+              "[schedule] placement gives rank {} {} virtual stages, expected chunks = {}", r,
+              count[r], chunks);
+  return placement;
+}
+
+int Schedule::virtual_stage(int rank, int chunk) const {
+  CAI_CHECK(rank >= 0 && rank < stages && chunk >= 0 && chunk < chunks,
+            "[schedule] rank {} chunk {} out of range (stages {}, chunks {})", rank, chunk, stages,
+            chunks);
+  if (placement.empty()) return chunk * stages + rank;
+  int seen = 0;
+  for (int v = 0; v < static_cast<int>(placement.size()); ++v)
+    if (placement[v] == rank && seen++ == chunk) return v;
+  fail("[schedule] placement gives rank {} no chunk {}", rank, chunk);
+}
+
+int Schedule::rank_of(int vstage) const {
+  CAI_CHECK(vstage >= 0 && vstage < virtual_stages(),
+            "[schedule] virtual stage {} out of range [0, {})", vstage, virtual_stages());
+  if (placement.empty()) return vstage % stages;
+  return placement.at(vstage);
+}
+
+int Schedule::chunk_of(int vstage) const {
+  const int r = rank_of(vstage);
+  if (placement.empty()) return vstage / stages;
+  int c = 0;
+  for (int v = 0; v < vstage; ++v) c += placement[v] == r;
+  return c;
+}
+
+}  // namespace cai::schedule

@@ -20,14 +20,27 @@ struct Message {
 
 class Replay {
  public:
-  Replay(const Schedule& s, const CostModel& cost) : s_(s), cost_(cost) {}
+  Replay(const Schedule& s, const CostModel& cost, int limit) : s_(s), cost_(cost), limit_(limit) {}
 
   ValidationResult run() {
     if (auto e = check_shape()) return fail_with(*e);
     p_ = s_.stages;
     m_ = s_.micro_batches;
     nv_ = s_.virtual_stages();
+    try {
+      place_ = placement_table(s_.placement, p_, s_.chunks);
+    } catch (const Error& e) {
+      return fail_with(std::string(e.what()).substr(std::string("[schedule] ").size()));
+    }
+    vs_of_.assign(p_, {});
+    chunk_.assign(nv_, 0);
+    for (int v = 0; v < nv_; ++v) {
+      chunk_[v] = static_cast<int>(vs_of_[place_[v]].size());
+      vs_of_[place_[v]].push_back(v);
+    }
     res_.peak_activations.assign(p_, 0);
+    res_.peak_pending_weights.assign(p_, 0);
+    pending_w_.assign(p_, 0);
     res_.busy.assign(p_, 0.0);
     res_.times.resize(p_);
     for (int r = 0; r < p_; ++r) res_.times[r].assign(s_.programs[r].size(), InstrTime{});
@@ -86,6 +99,9 @@ class Replay {
   using Err = std::optional<std::string>;
 
   size_t cell(int mb, int v) const { return static_cast<size_t>(mb) * nv_ + v; }
+  int vstage(int rank, int chunk) const { return vs_of_[rank][chunk]; }
+  int rank_of(int v) const { return place_[v]; }
+  int chunk_of(int v) const { return chunk_[v]; }
   std::deque<Message>& channel(bool grad, int src, int dst) {
     return channels_[(grad ? 1 : 0) * p_ * p_ + src * p_ + dst];
   }
@@ -93,7 +109,7 @@ class Replay {
     return fmt::format("rank {} #{} {}: ", r, i, s_.programs[r][i].str());
   }
   std::string label(int mb, int v) const {
-    return fmt::format("(mb={},vs={} on rank {} c={})", mb, v, s_.rank_of(v), s_.chunk_of(v));
+    return fmt::format("(mb={},vs={} on rank {} c={})", mb, v, rank_of(v), chunk_of(v));
   }
   ValidationResult fail_with(const std::string& msg) {
     res_.ok = false;
@@ -121,7 +137,7 @@ class Replay {
       for (size_t i = 0; i < s_.programs[r].size(); ++i) {
         const Instr& in = s_.programs[r][i];
         if (!is_compute(in.op) || in.chunk < 0 || in.chunk >= s_.chunks) continue;
-        const int v = s_.virtual_stage(r, in.chunk);
+        const int v = vstage(r, in.chunk);
         const std::pair<int, int> got{in.first_layer, in.num_layers};
         any = any || in.num_layers != 0;
         if (!range[v]) range[v] = got;
@@ -169,7 +185,7 @@ class Replay {
     if (in.chunk < 0 || in.chunk >= s_.chunks)
       return fmt::format("chunk {} out of range [0, {})", in.chunk, s_.chunks);
     if (in.bytes < 0) return fmt::format("negative bytes {}", in.bytes);
-    const int v = s_.virtual_stage(r, in.chunk), last = nv_ - 1;
+    const int v = vstage(r, in.chunk), last = nv_ - 1;
     const int mb = in.mb;
     double start = t_[r], end = start;
 
@@ -191,7 +207,7 @@ class Replay {
           return fmt::format("micro-batch {} ({}) not loaded on this rank before its Forward", mb,
                              v == 0 ? "images" : "labels");
         if (v > 0) {
-          if (s_.rank_of(v - 1) == r) {
+          if (rank_of(v - 1) == r) {
             if (!fwd_[cell(mb, v - 1)])
               return fmt::format("input from Forward{} has not run yet", label(mb, v - 1));
           } else {
@@ -205,6 +221,11 @@ class Replay {
         }
         fwd_[c] = true;
         res_.peak_activations[r] = std::max(res_.peak_activations[r], ++live_[r]);
+        if (limit_ > 0 && live_[r] > limit_)
+          return fmt::format(
+              "{} live activations on rank {} (the inputs held for BackwardWeight included) "
+              "exceed the limit of {}",
+              live_[r], r, limit_);
         end = start + compute_cost(in);
         break;
       }
@@ -214,7 +235,7 @@ class Replay {
         if (!fwd_[c]) return fmt::format("backward of {} before its Forward", label(mb, v));
         if (bwd_in_[c]) return fmt::format("second backward of {}", label(mb, v));
         if (v < last) {
-          if (s_.rank_of(v + 1) == r) {
+          if (rank_of(v + 1) == r) {
             if (!bwd_in_[cell(mb, v + 1)])
               return fmt::format("grad from the backward of {} has not run yet", label(mb, v + 1));
           } else {
@@ -232,6 +253,7 @@ class Replay {
           --live_[r];
         } else {
           split_[c] = true;
+          res_.peak_pending_weights[r] = std::max(res_.peak_pending_weights[r], ++pending_w_[r]);
         }
         end = start + compute_cost(in);
         break;
@@ -244,6 +266,7 @@ class Replay {
         if (bwd_[c]) return fmt::format("second BackwardWeight of {}", label(mb, v));
         bwd_[c] = true;
         --live_[r];
+        --pending_w_[r];
         end = start + compute_cost(in);
         break;
       }
@@ -254,10 +277,10 @@ class Replay {
         if (to < 0 || to > last)
           return fmt::format("virtual stage {} has no {} neighbour to send to", v,
                              grad ? "previous" : "next");
-        if (in.peer != s_.rank_of(to) || in.peer == r)
+        if (in.peer != rank_of(to) || in.peer == r)
           return fmt::format("peer {} is wrong: virtual stage {} is on rank {}{}", in.peer, to,
-                             s_.rank_of(to),
-                             s_.rank_of(to) == r ? " (this rank: no transfer needed)" : "");
+                             rank_of(to),
+                             rank_of(to) == r ? " (this rank: no transfer needed)" : "");
         if (grad ? !bwd_in_[cell(mb, v)] : !fwd_[cell(mb, v)])
           return fmt::format("sends the {} of {} before it was computed",
                              grad ? "grad" : "activation", label(mb, v));
@@ -273,10 +296,10 @@ class Replay {
         if (from < 0 || from > last)
           return fmt::format("virtual stage {} has no {} neighbour to receive from", v,
                              grad ? "next" : "previous");
-        if (in.peer != s_.rank_of(from) || in.peer == r)
+        if (in.peer != rank_of(from) || in.peer == r)
           return fmt::format("peer {} is wrong: virtual stage {} is on rank {}{}", in.peer, from,
-                             s_.rank_of(from),
-                             s_.rank_of(from) == r ? " (this rank: no transfer needed)" : "");
+                             rank_of(from),
+                             rank_of(from) == r ? " (this rank: no transfer needed)" : "");
         auto& q = channel(grad, in.peer, r);
         if (q.empty()) {
           blocked = true;
@@ -306,9 +329,9 @@ class Replay {
         if (reduced_[r]) return "second ReduceGrads";
         for (int mbi = 0; mbi < m_; ++mbi)
           for (int ch = 0; ch < s_.chunks; ++ch)
-            if (!bwd_[cell(mbi, s_.virtual_stage(r, ch))])
-              return fmt::format("runs before the backward of {}",
-                                 label(mbi, s_.virtual_stage(r, ch)));
+            if (!bwd_[cell(mbi, vstage(r, ch))])
+              return fmt::format("runs before the (weight) backward of {}",
+                                 label(mbi, vstage(r, ch)));
         reduced_[r] = true;
         end = start + cost_.reduce;
         break;
@@ -352,7 +375,11 @@ class Replay {
 
   const Schedule& s_;
   const CostModel& cost_;
+  int limit_ = 0;
   int p_ = 0, m_ = 0, nv_ = 0;
+  std::vector<int> place_, chunk_;       // virtual stage -> rank, chunk
+  std::vector<std::vector<int>> vs_of_;  // rank -> chunk -> virtual stage
+  std::vector<int> pending_w_;
   ValidationResult res_;
   std::vector<char> fwd_, bwd_in_, bwd_, split_, act_in_, grad_in_,
       loaded_;  // not vector<bool>: slots are bound by reference
@@ -365,12 +392,14 @@ class Replay {
 
 }  // namespace
 
-ValidationResult validate(const Schedule& schedule, const CostModel& cost) {
-  return Replay(schedule, cost).run();
+ValidationResult validate(const Schedule& schedule, const CostModel& cost,
+                          int max_live_activations) {
+  return Replay(schedule, cost, max_live_activations).run();
 }
 
-ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost) {
-  ValidationResult r = validate(schedule, cost);
+ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost,
+                                   int max_live_activations) {
+  ValidationResult r = validate(schedule, cost, max_live_activations);
   CAI_CHECK(r.ok, "{}", r.error);
   return r;
 }

@@ -48,9 +48,9 @@ struct TrainConfig {
   std::string act = "gelu";  // gelu (exact) | gelu_tanh (fused into the GEMM epilogues on a GPU)
   // [parallel]
   int64_t pipeline = 1, num_microbatches = 0, microbatch_size = 0, num_model_chunks = 1;
-  std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv
   // Each backward as B (input gradient) + W (weight gradients), W right after B's SendGrad
-  // (zero-bubble's split; pipeline > 1 only)
+  // (zero-bubble's split; pipeline > 1 only). zbh1 and zbv always split.
   bool split_backward = false;
   std::string partition = "uniform";      // uniform | balanced (by parameter count)
   std::vector<int> num_layers_per_stage;  // explicit partition per virtual stage

@@ -47,7 +47,7 @@ struct Layout {
   int zero_stage = 0;  // 0 (DDP), 1, 2, 3
   bool cpu_offload = false;
   // Pipeline (pp > 1): parallel::PipelineConfig's settings.
-  std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv (chunks 2)
   int num_microbatches = 0, microbatch_size = 0, chunks = 1;
   std::string partition = "uniform";  // uniform | balanced
   std::vector<int> num_layers_per_stage;

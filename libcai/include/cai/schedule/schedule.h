@@ -1,27 +1,35 @@
 // Pipeline-parallel schedules as data: an instruction list per pipeline rank, the generators for
-// GPipe, 1F1B (PipeDream-flush) and Megatron's interleaved 1F1B, layer partitioning, and a
-// validator that replays the programs concurrently (dependencies, pairing, deadlocks, timing).
+// GPipe, 1F1B (PipeDream-flush), Megatron's interleaved 1F1B and the zero-bubble schedules ZB-H1
+// and ZB-V (Qi et al., ICLR 2024), layer partitioning, and a validator that replays the programs
+// concurrently (dependencies, pairing, deadlocks, memory, timing).
 //
 // Pure functions: no devices, no communication. Consumed by the pipeline executor
 // (cai/parallel), the SimGrid simulator and the schedule GUI.
 //
 // Model pieces. The model has L layers in a global order (layer 0 = embedding, layer L-1 = final
 // norm + head). A schedule with p stages (pipeline ranks) and v chunks per rank cuts them into
-// V = p * v contiguous virtual stages; virtual stage vs = chunk * p + rank (Megatron's
-// interleaving), so rank r holds virtual stages r, p + r, 2p + r, ...
+// V = p * v contiguous virtual stages. A schedule's placement says which rank holds each virtual
+// stage; a rank's chunks are its virtual stages in increasing order (chunk 0 the earliest). The
+// default placement is Megatron's interleaving, vs = chunk * p + rank (rank r holds r, p + r,
+// 2p + r, ...); ZB-V places two chunks per rank in a V: rank r holds r and 2p-1-r, so rank 0
+// holds the first and the last virtual stage. Consumers map through Schedule::virtual_stage /
+// rank_of / chunk_of, never through the formula.
 //
 // Program semantics (what an executor must honour, what validate() checks):
-//  - LoadMicroBatch(mb): rank 0 loads the images of mb before Forward(mb, vs 0); the rank holding
-//    the last virtual stage loads the labels of mb before its Forward(mb, V-1) (one Load when
-//    p==1).
+//  - LoadMicroBatch(mb): the rank holding vs 0 loads the images of mb before Forward(mb, vs 0);
+//    the rank holding the last virtual stage loads the labels of mb before its Forward(mb, V-1)
+//    (one Load, images and labels, when one rank holds both: p == 1, or ZB-V's rank 0).
 //  - RecvActivation / RecvGrad block until the matching send has been executed; SendActivation /
 //    SendGrad never block (buffered / isend). Messages between one (src, dst) pair of one kind
 //    (activation or grad) are received in the order they were sent (FIFO).
 //  - A Recv immediately precedes the compute that consumes it; a Send immediately follows the
 //    compute that produced it. Activations go from vs to vs+1, gradients from vs+1 to vs.
-//  - With split_backward, Backward is BackwardInput (grad of the input, sent on at once) followed
-//  by
-//    BackwardWeight (grad of the parameters) after the SendGrad.
+//  - Split backward: BackwardInput(mb, chunk) computes the gradient of the chunk's input (sent on
+//    at once by the SendGrad after it) and BackwardWeight(mb, chunk), later on the same rank, the
+//    gradients of its parameters. The executor keeps what the weight gradient needs (the layers'
+//    saved inputs and output gradients) from the BackwardInput until that BackwardWeight. With
+//    ScheduleOptions::split_backward every BackwardWeight follows its BackwardInput's SendGrad
+//    at once; the zero-bubble schedules move them into what would be bubbles.
 //  - Every program ends with ReduceGrads then OptimizerStep (once, covering all its chunks).
 #pragma once
 #include <cstdint>
@@ -52,7 +60,7 @@ bool is_recv(Op op);         // RecvActivation, RecvGrad
 struct Instr {
   Op op = Op::Forward;
   int mb = -1;    // micro-batch index, -1 when not applicable (ReduceGrads, OptimizerStep)
-  int chunk = 0;  // model chunk on this rank (virtual stage = chunk * stages + rank)
+  int chunk = 0;  // model chunk on this rank (its virtual stage: Schedule::virtual_stage)
   int peer = -1;  // pipeline rank of the peer for send/recv, -1 otherwise
   // The global layer range [first_layer, first_layer + num_layers) of this rank's (mb, chunk):
   // computed by Forward/Backward*, produced (Send) or consumed (Recv) by the transfer, fed
@@ -70,14 +78,20 @@ struct Instr {
 using Program = std::vector<Instr>;  // one rank's ordered instructions
 
 struct Schedule {
-  std::string name;  // "gpipe" | "1f1b" | "interleaved" (or anything for hand-made ones)
+  // "gpipe" | "1f1b" | "interleaved" | "zbh1" | "zbv" (or anything for hand-made ones)
+  std::string name;
   int stages = 1, micro_batches = 1, chunks = 1;
   std::vector<Program> programs;  // index = pipeline rank
+  // The rank holding each virtual stage (size V = stages * chunks), every rank `chunks` times;
+  // empty: Megatron's interleaving (vs = chunk * stages + rank). See v_placement.
+  std::vector<int> placement;
 
   int virtual_stages() const { return stages * chunks; }
-  int virtual_stage(int rank, int chunk) const { return chunk * stages + rank; }
-  int rank_of(int vstage) const { return vstage % stages; }
-  int chunk_of(int vstage) const { return vstage / stages; }
+  // The virtual stage of a rank's chunk (its chunk-th lowest), the rank holding a virtual stage
+  // and its chunk index there. Throw "[schedule] ..." naming the value out of range.
+  int virtual_stage(int rank, int chunk) const;
+  int rank_of(int vstage) const;
+  int chunk_of(int vstage) const;
   // One line per rank: "rank 0: Load(mb=0) F(mb=0,c=0) SendAct(mb=0,c=0,->1) ..."
   std::string str() const;
 };
@@ -92,6 +106,16 @@ struct Partition {
   int first_layer(int vstage) const;  // sum of the layers of the virtual stages before it
   int num_layers(int vstage) const { return layers_per_virtual_stage.at(vstage); }
 };
+
+// ZB-V's placement over p ranks (2p virtual stages): rank r holds virtual stages r and 2p-1-r.
+std::vector<int> v_placement(int stages);
+// The placement the named style uses for p stages and v chunks: v_placement for "zbv", empty
+// (interleaving) otherwise. What the executor should build its chunks from before it has a
+// Schedule (it can also read Schedule::placement of make()'s result).
+std::vector<int> placement_of(const std::string& style, int stages, int chunks);
+// An empty placement's table, or the placement checked: size stages * chunks, ranks in range,
+// each rank exactly `chunks` times. Throws "[schedule] ..." naming the bad entry.
+std::vector<int> placement_table(const std::vector<int>& placement, int stages, int chunks);
 
 // Uniform by count: every virtual stage gets num_layers / V layers and the first num_layers % V
 // get one more (14 over 4 -> 4,4,3,3). Throws "[partition] ..." when num_layers < V or V < 1.
@@ -131,7 +155,7 @@ inline std::pair<int64_t, int64_t> micro_batch_slice(int64_t n, int m, int i) {
 struct ScheduleOptions {
   int stages = 1;                // p, pipeline ranks
   int micro_batches = 1;         // m, per optimizer step
-  int chunks = 1;                // v, model chunks per rank (interleaved only: >= 2)
+  int chunks = 1;                // v, model chunks per rank (interleaved: >= 2; zbv: 2)
   int64_t activation_bytes = 0;  // size of one micro-batch's boundary tensor (activation = grad)
   bool split_backward = false;   // BackwardInput + BackwardWeight instead of Backward
 };
@@ -146,8 +170,30 @@ Schedule one_f_one_b(const ScheduleOptions& opt, const Partition& part);
 // min(2(p-r-1) + (v-1)p, m v) forwards; forward k runs chunk (k mod pv) / p of micro-batch
 // (k / pv) p + k mod p, backward k the chunk v-1 - (k mod pv) / p of the same micro-batch.
 Schedule interleaved(const ScheduleOptions& opt, const Partition& part);
-// By name: "gpipe" | "1f1b" | "interleaved"; throws "[schedule] unknown style ..." otherwise.
+// Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): every
+// backward split into BackwardInput (B, on the critical path) and BackwardWeight (W, free to
+// move), W's placed into what 1F1B leaves idle. Both are found by one greedy list scheduler
+// replaying the pipeline with the paper's unit costs (F = B = W = 1, no communication time):
+// a free rank runs, in this order of preference, a ready F if its memory limits allow (the chunk
+// nearest the loss first), a ready B (oldest micro-batch first), a pending W (oldest first); it
+// idles only when none is there. Any order this produces is deadlock-free
+// under any real timing (the replay is an execution of the programs), and validate() checks it.
+//
+// ZB-H1: one chunk per rank. Rank r keeps at most p - r micro-batches between F and B (1F1B's
+// warm-up, so the same critical path) and at most p between F and W: every rank's peak of live
+// activations (W's inputs included) is <= p, 1F1B's peak (rank 0's). Ideal bubble
+// (p-1)(F+B-W) = p-1 units against 1F1B's (p-1)(F+B+W) = 3(p-1): a third.
+Schedule zbh1(const ScheduleOptions& opt, const Partition& part);
+// ZB-V: chunks must be 2; placement v_placement(p). Each rank keeps at most 2p chunk activations
+// between F and W, as many bytes as 1F1B's rank 0 (a chunk is half a stage), and at most 2p - 1
+// chunk-0 ones (room for the chunk leading to the loss). Any m >= 1 (the generator's tests: no
+// deadlock and the limits held for p <= 8, m <= 32); its bubble is smallest with m >= 2p.
+Schedule zbv(const ScheduleOptions& opt, const Partition& part);
+// By name: "gpipe" | "1f1b" | "interleaved" | "zbh1" | "zbv"; throws "[schedule] unknown style
+// ..." otherwise. zbh1 and zbv always split the backward (split_backward is ignored).
 Schedule make(const std::string& style, const ScheduleOptions& opt, const Partition& part);
+// The styles make() knows, in that order.
+const std::vector<std::string>& styles();
 
 // Durations for the timing replay. Compute costs are per virtual stage (every chunk costs the
 // same) unless per_layer, where they are multiplied by the instruction's num_layers. Bubble
@@ -170,10 +216,14 @@ struct InstrTime {
 struct ValidationResult {
   bool ok = false;
   std::string error;  // empty when ok; "[schedule] ..." naming the rank(s) and instruction(s)
-  std::vector<int> peak_activations;  // per rank: max over time of forwards - completed backwards
-  std::vector<double> busy;           // per rank: time spent in anything but waiting on a recv
-  double makespan = 0.0;              // latest end over all ranks
-  double bubble_fraction = 0.0;       // 1 - sum(busy) / (stages * makespan)
+  // Per rank: max over time of forwards - completed backwards, a split backward completing at
+  // its BackwardWeight (so the inputs held for W count as live activations), in chunks.
+  std::vector<int> peak_activations;
+  // Per rank: max over time of BackwardInputs whose BackwardWeight has not run yet.
+  std::vector<int> peak_pending_weights;
+  std::vector<double> busy;      // per rank: time spent in anything but waiting on a recv
+  double makespan = 0.0;         // latest end over all ranks
+  double bubble_fraction = 0.0;  // 1 - sum(busy) / (stages * makespan)
   std::vector<std::vector<InstrTime>> times;  // [rank][instruction index], same shape as programs
   explicit operator bool() const { return ok; }
 };
@@ -188,8 +238,12 @@ struct ValidationResult {
 // BackwardWeight) per (mb, vs); every send received; ReduceGrads after the rank's last backward
 // and OptimizerStep last. A state where no rank can progress is a deadlock: the error names every
 // stuck rank and its next instruction. Stops at the first error (times filled up to there).
-ValidationResult validate(const Schedule& schedule, const CostModel& cost = {});
+// max_live_activations > 0: also fails when a Forward makes a rank's live activations (as
+// peak_activations counts them) exceed it, naming the rank, the count and the limit.
+ValidationResult validate(const Schedule& schedule, const CostModel& cost = {},
+                          int max_live_activations = 0);
 // validate(), throwing cai::Error with the message when it fails.
-ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost = {});
+ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost = {},
+                                   int max_live_activations = 0);
 
 }  // namespace cai::schedule
