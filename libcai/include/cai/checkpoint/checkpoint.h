@@ -71,6 +71,11 @@ struct TrainingState {
   std::string run_id;  // the run that saved it ("" before run records)
 };
 
+// trainer_state.json's text as load_checkpoint reads it (`path` names it in errors): counters
+// that are integers >= 0, loss_scaler a list of numbers (DynamicGradScaler::load_state checks
+// its values against the run's scaler settings). Anything else is a cai::Error.
+TrainingState parse_training_state(const std::string& text, const std::string& path);
+
 // Collective: writes DIR/step-<global_step> (consolidated: gathered, rank 0 writes; per_rank:
 // every rank writes its part). Returns the checkpoint's directory.
 std::string save_checkpoint(const CheckpointConfig& cfg, train::Trainer& trainer,
