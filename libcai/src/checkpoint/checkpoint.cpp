@@ -840,7 +840,7 @@ void CheckpointHook::after_step(train::Trainer& t, const train::StepInfo& s) {
   st.epoch = s.epoch;
   st.step_in_epoch = s.step_in_epoch;
   st.global_step = s.global_step;
-  save_checkpoint(cfg_, t, scheduler_, st);
+  save(t, st);
 }
 
 void CheckpointHook::after_epoch(train::Trainer& t, const train::EpochInfo& e) {
@@ -851,7 +851,21 @@ void CheckpointHook::after_epoch(train::Trainer& t, const train::EpochInfo& e) {
   st.epoch = e.epoch + 1;
   st.step_in_epoch = 0;
   st.global_step = e.global_step;
-  save_checkpoint(cfg_, t, scheduler_, st);
+  save(t, st);
+}
+
+void CheckpointHook::on_stop(train::Trainer& t, const train::StopPoint& p) {
+  if (last_step_ == p.global_step) return;  // this boundary's regular save
+  TrainingState st;
+  st.epoch = p.epoch;
+  st.step_in_epoch = p.step_in_epoch;
+  st.global_step = p.global_step;
+  save(t, st);
+}
+
+void CheckpointHook::save(train::Trainer& t, const TrainingState& st) {
+  last_path_ = save_checkpoint(cfg_, t, scheduler_, st);
+  last_step_ = st.global_step;
 }
 
 }  // namespace cai::checkpoint
