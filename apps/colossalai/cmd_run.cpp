@@ -29,6 +29,7 @@
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/config/config.h"
 #include "cai/core/error.h"
+#include "run_preempt.h"
 
 extern char** environ;
 
@@ -344,6 +345,11 @@ std::vector<std::string> build_mpirun_argv(const LaunchPlan& p) {
     a.insert(a.end(), {"--bind-to", "none"});
   if (p.ssh_port > 0)
     a.insert(a.end(), {"--mca", "plm_rsh_args", fmt::format("-p {}", p.ssh_port)});
+  // SIGTERM's stand-in (run_preempt.h): mpirun forwards it to every rank as it does SIGUSR1.
+  if (std::none_of(p.extra_args.begin(), p.extra_args.end(), [](const std::string& x) {
+        return x.find("forward_signals") != std::string::npos;
+      }))
+    a.insert(a.end(), {"--mca", "ess_base_forward_signals", std::to_string(preempt_term_signal())});
   a.insert(a.end(), p.extra_args.begin(), p.extra_args.end());
   for (const auto& [k, v] : p.env) a.insert(a.end(), {"-x", k + "=" + v});
   a.insert(a.end(), {p.wrapper, kWrapperCommand});
@@ -545,7 +551,9 @@ struct Attempt {
   int code = 0;                        // mpirun's exit code (128 + signal when killed)
   std::optional<RankFailure> failure;  // the first rank failure line seen in its output
   bool timed_out = false;              // the job's --timeout passed
-  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP that stopped it
+  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP/SIGUSR1 that stopped it
+  bool preempted = false;              // stop_signal was SIGTERM/SIGUSR1: the graceful stop
+  std::vector<StoppedRank> stopped;    // the wrappers' "stopped on request" lines
   int late_signal = 0;                 // one that came after mpirun had exited: no restart
 };
 
@@ -625,7 +633,9 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
   // The longest wait between checks of mpirun (its exit also wakes us at once, by SIGCHLD).
   const long long monitor_ms =
       std::max<long long>(1, static_cast<long long>(opts.monitor_interval * 1000));
-  std::optional<Clock::time_point> kill_at, drain_until;
+  // kill_at: mpirun's group gets SIGKILL then; grace_until: the end of --grace_period after a
+  // preempt signal, when mpirun gets SIGTERM (its own stop of every rank).
+  std::optional<Clock::time_point> kill_at, drain_until, grace_until;
   bool exited = false, err_open = true;
   int status = 0;
   Attempt out;
@@ -638,19 +648,21 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
         continue;
       }
       if (!out.failure) out.failure = parse_failure_line(line);
+      if (auto r = parse_stopped_line(line)) out.stopped.push_back(*r);
       line.clear();
     }
   };
   auto stop = [&](int sig) {  // ask mpirun to stop every rank; SIGKILL its group if it hangs
     kill(pid, sig);
     kill_at = Clock::now() + std::chrono::seconds(10);
+    grace_until.reset();
   };
 
   while (!exited || (err_open && (!drain_until || Clock::now() < *drain_until))) {
     const auto now = Clock::now();
     std::optional<Clock::time_point> next;
     for (const auto& t : {!out.timed_out && !out.stop_signal ? deadline : std::nullopt, kill_at,
-                          exited ? drain_until : std::nullopt})
+                          exited ? drain_until : std::nullopt, exited ? std::nullopt : grace_until})
       if (t && (!next || *t < *next)) next = t;
     long long wait = exited ? -1 : monitor_ms;
     if (next) {
@@ -682,10 +694,28 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
           if (!out.late_signal) out.late_signal = s;
           continue;
         }
-        if (!out.stop_signal && !out.timed_out) {
+        if (!out.stop_signal && !out.timed_out && is_preempt_signal(s)) {
+          // Preemption: every program gets the signal and --grace_period to save and exit.
+          out.stop_signal = s;
+          out.preempted = true;
+          say(
+              fmt::format("colossalai run: got {}: passing it to every rank and waiting up to {} s "
+                          "(--grace_period) for them to stop",
+                          signal_name(s), opts.grace_period));
+          kill(pid, preempt_signal_to_mpirun(s));
+          grace_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(opts.grace_period));
+        } else if (grace_until && is_preempt_signal(s)) {
+          // SLURM sends SIGTERM after its SIGUSR1 warning: the ranks are already stopping.
+          say(fmt::format("colossalai run: got {} while the ranks stop: still waiting",
+                          signal_name(s)));
+        } else if (!out.stop_signal && !out.timed_out) {
           out.stop_signal = s;
           say(fmt::format("colossalai run: got {}: stopping every rank", signal_name(s)));
           stop(s);
+        } else if (grace_until) {  // Ctrl-C during the grace period: stop now
+          say(fmt::format("colossalai run: got {}: stopping every rank now", signal_name(s)));
+          stop(SIGTERM);
         } else {
           if (!out.stop_signal) out.stop_signal = s;
           say(fmt::format("colossalai run: got {} again: killing mpirun", signal_name(s)));
@@ -704,6 +734,13 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
           fmt::format("colossalai run: timeout: the job ran {} s (--timeout {}): stopping every "
                       "rank",
                       opts.timeout, opts.timeout));
+      stop(SIGTERM);
+    }
+    if (!exited && grace_until && t >= *grace_until) {
+      say(fmt::format(
+          "colossalai run: the ranks did not all stop within {} s (--grace_period): stopping "
+          "them",
+          opts.grace_period));
       stop(SIGTERM);
     }
     if (!exited && kill_at && t >= *kill_at) {
@@ -782,7 +819,7 @@ int run_launch(const RunOptions& opts) {
   int sig_pipe[2];
   CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[run] pipe: {}", std::strerror(errno));
   g_signal_pipe = sig_pipe[1];
-  const std::vector<int> handled = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  const std::vector<int> handled = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
   {
     sigset_t block, old;
     sigemptyset(&block);
@@ -812,6 +849,13 @@ int run_launch(const RunOptions& opts) {
                       "stopped",
                       opts.timeout, opts.timeout));
       result = 124;
+      break;
+    }
+    if (a.stop_signal && a.preempted) {
+      say(preempt_summary(a.stop_signal, a.stopped,
+                          plan.nproc_per_node * std::max<int>(1, plan.hosts.size()),
+                          opts.grace_period));
+      result = 128 + a.stop_signal;
       break;
     }
     if (a.stop_signal) {
@@ -936,11 +980,12 @@ int run_rank_wrapper(const RunOptions& opts) {
   sigset_t set, old;
   sigemptyset(&set);
   for (int s : stops) sigaddset(&set, s);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  const int preempt_term = preempt_term_signal();
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2, preempt_term}) sigaddset(&set, s);
   sigprocmask(SIG_BLOCK, &set, &old);
   // An ignored signal is dropped even while blocked: mpirun may hand us ignored ones.
   for (int s : stops) signal(s, SIG_DFL);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) signal(s, SIG_DFL);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2, preempt_term}) signal(s, SIG_DFL);
 
   const pid_t parent = getpid();
   auto c_args = c_argv(cmd);
@@ -961,6 +1006,7 @@ int run_rank_wrapper(const RunOptions& opts) {
   setpgid(pid, pid);
 
   int status = 0, stop_signal = 0;
+  int asked = 0;  // the preempt signal passed on to the program (SIGTERM / SIGUSR1), 0 if none
   std::optional<Clock::time_point> kill_at;
   for (;;) {
     siginfo_t info;
@@ -983,7 +1029,12 @@ int run_rank_wrapper(const RunOptions& opts) {
     }
     if (s == SIGCHLD) {
       if (waitpid(pid, &status, WNOHANG) == pid) break;
-    } else if (s == SIGUSR1 || s == SIGUSR2) {
+    } else if (const int to_program = preempt_signal_to_program(s)) {
+      // The launcher's preemption (run_preempt.h): the program saves and exits in its own time;
+      // the launcher ends the grace period (mpirun's SIGTERM, below) if it does not.
+      kill(-pid, to_program);
+      if (!asked) asked = to_program;
+    } else if (s == SIGUSR2) {
       kill(-pid, s);
     } else if (!stop_signal) {
       // mpirun stops this rank (another failed, a timeout, Ctrl-C): pass it on, then SIGKILL the
@@ -1003,6 +1054,13 @@ int run_rank_wrapper(const RunOptions& opts) {
     sigprocmask(SIG_UNBLOCK, &one, nullptr);
     raise(stop_signal);
     return 128 + stop_signal;
+  }
+  if (asked) {
+    // Stopped on request however it ended: told to the launcher, and exit 0 so that mpirun does
+    // not kill the ranks that are still saving.
+    kill(-pid, SIGKILL);
+    say(wrapper_stopped_line(rank, host, asked, status));
+    return 0;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
   kill(-pid, SIGKILL);  // the failed program's leftovers
@@ -1076,6 +1134,12 @@ void setup_run(CLI::App& app, RunOptions& opts) {
                   "restarts with --resume (from its newest, `latest`), else as first started")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--grace_period", opts.grace_period,
+                  "After SIGTERM or SIGUSR1 (preemption; SLURM's warning signal), the seconds "
+                  "every rank's program gets to save and exit after receiving that signal "
+                  "before the launcher stops the ranks by force (torchrun waits 30 s too)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--monitor_interval", opts.monitor_interval,
                   "Seconds between the launcher's checks of its ranks (a rank's exit is also "
                   "noticed at once)")
@@ -1086,7 +1150,11 @@ void setup_run(CLI::App& app, RunOptions& opts) {
       "OMPI_COMM_WORLD_*). When a rank fails, every rank on every host is stopped and the exit "
       "names the rank, host and exit code or signal; with --max_restarts N the job then starts "
       "again, up to N times (a job that succeeds after restarts exits 0 and says how many it "
-      "took). Ctrl-C/SIGTERM stop the job and never restart it (exit 130/143).");
+      "took). SIGTERM or SIGUSR1 (preemption) reach every rank's program as that signal, and the "
+      "launcher waits --grace_period seconds for them to exit (vit_train saves a checkpoint at "
+      "the next step boundary and exits 128 + signal) before stopping the rest; it then exits "
+      "143 (SIGTERM) or 138 (SIGUSR1). Ctrl-C stops the job at once (exit 130); none of these "
+      "restart it.");
   // PROGRAM [ARGS...]: prefix_command() hands the first positional and everything after it to
   // remaining(), unparsed. After "--", CLI11 2.1 would give the rest back to the parent app unless
   // the subcommand has a positional, so `program` takes what follows "--" (its validator refuses
