@@ -11,9 +11,11 @@
 #    ends with the uninterrupted run's weights;
 #  - a program that ignores SIGTERM is stopped by force after --grace_period, exit 143.
 # After every case no process of the test may be left.
-#   test_run_preempt.sh COLOSSALAI VIT_TRAIN CONFIG_DIR
+#   test_run_preempt.sh COLOSSALAI VIT_TRAIN CONFIG_DIR [--set KEY=VALUE ...]
+# (the extra arguments go to every vit_train, e.g. --set train.device=cuda on a GPU host)
 set -uo pipefail
 cai=${1:?path to colossalai}; bin=${2:?path to vit_train}; configs=${3:?config dir}
+shift 3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -39,7 +41,7 @@ show() {
 common=(--config "$configs/fmnist_tiny.toml" --set data.train_subset=1024
   --set data.eval_subset=64 --set train.num_epochs=3 --set train.batch_size=32
   --set train.num_workers=1 --set model.dropout=0.1 --set train.log_interval=1
-  --set checkpoint.every_steps=8 --set checkpoint.keep_last=2)
+  --set checkpoint.every_steps=8 --set checkpoint.keep_last=2 "$@")
 last=step-000000048
 
 # The global step of the newest "step" record in metrics file $1 (0 when none yet).
