@@ -9,7 +9,8 @@
 #  - SIGTERM to rank 1's vit_train alone (the signal reaches one rank): both ranks stop at the
 #    same boundary; under --max_restarts 1 the job restarts with --resume from that checkpoint and
 #    ends with the uninterrupted run's weights;
-#  - a program that ignores SIGTERM is stopped by force after --grace_period, exit 143.
+#  - a program that ignores SIGTERM is stopped by force after --grace_period, exit 143;
+#  - SIGUSR1 sent to mpirun itself (not the launcher): the wrappers report the stop, exit 138.
 # After every case no process of the test may be left.
 #   test_run_preempt.sh COLOSSALAI VIT_TRAIN CONFIG_DIR [--set KEY=VALUE ...]
 # (the extra arguments go to every vit_train, e.g. --set train.device=cuda on a GPU host)
@@ -189,6 +190,22 @@ show
 [ $(($(date +%s) - start)) -lt 20 ] || fail "took $(($(date +%s) - start)) s"
 expect "the ranks did not all stop within 1 s \(--grace_period\): stopping them"
 expect "colossalai run: stopped on request \(SIGTERM\): 0 of 2 ranks stopped within the grace period; the others were stopped by force after --grace_period 1 s"
+leftovers
+
+case="SIGUSR1 to mpirun directly"
+log=$tmp/mpirun_usr1.log
+"$cai" run --nproc_per_node 2 sh -c 'trap "exit 3" USR1; echo ready; while :; do sleep 0.1; done' \
+  "$tmp" >"$log" 2>&1 &
+job=$!
+for _ in $(seq 1 200); do [ "$(grep -c ready "$log")" -ge 2 ] && break; sleep 0.05; done
+mpirun_pid=$(pgrep -f "mpirun .*_rank_wrapper sh -c .* $tmp\$" | head -1)
+[ -n "$mpirun_pid" ] && kill -USR1 "$mpirun_pid"
+wait $job
+rc=$?
+show
+[ -n "$mpirun_pid" ] || fail "mpirun not found"
+[ $rc -eq 138 ] || fail "exit $rc, expected 138"
+expect "colossalai run: stopped on request \(SIGUSR1\): every rank \(2 of 2\) stopped within the grace period \(ranks 0, 1: exited with code 3\)"
 leftovers
 
 if [ $failures -ne 0 ]; then
