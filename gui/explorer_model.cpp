@@ -695,7 +695,8 @@ MetricsRun load_metrics(const std::string& path) {
       return j[key].get<double>();
     };
     const std::string type = j["type"].get<std::string>();
-    if (type == "resume") continue;  // where a resumed run appended its records (no values)
+    // Where a run was stopped on request and where its resumed run appended (no values).
+    if (type == "resume" || type == "preempted") continue;
     MetricsRow r;
     r.epoch = static_cast<int64_t>(num("epoch", true));
     r.step = static_cast<int64_t>(num("step", true));
@@ -711,7 +712,8 @@ MetricsRun load_metrics(const std::string& path) {
       if (j.contains("test_accuracy")) r.test_accuracy = num("test_accuracy", true);
       run.epochs.push_back(r);
     } else {
-      fail("[gui] metrics {} line {}: type \"{}\" is not step, epoch or resume", path, no, type);
+      fail("[gui] metrics {} line {}: type \"{}\" is not step, epoch, resume or preempted", path,
+           no, type);
     }
   }
   CAI_CHECK(!run.steps.empty() || !run.epochs.empty(), "[gui] metrics {}: no step or epoch lines",

@@ -29,15 +29,18 @@
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/config/config.h"
 #include "cai/core/error.h"
+#include "run_internal.h"
+#include "run_preempt.h"
 
 extern char** environ;
 
 namespace cai::app {
 
+using namespace detail;
+
 namespace {
 
 constexpr const char* kMarker = "[colossalai run] ";
-constexpr const char* kWrapperCommand = "_rank_wrapper";
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");
@@ -68,16 +71,6 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-bool parse_int(const std::string& s, long* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (errno || !end || *end) return false;
-  *out = v;
-  return true;
-}
-
 // Hosts named by --include/--exclude/--host, each checked.
 std::vector<std::string> host_list(const std::vector<std::string>& items, const char* flag) {
   std::vector<std::string> out;
@@ -90,6 +83,49 @@ std::vector<std::string> host_list(const std::vector<std::string>& items, const 
 }
 
 }  // namespace
+
+namespace detail {
+
+const char* const kWrapperCommand = "_rank_wrapper";
+
+bool parse_int(const std::string& s, long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (errno || !end || *end) return false;
+  *out = v;
+  return true;
+}
+
+std::vector<char*> c_argv(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w, n -= static_cast<size_t>(w);
+  }
+}
+
+void say(const std::string& msg) {
+  const std::string line = msg + "\n";
+  write_all(2, line.data(), line.size());
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // Hostfile and host selection
@@ -344,6 +380,11 @@ std::vector<std::string> build_mpirun_argv(const LaunchPlan& p) {
     a.insert(a.end(), {"--bind-to", "none"});
   if (p.ssh_port > 0)
     a.insert(a.end(), {"--mca", "plm_rsh_args", fmt::format("-p {}", p.ssh_port)});
+  // SIGTERM's stand-in (run_preempt.h): mpirun forwards it to every rank as it does SIGUSR1.
+  if (std::none_of(p.extra_args.begin(), p.extra_args.end(), [](const std::string& x) {
+        return x.find("forward_signals") != std::string::npos;
+      }))
+    a.insert(a.end(), {"--mca", "ess_base_forward_signals", std::to_string(preempt_term_signal())});
   a.insert(a.end(), p.extra_args.begin(), p.extra_args.end());
   for (const auto& [k, v] : p.env) a.insert(a.end(), {"-x", k + "=" + v});
   a.insert(a.end(), {p.wrapper, kWrapperCommand});
@@ -505,27 +546,6 @@ std::vector<std::string> mpirun_environment() {
   return out;
 }
 
-std::vector<char*> c_argv(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  for (auto& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    p += w, n -= static_cast<size_t>(w);
-  }
-}
-
-void say(const std::string& msg) {
-  const std::string line = msg + "\n";
-  write_all(2, line.data(), line.size());
-}
-
 int g_signal_pipe = -1;
 void on_launcher_signal(int sig) {
   const int saved = errno;
@@ -534,18 +554,14 @@ void on_launcher_signal(int sig) {
   errno = saved;
 }
 
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
 // One run of the mpirun command: what ended it.
 struct Attempt {
   int code = 0;                        // mpirun's exit code (128 + signal when killed)
   std::optional<RankFailure> failure;  // the first rank failure line seen in its output
   bool timed_out = false;              // the job's --timeout passed
-  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP that stopped it
+  int stop_signal = 0;                 // SIGINT/SIGTERM/SIGHUP/SIGUSR1 that stopped it
+  bool preempted = false;              // stop_signal was SIGTERM/SIGUSR1: the graceful stop
+  std::vector<StoppedRank> stopped;    // the wrappers' "stopped on request" lines
   int late_signal = 0;                 // one that came after mpirun had exited: no restart
 };
 
@@ -625,7 +641,9 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
   // The longest wait between checks of mpirun (its exit also wakes us at once, by SIGCHLD).
   const long long monitor_ms =
       std::max<long long>(1, static_cast<long long>(opts.monitor_interval * 1000));
-  std::optional<Clock::time_point> kill_at, drain_until;
+  // kill_at: mpirun's group gets SIGKILL then; grace_until: the end of --grace_period after a
+  // preempt signal, when mpirun gets SIGTERM (its own stop of every rank).
+  std::optional<Clock::time_point> kill_at, drain_until, grace_until;
   bool exited = false, err_open = true;
   int status = 0;
   Attempt out;
@@ -638,19 +656,21 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
         continue;
       }
       if (!out.failure) out.failure = parse_failure_line(line);
+      if (auto r = parse_stopped_line(line)) out.stopped.push_back(*r);
       line.clear();
     }
   };
   auto stop = [&](int sig) {  // ask mpirun to stop every rank; SIGKILL its group if it hangs
     kill(pid, sig);
     kill_at = Clock::now() + std::chrono::seconds(10);
+    grace_until.reset();
   };
 
   while (!exited || (err_open && (!drain_until || Clock::now() < *drain_until))) {
     const auto now = Clock::now();
     std::optional<Clock::time_point> next;
     for (const auto& t : {!out.timed_out && !out.stop_signal ? deadline : std::nullopt, kill_at,
-                          exited ? drain_until : std::nullopt})
+                          exited ? drain_until : std::nullopt, exited ? std::nullopt : grace_until})
       if (t && (!next || *t < *next)) next = t;
     long long wait = exited ? -1 : monitor_ms;
     if (next) {
@@ -682,10 +702,28 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
           if (!out.late_signal) out.late_signal = s;
           continue;
         }
-        if (!out.stop_signal && !out.timed_out) {
+        if (!out.stop_signal && !out.timed_out && is_preempt_signal(s)) {
+          // Preemption: every program gets the signal and --grace_period to save and exit.
+          out.stop_signal = s;
+          out.preempted = true;
+          say(
+              fmt::format("colossalai run: got {}: passing it to every rank and waiting up to {} s "
+                          "(--grace_period) for them to stop",
+                          signal_name(s), opts.grace_period));
+          kill(pid, preempt_signal_to_mpirun(s));
+          grace_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(opts.grace_period));
+        } else if (grace_until && is_preempt_signal(s)) {
+          // SLURM sends SIGTERM after its SIGUSR1 warning: the ranks are already stopping.
+          say(fmt::format("colossalai run: got {} while the ranks stop: still waiting",
+                          signal_name(s)));
+        } else if (!out.stop_signal && !out.timed_out) {
           out.stop_signal = s;
           say(fmt::format("colossalai run: got {}: stopping every rank", signal_name(s)));
           stop(s);
+        } else if (grace_until) {  // Ctrl-C during the grace period: stop now
+          say(fmt::format("colossalai run: got {}: stopping every rank now", signal_name(s)));
+          stop(SIGTERM);
         } else {
           if (!out.stop_signal) out.stop_signal = s;
           say(fmt::format("colossalai run: got {} again: killing mpirun", signal_name(s)));
@@ -704,6 +742,13 @@ Attempt run_attempt(std::vector<std::string> argv, const RunOptions& opts,
           fmt::format("colossalai run: timeout: the job ran {} s (--timeout {}): stopping every "
                       "rank",
                       opts.timeout, opts.timeout));
+      stop(SIGTERM);
+    }
+    if (!exited && grace_until && t >= *grace_until) {
+      say(fmt::format(
+          "colossalai run: the ranks did not all stop within {} s (--grace_period): stopping "
+          "them",
+          opts.grace_period));
       stop(SIGTERM);
     }
     if (!exited && kill_at && t >= *kill_at) {
@@ -782,7 +827,7 @@ int run_launch(const RunOptions& opts) {
   int sig_pipe[2];
   CAI_CHECK(pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[run] pipe: {}", std::strerror(errno));
   g_signal_pipe = sig_pipe[1];
-  const std::vector<int> handled = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  const std::vector<int> handled = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
   {
     sigset_t block, old;
     sigemptyset(&block);
@@ -814,11 +859,33 @@ int run_launch(const RunOptions& opts) {
       result = 124;
       break;
     }
+    if (a.stop_signal && a.preempted) {
+      say(preempt_summary(a.stop_signal, a.stopped,
+                          plan.nproc_per_node * std::max<int>(1, plan.hosts.size()),
+                          opts.grace_period));
+      result = 128 + a.stop_signal;
+      break;
+    }
     if (a.stop_signal) {
       say(fmt::format("colossalai run: interrupted by {}; all ranks stopped",
                       signal_name(a.stop_signal)));
       result = 128 + a.stop_signal;
       break;
+    }
+    if (a.code == 0 && !a.stopped.empty()) {
+      // SIGUSR1 sent to mpirun (or its ranks' wrappers) directly, not through this launcher: the
+      // programs were asked to stop. Finished if every one exited 0, else stopped on request.
+      const int sig = a.stopped.front().asked == "SIGUSR1" ? SIGUSR1 : SIGTERM;
+      const bool finished = std::all_of(a.stopped.begin(), a.stopped.end(), [](const auto& r) {
+        return r.signal == 0 && r.exit_code == 0;
+      });
+      if (!finished) {
+        say(preempt_summary(sig, a.stopped,
+                            plan.nproc_per_node * std::max<int>(1, plan.hosts.size()),
+                            opts.grace_period));
+        result = 128 + sig;
+        break;
+      }
     }
     if (a.code == 0) {
       if (!failures.empty())
@@ -901,116 +968,6 @@ int run_launch(const RunOptions& opts) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The rank wrapper: colossalai _rank_wrapper PROGRAM ARGS (one per rank, started by mpirun)
-
-int run_rank_wrapper(const RunOptions& opts) {
-  std::vector<std::string> cmd = opts.command;
-  if (!cmd.empty() && cmd.front() == "--") cmd.erase(cmd.begin());
-  CAI_CHECK(!cmd.empty(), "[run] {}: no program given", kWrapperCommand);
-
-  auto env = [](const char* n) -> std::string {
-    const char* v = std::getenv(n);
-    return v ? v : "";
-  };
-  std::string rank = env("OMPI_COMM_WORLD_RANK");
-  if (rank.empty()) rank = env("PMIX_RANK");
-  if (rank.empty()) rank = "?";
-  char hostbuf[256] = {};
-  gethostname(hostbuf, sizeof hostbuf - 1);
-  const std::string host = hostbuf[0] ? hostbuf : "?";
-
-  // torchrun's variables, for programs that read them.
-  if (!env("OMPI_COMM_WORLD_RANK").empty()) {
-    setenv("RANK", env("OMPI_COMM_WORLD_RANK").c_str(), 1);
-    setenv("WORLD_SIZE", env("OMPI_COMM_WORLD_SIZE").c_str(), 1);
-    setenv("LOCAL_RANK", env("OMPI_COMM_WORLD_LOCAL_RANK").c_str(), 1);
-    setenv("LOCAL_WORLD_SIZE", env("OMPI_COMM_WORLD_LOCAL_SIZE").c_str(), 1);
-    long r = 0, n = 0;
-    if (parse_int(rank, &r) && parse_int(env("CAI_NPROC_PER_NODE"), &n) && n > 0) {
-      setenv("NODE_RANK", std::to_string(r / n).c_str(), 1);
-      setenv("GROUP_RANK", std::to_string(r / n).c_str(), 1);
-    }
-  }
-
-  const int stops[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-  sigset_t set, old;
-  sigemptyset(&set);
-  for (int s : stops) sigaddset(&set, s);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
-  sigprocmask(SIG_BLOCK, &set, &old);
-  // An ignored signal is dropped even while blocked: mpirun may hand us ignored ones.
-  for (int s : stops) signal(s, SIG_DFL);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) signal(s, SIG_DFL);
-
-  const pid_t parent = getpid();
-  auto c_args = c_argv(cmd);
-  const pid_t pid = fork();
-  CAI_CHECK(pid >= 0, "[run] fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    // Own process group (so the whole program can be stopped), and die with the wrapper.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(137);
-    sigprocmask(SIG_SETMASK, &old, nullptr);
-    execvp(c_args[0], c_args.data());
-    const std::string msg = fmt::format("{}rank {} on host {}: cannot run {}: {}\n", kMarker, rank,
-                                        host, cmd.front(), std::strerror(errno));
-    write_all(2, msg.data(), msg.size());
-    _exit(127);
-  }
-  setpgid(pid, pid);
-
-  int status = 0, stop_signal = 0;
-  std::optional<Clock::time_point> kill_at;
-  for (;;) {
-    siginfo_t info;
-    int s;
-    if (kill_at) {
-      const auto left = std::max<long long>(
-          0, std::chrono::duration_cast<std::chrono::nanoseconds>(*kill_at - Clock::now()).count());
-      timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
-      s = sigtimedwait(&set, &info, &ts);
-    } else {
-      s = sigwaitinfo(&set, &info);
-    }
-    if (s < 0) {
-      if (errno == EAGAIN) {  // the grace period is over
-        kill(-pid, SIGKILL);
-        kill_at.reset();
-      }
-      if (waitpid(pid, &status, WNOHANG) == pid) break;
-      continue;
-    }
-    if (s == SIGCHLD) {
-      if (waitpid(pid, &status, WNOHANG) == pid) break;
-    } else if (s == SIGUSR1 || s == SIGUSR2) {
-      kill(-pid, s);
-    } else if (!stop_signal) {
-      // mpirun stops this rank (another failed, a timeout, Ctrl-C): pass it on, then SIGKILL the
-      // group before mpirun's own SIGKILL (1 s) would leave the program's children behind.
-      stop_signal = s;
-      kill(-pid, s);
-      kill_at = Clock::now() + std::chrono::milliseconds(500);
-    }
-  }
-  if (stop_signal) {
-    // Stopped from outside: not this rank's failure, so nothing to report.
-    kill(-pid, SIGKILL);
-    signal(stop_signal, SIG_DFL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, stop_signal);
-    sigprocmask(SIG_UNBLOCK, &one, nullptr);
-    raise(stop_signal);
-    return 128 + stop_signal;
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-  kill(-pid, SIGKILL);  // the failed program's leftovers
-  say(wrapper_failure_line(rank, host, status));
-  return exit_code_of(status);
-}
-
-// ---------------------------------------------------------------------------------------------
 // CLI
 
 void setup_run(CLI::App& app, RunOptions& opts) {
@@ -1076,6 +1033,12 @@ void setup_run(CLI::App& app, RunOptions& opts) {
                   "restarts with --resume (from its newest, `latest`), else as first started")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--grace_period", opts.grace_period,
+                  "After SIGTERM or SIGUSR1 (preemption; SLURM's warning signal), the seconds "
+                  "every rank's program gets to save and exit after receiving that signal "
+                  "before the launcher stops the ranks by force (torchrun waits 30 s too)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--monitor_interval", opts.monitor_interval,
                   "Seconds between the launcher's checks of its ranks (a rank's exit is also "
                   "noticed at once)")
@@ -1086,7 +1049,11 @@ void setup_run(CLI::App& app, RunOptions& opts) {
       "OMPI_COMM_WORLD_*). When a rank fails, every rank on every host is stopped and the exit "
       "names the rank, host and exit code or signal; with --max_restarts N the job then starts "
       "again, up to N times (a job that succeeds after restarts exits 0 and says how many it "
-      "took). Ctrl-C/SIGTERM stop the job and never restart it (exit 130/143).");
+      "took). SIGTERM or SIGUSR1 (preemption) reach every rank's program as that signal, and the "
+      "launcher waits --grace_period seconds for them to exit (vit_train saves a checkpoint at "
+      "the next step boundary and exits 128 + signal) before stopping the rest; it then exits "
+      "143 (SIGTERM) or 138 (SIGUSR1). Ctrl-C stops the job at once (exit 130); none of these "
+      "restart it.");
   // PROGRAM [ARGS...]: prefix_command() hands the first positional and everything after it to
   // remaining(), unparsed. After "--", CLI11 2.1 would give the rest back to the parent app unless
   // the subcommand has a positional, so `program` takes what follows "--" (its validator refuses

@@ -4,12 +4,13 @@
 //                  [--num_nodes K] [--master_addr A] [--master_port P] [--ssh-port S]
 //                  [--extra_launch_args "..."] [-x NAME[=VALUE] ...] [--dry-run]
 //                  [--timeout SECONDS] [--max_restarts N] [--monitor_interval SECONDS]
-//                  PROGRAM [ARGS...]
+//                  [--grace_period SECONDS] PROGRAM [ARGS...]
 //
 // Every rank runs under `colossalai _rank_wrapper PROGRAM ARGS` (hidden subcommand): the wrapper
 // sets torchrun's RANK/WORLD_SIZE/LOCAL_RANK/..., runs the program in its own process group,
 // kills that group when mpirun stops the rank, and reports a failing rank in one line that the
-// launcher turns into its final summary.
+// launcher turns into its final summary. SIGTERM / SIGUSR1 to the launcher reach every program
+// as that signal and the ranks get --grace_period seconds to save and exit (run_preempt.h).
 //
 // The pure parts (hostfile, host selection, environment, mpirun argv, failure lines) throw
 // cai::Error with messages starting with "[run]"; only main turns them into exit codes.
@@ -35,9 +36,10 @@ struct RunOptions {
   std::string extra_launch_args;
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
   bool dry_run = false;
-  double timeout = 0;                // seconds; 0: none
-  int max_restarts = 0;              // restarts of the whole job after a failure (torchrun's)
-  double monitor_interval = 5;       // seconds: the longest the launcher waits between checks
+  double timeout = 0;           // seconds; 0: none
+  int max_restarts = 0;         // restarts of the whole job after a failure (torchrun's)
+  double monitor_interval = 5;  // seconds: the longest the launcher waits between checks
+  double grace_period = 30;     // seconds the ranks get to stop after SIGTERM/SIGUSR1 (torchrun's)
   std::vector<std::string> command;  // PROGRAM ARGS... (everything after the program, unparsed)
   bool rank_wrapper = false;         // set by the hidden `_rank_wrapper` subcommand
   std::vector<std::string> after_dashes;  // parsing detail: PROGRAM ARGS given after "--"
@@ -98,7 +100,9 @@ struct LaunchPlan {
 LaunchPlan make_plan(const RunOptions& o, const Getenv& getenv, int cores_per_host);
 
 // mpirun [--allow-run-as-root] --oversubscribe -np N --host h1:n,h2:n [--bind-to none]
-//        [--mca plm_rsh_args "-p S"] EXTRA... -x NAME=VALUE... WRAPPER _rank_wrapper PROGRAM ARGS
+//        [--mca plm_rsh_args "-p S"] --mca ess_base_forward_signals N EXTRA... -x NAME=VALUE...
+//        WRAPPER _rank_wrapper PROGRAM ARGS
+// (N = preempt_term_signal(), SIGTERM's stand-in; left out when EXTRA sets that parameter.)
 std::vector<std::string> build_mpirun_argv(const LaunchPlan& p);
 
 // A rank failure as reported in mpirun's output: our wrapper's line

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 
@@ -27,6 +28,29 @@
 #include "kernels/device.h"
 
 namespace {
+
+// Preemption (SIGTERM: torchrun, SLURM, Kubernetes; SIGUSR1: SLURM's --signal warning): the first
+// such signal is remembered and training stops at the next step boundary that every rank agrees
+// on, after saving a checkpoint there (TrainerConfig::stop_requested). A signal handler can only
+// set a flag, hence this one global of the program.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal == 0) g_stop_signal = sig;
+}
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // reads and writes in flight go on
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGTERM, SIGUSR1}) sigaction(s, &sa, nullptr);
+}
+
+// The exit status of a run stopped on request: 128 + the signal, what a shell reports for a
+// process that the signal ended (143 for SIGTERM, 138 for SIGUSR1), so SLURM (RequeueExit),
+// torchrun and job scripts see "stopped by SIGTERM"; the checkpoint makes it resumable.
+constexpr int kStoppedBase = 128;
 
 std::shared_ptr<cai::data::Dataset> load_dataset(const cai::config::TrainConfig& c, bool train,
                                                  const std::string& path) {
@@ -59,7 +83,12 @@ int main(int argc, char** argv) {
   app.footer(
       "Several processes (mpirun, colossalai run): data/pipeline parallelism over MPI on the CPU, "
       "or over NCCL with train.device = \"cuda\" (one GPU per process: local rank mod the "
-      "node's GPUs).");
+      "node's GPUs).\n"
+      "SIGTERM or SIGUSR1 (preemption, SLURM's warning signal) on any rank: every rank finishes "
+      "its step, they stop together at the next step boundary, write a checkpoint there (with "
+      "checkpoint.dir) and a \"preempted\" record in train.metrics_file, and exit 128 + the "
+      "signal (143, 138); --resume continues bit for bit. Exit status: 0 done, 1 error, 2 bad "
+      "config or flags, 143/138 stopped on request.");
   app.add_flag("--dry-run", dry_run,
                "Print the resolved config, parameter count and the step model's per-process "
                "memory (per pipeline stage), then exit");
@@ -119,6 +148,9 @@ int main(int argc, char** argv) {
                 "[vit_train] MPI sees {} processes but the launcher announced {} ({})",
                 world->size(), li.world_size, li.source);
     }
+    // From here a stop request waits for the first step boundary (after MPI's setup, which
+    // installs handlers of its own).
+    if (!dry_run) catch_stop_signals();
     const dist::ProcessMesh mesh(dry_run && nproc > 0 ? nproc : li.world_size,
                                  static_cast<int>(cfg.tensor_size), static_cast<int>(cfg.pipeline));
     const nn::ViTConfig vc = cfg.vit();
@@ -322,6 +354,7 @@ int main(int argc, char** argv) {
     tc.grad_scaler.growth_interval = cfg.growth_interval;
     tc.grad_scaler.hysteresis = cfg.hysteresis;
     tc.grad_scaler.max_scale = cfg.max_scale;
+    tc.stop_requested = [] { return static_cast<int>(g_stop_signal); };
     const bool by_epoch = cfg.schedule_by == "epoch";
     const int64_t steps_per_epoch = [&] {
       int64_t s =
@@ -352,6 +385,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
+    std::shared_ptr<checkpoint::CheckpointHook> ck_hook;
     if (!cfg.checkpoint_dir.empty()) {
       checkpoint::CheckpointConfig cc;
       cc.dir = cfg.checkpoint_dir;
@@ -364,7 +398,8 @@ int main(int argc, char** argv) {
       cc.per_rank = cfg.checkpoint_per_rank;
       cc.layout = mesh.describe();
       cc.run_id = run_id;
-      trainer->add_hook(std::make_shared<checkpoint::CheckpointHook>(cc, sched.get()));
+      ck_hook = std::make_shared<checkpoint::CheckpointHook>(cc, sched.get());
+      trainer->add_hook(ck_hook);
     }
     trainer->add_hook(
         std::make_shared<train::ProgressHook>(train::stdout_is_terminal(), cfg.log_interval));
@@ -390,6 +425,18 @@ int main(int argc, char** argv) {
     trainer->fit();
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (const train::StopPoint* stop = trainer->stopped()) {
+      std::string saved = "nothing saved: the config has no checkpoint.dir";
+      if (ck_hook)
+        saved = fmt::format("checkpoint {}; continue with --resume", ck_hook->last_saved());
+      log::info(
+          "[vit_train] stopped on request ({}): every rank stopped after global step {} (epoch "
+          "{}, step {} of it); {}; exit status {}",
+          train::stop_reason_name(stop->reason), stop->global_step, stop->epoch + 1,
+          stop->step_in_epoch, saved, kStoppedBase + stop->reason);
+      plugin->barrier();  // every rank is done with the checkpoint before any exits
+      return kStoppedBase + stop->reason;
+    }
     const auto& last = trainer->history().back();
     double ips = 0;
     for (const auto& e : trainer->history()) ips += e.images_per_sec;

@@ -13,6 +13,7 @@
 
 #include "cai/core/error.h"
 #include "cmd_run.h"
+#include "run_preempt.h"
 
 using namespace cai;
 using namespace cai::app;
@@ -347,6 +348,9 @@ TEST(Mpirun, SingleHost) {
                                           "localhost:2",
                                           "--bind-to",
                                           "none",
+                                          "--mca",
+                                          "ess_base_forward_signals",
+                                          std::to_string(SIGRTMIN + 5),
                                           "-x",
                                           "MASTER_ADDR=127.0.0.1",
                                           "-x",
@@ -386,10 +390,11 @@ TEST(Mpirun, TwoHostsWithSshPort) {
   EXPECT_NE(std::find(xs.begin(), xs.end(), "MASTER_ADDR=node1"), xs.end());
   EXPECT_NE(std::find(xs.begin(), xs.end(), "CAI_NUM_THREADS=2"), xs.end());
   EXPECT_EQ(shell_join(a).find("--mca plm_rsh_args '-p 2222'") != std::string::npos, true);
-  // No ssh port: no plm_rsh_args.
+  // No ssh port: no plm_rsh_args (the only --mca left is SIGTERM's forwarded stand-in).
   o.ssh_port = 0;
   p = make_plan(o, e.fn(), 4);
-  EXPECT_EQ(after(build_mpirun_argv(p), "--mca"), "<absent>");
+  EXPECT_EQ(after(build_mpirun_argv(p), "--mca"), "ess_base_forward_signals");
+  EXPECT_EQ(after(build_mpirun_argv(p), "plm_rsh_args"), "<absent>");
 }
 
 TEST(Mpirun, ExtraLaunchArgsAndUserEnv) {
@@ -593,4 +598,77 @@ TEST(Restart, Cli) {
                CLI::ParseError);
   EXPECT_THROW(parse({"run", "--nproc_per_node", "1", "--monitor_interval", "0", "p"}),
                CLI::ParseError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preemption (run_preempt.h)
+
+TEST(Preempt, SignalsOnTheirWayToTheProgram) {
+  EXPECT_TRUE(is_preempt_signal(SIGTERM));
+  EXPECT_TRUE(is_preempt_signal(SIGUSR1));
+  EXPECT_FALSE(is_preempt_signal(SIGINT));
+  EXPECT_FALSE(is_preempt_signal(SIGHUP));
+  // mpirun would kill the job on SIGTERM: it travels as SIGRTMIN+5, SIGUSR1 as itself.
+  EXPECT_EQ(preempt_signal_to_mpirun(SIGTERM), SIGRTMIN + 5);
+  EXPECT_EQ(preempt_signal_to_mpirun(SIGUSR1), SIGUSR1);
+  EXPECT_EQ(preempt_signal_to_program(preempt_signal_to_mpirun(SIGTERM)), SIGTERM);
+  EXPECT_EQ(preempt_signal_to_program(SIGUSR1), SIGUSR1);
+  EXPECT_EQ(preempt_signal_to_program(SIGUSR2), 0);
+  EXPECT_EQ(preempt_signal_to_program(SIGTERM), 0);  // mpirun's own stop: not a preemption
+}
+
+TEST(Preempt, UserForwardSignalsReplaceOurs) {
+  FakeEnv e;
+  RunOptions o = basic(1);
+  o.extra_launch_args = "--mca ess_base_forward_signals SIGURG";
+  LaunchPlan p = make_plan(o, e.fn(), 2);
+  p.wrapper = "/w";
+  const auto a = build_mpirun_argv(p);
+  EXPECT_EQ(std::count(a.begin(), a.end(), "ess_base_forward_signals"), 1);
+  EXPECT_EQ(after(a, "ess_base_forward_signals"), "SIGURG");
+}
+
+TEST(Preempt, StoppedLinesRoundTripAndAreNotFailures) {
+  const int exited143 = 143 << 8;  // waitpid's status of exit(143)
+  ASSERT_TRUE(WIFEXITED(exited143) && WEXITSTATUS(exited143) == 143);
+  const std::string a = wrapper_stopped_line("1", "node2", SIGTERM, exited143);
+  EXPECT_EQ(a,
+            "[colossalai run] rank 1 on host node2 stopped on request (SIGTERM): exited with "
+            "code 143");
+  const auto r = parse_stopped_line("mpirun says: " + a);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->rank, "1");
+  EXPECT_EQ(r->host, "node2");
+  EXPECT_EQ(r->asked, "SIGTERM");
+  EXPECT_EQ(r->exit_code, 143);
+  EXPECT_EQ(r->signal, 0);
+  EXPECT_FALSE(parse_failure_line(a));  // a rank that was asked to stop did not fail
+  const int killed = SIGKILL;           // waitpid's status of a process killed by SIGKILL
+  ASSERT_TRUE(WIFSIGNALED(killed));
+  const auto k = parse_stopped_line(wrapper_stopped_line("0", "h", SIGUSR1, killed));
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->asked, "SIGUSR1");
+  EXPECT_EQ(k->exit_code, -1);
+  EXPECT_EQ(k->signal, SIGKILL);
+  EXPECT_FALSE(parse_stopped_line("[colossalai run] rank 0 on host h exited with code 143"));
+}
+
+TEST(Preempt, Summary) {
+  auto rank = [](const char* r, int code, int sig) {
+    StoppedRank s;
+    s.rank = r, s.host = "h", s.asked = "SIGTERM", s.exit_code = code, s.signal = sig;
+    return s;
+  };
+  // Lines come in any order; ranks are listed in rank order, grouped by how they ended.
+  EXPECT_EQ(
+      preempt_summary(SIGTERM, {rank("10", 143, 0), rank("2", 143, 0), rank("0", 143, 0)}, 3, 30),
+      "colossalai run: stopped on request (SIGTERM): every rank (3 of 3) stopped within the "
+      "grace period (ranks 0, 2, 10: exited with code 143)");
+  EXPECT_EQ(preempt_summary(SIGUSR1, {rank("1", 1, 0), rank("0", -1, SIGKILL)}, 4, 5),
+            "colossalai run: stopped on request (SIGUSR1): 2 of 4 ranks stopped within the grace "
+            "period (rank 1: exited with code 1; rank 0: killed by signal 9 (SIGKILL)); the others "
+            "were stopped by force after --grace_period 5 s");
+  EXPECT_EQ(preempt_summary(SIGTERM, {}, 2, 1),
+            "colossalai run: stopped on request (SIGTERM): 0 of 2 ranks stopped within the grace "
+            "period; the others were stopped by force after --grace_period 1 s");
 }

@@ -103,11 +103,13 @@ expect "--timeout 3"
 expect_faster 15
 no_leftovers
 
-# Signals to the launcher: forwarded to mpirun, every rank stopped, exit 128 + signal. Rank 1
-# ignores SIGTERM: the wrapper's SIGKILL must still remove it.
+# Signals to the launcher: every rank stopped, exit 128 + signal. The probes ignore SIGTERM: the
+# wrapper's SIGKILL must still remove them. SIGINT stops the job at once; SIGTERM (preemption) is
+# passed to the programs first, and the job is stopped by force after --grace_period (2 s here;
+# tests/apps/test_run_preempt.sh has the graceful cases).
 for sig in TERM INT; do
   case=sig$sig
-  "$bin" run --nproc_per_node 2 "$probe" --sleep 60 --ignore-term >"$tmp/out" 2>&1 &
+  "$bin" run --nproc_per_node 2 --grace_period 2 "$probe" --sleep 60 --ignore-term >"$tmp/out" 2>&1 &
   pid=$!
   sleep 1.5
   t0=$SECONDS
@@ -118,8 +120,14 @@ for sig in TERM INT; do
   secs=$((SECONDS - t0))
   echo "--- $case: exit $rc in ${secs}s"
   echo "$out" | sed 's/^/    /'
-  [[ $sig == TERM ]] && expect_rc 143 || expect_rc 130
-  expect "all ranks stopped"
+  if [[ $sig == TERM ]]; then
+    expect_rc 143
+    expect "did not all stop within 2 s (--grace_period): stopping them"
+    expect "stopped on request (SIGTERM): 0 of 2 ranks stopped within the grace period; the others were stopped by force after --grace_period 2 s"
+  else
+    expect_rc 130
+    expect "all ranks stopped"
+  fi
   expect_faster 15
   no_leftovers
 done

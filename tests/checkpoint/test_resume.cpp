@@ -622,3 +622,34 @@ TEST(RunIdentity, TheLockKeepsASecondJobOut) {
   checkpoint::DirLock third(dir);
   EXPECT_TRUE(third.held());
 }
+
+// trainer_state.json's counters are JSON integers in int64_t and loss_scaler a list of numbers
+// (nlohmann alone would cast 1e300 or 2.5 to int64_t); errors name the file and the key.
+TEST(CheckpointErrors, TrainingStateCountersAndScalerAreChecked) {
+  const std::string ok =
+      R"({"epoch": 1, "step_in_epoch": 2, "global_step": 6, "scheduler_last": 6,
+          "loss_scaler": [1024.0, 1, 0]})";
+  const checkpoint::TrainingState s = checkpoint::parse_training_state(ok, "ts.json");
+  EXPECT_EQ(s.global_step, 6);
+  EXPECT_EQ(s.scaler, (std::vector<double>{1024, 1, 0}));
+  auto refused = [](const std::string& text, const char* says) {
+    try {
+      checkpoint::parse_training_state(text, "ts.json");
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  const std::string tail = R"(, "step_in_epoch": 0, "scheduler_last": 0, "loss_scaler": []})";
+  refused(R"({"epoch": 1e300, "global_step": 0)" + tail,
+          "ts.json: epoch is 1e+300, expected an integer");
+  refused(R"({"epoch": 2.5, "global_step": 0)" + tail, "epoch is 2.5, expected an integer");
+  refused(R"({"epoch": 0, "global_step": 18446744073709551615)" + tail,
+          "global_step = 18446744073709551615 is beyond 64-bit integers");
+  refused(R"({"epoch": -1, "global_step": 0)" + tail, "negative epoch/step values");
+  refused(R"({"epoch": 0, "global_step": 0, "step_in_epoch": 0, "scheduler_last": 0,
+              "loss_scaler": [1, "x"]})",
+          "loss_scaler is [1,\"x\"], expected a list of numbers");
+  refused("[1, 2]", "ts.json: not a JSON object");
+  refused("{", "ts.json: not valid JSON");
+}

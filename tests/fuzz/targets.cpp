@@ -37,6 +37,8 @@ Target trace_target();
 Target metrics_target(const std::string& tmp);
 #endif
 
+Target loss_scaler_state_target();  // targets_state.cpp
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -418,13 +420,20 @@ Target benchmark_json_target(const std::string& tmp) {
 
 std::vector<Target> all_targets(const std::string& tmp) {
   fs::create_directories(tmp);
-  std::vector<Target> ts = {config_target(),           config_set_target(),
-                            hostfile_target(),         idx_target(tmp, true),
-                            idx_target(tmp, false),    cifar_target(tmp),
-                            image_target(tmp),         safetensors_target(tmp),
-                            index_target(tmp),         per_rank_index_target(tmp),
-                            cluster_target(),          calibration_target(),
-                            benchmark_json_target(tmp)};
+  std::vector<Target> ts = {config_target(),
+                            config_set_target(),
+                            hostfile_target(),
+                            idx_target(tmp, true),
+                            idx_target(tmp, false),
+                            cifar_target(tmp),
+                            image_target(tmp),
+                            safetensors_target(tmp),
+                            index_target(tmp),
+                            per_rank_index_target(tmp),
+                            cluster_target(),
+                            calibration_target(),
+                            benchmark_json_target(tmp),
+                            loss_scaler_state_target()};
 #ifdef CAI_FUZZ_HAVE_TRACE
   ts.push_back(trace_target());
   ts.push_back(metrics_target(tmp));

@@ -44,6 +44,7 @@ Target metrics_target(const std::string& tmp) {
   t.name = "metrics";
   t.seeds = {
       R"({"type": "step", "epoch": 1, "step": 10, "loss": 2.3, "accuracy": 0.1, "lr": 0.001, "img_per_s": 1600.5, "seconds": 1.5, "grad_norm": 0.8}
+{"type": "preempted", "epoch": 1, "step_in_epoch": 3, "step": 10, "signal": "SIGTERM"}
 {"type": "resume", "epoch": 1, "step_in_epoch": 3, "step": 10, "checkpoint": "ckpt/step-10"}
 {"type": "step", "epoch": 1, "step": 20, "loss": 2.1, "accuracy": 0.2, "lr": 0.001, "img_per_s": 1610.0, "seconds": 3.0}
 {"type": "epoch", "epoch": 1, "step": 20, "train_loss": 2.2, "train_accuracy": 0.15, "test_loss": 2.0, "test_accuracy": 0.3, "seconds": 3.1}

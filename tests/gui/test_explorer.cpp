@@ -203,12 +203,15 @@ TEST(ExplorerModel, ReadsVitTrainTraceFormat) {
   EXPECT_EQ(s.chunk, 1);
 }
 
-// Issue 42: a resumed vit_train appends its records after {"type": "resume", ...}.
+// Issue 42: a resumed vit_train appends its records after {"type": "resume", ...}; a run stopped
+// on request (preemption) ends with {"type": "preempted", ...}.
 TEST(ExplorerModel, MetricsOfAResumedRunLoad) {
   ExplorerModel m;
   const std::string path =
       temp_file("resumed.jsonl",
                 "{\"type\":\"step\",\"epoch\":1,\"step\":1,\"loss\":2.3}\n"
+                "{\"type\":\"preempted\",\"epoch\":1,\"step_in_epoch\":1,\"step\":1,"
+                "\"signal\":\"SIGTERM\"}\n"
                 "{\"type\":\"resume\",\"epoch\":1,\"step_in_epoch\":1,\"step\":1,"
                 "\"checkpoint\":\"ck/step-000000001\"}\n"
                 "{\"type\":\"step\",\"epoch\":1,\"step\":2,\"loss\":2.1}\n");

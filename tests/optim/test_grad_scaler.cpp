@@ -84,3 +84,36 @@ TEST(GradScaler, DetectsOverflowAndUnscales) {
   EXPECT_EQ(u.hysteresis_step(), 1);
   EXPECT_THROW(u.load_state({1.0}), Error);
 }
+
+// trainer_state.json's loss_scaler as load_state takes it: what update() keeps true or an error
+// naming the value (the loss_scaler_state fuzz target's first input was a growth step equal to a
+// smaller growth_interval, which the scaler accepted and then never grew again).
+TEST(GradScaler, LoadStateRefusesWhatUpdateNeverProduces) {
+  GradScalerConfig c;
+  c.min_scale = 1, c.initial_scale = 1024, c.max_scale = 65536, c.growth_interval = 3;
+  DynamicGradScaler s(c);
+  s.load_state({2048, 2, 5});
+  EXPECT_EQ(s.scale(), 2048);
+  EXPECT_EQ(s.growth_step(), 2);
+  EXPECT_EQ(s.hysteresis_step(), 5);
+  s.update(false);  // the third clean step grows it
+  EXPECT_EQ(s.scale(), 4096);
+  auto refused = [&](std::vector<double> st, const char* says) {
+    try {
+      s.load_state(st);
+      ADD_FAILURE() << "accepted " << st[0] << ", " << st[1] << ", " << st[2];
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused({INFINITY, 0, 0}, "saved loss scale inf is outside [min_scale 1, max_scale 65536]");
+  refused({NAN, 0, 0}, "saved loss scale nan");
+  refused({131072, 0, 0}, "saved loss scale 131072 is outside");
+  refused({0.5, 0, 0}, "saved loss scale 0.5");
+  refused({1024, 3, 0}, "saved growth step 3 must be a whole number in [0, growth_interval 3)");
+  refused({1024, -1, 0}, "saved growth step -1");
+  refused({1024, 1.5, 0}, "saved growth step 1.5");
+  refused({1024, 0, 1e300}, "saved hysteresis step 1e+300 must be a whole number >= 0");
+  refused({1024, 0, -2}, "saved hysteresis step -2");
+  EXPECT_EQ(s.scale(), 4096);  // a refused state changes nothing
+}

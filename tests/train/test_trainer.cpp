@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "cai/core/error.h"
 #include "cai/data/data.h"
@@ -277,4 +280,95 @@ TEST(Trainer, SyntheticDatasetIsFixedPerIndex) {
   EXPECT_THROW(a->get(10, x.data()), Error);
   EXPECT_THROW(data::synthetic(0, 3, 8, 5, 7), Error);
   EXPECT_NE(a->describe().find("synthetic"), std::string::npos);
+}
+
+namespace {
+// Records the hooks' calls around a stop on request.
+struct StopRecorder : train::Hook {
+  std::vector<std::string> calls;
+  bool needs_values(const train::Trainer&, const train::StepInfo&) const override { return false; }
+  void after_step(train::Trainer&, const train::StepInfo& s) override {
+    calls.push_back("step " + std::to_string(s.global_step));
+  }
+  void after_epoch(train::Trainer&, const train::EpochInfo& e) override {
+    calls.push_back("epoch " + std::to_string(e.epoch));
+  }
+  void after_train(train::Trainer&) override { calls.push_back("after_train"); }
+  void on_stop(train::Trainer&, const train::StopPoint& p) override {
+    calls.push_back(fmt::format("stop {} at epoch {} step {} global {}", p.reason, p.epoch,
+                                p.step_in_epoch, p.global_step));
+  }
+};
+
+struct StopRun {
+  std::vector<std::string> calls;
+  std::optional<train::StopPoint> stopped;
+  int asked = 0;  // stop_requested() calls
+};
+
+// 6 steps per epoch, 2 epochs; stop_requested says 15 from global step `from` on.
+StopRun run_stopping(int64_t from, int64_t interval) {
+  auto ds = data::synthetic(96, 1, 28, 10, 9);
+  data::DataLoader loader(ds, loader_config(16));
+  nn::ViT model(tiny());
+  model.init(2);
+  optim::AdamW opt(optim::weight_decay_groups(model.parameters(), 1e-3, 0.05));
+  train::TrainerConfig tc;
+  tc.num_epochs = 2;
+  StopRun r;
+  train::Trainer* self = nullptr;
+  tc.stop_requested = [&] {
+    ++r.asked;
+    return self->global_step() >= from ? 15 : 0;
+  };
+  tc.stop_check_interval = interval;
+  train::Trainer t(model, opt, train::Criterion{0.0f}, loader, nullptr, nullptr, tc);
+  self = &t;
+  auto rec = std::make_shared<StopRecorder>();
+  t.add_hook(rec);
+  t.fit();
+  r.calls = rec->calls;
+  if (t.stopped()) r.stopped = *t.stopped();
+  return r;
+}
+}  // namespace
+
+TEST(Trainer, StopsOnRequestAtTheNextCheckedBoundary) {
+  // Asked from step 3, checked every step: stops right after step 3's hooks.
+  StopRun a = run_stopping(3, 1);
+  ASSERT_TRUE(a.stopped);
+  EXPECT_EQ(a.stopped->global_step, 3);
+  EXPECT_EQ(a.stopped->epoch, 0);
+  EXPECT_EQ(a.stopped->step_in_epoch, 3);
+  EXPECT_EQ(a.calls, (std::vector<std::string>{"step 1", "step 2", "step 3",
+                                               "stop 15 at epoch 0 step 3 global 3"}));
+  EXPECT_EQ(a.asked, 3);
+  // Checked every 2nd step: the request of step 3 is seen after step 4.
+  StopRun b = run_stopping(3, 2);
+  ASSERT_TRUE(b.stopped);
+  EXPECT_EQ(b.stopped->global_step, 4);
+  EXPECT_EQ(b.asked, 2);
+  // At an epoch's last step the check waits for the epoch's end (its evaluation and hooks):
+  // the run resumes at the start of the next epoch.
+  StopRun c = run_stopping(6, 1);
+  ASSERT_TRUE(c.stopped);
+  EXPECT_EQ(c.stopped->global_step, 6);
+  EXPECT_EQ(c.stopped->epoch, 1);
+  EXPECT_EQ(c.stopped->step_in_epoch, 0);
+  ASSERT_GE(c.calls.size(), 2u);
+  EXPECT_EQ(c.calls[c.calls.size() - 2], "epoch 0");
+  EXPECT_EQ(c.calls.back(), "stop 15 at epoch 1 step 0 global 6");
+  // A request in the last step: the run ends as usual.
+  StopRun d = run_stopping(12, 1);
+  EXPECT_FALSE(d.stopped);
+  EXPECT_EQ(d.calls.back(), "after_train");
+  EXPECT_EQ(d.asked, 11);  // 5 boundaries inside each epoch, and the end of the first
+  // Never asked: the same run.
+  StopRun e = run_stopping(1000, 1);
+  EXPECT_FALSE(e.stopped);
+  EXPECT_EQ(e.calls.size(), 12u + 2u + 1u);
+}
+
+TEST(Trainer, StopCheckIntervalMustBePositive) {
+  EXPECT_THROW(run_stopping(3, 0), Error);
 }

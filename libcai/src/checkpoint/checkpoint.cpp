@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -72,14 +73,31 @@ nlohmann::json to_json(const TrainingState& s) {
   return j;
 }
 
+// A counter of trainer_state.json: a JSON integer in int64_t (nlohmann would cast 1e300 or 2.5
+// to int64_t, undefined behaviour for the first).
+int64_t counter_of(const nlohmann::json& j, const char* key, const std::string& path) {
+  const nlohmann::json& v = j.at(key);
+  CAI_CHECK(v.is_number_integer(), "[checkpoint] {}: {} is {}, expected an integer", path, key,
+            v.dump());
+  CAI_CHECK(!v.is_number_unsigned() ||
+                v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+            "[checkpoint] {}: {} = {} is beyond 64-bit integers", path, key, v.dump());
+  return v.get<int64_t>();
+}
+
 TrainingState from_json(const nlohmann::json& j, const std::string& path) {
   TrainingState s;
   try {
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.step_in_epoch = j.at("step_in_epoch").get<int64_t>();
-    s.global_step = j.at("global_step").get<int64_t>();
-    s.scheduler_last = j.at("scheduler_last").get<int64_t>();
-    s.scaler = j.at("loss_scaler").get<std::vector<double>>();
+    s.epoch = counter_of(j, "epoch", path);
+    s.step_in_epoch = counter_of(j, "step_in_epoch", path);
+    s.global_step = counter_of(j, "global_step", path);
+    s.scheduler_last = counter_of(j, "scheduler_last", path);
+    const nlohmann::json& sc = j.at("loss_scaler");
+    CAI_CHECK(sc.is_array() && std::all_of(sc.begin(), sc.end(),
+                                           [](const nlohmann::json& x) { return x.is_number(); }),
+              "[checkpoint] {}: loss_scaler is {}, expected a list of numbers", path,
+              sc.dump().substr(0, 200));
+    s.scaler = sc.get<std::vector<double>>();
     s.layout = j.value("layout", "");
     s.version = j.value("version", "");
     s.run_id = j.value("run_id", "");
@@ -490,17 +508,22 @@ std::string resolve_checkpoint(const std::string& p) {
   return dir.string();
 }
 
+TrainingState parse_training_state(const std::string& text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("[checkpoint] {}: not valid JSON ({})", path, e.what());
+  }
+  CAI_CHECK(j.is_object(), "[checkpoint] {}: not a JSON object", path);
+  return from_json(j, path);
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   Checkpoint c;
   c.path = resolve_checkpoint(path);
   const std::string sj = c.path + "/trainer_state.json";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(sj));
-  } catch (const nlohmann::json::exception& e) {
-    fail("[checkpoint] {}: not valid JSON ({})", sj, e.what());
-  }
-  c.state = from_json(j, sj);
+  c.state = parse_training_state(read_text(sj), sj);
   if (path_exists(c.path + "/" + kIndex)) {
     const nlohmann::json index = read_json(c.path + "/" + kIndex);
     CAI_CHECK(index.is_object(), "[checkpoint] {}/{}: not a JSON object", c.path, kIndex);
@@ -817,7 +840,7 @@ void CheckpointHook::after_step(train::Trainer& t, const train::StepInfo& s) {
   st.epoch = s.epoch;
   st.step_in_epoch = s.step_in_epoch;
   st.global_step = s.global_step;
-  save_checkpoint(cfg_, t, scheduler_, st);
+  save(t, st);
 }
 
 void CheckpointHook::after_epoch(train::Trainer& t, const train::EpochInfo& e) {
@@ -828,7 +851,21 @@ void CheckpointHook::after_epoch(train::Trainer& t, const train::EpochInfo& e) {
   st.epoch = e.epoch + 1;
   st.step_in_epoch = 0;
   st.global_step = e.global_step;
-  save_checkpoint(cfg_, t, scheduler_, st);
+  save(t, st);
+}
+
+void CheckpointHook::on_stop(train::Trainer& t, const train::StopPoint& p) {
+  if (last_step_ == p.global_step) return;  // this boundary's regular save
+  TrainingState st;
+  st.epoch = p.epoch;
+  st.step_in_epoch = p.step_in_epoch;
+  st.global_step = p.global_step;
+  save(t, st);
+}
+
+void CheckpointHook::save(train::Trainer& t, const TrainingState& st) {
+  last_path_ = save_checkpoint(cfg_, t, scheduler_, st);
+  last_step_ = st.global_step;
 }
 
 }  // namespace cai::checkpoint

@@ -13,7 +13,11 @@
 // completion events of the operations in flight; an NCCL error, or an operation still running
 // past the collective timeout, aborts the channel's NCCL communicator (its kernels return, so no
 // device synchronisation hangs) and records why, naming the operation, the group and the rank;
-// the next test(), wait() or operation on it throws that message. ncclCommInitRank runs on a
+// the next test(), wait() or operation on it throws that message. The hand-off is an AbortGate
+// (cai/dist/abort_gate.h): operations are issued inside a Use of the channel's gate, so
+// ncclCommAbort runs once, never while the host thread is inside an NCCL call on that
+// communicator (unless that call has been blocked past the drain limit: then the abort is what
+// unblocks it), and every later use throws the recorded reason. ncclCommInitRank runs on a
 // helper thread, bounded by the same timeout (a peer that never joins is named instead of
 // hanging the job).
 //
@@ -37,6 +41,7 @@
 #include <thread>
 
 #include "cai/core/error.h"
+#include "cai/dist/abort_gate.h"
 #include "cai/dist/nccl.h"
 #include "cai/schedule/buckets.h"
 #include "kernels/cuda/check.h"
@@ -99,7 +104,7 @@ struct Channel {
   Channel(int dev, double timeout_s, std::string label)
       : device((activate(dev), dev)), timeout(timeout_s), label(std::move(label)) {}
   ~Channel() {
-    if (!comm) return;
+    if (!comm || !gate.live()) return;  // an aborted communicator is gone already
     cudaSetDevice(device);
     // Destroying with operations in flight would block on them: abort what does not finish.
     bool idle = false;
@@ -115,28 +120,34 @@ struct Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Aborts the NCCL communicator once (the watchdog and the host may both get here); `why`
-  // becomes the error every later use reports.
+  // Aborts the NCCL communicator once (the watchdog and the host may both get here), after any
+  // operation being issued on it (AbortGate); `why` becomes the error every later use reports.
   void abort(const std::string& why) {
-    std::lock_guard<std::mutex> l(mu);
-    if (error.empty()) error = why;
-    if (comm) ncclCommAbort(comm);
-    comm = nullptr;
-    aborted = true;
+    gate.abort(
+        why,
+        [this] {
+          if (comm) ncclCommAbort(comm);
+        },
+        std::min(timeout, kDrainSeconds));
   }
-  std::string why() {
-    std::lock_guard<std::mutex> l(mu);
-    return error;
-  }
-  // An asynchronous NCCL error on this communicator ("" when none).
+  bool aborted() const { return !gate.live(); }
+  std::string why() const { return gate.why(); }
+  // An asynchronous NCCL error on this communicator ("" when none); never during the abort.
   std::string async_error() {
-    std::lock_guard<std::mutex> l(mu);
-    if (!comm) return "";
-    ncclResult_t e = ncclSuccess;
-    if (ncclCommGetAsyncError(comm, &e) != ncclSuccess || e == ncclSuccess || e == ncclInProgress)
-      return "";
-    return ncclGetErrorString(e);
+    return gate.with_live<std::string>(
+        [&]() -> std::string {
+          if (!comm) return "";
+          ncclResult_t e = ncclSuccess;
+          if (ncclCommGetAsyncError(comm, &e) != ncclSuccess || e == ncclSuccess ||
+              e == ncclInProgress)
+            return "";
+          return ncclGetErrorString(e);
+        },
+        std::string());
   }
+  // How long an abort waits for an operation being issued: enqueueing takes microseconds, so
+  // a host thread still inside NCCL after this is blocked on a peer.
+  static constexpr double kDrainSeconds = 5.0;
   // Operations in flight, for the watchdog: completion event, deadline, description.
   struct InFlight {
     std::shared_ptr<cuda::Event> done;
@@ -154,13 +165,12 @@ struct Channel {
 
   int device;
   double timeout;
-  std::string label;    // "group 'tp[dp=0,pp=0]' (rank 1 of 2)"
-  cuda::Stream stream;  // created on `device` (made current above)
-  ncclComm_t comm = nullptr;
-  bool copy_engine = false;  // the copy-engine all-reduce's channel: no NCCL communicator
-  std::atomic<bool> aborted{false};
-  std::mutex mu;
-  std::string error;
+  std::string label;          // "group 'tp[dp=0,pp=0]' (rank 1 of 2)"
+  cuda::Stream stream;        // created on `device` (made current above)
+  ncclComm_t comm = nullptr;  // set once, before the channel is shared; freed by the abort
+  bool copy_engine = false;   // the copy-engine all-reduce's channel: no NCCL communicator
+  AbortGate gate;
+  std::mutex mu;  // in_flight
   std::deque<InFlight> in_flight;
 };
 
@@ -199,7 +209,7 @@ class Watchdog {
     }
   }
   static void check(Channel& ch) {
-    if (ch.aborted) return;
+    if (ch.aborted()) return;
     const std::string e = ch.async_error();
     if (!e.empty()) {
       ch.abort(fmt::format("[nccl] {}: NCCL reported an error ({}); the communicator was aborted",
@@ -271,10 +281,10 @@ class NcclWork : public Work {
         what_(std::move(what)),
         timeout_(timeout) {}
   ~NcclWork() override {
-    if (done_ || ch_->aborted || (!ch_->comm && !ch_->copy_engine)) return;
+    if (done_ || ch_->aborted() || (!ch_->comm && !ch_->copy_engine)) return;
     // Dropped before completion: the buffers must outlive the NCCL kernel.
     try {
-      if (!poll([&] { return done->query() || ch_->aborted.load(); }, timeout_))
+      if (!poll([&] { return done->query() || ch_->aborted(); }, timeout_))
         ch_->abort(fmt::format("[nccl] {} was dropped unfinished after {} s", what_, timeout_));
     } catch (const Error&) {
     }
@@ -321,7 +331,7 @@ class NcclWork : public Work {
 
  private:
   void throw_if_aborted() {
-    if (ch_->aborted)
+    if (ch_->aborted())
       fail("[nccl] {}: the communicator was aborted earlier: {}", what_, ch_->why());
   }
   std::shared_ptr<Channel> ch_;
@@ -716,7 +726,7 @@ class NcclCommunicator : public Communicator {
               "(enabled for that), got {}",
               name(), copy_engine_->max_numel, t.str());
     auto& ch = copy_engine_->ch;
-    CAI_CHECK(!ch->aborted,
+    CAI_CHECK(!ch->aborted(),
               "[nccl] group '{}' (rank {}): the copy-engine all-reduce was aborted: {}", name(),
               rank(), ch->why());
     return launch(ch, describe("copy-engine all_reduce", t.numel()), {t}, [&](cudaStream_t s) {
@@ -906,7 +916,7 @@ class NcclCommunicator : public Communicator {
   // to point never builds one.
   std::shared_ptr<Channel> collective_channel() {
     if (main_) {
-      CAI_CHECK(!main_->aborted, "[nccl] group '{}' (rank {}): the communicator was aborted: {}",
+      CAI_CHECK(!main_->aborted(), "[nccl] group '{}' (rank {}): the communicator was aborted: {}",
                 name(), rank(), main_->why());
       return main_;
     }
@@ -937,7 +947,7 @@ class NcclCommunicator : public Communicator {
               "[nccl] {} on group '{}': the pair ({} -> {}) was not declared with connect_p2p() "
               "(collective, before the first send; NCCL matches messages per pair, in order)",
               op, name(), src, dst);
-    CAI_CHECK(!it->second->aborted,
+    CAI_CHECK(!it->second->aborted(),
               "[nccl] {} on group '{}' ({} -> {}): the channel was aborted: {}", op, name(), src,
               dst, it->second->why());
     return it->second;
@@ -951,7 +961,19 @@ class NcclCommunicator : public Communicator {
     activate(device_);
     ready_->record(cudaStreamLegacy);
     ch->stream.wait(ready_->get());
-    issue(ch->stream.get());
+    {
+      // Inside the gate: the watchdog's abort waits for this issue to end (and a channel aborted
+      // since the caller looked throws here, naming why).
+      const AbortGate::Use use = ch->gate.enter("[nccl] " + what);
+      try {
+        issue(ch->stream.get());
+      } catch (const Error&) {
+        if (ch->aborted())
+          fail("[nccl] {}: the communicator was aborted while this was issued: {}", what,
+               ch->why());
+        throw;
+      }
+    }
     auto w = std::make_unique<NcclWork>(ch, what, timeout_);
     w->done->record(ch->stream.get());
     ch->track(w->done, what);
@@ -974,7 +996,7 @@ class NcclCommunicator : public Communicator {
               "[nccl] {} on group '{}': the copy-engine gradient exchange is not enabled "
               "(enable_copy_engine_exchange() returned false or was not called)",
               op, name());
-    CAI_CHECK(!exchange_->ch->aborted,
+    CAI_CHECK(!exchange_->ch->aborted(),
               "[nccl] group '{}' (rank {}): the copy-engine gradient exchange was aborted: {}",
               name(), rank(), exchange_->ch->why());
     return *exchange_;

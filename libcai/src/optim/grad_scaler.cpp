@@ -58,10 +58,26 @@ std::vector<double> DynamicGradScaler::state() const {
 }
 
 void DynamicGradScaler::load_state(const std::vector<double>& s) {
-  CAI_CHECK(s.size() == 3 && s[0] > 0,
-            "[grad_scaler] state needs (scale > 0, growth step, "
-            "hysteresis step), got {} values",
+  CAI_CHECK(s.size() == 3,
+            "[grad_scaler] state needs 3 values (scale, growth step, hysteresis step), got {}",
             s.size());
+  // What update() keeps true, so that a resumed scaler behaves as the saved one would have (a
+  // growth step at or past growth_interval would never grow the scale again).
+  CAI_CHECK(std::isfinite(s[0]) && s[0] >= cfg_.min_scale && s[0] <= cfg_.max_scale,
+            "[grad_scaler] saved loss scale {} is outside [min_scale {}, max_scale {}] of this "
+            "run's precision settings",
+            s[0], cfg_.min_scale, cfg_.max_scale);
+  // Counts are whole numbers that int64_t holds exactly (beyond 2^53 a double skips integers, and
+  // casting 1e300 to int64_t is undefined).
+  auto whole = [](double v) {
+    return std::isfinite(v) && v >= 0 && v <= 9007199254740992.0 && std::floor(v) == v;
+  };
+  CAI_CHECK(whole(s[1]) && s[1] < static_cast<double>(cfg_.growth_interval),
+            "[grad_scaler] saved growth step {} must be a whole number in [0, growth_interval "
+            "{})",
+            s[1], cfg_.growth_interval);
+  CAI_CHECK(whole(s[2]), "[grad_scaler] saved hysteresis step {} must be a whole number >= 0",
+            s[2]);
   scale_ = s[0];
   growth_step_ = static_cast<int64_t>(s[1]);
   hysteresis_step_ = static_cast<int64_t>(s[2]);

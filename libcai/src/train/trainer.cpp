@@ -1,5 +1,7 @@
 #include "cai/train/trainer.h"
 
+#include <csignal>
+
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -649,6 +651,7 @@ void Trainer::fit(int64_t start_epoch) {
       info.epoch_seconds = seconds_since(t0);
       info.images_per_sec = seen / std::max(info.epoch_seconds, 1e-9);
       for (auto& h : hooks_) h->after_step(*this, info);
+      if (s + 1 < steps && stop_here(epoch, s + 1, false)) return;
     }
     read_values(values, steps - 1, epoch, nullptr);  // the rest of the epoch's rows
     EpochInfo e;
@@ -664,8 +667,38 @@ void Trainer::fit(int64_t start_epoch) {
     }
     history_.push_back(e);
     for (auto& h : hooks_) h->after_epoch(*this, e);
+    if (epoch + 1 < cfg_.num_epochs && stop_here(epoch + 1, 0, true)) return;
   }
   for (auto& h : hooks_) h->after_train(*this);
+}
+
+bool Trainer::stop_here(int64_t epoch, int64_t step_in_epoch, bool epoch_end) {
+  if (!cfg_.stop_requested) return false;
+  CAI_CHECK(cfg_.stop_check_interval >= 1, "[trainer] stop_check_interval {} must be >= 1",
+            cfg_.stop_check_interval);
+  // The same boundaries on every rank: they depend only on the counters.
+  if (!epoch_end && global_step_ % cfg_.stop_check_interval != 0) return false;
+  const double asked = plugin_->all_reduce_max(static_cast<double>(cfg_.stop_requested()));
+  if (asked <= 0) return false;
+  stopped_ = StopPoint{static_cast<int>(asked), epoch, step_in_epoch, global_step_};
+  for (auto& h : hooks_) h->on_stop(*this, *stopped_);
+  return true;
+}
+
+std::string stop_reason_name(int reason) {
+  switch (reason) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGTERM:
+      return "SIGTERM";
+  }
+  return fmt::format("signal {}", reason);
 }
 
 EvalResult Trainer::evaluate(data::DataLoader& loader) {
@@ -911,6 +944,17 @@ void MetricsFileHook::after_step(Trainer& t, const StepInfo& s) {
                       {"img_per_s", s.images_per_sec},
                       {"seconds", s.epoch_seconds}};
   if (s.grad_norm > 0) j["grad_norm"] = s.grad_norm;
+  write(j.dump());
+}
+
+void MetricsFileHook::on_stop(Trainer& t, const StopPoint& p) {
+  if (t.plugin().rank() != 0) return;
+  // Where the run stopped and why; the resumed run's "resume" record follows it.
+  nlohmann::json j = {{"type", "preempted"},
+                      {"epoch", p.epoch + 1},
+                      {"step_in_epoch", p.step_in_epoch},
+                      {"step", p.global_step},
+                      {"signal", stop_reason_name(p.reason)}};
   write(j.dump());
 }
 

@@ -71,6 +71,11 @@ struct TrainingState {
   std::string run_id;  // the run that saved it ("" before run records)
 };
 
+// trainer_state.json's text as load_checkpoint reads it (`path` names it in errors): counters
+// that are integers >= 0, loss_scaler a list of numbers (DynamicGradScaler::load_state checks
+// its values against the run's scaler settings). Anything else is a cai::Error.
+TrainingState parse_training_state(const std::string& text, const std::string& path);
+
 // Collective: writes DIR/step-<global_step> (consolidated: gathered, rank 0 writes; per_rank:
 // every rank writes its part). Returns the checkpoint's directory.
 std::string save_checkpoint(const CheckpointConfig& cfg, train::Trainer& trainer,
@@ -175,11 +180,18 @@ class CheckpointHook : public train::Hook {
   CheckpointHook(CheckpointConfig cfg, optim::LRScheduler* scheduler);
   void after_step(train::Trainer& t, const train::StepInfo& s) override;
   void after_epoch(train::Trainer& t, const train::EpochInfo& e) override;
+  // A run stopped on request (preemption) saves where it stopped, unless this boundary's
+  // after_step / after_epoch just did. last_saved() then names that checkpoint.
+  void on_stop(train::Trainer& t, const train::StopPoint& p) override;
   bool needs_values(const train::Trainer&, const train::StepInfo&) const override { return false; }
+  const std::string& last_saved() const { return last_path_; }
 
  private:
+  void save(train::Trainer& t, const TrainingState& st);
   CheckpointConfig cfg_;
   optim::LRScheduler* scheduler_;
+  int64_t last_step_ = -1;  // global step of the last save by this hook
+  std::string last_path_;
 };
 
 }  // namespace cai::checkpoint

@@ -34,7 +34,9 @@ class DynamicGradScaler {
   void unscale(const std::vector<nn::Parameter*>& params) const;
   int64_t growth_step() const { return growth_step_; }
   int64_t hysteresis_step() const { return hysteresis_step_; }
-  // State for checkpoints: {scale, growth_step, hysteresis_step}.
+  // State for checkpoints: {scale, growth_step, hysteresis_step}. load_state refuses (cai::Error
+  // naming the value) a scale that is not finite or outside [min_scale, max_scale], and steps that
+  // are not whole numbers >= 0 or a growth step >= growth_interval: what update() keeps true.
   std::vector<double> state() const;
   void load_state(const std::vector<double>& s);
 

@@ -84,6 +84,16 @@ struct EvalResult {
 
 class Trainer;
 
+// Where a run stopped on request (preemption: SIGTERM / SIGUSR1 in vit_train): every rank stops
+// at the same step boundary, after the optimizer step of `global_step` (the state a checkpoint
+// records: resuming continues in `epoch` after its first `step_in_epoch` steps).
+struct StopPoint {
+  int reason = 0;  // what was asked: in vit_train the signal number (the largest over the ranks)
+  int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
+};
+// "SIGTERM", "SIGUSR1", ... for a StopPoint's reason ("signal N" for others).
+std::string stop_reason_name(int reason);
+
 class Hook {
  public:
   virtual ~Hook() = default;
@@ -97,6 +107,10 @@ class Hook {
   virtual void after_step(Trainer&, const StepInfo&) {}
   virtual void after_epoch(Trainer&, const EpochInfo&) {}
   virtual void after_train(Trainer&) {}
+  // The run stops here on request (TrainerConfig::stop_requested), on every rank, after this
+  // boundary's after_step / after_epoch: save what a resume needs (collective hooks may
+  // communicate: every rank calls it). after_train is not called after it.
+  virtual void on_stop(Trainer&, const StopPoint&) {}
 };
 
 // A piece of a tensor that one rank writes in a per-rank checkpoint: elements [begin, end) of the
@@ -187,6 +201,15 @@ struct TrainerConfig {
   // `grad_scaler`, skipping (and logging) steps whose gradients overflow.
   DType precision = DType::F32;
   optim::GradScalerConfig grad_scaler;
+  // Stopping on request (preemption). When set (on every rank, or on none: the check is
+  // collective), fit() asks it at step boundaries: after every `stop_check_interval`-th optimizer
+  // step (by global step) that does not end an epoch, and after each epoch's evaluation but the
+  // last. The ranks take the maximum of their answers (one all_reduce_max of a scalar over the
+  // world), so a request that reached any rank stops every rank at the same boundary; a positive
+  // maximum ends fit() there after the hooks' on_stop (stopped() says where). The run's last
+  // boundary is its end: a request that arrives in the last step finishes the run as usual.
+  std::function<int()> stop_requested;
+  int64_t stop_check_interval = 1;
 };
 
 class Trainer {
@@ -224,6 +247,8 @@ class Trainer {
   // The fp16 loss scaler (null for fp32 and bf16) and the steps it skipped.
   optim::DynamicGradScaler* grad_scaler() { return scaler_ ? scaler_.get() : nullptr; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  // Where fit() stopped on request (TrainerConfig::stop_requested); null when it ran to the end.
+  const StopPoint* stopped() const { return stopped_ ? &*stopped_ : nullptr; }
 
  private:
   nn::ViT& model_;
@@ -245,6 +270,9 @@ class Trainer {
   std::vector<EpochInfo> history_;
   std::unique_ptr<optim::DynamicGradScaler> scaler_;
   int64_t skipped_steps_ = 0;
+  // The collective stop check at a boundary; true when every rank stops there.
+  bool stop_here(int64_t epoch, int64_t step_in_epoch, bool epoch_end);
+  std::optional<StopPoint> stopped_;
 };
 
 // Colossal-AI's Booster: holds the plugin and boosts the training objects into a Trainer.
@@ -314,7 +342,9 @@ class LogMetricByEpochHook : public Hook {
 // of a fresh training; a resumed trainer (Trainer::resumed()) appends to it, first
 // {"type": "resume", "epoch", "step_in_epoch", "step", "checkpoint"}: the epoch it continues in
 // (from 1, as step records count), the optimizer steps of that epoch already done, the global
-// step, and the checkpoint's name when resume_at() was given one.
+// step, and the checkpoint's name when resume_at() was given one. A run stopped on request ends
+// with {"type": "preempted", "epoch", "step_in_epoch", "step", "signal"} (StopPoint, the signal
+// by name).
 class MetricsFileHook : public Hook {
  public:
   MetricsFileHook(std::string path, int64_t interval);
@@ -322,6 +352,7 @@ class MetricsFileHook : public Hook {
   void before_train(Trainer&) override;
   void after_step(Trainer&, const StepInfo&) override;
   void after_epoch(Trainer&, const EpochInfo&) override;
+  void on_stop(Trainer&, const StopPoint&) override;
 
  private:
   void write(const std::string& line);
