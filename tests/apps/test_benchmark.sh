@@ -126,6 +126,25 @@ PY
   grep -q "layouts considered" "$tmp/search.txt"
   dry=$("$vit_train" --config "$tmp/best.toml" --dry-run --nproc 4)
   grep -q "plan: 4 processes" <<<"$dry"
+  # The config's own layout is a starting point, not a constraint: pipeline 3 does not divide 4
+  # processes, and the search still ranks layouts. --json: every simulated layout (exhaustive),
+  # best first, each with a config that vit_train runs as written.
+  "$bin" benchmark --gpus 4 --search --config "$configs/fmnist_tiny.toml" \
+    --set parallel.pipeline=3 --cluster "$clusters/cpu-2.toml" --json "$tmp/search.json" \
+    >"$tmp/search3.txt"
+  grep -q "layouts considered" "$tmp/search3.txt"
+  python3 - "$tmp/search.json" "$tmp" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["ranked"]
+assert d["nproc"] == 4 and len(r) == d["simulated"] and d["bounded"] == 0 and len(r) > 10, d
+assert [x["rank"] for x in r] == list(range(1, len(r) + 1))
+assert all(a["img_per_s"] >= b["img_per_s"] for a, b in zip(r, r[1:])), "not best first"
+assert all("[parallel]" in x["toml"] and x["step_ms"] > 0 for x in r)
+open(f"{sys.argv[2]}/last.toml", "w").write(r[-1]["toml"])
+PY
+  dry=$("$vit_train" --config "$tmp/last.toml" --dry-run --nproc 4)
+  grep -q "plan: 4 processes" <<<"$dry"
   echo "colossalai benchmark (simulated): ok"
   exit 0
 fi
