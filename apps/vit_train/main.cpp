@@ -460,9 +460,14 @@ int main(int argc, char** argv) {
           "trace written to {} ({} tracks); schedule {} with {} stages × {} micro-batches: "
           "ideal bubble {:.3f} (forward 1, backward 2, no communication)",
           trace_path, bubbles.size(), cfg.pp_style, pipe->stages(), m, ideal);
+      // Every rank's peak (each stage holds different layers): what the plan predicts per stage.
+      std::vector<int64_t> peaks(bubbles.size());
       for (size_t r = 0; r < bubbles.size(); ++r)
-        log::info("  rank {} (stage {}): measured bubble {:.3f}", r,
-                  mesh.coord(static_cast<int>(r)).pp, bubbles[r]);
+        peaks[r] = static_cast<int64_t>(plugin->all_reduce_sum(
+            static_cast<int>(r) == li.rank ? static_cast<double>(tensors) : 0.0));
+      for (size_t r = 0; r < bubbles.size(); ++r)
+        log::info("  rank {} (stage {}): measured bubble {:.3f}, peak memory {} bytes of tensors",
+                  r, mesh.coord(static_cast<int>(r)).pp, bubbles[r], peaks[r]);
     }
   } catch (const Error& e) {
     std::cerr << "vit_train: rank " << li.rank << ": " << e.what() << "\n";

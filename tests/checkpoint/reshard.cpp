@@ -2,7 +2,9 @@
 // saves after step 2; layout B (any other dp × pp × tp, ZeRO stage, sequence parallelism) loads it
 // into a fresh model and optimizer and trains steps 3 and 4; both must follow the single-process
 // run (losses of every step and the gathered parameters, fp32, ≤ 1e-5 relative).
-//   mpirun -np W test_checkpoint_reshard --dir D --save tp,pp,zero,sp[,mode] --load ...
+//   mpirun -np W test_checkpoint_reshard --dir D --save tp,pp,zero,sp[,mode[,style]] --load ...
+//     style: the pipeline schedule (1f1b, the default; zbv: 2 chunks per rank in a V, zbh1,
+//     interleaved: 2 chunks)
 //     [--per-rank]   every rank writes its own shards (else the consolidated format)
 //     --save single / --load single: that side is one process (rank 0, no communicator)
 #include <cmath>
@@ -26,9 +28,12 @@ namespace {
 
 struct Layout {
   int tp = 1, pp = 1, zero = 0, sp = 0;
-  std::string mode = "1d";  // tensor-parallel mode (1d, 2d, 2.5d, 3d)
+  std::string mode = "1d";     // tensor-parallel mode (1d, 2d, 2.5d, 3d)
+  std::string style = "1f1b";  // pipeline schedule
+  int chunks() const { return style == "zbv" || style == "interleaved" ? 2 : 1; }
   std::string str() const {
-    return fmt::format("tp {} ({}){} pp {} zero {}", tp, mode, sp ? " (sp)" : "", pp, zero);
+    return fmt::format("tp {} ({}){} pp {} ({}) zero {}", tp, mode, sp ? " (sp)" : "", pp, style,
+                       zero);
   }
 };
 
@@ -37,8 +42,13 @@ Layout parse_layout(const std::string& s) {
   char c;
   std::istringstream in(s);
   in >> l.tp >> c >> l.pp >> c >> l.zero >> c >> l.sp;
-  CAI_CHECK(!in.fail(), "bad layout '{}': expected tp,pp,zero,sp[,mode]", s);
-  if (in >> c && c == ',') in >> l.mode;
+  CAI_CHECK(!in.fail(), "bad layout '{}': expected tp,pp,zero,sp[,mode[,style]]", s);
+  std::string rest;
+  if (in >> c && c == ',' && std::getline(in, rest)) {
+    const auto comma = rest.find(',');
+    l.mode = rest.substr(0, comma);
+    if (comma != std::string::npos) l.style = rest.substr(comma + 1);
+  }
   return l;
 }
 
@@ -65,6 +75,8 @@ Result run(dist::Communicator* comm, const Layout& l, const std::string& save_di
     hc.sequence_parallel = l.sp != 0;
     hc.tp_mode = l.mode;
     hc.pipeline.num_microbatches = 2;
+    hc.pipeline.style = l.style;
+    hc.pipeline.chunks = l.chunks();
     hc.dp.zero_stage = l.zero;
     hc.dp.ddp_bucket_cap_mb = 0.01;
     hc.dp.zero_bucket_size_in_m = 0.003;

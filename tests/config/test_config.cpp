@@ -276,6 +276,22 @@ TEST(Config, SplitBackwardNeedsAPipeline) {
   expect_error("[parallel]\nsplit_backward = true\n",
                {"parallel.split_backward = true", "parallel.pipeline > 1 (got 1)"});
   expect_error("[parallel]\npipeline = 2\nsplit_backward = 1\n", {"split_backward"});
+  // The plan (and so the simulator and vit_train --dry-run) runs the split schedule.
+  c.num_microbatches = 4;
+  const plan::Layout l = plan_layout(c, 2);
+  EXPECT_TRUE(l.split_backward);
+  int b_in = 0, b_w = 0, whole = 0;
+  for (const auto& prog : plan::make_plan(c.vit(), l).schedule.programs)
+    for (const auto& in : prog) {
+      b_in += in.op == schedule::Op::BackwardInput;
+      b_w += in.op == schedule::Op::BackwardWeight;
+      whole += in.op == schedule::Op::Backward;
+    }
+  EXPECT_EQ(b_in, 2 * 4);
+  EXPECT_EQ(b_w, 2 * 4);
+  EXPECT_EQ(whole, 0);
+  c.split_backward = false;
+  EXPECT_FALSE(plan_layout(c, 2).split_backward);
 }
 
 TEST(Config, TensorParallelSettings) {

@@ -3,7 +3,7 @@
 // relative), and per-rank optimizer state (ZeRO ≥ 1) and parameter bytes (ZeRO 3) shrink to
 // ≈ 1/dp.
 //   mpirun -np W test_dp_equivalence --zero S [--accum A] [--steps N] [--no-overlap]
-//            [--pp P --style gpipe|1f1b|interleaved --chunks V --microbatches M
+//            [--pp P --style gpipe|1f1b|interleaved|zbh1|zbv --chunks V --microbatches M
 //             [--split-backward]]
 //            [--tp T [--sp] [--tp-mode 1d|2d|2.5d|3d [--tp-depth D]]] [--device cpu|cuda]
 //            [--cpu-offload] [--bucket-dtype fp32|bf16] [--copy-engine] [--exchange]
@@ -350,6 +350,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // The zero-bubble schedules always split the backward: check that their programs did.
+  if (pa.style == "zbh1" || pa.style == "zbv") pa.split_backward = true;
   if (device != "cpu" && device != "cuda") {
     std::fprintf(stderr, "--device %s is not cpu or cuda\n", device.c_str());
     return 2;

@@ -1,5 +1,6 @@
 // Run under mpirun: the step model (cai/plan) against the measured peak of real training steps.
-//   mpirun -np 2 test_plan_memory [--zero Z] [--pp P --microbatches M] [--tp T [--sp]]
+//   mpirun -np 2 test_plan_memory [--zero Z] [--pp P --microbatches M [--style S] [--chunks V]
+//                                 [--split-backward]] [--tp T [--sp]]
 //                                 [--batch B] [--optimizer adam|sgd|lamb] [--checkpoint]
 // Every layout goes through parallel::HybridParallelPlugin (data parallel / ZeRO over dp,
 // the pipeline executor for pp > 1, the tensor-parallel ViT for tp > 1) and the trainer's calls
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
       lay.num_microbatches = std::stoi(next());
     else if (a == "--style")
       lay.pp_style = next();
+    else if (a == "--chunks")
+      lay.chunks = std::stoi(next());
+    else if (a == "--split-backward")
+      lay.split_backward = true;
     else if (a == "--tp")
       lay.tp = std::stoi(next());
     else if (a == "--sp")
@@ -117,6 +122,8 @@ int main(int argc, char** argv) {
     hc.dp.zero3_prefetch = lay.zero3_prefetch;
     hc.pipeline.style = lay.pp_style;
     hc.pipeline.num_microbatches = lay.num_microbatches;
+    hc.pipeline.chunks = lay.chunks;
+    hc.pipeline.split_backward = lay.split_backward;
     int64_t peak = 0, tp_bytes = 0;
     {
       parallel::HybridParallelPlugin plugin(*world, hc);

@@ -545,6 +545,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.num_microbatches = static_cast<int>(c.num_microbatches);
   l.microbatch_size = static_cast<int>(c.microbatch_size);
   l.chunks = static_cast<int>(c.num_model_chunks);
+  l.split_backward = c.split_backward;
   l.partition = c.partition;
   l.num_layers_per_stage = c.num_layers_per_stage;
   l.batch = c.batch_size;

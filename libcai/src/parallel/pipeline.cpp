@@ -36,6 +36,7 @@ struct PipelinePlugin::Impl {
   dist::ProcessMesh mesh;
   PipelineConfig cfg;
   dist::MeshCoord me;
+  std::vector<int> place;  // the pipeline rank holding each virtual stage
   // pp carries activations (and evaluation forwards), pp_grad the gradients: NCCL matches
   // messages per (source, destination) in issue order, and the schedules keep that order per
   // kind of message only.
@@ -60,10 +61,19 @@ struct PipelinePlugin::Impl {
               "gradient and parameter ownership per rank; use zero_stage 0 or 1",
               cfg.dp.zero_stage);
     CAI_CHECK(cfg.chunks >= 1, "[pipeline] num_model_chunks {} must be >= 1", cfg.chunks);
-    CAI_CHECK(cfg.style == "interleaved" || cfg.chunks == 1,
-              "[pipeline] num_model_chunks = {} needs pp_style = \"interleaved\" (got \"{}\")",
+    CAI_CHECK(cfg.style == "interleaved" || cfg.style == "zbv" || cfg.chunks == 1,
+              "[pipeline] num_model_chunks = {} needs pp_style = \"interleaved\" (or \"zbv\", 2 "
+              "chunks; got \"{}\")",
               cfg.chunks, cfg.style);
+    CAI_CHECK(cfg.style != "zbv" || cfg.chunks == 2,
+              "[pipeline] pp_style = \"zbv\" places 2 model chunks per rank in a V: "
+              "num_model_chunks must be 2 (got {})",
+              cfg.chunks);
     me = mesh.coord(world.rank());
+    // The style's placement (ZB-V: rank r holds virtual stages r and 2p-1-r), the one its
+    // schedules carry (get_schedule checks): the layers, the transfers and evaluation follow it.
+    place = schedule::placement_table(schedule::placement_of(cfg.style, mesh.pp_size(), cfg.chunks),
+                                      mesh.pp_size(), cfg.chunks);
     // pp group: same dp (and tp), ordered by pp; dp group: same pp, ordered by dp.
     pp = world.split(me.dp * mesh.tp_size() + me.tp, me.pp, fmt::format("pp[dp={}]", me.dp));
     pp_grad =
@@ -73,7 +83,19 @@ struct PipelinePlugin::Impl {
 
   int p() const { return mesh.pp_size(); }
   int V() const { return p() * cfg.chunks; }
-  int my_vs(int chunk) const { return chunk * p() + me.pp; }
+  // The virtual stage of this rank's chunk (its chunk-th lowest) and a virtual stage's chunk on
+  // its rank: Schedule::virtual_stage / chunk_of over the same placement.
+  int my_vs(int chunk) const {
+    for (int vs = 0, c = 0; vs < V(); ++vs)
+      if (place[vs] == me.pp && c++ == chunk) return vs;
+    fail("[pipeline] rank {} has no chunk {} ({} chunks)", me.pp, chunk, cfg.chunks);
+  }
+  int chunk_of(int vs) const {
+    int c = 0;
+    for (int u = 0; u < vs; ++u) c += place[u] == place[vs];
+    return c;
+  }
+  bool local(int vs) const { return vs >= 0 && vs < V() && place[vs] == me.pp; }
   std::vector<nn::Layer*> chunk_layers(int chunk) const {
     std::vector<nn::Layer*> out;
     const int vs = my_vs(chunk);
@@ -96,6 +118,10 @@ struct PipelinePlugin::Impl {
                           static_cast<int64_t>(sizeof(float));
     schedule::Schedule s = schedule::make(cfg.style, so, part);
     schedule::validate_or_throw(s);
+    CAI_CHECK(schedule::placement_table(s.placement, s.stages, s.chunks) == place,
+              "[pipeline] the {} schedule places its virtual stages differently from the layers "
+              "(placement_of)",
+              cfg.style);
     return schedules.emplace(std::make_pair(m, batch), std::move(s)).first->second;
   }
 
@@ -115,11 +141,15 @@ struct PipelinePlugin::Impl {
     return Tensor::empty(model->residual_shape(rows), DType::F32, device);
   }
 
-  // The (source, destination) ranks of every activation transfer: virtual stage vs -> vs + 1.
+  // The (source, destination) ranks of every activation transfer: virtual stage vs -> vs + 1
+  // (none between two virtual stages of one rank: ZB-V's rank p-1).
   std::vector<std::pair<int, int>> activation_pairs() const {
     std::vector<std::pair<int, int>> out;
-    for (int vs = 0; vs + 1 < V(); ++vs)
-      if (vs % p() != (vs + 1) % p()) out.emplace_back(vs % p(), (vs + 1) % p());
+    for (int vs = 0; vs + 1 < V(); ++vs) {
+      const std::pair<int, int> e{place[vs], place[vs + 1]};
+      if (e.first != e.second && std::find(out.begin(), out.end(), e) == out.end())
+        out.push_back(e);
+    }
     return out;
   }
 
@@ -316,8 +346,19 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         break;
       case Op::Forward: {
         const auto [off, rows] = m.slice(n, mbs, in.mb);
-        Tensor x = vs == 0 ? batch.images.narrow(off, rows) : input.at(key);
-        input.erase(key);
+        // The input: the images, the previous virtual stage's output when this rank holds it
+        // too (ZB-V's rank p-1: no transfer), else the received activation.
+        Tensor x;
+        if (vs == 0) {
+          x = batch.images.narrow(off, rows);
+        } else if (m.local(vs - 1)) {
+          const auto prev = std::make_pair(in.mb, m.chunk_of(vs - 1));
+          x = output.at(prev);
+          output.erase(prev);
+        } else {
+          x = input.at(key);
+          input.erase(key);
+        }
         const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == mbs - 1);
         auto& cs = caches[key];
         const nn::ForwardCtx ctx = ctx_of(in.mb);
@@ -350,11 +391,20 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         // BackwardInput (split backward): the input gradient only, sent on at once; the
         // parameter gradients stay in the caches for this micro-batch's BackwardWeight.
         const bool split = in.op == Op::BackwardInput;
-        Tensor g = vs == last_vs ? dlogits.at(in.mb) : grad_in.at(key);
-        if (vs == last_vs)
+        // The output gradient: the loss's, the next virtual stage's input gradient when this
+        // rank holds it too (ZB-V's rank p-1), else the received one.
+        Tensor g;
+        if (vs == last_vs) {
+          g = dlogits.at(in.mb);
           dlogits.erase(in.mb);
-        else
+        } else if (m.local(vs + 1)) {
+          const auto next = std::make_pair(in.mb, m.chunk_of(vs + 1));
+          g = grad_out.at(next);
+          grad_out.erase(next);
+        } else {
+          g = grad_in.at(key);
           grad_in.erase(key);
+        }
         const nn::LayerHooks* hooks = m.inner->train_hooks(in.mb == last_weight_mb[in.chunk]);
         auto& cs = caches.at(key);
         nn::ForwardCtx ctx = ctx_of(in.mb);
@@ -437,13 +487,13 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
     std::vector<std::unique_ptr<dist::Work>> sends;
     Tensor x;
     for (int vs = 0; vs < V; ++vs) {
-      if (m.part.num_layers(vs) == 0 || vs % m.p() != m.me.pp) continue;
-      const int chunk = vs / m.p();
+      if (m.part.num_layers(vs) == 0 || !m.local(vs)) continue;
+      const int chunk = m.chunk_of(vs);
       if (vs == 0) {
         x = batch.images.narrow(off, rows);
-      } else {
+      } else if (!m.local(vs - 1)) {  // else x is this rank's previous virtual stage's output
         x = m.boundary(rows);
-        m.pp->recv(x, (vs - 1) % m.p(), tag_of(mb, vs - 1, V, kEval));
+        m.pp->recv(x, m.place[vs - 1], tag_of(mb, vs - 1, V, kEval));
       }
       for (nn::Layer* l : m.chunk_layers(chunk)) {
         std::unique_ptr<nn::Cache> cache;
@@ -452,8 +502,8 @@ train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch
       if (vs == V - 1) {
         const Tensor labels = batch.labels.narrow(off, rows);
         metrics.add(ops::cross_entropy_fwd(x, labels, 0.0f), x, labels);
-      } else {
-        sends.push_back(m.pp->send_async(x, (vs + 1) % m.p(), tag_of(mb, vs, V, kEval)));
+      } else if (!m.local(vs + 1)) {
+        sends.push_back(m.pp->send_async(x, m.place[vs + 1], tag_of(mb, vs, V, kEval)));
       }
     }
     // The peer receives this micro-batch before its next one: done by the next micro-batch.

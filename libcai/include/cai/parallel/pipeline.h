@@ -1,13 +1,14 @@
-// The pipeline executor: runs a schedule::Schedule (GPipe, 1F1B, interleaved) on real processes
-// as a train::Plugin. Every rank builds the whole ViT and keeps only the layers of its virtual
-// stages (the others' parameters are freed); micro-batches flow between stages with the
-// Communicator's non-blocking sends (each released as soon as it completes) and receives posted
-// one ahead per kind in program order (a Recv instruction waits for data already in flight): the
-// semantics the schedule validator proves deadlock-free. With tensor parallelism (through
-// HybridParallelPlugin) boundary tensors have the model's residual shape (sequence parallel:
-// this rank's tokens). Data parallelism across pipeline replicas (pp × dp) and ZeRO-1
-// come from a DataParallelPlugin over the data-parallel group, applied to the stage's layers.
-// Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
+// The pipeline executor: runs a schedule::Schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) on
+// real processes as a train::Plugin. Every rank builds the whole ViT and keeps only the layers of
+// its virtual stages, placed as the style's schedules place them (schedule::placement_of: ZB-V's
+// rank r holds virtual stages r and 2p-1-r; the others' parameters are freed); micro-batches flow
+// between stages with the Communicator's non-blocking sends (each released as soon as it completes)
+// and receives posted one ahead per kind in program order (a Recv instruction waits for data
+// already in flight): the semantics the schedule validator proves deadlock-free. With tensor
+// parallelism (through HybridParallelPlugin) boundary tensors have the model's residual shape
+// (sequence parallel: this rank's tokens). Data parallelism across pipeline replicas (pp × dp) and
+// ZeRO-1 come from a DataParallelPlugin over the data-parallel group, applied to the stage's
+// layers. Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
 // On GPUs (the model moved to its device before setup, an NCCL world communicator) boundary
 // tensors live on the device and travel over per-direction NCCL channels: activations on one
 // communicator, gradients on another (NCCL matches messages in order, not by tag).
@@ -26,12 +27,13 @@
 namespace cai::parallel {
 
 struct PipelineConfig {
-  std::string style = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv
   int num_microbatches = 0;    // per step; 0: from microbatch_size, else the stage count
   int microbatch_size = 0;
-  int chunks = 1;  // model chunks per rank (interleaved: >= 2)
+  int chunks = 1;  // model chunks per rank (interleaved: >= 2; zbv: 2)
   // Each Backward as BackwardInput (input gradient, sent on at once) + BackwardWeight (parameter
   // gradients, which the data-parallel reduction waits for): Layer::backward_input/weight.
+  // zbh1 and zbv always run split (their schedules are made of BackwardInput/BackwardWeight).
   bool split_backward = false;
   // uniform: blocks spread evenly, the embedding with the first virtual stage and norm + head
   // with the last (all layers spread evenly when there are fewer blocks than virtual stages);

@@ -49,6 +49,9 @@ struct Layout {
   // Pipeline (pp > 1): parallel::PipelineConfig's settings.
   std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv (chunks 2)
   int num_microbatches = 0, microbatch_size = 0, chunks = 1;
+  // Each Backward as BackwardInput + BackwardWeight (parallel.split_backward); zbh1 and zbv
+  // always split, whatever this says.
+  bool split_backward = false;
   std::string partition = "uniform";  // uniform | balanced
   std::vector<int> num_layers_per_stage;
   int64_t batch = 1;                  // samples per data-parallel rank per forward/backward
