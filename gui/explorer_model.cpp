@@ -343,6 +343,7 @@ Timeline replay_schedule(const Knobs& k) {
   opt.micro_batches = m;
   opt.chunks = v;
   opt.activation_bytes = static_cast<int64_t>(sizes.boundary) * mb_size;
+  schedule::set_zero_bubble_costs(opt, c.checkpoint);  // the program the trainer runs
   const schedule::Schedule sched = schedule::make(p == 1 ? "gpipe" : c.pp_style, opt, part);
   // Ideal: every virtual stage costs the same (the model's blocks spread evenly), so the bubble
   // is the schedule's own; depth only scales time.

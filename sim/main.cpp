@@ -173,6 +173,14 @@ int run(const Options& o) {
     const int chunks = o.chunks > 0 ? o.chunks : o.schedule == "zbv" ? 2 : 1;
     so.chunks = chunks;
     so.activation_bytes = static_cast<int64_t>(o.act_bytes);
+    // The zero-bubble generators order their work by these times (the split's halves as
+    // ExpandOptions::backward_input_share divides them below).
+    if (o.fwd_ms > 0 && o.bwd_ms > 0) {
+      const double share = ExpandOptions{}.backward_input_share;
+      so.cost_forward = o.fwd_ms;
+      so.cost_input = o.bwd_ms * share;
+      so.cost_weight = o.bwd_ms * (1 - share);
+    }
     const int V = o.stages * chunks;
     const auto s = cai::schedule::make(o.schedule, so, cai::schedule::partition_uniform(V, V));
     cai::schedule::validate_or_throw(s);

@@ -256,6 +256,45 @@ TEST(ZeroBubbleIdeal, BubblesAgainstOneFOneBAndThePaper) {
   }
 }
 
+// Activation checkpointing: B recomputes the forward (F = 1, B = 2, W = 1). The generators plan
+// with those costs (set_zero_bubble_costs, as the executor, the plan and the simulator do), and
+// the program they give beats the unit-cost program replayed at the same costs; zbv then beats
+// 1F1B and zbh1.
+TEST(ZeroBubbleCosts, RecomputeCostsGiveABetterProgram) {
+  CostModel real;  // per layer, 2 layers per stage: a stage's F = 1, B = 2, W = 1
+  real.per_layer = true;
+  real.forward = 0.5;
+  real.backward = 1.5;
+  real.backward_input_share = 2.0 / 3.0;
+  for (auto [p, m] : {std::pair{4, 16}, std::pair{4, 8}, std::pair{2, 8}}) {
+    double makespan[2][3] = {};
+    const char* styles[3] = {"1f1b", "zbh1", "zbv"};
+    for (int costed = 0; costed < 2; ++costed)
+      for (int k = 0; k < 3; ++k) {
+        const std::string st = styles[k];
+        ScheduleOptions o = opts(p, m, st == "zbv" ? 2 : 1);
+        if (costed) set_zero_bubble_costs(o, /*recompute=*/true);
+        const auto res =
+            validate(make(st, o, partition_uniform(2 * p, p * (st == "zbv" ? 2 : 1))), real);
+        ASSERT_TRUE(res.ok) << st << ": " << res.error;
+        makespan[costed][k] = res.makespan;
+      }
+    std::printf(
+        "p=%d m=%d F:B:W = 1:2:1  makespan unit-ordered / cost-ordered: 1f1b %.2f  zbh1 "
+        "%.2f / %.2f  zbv %.2f / %.2f\n",
+        p, m, makespan[0][0], makespan[0][1], makespan[1][1], makespan[0][2], makespan[1][2]);
+    EXPECT_EQ(makespan[0][0], makespan[1][0]);  // 1F1B does not depend on the costs
+    EXPECT_LE(makespan[1][1], makespan[0][1] + 1e-9);
+    EXPECT_LE(makespan[1][2], makespan[0][2] + 1e-9);
+    EXPECT_LT(makespan[1][2], makespan[0][0]);  // zbv beats 1F1B
+  }
+  ScheduleOptions o = opts(4, 8, 1);
+  set_zero_bubble_costs(o, false);
+  EXPECT_EQ(o.cost_input, 1.0);
+  o.cost_weight = 0;
+  EXPECT_THROW(make("zbh1", o, partition_uniform(8, 4)), cai::Error);
+}
+
 // --- Validator ------------------------------------------------------------------------------
 
 TEST(ZeroBubbleValidator, RejectsMisplacedWeightGradients) {

@@ -115,6 +115,7 @@ struct PipelinePlugin::Impl {
     so.micro_batches = m;
     so.chunks = cfg.chunks;
     so.split_backward = cfg.split_backward;
+    schedule::set_zero_bubble_costs(so, model->config().checkpoint);  // as the plan's
     so.activation_bytes = shape_numel(model->residual_shape((batch + m - 1) / m)) *
                           static_cast<int64_t>(sizeof(float));
     schedule::Schedule s = schedule::make(cfg.style, so, part);

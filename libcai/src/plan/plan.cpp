@@ -1132,6 +1132,7 @@ StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
     so.micro_batches = p.micro_batches;
     so.chunks = layout.chunks;
     so.split_backward = layout.split_backward;
+    schedule::set_zero_bubble_costs(so, model.checkpoint);  // as the executor's
     const Shapes s = shapes_of(model, layout, p.micro_batch_rows, 0);
     so.activation_bytes = p.micro_batch_rows * s.nr * s.d * 4;
     p.schedule = schedule::make(layout.pp_style, so, p.partition);

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "cai/core/error.h"
 #include "cai/schedule/schedule.h"
@@ -105,9 +107,11 @@ void check_single_chunk(const ScheduleOptions& opt, const char* style) {
             style, opt.chunks);
 }
 
-// The zero-bubble schedules' list scheduler (schedule.h: zbh1, zbv). Unit costs, so every event
-// happens at an integer time; ranks decide in order of the time they become free, so every
-// decision at time t sees every op that ended by t.
+// The zero-bubble schedules' list scheduler (schedule.h: zbh1, zbv). A Forward, BackwardInput
+// and BackwardWeight of a virtual stage take cost_forward / cost_input / cost_weight
+// (ScheduleOptions); ranks decide in order of the time they become free, so every decision at
+// time t sees every op that ended by t, and an idle rank waits for the next op to end anywhere.
+// With unit costs every event falls on an integer time (the paper's setting).
 struct ZbLimits {
   std::vector<int> live;       // per rank: most chunk activations between F and W
   std::vector<int> in_flight;  // per rank: most between F and BackwardInput
@@ -116,27 +120,36 @@ struct ZbLimits {
 
 std::vector<std::vector<Step>> zero_bubble_order(int p, int m, int chunks,
                                                  const std::vector<int>& place, const ZbLimits& lim,
-                                                 const char* style) {
+                                                 const ScheduleOptions& opt, const char* style) {
+  const double cf = opt.cost_forward, cb = opt.cost_input, cw = opt.cost_weight;
+  CAI_CHECK(cf > 0 && cb > 0 && cw > 0 && std::isfinite(cf + cb + cw),
+            "[schedule] {}: costs must be positive and finite (forward {}, input {}, weight {})",
+            style, cf, cb, cw);
   const int nv = p * chunks, last = nv - 1;
   std::vector<std::vector<int>> vs_of(p);  // rank -> its virtual stages, ascending
   for (int v = 0; v < nv; ++v) vs_of[place[v]].push_back(v);
   auto at = [&](int mb, int v) { return static_cast<size_t>(mb) * nv + v; };
-  std::vector<int> f_end(static_cast<size_t>(m) * nv, -1), b_end(f_end);
+  std::vector<double> f_end(static_cast<size_t>(m) * nv, -1), b_end(f_end);
   std::vector<int> next_f(nv, 0), next_b(nv, 0), next_w(nv, 0);
-  std::vector<int> live(p, 0), in_flight(p, 0), chunk0(p, 0), free_at(p, 0);
+  std::vector<int> live(p, 0), in_flight(p, 0), chunk0(p, 0);
+  std::vector<double> free_at(p, 0);
   std::vector<int> left(p, 3 * m * chunks);
-  int remaining = 3 * m * nv, last_end = 0;
-  auto done_by = [](int end, int t) { return end >= 0 && end <= t; };
+  int remaining = 3 * m * nv;
+  const double eps = 1e-9 * (cf + cb + cw);
+  auto done_by = [&](double end, double t) { return end >= 0 && end <= t + eps; };
   std::vector<std::vector<Step>> order(p);
+  // waiting[q]: q found nothing to do at free_at[q] while other ranks free then had not decided
+  // yet; it decides again after them (their ops may be what it waits for).
+  std::vector<char> waiting(p, 0);
   while (remaining > 0) {
     int r = -1;
-    for (int q = 0; q < p; ++q)
-      if (left[q] > 0 && (r < 0 || free_at[q] < free_at[r])) r = q;
-    const int t = free_at[r];
-    CAI_CHECK(t <= last_end + 1,
-              "[schedule] {}: internal error, the greedy scheduler is stuck at time {} (p={}, "
-              "m={}); please report",
-              style, t, p, m);
+    for (int q = 0; q < p; ++q) {
+      if (left[q] == 0) continue;
+      if (r < 0 || free_at[q] < free_at[r] - eps ||
+          (free_at[q] <= free_at[r] + eps && waiting[r] && !waiting[q]))
+        r = q;
+    }
+    const double t = free_at[r];
     Kind kind = Kind::Forward;
     int pick = -1, pick_mb = 0;
     // 1. A ready Forward that fits the memory limits: the virtual stage nearest the loss (its
@@ -166,28 +179,53 @@ std::vector<std::vector<Step>> zero_bubble_order(int p, int m, int chunks,
         if (pick < 0 || mb < pick_mb) pick = v, pick_mb = mb, kind = Kind::Weight;
       }
     if (pick < 0) {
-      free_at[r] = t + 1;  // idle until the next event
+      // Another rank free now decides first; else idle until the next op ends anywhere (an F or
+      // B this rank may wait for) or the next rank becomes free.
+      bool others_now = false;
+      for (int q = 0; q < p; ++q)
+        others_now |= q != r && left[q] > 0 && !waiting[q] && free_at[q] <= t + eps;
+      if (others_now) {
+        waiting[r] = 1;
+        continue;
+      }
+      double next = std::numeric_limits<double>::infinity();
+      for (double e : f_end)
+        if (e > t + eps) next = std::min(next, e);
+      for (double e : b_end)
+        if (e > t + eps) next = std::min(next, e);
+      for (int q = 0; q < p; ++q)
+        if (q != r && left[q] > 0 && free_at[q] > t + eps) next = std::min(next, free_at[q]);
+      CAI_CHECK(std::isfinite(next),
+                "[schedule] {}: internal error, the greedy scheduler is stuck at time {} (p={}, "
+                "m={}); please report",
+                style, t, p, m);
+      free_at[r] = next;
+      waiting[r] = 0;
       continue;
     }
+    std::fill(waiting.begin(), waiting.end(), 0);  // a new op: everyone looks again
     const int chunk =
         static_cast<int>(std::find(vs_of[r].begin(), vs_of[r].end(), pick) - vs_of[r].begin());
     order[r].push_back({kind, pick_mb, chunk});
     const bool is_chunk0 = chunks > 1 && chunk == 0;
+    double end = t;
     switch (kind) {
       case Kind::Forward:
-        f_end[at(pick_mb, pick)] = t + 1;
+        end = t + cf;
+        f_end[at(pick_mb, pick)] = end;
         ++next_f[pick], ++live[r], ++in_flight[r], chunk0[r] += is_chunk0;
         break;
       case Kind::Input:
-        b_end[at(pick_mb, pick)] = t + 1;
+        end = t + cb;
+        b_end[at(pick_mb, pick)] = end;
         ++next_b[pick], --in_flight[r];
         break;
       default:
+        end = t + cw;
         ++next_w[pick], --live[r], chunk0[r] -= is_chunk0;
         break;
     }
-    free_at[r] = t + 1;
-    last_end = std::max(last_end, t + 1);
+    free_at[r] = end;
     --left[r], --remaining;
   }
   return order;
@@ -267,7 +305,8 @@ Schedule zbh1(const ScheduleOptions& opt, const Partition& part) {
   }
   std::vector<int> place(p);
   for (int r = 0; r < p; ++r) place[r] = r;
-  return lower("zbh1", opt, part, zero_bubble_order(p, opt.micro_batches, 1, place, lim, "zbh1"));
+  return lower("zbh1", opt, part,
+               zero_bubble_order(p, opt.micro_batches, 1, place, lim, opt, "zbh1"));
 }
 
 Schedule zbv(const ScheduleOptions& opt, const Partition& part) {
@@ -279,8 +318,14 @@ Schedule zbv(const ScheduleOptions& opt, const Partition& part) {
   const ZbLimits lim{std::vector<int>(p, 2 * p), std::vector<int>(p, 2 * p),
                      std::vector<int>(p, 2 * p - 1)};
   std::vector<int> place = v_placement(p);
-  auto order = zero_bubble_order(p, opt.micro_batches, 2, place, lim, "zbv");
+  auto order = zero_bubble_order(p, opt.micro_batches, 2, place, lim, opt, "zbv");
   return lower("zbv", opt, part, order, std::move(place));
+}
+
+void set_zero_bubble_costs(ScheduleOptions& opt, bool recompute) {
+  opt.cost_forward = 1.0;
+  opt.cost_input = recompute ? 2.0 : 1.0;
+  opt.cost_weight = 1.0;
 }
 
 const std::vector<std::string>& styles() {

@@ -167,7 +167,17 @@ struct ScheduleOptions {
   int chunks = 1;                // v, model chunks per rank (interleaved: >= 2; zbv: 2)
   int64_t activation_bytes = 0;  // size of one micro-batch's boundary tensor (activation = grad)
   bool split_backward = false;   // BackwardInput + BackwardWeight instead of Backward
+  // zbh1 / zbv: the relative times of a virtual stage's Forward, BackwardInput and
+  // BackwardWeight that their list scheduler orders the work by (the paper's F = B = W by
+  // default; zero_bubble_costs gives the trainer's).
+  double cost_forward = 1.0, cost_input = 1.0, cost_weight = 1.0;
 };
+
+// The relative F / B / W times the zero-bubble generators plan with, from what each runs: a
+// block's forward (F = 1), its input gradient (about the forward's FLOPs: B = 1, plus the
+// recomputed forward under activation checkpointing: 2) and its weight gradient (W = 1). The
+// executor, the plan and the simulator all take these, so they run one program.
+void set_zero_bubble_costs(ScheduleOptions& opt, bool recompute);
 
 // GPipe: all forwards (mb 0..m-1), then all backwards (mb 0..m-1). Peak live activations m.
 Schedule gpipe(const ScheduleOptions& opt, const Partition& part);
