@@ -1,5 +1,6 @@
 #include "cai/nn/vit.h"
 
+#include <array>
 #include <cmath>
 #include <optional>
 
@@ -20,6 +21,37 @@ T& cache_as(std::unique_ptr<Cache>& c, const std::string& layer) {
   T* p = dynamic_cast<T*>(c.get());
   CAI_CHECK(p, "[{}] backward called without a matching forward cache", layer);
   return *p;
+}
+
+// The replica gradient sums of the embedding, block and head backwards: the gradients of four
+// parameters from this rank's tokens or samples are computed into one zeroed fp32 buffer
+// (grad_buffer; parts[i] is the view shaped like ps[i]'s gradient), summed in one all-reduce
+// (sum_grad_buffer: over `group` when given, else the whole tensor-parallel group), then added
+// to the parameters' gradients (add_grad_buffer, which a work group may run later).
+using GradParams = std::array<Parameter*, 4>;
+
+Tensor grad_buffer(const GradParams& ps, Device device, Tensor* parts) {
+  int64_t total = 0;
+  for (Parameter* p : ps) total += p->grad.numel();
+  Tensor flat = Tensor::zeros({total}, DType::F32, device);
+  int64_t off = 0;
+  for (int i = 0; i < 4; ++i) {
+    parts[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
+    off += ps[i]->grad.numel();
+  }
+  return flat;
+}
+
+Tensor sum_grad_buffer(TensorParallel& tp, const Tensor& flat, std::optional<TpGroup> group) {
+  return group ? tp.all_reduce(*group, flat) : tp.all_reduce(flat);
+}
+
+void add_grad_buffer(const GradParams& ps, const Tensor& flat) {
+  int64_t off = 0;
+  for (Parameter* p : ps) {
+    ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
+    off += p->grad.numel();
+  }
 }
 }  // namespace
 
@@ -80,7 +112,7 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
   // Sequence parallel and nd: the gradients of this rank's tokens / samples, summed over the
   // group (nd: the ranks holding the same features of the other samples).
   const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;
-  Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
+  const GradParams ps = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
   // The parameter gradients of dy into grads[] (the mask, the class token and position
   // embedding's sums, the patch projection's GEMM).
   auto param_grads = [this, nd](const Tensor& dy, const Tensor& patches, const ForwardCtx& ctx,
@@ -116,25 +148,12 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
   }
   // Sequence parallel: this rank's tokens give part of every parameter gradient; the parts are
   // computed into one buffer and summed over the group (in B: the collective stays there).
-  int64_t total = 0;
-  for (Parameter* p : ps) total += p->grad.numel();
-  Tensor flat = Tensor::zeros({total}, DType::F32, dy.device());
   Tensor grads[4];
-  int64_t off = 0;
-  for (int i = 0; i < 4; ++i) {
-    grads[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
-    off += ps[i]->grad.numel();
-  }
+  Tensor flat = grad_buffer(ps, dy.device(), grads);
   param_grads(dy, cc.patches, ctx, grads);
-  flat = nd ? tp_->all_reduce(tp_->layout(0).replica_group, flat) : tp_->all_reduce(flat);
-  wg.run([this, flat] {
-    Parameter* ps[] = {&cls_token, &pos_embed, &proj.weight, &proj.bias};
-    int64_t off = 0;
-    for (Parameter* p : ps) {
-      ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
-      off += p->grad.numel();
-    }
-  });
+  flat = sum_grad_buffer(*tp_, flat,
+                         nd ? std::optional<TpGroup>(tp_->layout(0).replica_group) : std::nullopt);
+  wg.run([ps, flat] { add_grad_buffer(ps, flat); });
   wg.finish(cache);
   return Tensor();  // images need no gradient
 }
@@ -228,12 +247,11 @@ Tensor Block::backward_nd(const Tensor& dy, Acts& a, const ForwardCtx& ctx) {
   TensorParallel& tp = *tp_;
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
-  const int64_t bs = dy.size(0), d = c_.embed_dim, dl = norm1.weight.value.numel();
+  const int64_t bs = dy.size(0), d = c_.embed_dim;
   // The LayerNorms' gradients of this rank's samples, summed over the replica group at the end.
-  Tensor ln_flat = Tensor::zeros({4 * dl}, DType::F32, dy.device());
+  const GradParams ln_params = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
   Tensor ln[4];
-  for (int i = 0; i < 4; ++i) ln[i] = ln_flat.narrow(i * dl, dl);
-  Parameter* ln_params[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
+  Tensor ln_flat = grad_buffer(ln_params, dy.device(), ln);
   const auto kind = c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact;
 
   Tensor g = dy;
@@ -259,8 +277,7 @@ Tensor Block::backward_nd(const Tensor& dy, Acts& a, const ForwardCtx& ctx) {
   Tensor ga = nd_linear_bwd(tp, a.a, qkv, gq, 0);
   Tensor gx = nd_layernorm_bwd(tp, a.x, norm1, a.mean1, a.rstd1, ga, &ln[2], &ln[3]);
   ops::add_(gx, gh);
-  ln_flat = tp.all_reduce(tp.layout(0).replica_group, ln_flat);
-  for (int i = 0; i < 4; ++i) ops::add_(ln_params[i]->grad, ln_flat.narrow(i * dl, dl));
+  add_grad_buffer(ln_params, sum_grad_buffer(tp, ln_flat, tp.layout(0).replica_group));
   return gx;
 }
 
@@ -379,11 +396,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   // Sequence parallel: the LayerNorms see this rank's tokens only; their gradients are computed
   // apart and summed over the group at the end.
   Tensor ln_flat, ln[4];  // norm2 weight, bias, norm1 weight, bias
-  Parameter* ln_params[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
+  const GradParams ln_params = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
   if (sp()) {
-    const int64_t d = c_.embed_dim;
-    ln_flat = Tensor::zeros({4 * d}, DType::F32, dy.device());
-    for (int i = 0; i < 4; ++i) ln[i] = ln_flat.narrow(i * d, d);
+    ln_flat = grad_buffer(ln_params, dy.device(), ln);
   } else {
     for (int i = 0; i < 4; ++i) ln[i] = wg.into(*ln_params[i]);
   }
@@ -458,12 +473,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
                                      send_sum ? &gx_sum : nullptr, false);
   if (send || send_sum) dx_ = gx, dx_half_ = gx_half, dx_sum_ = gx_sum;
   if (sp()) {
-    ln_flat = tp_->all_reduce(ln_flat);
-    wg.run([this, ln_flat] {
-      Parameter* ps[] = {&norm2.weight, &norm2.bias, &norm1.weight, &norm1.bias};
-      for (int i = 0; i < 4; ++i)
-        ops::add_(ps[i]->grad, ln_flat.narrow(i * c_.embed_dim, c_.embed_dim));
-    });
+    ln_flat = sum_grad_buffer(*tp_, ln_flat, std::nullopt);
+    wg.run([ln_params, ln_flat] { add_grad_buffer(ln_params, ln_flat); });
   }
   wg.finish(cache);
   return gx;
@@ -569,24 +580,12 @@ Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const For
     CAI_CHECK(dy.dim() == 2 && dy.size(0) == bs * l.chunks,
               "[head] logits gradient {} does not match {} samples", dy.str(), bs * l.chunks);
     const Tensor dyc = dy.narrow(l.chunk * bs, bs);
-    Parameter* ps[] = {&head.weight, &head.bias, &norm.weight, &norm.bias};
-    int64_t total = 0;
-    for (Parameter* p : ps) total += p->grad.numel();
-    Tensor flat = Tensor::zeros({total}, DType::F32, dy.device());
+    const GradParams ps = {&head.weight, &head.bias, &norm.weight, &norm.bias};
     Tensor g[4];
-    int64_t off = 0;
-    for (int i = 0; i < 4; ++i) {
-      g[i] = flat.narrow(off, ps[i]->grad.numel()).reshape(ps[i]->grad.shape());
-      off += ps[i]->grad.numel();
-    }
+    const Tensor flat = grad_buffer(ps, dy.device(), g);
     Tensor gz = ops::linear_bwd(hc.z, head.weight.value, dyc, &g[0], &g[1]);
     Tensor gt = nd_layernorm_bwd(*tp_, hc.t, norm, hc.mean, hc.rstd, gz, &g[2], &g[3]);
-    flat = tp_->all_reduce(l.replica_group, flat);
-    off = 0;
-    for (Parameter* p : ps) {
-      ops::add_(p->grad, flat.narrow(off, p->grad.numel()).reshape(p->grad.shape()));
-      off += p->grad.numel();
-    }
+    add_grad_buffer(ps, sum_grad_buffer(*tp_, flat, l.replica_group));
     Tensor gx = ops::select_token_bwd(gt, hc.tokens, 0);
     cache.reset();
     return gx;

@@ -12,8 +12,8 @@
 //   interrupt (an NCCL call waiting for a dead peer), so the action then runs anyway.
 // - with_live() runs a short query (ncclCommGetAsyncError) only while the gate is Live, never
 //   concurrently with the abort action.
-// The NCCL backend (nccl_communicator.cpp) keeps one per NCCL communicator; it has no CUDA in it
-// and is tested on the CPU (tests/dist/test_abort_gate.cpp).
+// The NCCL backend (nccl_internal.h's Channel) keeps one per NCCL communicator; it has no CUDA in
+// it and is tested on the CPU (tests/dist/test_abort_gate.cpp).
 #pragma once
 #include <chrono>
 #include <condition_variable>

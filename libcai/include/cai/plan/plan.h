@@ -8,9 +8,10 @@
 // micro-batches in flight (schedule::validate), the ZeRO chunks and the gradient buckets
 // (schedule/buckets.h) come from the code the executor runs. What the model adds is the
 // executor's allocation pattern, written from libcai/src/nn/vit.cpp (what each layer's Cache
-// keeps and the gradients its backward holds at once), parallel/data_parallel.cpp (buckets,
+// keeps and the gradients its backward holds at once), parallel/data_parallel_impl.h (buckets,
 // shards, the ZeRO-3 gather window) and parallel/pipeline.cpp (posted receives, sends):
-// make_plan replays one rank's step program over those allocations and reports its peak.
+// make_plan replays one rank's step program over those allocations (src/plan/plan_memory.cpp)
+// and reports its peak.
 // tests/parallel/plan_memory.cpp holds the prediction against measured peaks per rank.
 //
 // Units: bytes and FLOPs (a multiply-add is 2) of one micro-batch on one rank (tp/sp-sharded),

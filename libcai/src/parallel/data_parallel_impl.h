@@ -1,0 +1,531 @@
+// Internal to libcai/src/parallel: DataParallelPlugin::Impl (the buckets, the ZeRO shards and
+// gathers, the gradient hooks) and its helpers, split from data_parallel.cpp, which holds the
+// plugin's public methods. Included by data_parallel.cpp only. Not installed.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "cai/core/error.h"
+#include "cai/ops/ops.h"
+#include "cai/parallel/data_parallel.h"
+#include "cai/schedule/buckets.h"
+#include "kernels/device.h"
+
+namespace cai::parallel {
+
+namespace detail {
+
+// Rank r's chunk of an n-element parameter: [n·r/dp, n·(r+1)/dp) (shared with cai/plan).
+inline int64_t chunk_begin(int64_t n, int r, int dp) {
+  return schedule::zero_chunk_begin(n, r, dp);
+}
+inline int64_t chunk_size(int64_t n, int r, int dp) {
+  return schedule::zero_chunk_size(n, r, dp);
+}
+
+// Elements [offset, offset + n) of t as a 1-D view (any device).
+inline Tensor span(const Tensor& t, int64_t offset, int64_t n) {
+  return t.reshape({t.numel()}).narrow(offset, n);
+}
+
+// dst[doff, doff + n) = src[soff, soff + n): a memcpy on the host, a device copy on the GPU (on
+// the compute stream, so it is ordered with the kernels that produced or consume the values).
+inline void copy_span(const Tensor& dst, int64_t doff, const Tensor& src, int64_t soff, int64_t n) {
+  if (n == 0) return;
+  if (dst.dtype() == src.dtype())
+    span(dst, doff, n).copy_from(span(src, soff, n));
+  else  // a bf16 bucket: rounded on the way in, widened on the way out
+    span(dst, doff, n).copy_from(span(src, soff, n).to(dst.dtype()));
+}
+
+struct Bucket {
+  std::vector<nn::Parameter*> params;  // full parameters, in backward order
+  int ready = 0;                       // parameters whose gradient is final this micro-batch
+  bool launched = false;
+  // Stage 0/1: all gradients back to back, allocated once (as PyTorch DDP's buckets). Stage 2/3:
+  // rank-major chunks, allocated at launch and dropped when the reduction has completed, so only
+  // the in-flight buckets hold full-size gradient bytes.
+  Tensor flat;
+  Tensor recv;                  // stage 2/3: this rank's chunk of the reduction (while in flight)
+  std::vector<int64_t> counts;  // elements per rank
+  std::unique_ptr<dist::Work> work;
+  int64_t numel = 0;
+  int64_t elements = 0;  // the gradients' elements (numel without the views' padding)
+  int64_t offset = 0;  // stage 0/1: elements of the buckets before this one (the exchange's range)
+};
+
+// An all-gather of some parameters' shards in flight. The buffers stay referenced until the
+// Work has completed: on a GPU the collective runs on the communicator's stream and the caching
+// allocator knows no streams.
+struct Gather {
+  std::vector<nn::Parameter*> params;
+  Tensor mine, all;  // this rank's packed chunks; every rank's, rank-major
+  std::unique_ptr<dist::Work> work;
+};
+
+}  // namespace detail
+
+using detail::Bucket;
+using detail::chunk_begin;
+using detail::chunk_size;
+using detail::copy_span;
+using detail::Gather;
+using detail::span;
+
+struct DataParallelPlugin::Impl {
+  dist::Communicator& dp;
+  DataParallelConfig cfg;
+  int rank = 0, size = 1;
+  Device device;                       // where the parameters, gradients, buckets and shards live
+  std::vector<nn::Parameter*> params;  // model parameters, model order
+  std::vector<nn::Parameter> shards;   // ZeRO: this rank's chunk of each parameter
+  // cpu_offload with GPU parameters (ZeRO-Offload): `shards` are views into dev_value/dev_grad
+  // (the reduction and the all-gather work on them, on the GPU), and the optimizer steps `host`,
+  // the same chunks in host memory (views into host_value/host_grad): one device→host copy of
+  // the gradient shard after the reduction, one host→device copy of the updated values after the
+  // step.
+  std::vector<nn::Parameter> host;
+  Tensor dev_value, dev_grad, host_value, host_grad;
+  std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
+  std::vector<Bucket> buckets;
+  // Finished reductions the compute stream waits for (finish()), until the host sees them done.
+  dist::DeviceWaits settling;
+  // Stage 2/3: the launched reductions, oldest first, at most zero_max_inflight_buckets.
+  schedule::InflightWindow inflight;
+  std::map<const nn::Parameter*, size_t> bucket_of;
+  std::map<const nn::Layer*, std::vector<nn::Parameter*>> layer_params;
+  std::vector<Shape> shapes;  // full shapes (stage 3 frees the values)
+  nn::LayerHooks last_hooks, accumulate_hooks, eval;
+
+  Impl(dist::Communicator& c, DataParallelConfig g)
+      : dp(c), cfg(g), inflight(std::max(1, g.zero_max_inflight_buckets)) {
+    rank = dp.rank();
+    size = dp.size();
+    CAI_CHECK(cfg.zero_stage >= 0 && cfg.zero_stage <= 3,
+              "[data_parallel] zero_stage {} is not 0, 1, 2 or 3", cfg.zero_stage);
+    CAI_CHECK(cfg.ddp_bucket_cap_mb > 0 && cfg.zero_bucket_size_in_m > 0,
+              "[data_parallel] bucket sizes must be positive (ddp_bucket_cap_mb {}, "
+              "zero_bucket_size_in_m {})",
+              cfg.ddp_bucket_cap_mb, cfg.zero_bucket_size_in_m);
+    CAI_CHECK(cfg.zero_max_inflight_buckets >= 1,
+              "[data_parallel] zero_max_inflight_buckets {} must be at least 1",
+              cfg.zero_max_inflight_buckets);
+    CAI_CHECK(cfg.zero3_prefetch >= 0, "[data_parallel] zero3_prefetch {} must be at least 0",
+              cfg.zero3_prefetch);
+    CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.bucket_dtype == DType::BF16,
+              "[data_parallel] bucket dtype {}: expected fp32 or bf16",
+              dtype_name(cfg.bucket_dtype));
+    CAI_CHECK(!cfg.copy_engine_exchange || (cfg.zero_stage == 0 && cfg.bucket_dtype == DType::F32 &&
+                                            !cfg.copy_engine_all_reduce),
+              "[data_parallel] the copy-engine gradient exchange sums whole fp32 gradients: it "
+              "needs zero_stage 0 (got {}), fp32 buckets (got {}) and no copy-engine all-reduce",
+              cfg.zero_stage, dtype_name(cfg.bucket_dtype));
+    CAI_CHECK(cfg.bucket_hold >= 0 && cfg.bucket_hold <= 1 &&
+                  (cfg.zero_stage <= 1 || cfg.bucket_hold == 0),
+              "[data_parallel] bucket_hold {}: expected a fraction from 0 to 1 of the gradients, "
+              "with zero_stage 0 or 1 (got {})",
+              cfg.bucket_hold, cfg.zero_stage);
+    CAI_CHECK(cfg.bucket_dtype == DType::F32 || cfg.zero_stage <= 1,
+              "[data_parallel] bf16 gradient buckets apply to ZeRO stages 0 and 1 (all-reduced "
+              "buckets); stage {} reduce-scatters fp32 shards",
+              cfg.zero_stage);
+  }
+
+  ~Impl() {
+    // Nothing should be in flight after a step; if an exception left something, let it
+    // complete before its buffers go (a timeout here has nowhere to be reported).
+    try {
+      drain();
+      for (Bucket& b : buckets)
+        if (b.work) b.work->wait();
+      for (auto& w : pushing) w->wait();
+      settling.drain();
+    } catch (...) {
+    }
+  }
+
+  bool sharded_grads() const { return cfg.zero_stage >= 2; }
+  // The buckets go through the copy-engine all-reduce (cfg.copy_engine_all_reduce, where the
+  // communicator could enable it).
+  bool copy_engine = false;
+  // The buckets go through the copy-engine gradient exchange (cfg.copy_engine_exchange, where
+  // the communicator could enable it).
+  bool exchange = false;
+  bool offload() const { return cfg.cpu_offload && device.is_cuda(); }
+  // The copy-engine exchange asked for: every bucket a view of one allocation (`all`), so that
+  // each rank's received copy of a gradient lies a fixed distance from it (replica_delta).
+  bool one_allocation() const {
+    return cfg.copy_engine_exchange && device.is_cuda() && grad_views();
+  }
+  Tensor all;
+  std::vector<int64_t> replica_delta;  // Optimizer::sum_replicas's offsets, rank order
+  // sync_gradients waited for the peers' copies but left their sum to the readers.
+  bool exchange_pending = false;
+  // This rank's pushes of the last round: the compute stream waits for them only before it
+  // zeroes the gradients (zero_grad), not before the clip and the step read them.
+  std::vector<std::unique_ptr<dist::Work>> pushing;
+  void settle_pushes() {
+    for (auto& w : pushing) settling.add(std::move(w));
+    pushing.clear();
+  }
+
+  // The round's sum in place (for readers other than the fused clip and step), or its end after
+  // a fused reader: the peers may then push the next round.
+  void sum_exchange() {
+    if (!exchange_pending) return;
+    std::vector<Tensor> flats;
+    std::vector<int64_t> offsets;
+    for (Bucket& b : buckets) {
+      flats.push_back(b.flat);
+      offsets.push_back(b.offset);
+    }
+    settling.add(dp.exchange_sum_async(flats, offsets));
+    exchange_pending = false;
+  }
+  void end_exchange() {
+    if (!exchange_pending) return;
+    settling.add(dp.exchange_end_async());
+    exchange_pending = false;
+  }
+  // Whether `opt` can read the gradients as their sum over the ranks: a fused GPU update over
+  // parameters whose gradients all lie in `all`.
+  bool fuses_exchange(const optim::Optimizer& opt) const {
+    if (!opt.can_sum_replicas(device)) return false;
+    const auto* lo = all.data<float>();
+    const auto* hi = lo + all.numel();
+    for (const auto& g : opt.groups())
+      for (const nn::Parameter* p : g.params)
+        if (p->grad.numel() > 0 &&
+            (p->grad.data<float>() < lo || p->grad.data<float>() + p->grad.numel() > hi))
+          return false;
+    return true;
+  }
+
+  // ---- buckets ------------------------------------------------------------------------------
+
+  std::vector<nn::Layer*> layers;  // the layers this plugin manages (a pipeline stage's subset)
+
+  void build_buckets() {
+    // The layout rule is shared with the step model (cai/plan): schedule::gradient_buckets.
+    std::vector<int64_t> numels;
+    std::vector<int> layer_of;
+    for (size_t l = 0; l < layers.size(); ++l)
+      for (size_t k = 0; k < layer_params[layers[l]].size(); ++k) {
+        numels.push_back(layer_params[layers[l]][k]->value.numel());
+        layer_of.push_back(static_cast<int>(l));
+      }
+    CAI_CHECK(numels.size() == params.size(),
+              "[data_parallel] {} parameters collected by layer but {} in the model", numels.size(),
+              params.size());
+    for (const auto& ids : schedule::gradient_buckets(
+             numels, layer_of, cfg.zero_stage, cfg.ddp_bucket_cap_mb, cfg.zero_bucket_size_in_m)) {
+      Bucket b;
+      for (int i : ids) b.params.push_back(params[i]);
+      buckets.push_back(std::move(b));
+    }
+    if (one_allocation()) {
+      int64_t total = 0;
+      for (const Bucket& k : buckets)
+        for (nn::Parameter* p : k.params)
+          total += schedule::bucket_view_numel(shape_numel(shapes[index[p]]));
+      all = Tensor::zeros({total}, DType::F32, device);
+    }
+    int64_t offset = 0;
+    elements_total = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      Bucket& k = buckets[b];
+      k.numel = 0;
+      k.elements = 0;
+      k.counts.assign(size, 0);
+      for (nn::Parameter* p : k.params) {
+        bucket_of[p] = b;
+        const int64_t n = shape_numel(shapes[index[p]]);
+        k.numel += grad_views() ? schedule::bucket_view_numel(n) : n;
+        k.elements += n;
+        for (int r = 0; r < size; ++r) k.counts[r] += chunk_size(n, r, size);
+      }
+      elements_total += k.elements;
+      k.offset = offset;
+      offset += k.numel;
+      if (one_allocation()) k.flat = all.narrow(k.offset, k.numel);
+      if (!sharded_grads() && !one_allocation())
+        k.flat = Tensor::zeros({k.numel}, cfg.bucket_dtype, device);
+      if (!grad_views()) continue;
+      // The gradients become views into the bucket (their values so far copied in).
+      int64_t off = 0;
+      for (nn::Parameter* p : k.params) {
+        const Shape& shape = shapes[index[p]];
+        const int64_t n = shape_numel(shape);
+        Tensor view = span(k.flat, off, n).reshape(shape);
+        if (p->grad.defined()) copy_span(view, 0, p->grad, 0, n);
+        p->grad = view;
+        off += schedule::bucket_view_numel(n);
+      }
+    }
+  }
+
+  // The gradients live in the buckets (see build_buckets): the all-reduce works on them in place.
+  // Otherwise (bf16 buckets) they are packed (cast) and copied back.
+  bool grad_views() const {
+    return schedule::gradients_in_buckets(cfg.zero_stage, cfg.bucket_dtype == DType::F32);
+  }
+
+  // Stage 0/1: the bucket's gradients back to back. Stage 2/3: rank-major chunks.
+  void pack(Bucket& b) {
+    int64_t out = 0;
+    if (grad_views()) return;  // in place already
+    if (!sharded_grads()) {
+      for (nn::Parameter* p : b.params) {
+        copy_span(b.flat, out, p->grad, 0, p->grad.numel());
+        out += p->grad.numel();
+      }
+      return;
+    }
+    for (int r = 0; r < size; ++r)
+      for (nn::Parameter* p : b.params) {
+        const int64_t n = p->grad.numel(), c0 = chunk_begin(n, r, size), c = chunk_size(n, r, size);
+        copy_span(b.flat, out, p->grad, c0, c);
+        out += c;
+      }
+  }
+
+  // Starts bucket i's reduction. Stage 2/3: at most zero_max_inflight_buckets in flight (the
+  // oldest completes first); the gradients are packed into a fresh rank-major buffer and freed
+  // at once (on a GPU the pack is ordered before any reuse of their memory by the compute
+  // stream), so a layer's full gradients live from its backward to its bucket's launch.
+  void launch(size_t i) {
+    Bucket& b = buckets[i];
+    if (!sharded_grads()) {
+      if (b.launched) return;
+      pack(b);
+      b.work = exchange      ? dp.exchange_push_async(b.flat, b.offset)
+               : copy_engine ? dp.copy_engine_all_reduce_async(b.flat)
+                             : dp.all_reduce_async(b.flat, dist::ReduceOp::Sum);
+    } else {
+      // The previous micro-batch's reduction of this bucket, then the oldest while the window
+      // is full (schedule::InflightWindow, which the plan and the simulator follow too).
+      for (int k : inflight.launch(static_cast<int>(i))) finish(static_cast<size_t>(k));
+      b.flat = Tensor::empty({b.numel}, DType::F32, device);
+      b.recv = Tensor::empty({b.counts[rank]}, DType::F32, device);
+      pack(b);
+      for (nn::Parameter* p : b.params) p->grad = Tensor();
+      b.work = dp.reduce_scatter_async(b.flat, b.recv, b.counts, dist::ReduceOp::Sum);
+    }
+    b.launched = true;
+    b.ready = 0;
+  }
+
+  // Completes bucket i's reduction: stage 0/1 copy the sums back into the gradients (unless the
+  // gradients are the bucket); stage 2/3 add this rank's chunk into the shard gradients and drop
+  // the bucket's buffers.
+  void finish(size_t i) {
+    Bucket& b = buckets[i];
+    if (!b.launched) return;
+    // What reads the sums is issued on the compute stream, which waits for the reduction there:
+    // the host does not wait for the backward's end (NCCL; host backends wait here).
+    settling.add(std::move(b.work));
+    if (!sharded_grads()) {
+      int64_t in = 0;
+      if (!grad_views())
+        for (nn::Parameter* p : b.params) {
+          copy_span(p->grad, 0, b.flat, in, p->grad.numel());
+          in += p->grad.numel();
+        }
+    } else {
+      int64_t in = 0;
+      for (nn::Parameter* p : b.params) {
+        nn::Parameter& s = shards[index[p]];
+        const int64_t c = s.grad.numel();
+        if (c > 0) ops::add_(s.grad, span(b.recv, in, c));
+        in += c;
+      }
+      b.flat = Tensor();
+      b.recv = Tensor();
+      inflight.finish(static_cast<int>(i));
+    }
+    b.launched = false;
+  }
+
+  // What a ZeRO-3 parameter holds between its uses: nothing on the host; an empty tensor on a
+  // GPU, so the model still reports where it lives (the trainer moves batches there).
+  Tensor released() const {
+    return device.is_cuda() ? Tensor::empty({0}, DType::F32, device) : Tensor();
+  }
+
+  // Drives the reductions (MPI progresses inside test()); stage 2/3 complete the finished ones
+  // now, releasing their buffers, without blocking.
+  void progress() {
+    if (!sharded_grads()) {
+      for (Bucket& b : buckets)
+        if (b.launched && b.work) b.work->test();
+      return;
+    }
+    const std::vector<int> now = inflight.inflight();
+    for (int i : now)
+      if (buckets[i].work->test()) finish(static_cast<size_t>(i));
+  }
+
+  // The first step's backward on a GPU: no reductions beside it while the GEMMs time their
+  // algorithms there (kernels::cuda: once per shape, on the call's own operands), or NCCL's
+  // kernels beside the timing pick algorithms for a shared GPU that are slower alone (2 H100,
+  // ViT-B/16: the step's GEMMs 38.4 against one GPU's 35.0 ms). The in-step stage of the timing
+  // that follows (the next calls of each shape) runs beside them on purpose: it times the step as
+  // it runs. Stage 0/1 only: stage 2/3 bound the full-size gradients alive during backward by
+  // launching early.
+  bool first_step = true;
+  bool hold_first_step() const {
+    return first_step && !sharded_grads() && device.is_cuda() && kernels::cuda::gemm_timing();
+  }
+
+  // Stage 0/1: a bucket whose gradients are final waits for the next overlap point
+  // (LayerHooks::overlap_point; 2 H100, ViT-B/16: each bucket's all-reduce, 24 blocks of NCCL for
+  // 0.17 ms, launched at once ran beside the next block's fc2 weight-gradient GEMM, which waited
+  // for those SMs: 302 -> 460 µs; beside the attention backward it costs about 0.03 ms). A layer
+  // without one launches what waits when its own gradients are ready; sync_gradients launches the
+  // rest. With cfg.bucket_hold, what waits stays until that share of the gradients is final.
+  std::vector<size_t> waiting;
+  // Stage 0/1: buckets launched together at each point of this step's backward, in order (the
+  // last entry: sync_gradients'), and the last step's (launch_bursts).
+  std::vector<int> bursts, last_bursts;
+  int64_t elements_total = 0;  // the gradients' elements in every bucket (Bucket::elements)
+  // at_sync: sync_gradients launches what waits, unheld, and records the burst itself.
+  void launch_waiting(bool at_sync = false) {
+    if (waiting.empty()) return;
+    if (!at_sync && cfg.bucket_hold > 0) {
+      int64_t ready = 0;
+      for (const Bucket& b : buckets)
+        if (b.launched) ready += b.elements;
+      for (size_t i : waiting) ready += buckets[i].elements;
+      if (!schedule::launch_held_buckets(ready, elements_total, cfg.bucket_hold)) return;
+    }
+    if (!at_sync) bursts.push_back(static_cast<int>(waiting.size()));
+    for (size_t i : waiting) launch(i);
+    waiting.clear();
+  }
+
+  void grads_ready(nn::Layer& layer) {
+    const bool hold = !cfg.overlap || hold_first_step();
+    launch_waiting();
+    const bool defer = !sharded_grads();
+    for (nn::Parameter* p : layer_params[&layer]) {
+      const size_t i = bucket_of[p];
+      Bucket& b = buckets[i];
+      if (++b.ready == static_cast<int>(b.params.size()) && !hold) {
+        if (defer)
+          waiting.push_back(i);
+        else
+          launch(i);
+      }
+    }
+    progress();
+  }
+
+  // ---- parameter gathering ------------------------------------------------------------------
+
+  std::map<const nn::Layer*, int> layer_pos;  // index in `layers`
+  // ZeRO-3: all-gathers issued ahead of their layer's use, by layer position, in the order of
+  // schedule::GatherWindow (shared with the plan and the simulator; the same on every rank).
+  schedule::GatherWindow window;
+  std::map<int, Gather> pending;
+
+  // Starts the all-gather of the shards of `ps`.
+  Gather start_gather(const std::vector<nn::Parameter*>& ps) {
+    Gather g;
+    g.params = ps;
+    std::vector<int64_t> counts(size, 0);
+    for (nn::Parameter* p : ps)
+      for (int r = 0; r < size; ++r)
+        counts[r] += chunk_size(shape_numel(shapes[index[p]]), r, size);
+    g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
+    int64_t o = 0;
+    for (nn::Parameter* p : ps) {
+      const Tensor& v = shards[index[p]].value;
+      copy_span(g.mine, o, v, 0, v.numel());
+      o += v.numel();
+    }
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    g.all = Tensor::empty({total}, DType::F32, device);
+    g.work = dp.all_gather_async(g.mine, g.all, counts);
+    return g;
+  }
+
+  // Waits for `g` and writes the full values: into fresh tensors (ZeRO-3) or into the
+  // parameters' existing storage (ZeRO-1/2 after the step).
+  void complete(Gather& g, bool allocate) {
+    g.work->wait();
+    g.work.reset();
+    if (allocate)
+      for (nn::Parameter* p : g.params)
+        p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
+    int64_t in = 0;
+    for (int r = 0; r < size; ++r)
+      for (nn::Parameter* p : g.params) {
+        const int64_t n = p->value.numel(), c = chunk_size(n, r, size);
+        copy_span(p->value, chunk_begin(n, r, size), g.all, in, c);
+        in += c;
+      }
+    g.mine = Tensor();
+    g.all = Tensor();
+  }
+
+  // ZeRO-1/2 after the step: every rank's updated shards into the full parameters' storage,
+  // bucket by bucket with at most zero_max_inflight_buckets gathers in flight (no full-size
+  // staging buffer; schedule::InflightWindow).
+  void gather_into_params() {
+    schedule::InflightWindow window(std::max(1, cfg.zero_max_inflight_buckets));
+    std::map<int, Gather> q;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int k : window.launch(static_cast<int>(b))) {
+        complete(q.at(k), false);
+        q.erase(k);
+      }
+      q.emplace(static_cast<int>(b), start_gather(buckets[b].params));
+    }
+    for (int k : window.inflight()) complete(q.at(k), false);
+  }
+
+  // ZeRO-3: makes `layer`'s full values available. Issues the gathers the window starts now (this
+  // layer's unless a prefetch did, then the next zero3_prefetch layers': forward the following
+  // ones in `layers`, backward the preceding ones), then waits on this layer's gather only: the
+  // prefetched ones run on the communicator while this layer computes.
+  void fetch(nn::Layer& layer, bool backward) {
+    if (layer_params[&layer].empty()) return;
+    const int pos = layer_pos[&layer];
+    for (int i : window.fetch(pos, backward))
+      pending.emplace(i, start_gather(layer_params[layers[i]]));
+    auto it = pending.find(pos);
+    Gather g = std::move(it->second);
+    pending.erase(it);
+    complete(g, true);
+  }
+
+  // Completes and discards the prefetched gathers (their values are stale after a step).
+  void drain() {
+    for (auto& e : pending) e.second.work->wait();
+    pending.clear();
+    window.clear();
+  }
+
+  void gather_layer(nn::Layer& layer, bool with_grads) {
+    auto& ps = layer_params[&layer];
+    if (ps.empty()) return;
+    if (cfg.zero_stage == 3) fetch(layer, true);
+    if (!with_grads) return;
+    // Stage 2/3: the full gradients were freed when the previous micro-batch's bucket launched
+    // (that reduction may still be in flight: it has its own buffer).
+    for (nn::Parameter* p : ps)
+      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
+  }
+
+  void release_values(nn::Layer& layer) {
+    if (cfg.zero_stage != 3) return;
+    for (nn::Parameter* p : layer_params[&layer]) p->value = released();
+  }
+};
+
+}  // namespace cai::parallel

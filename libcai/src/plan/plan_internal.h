@@ -1,0 +1,26 @@
+// Internal to libcai/src/plan: what plan.cpp (the per-layer costs) and plan_memory.cpp (the
+// step replay's memory timeline) share. Not installed.
+#pragma once
+
+#include <cstdint>
+
+#include "cai/plan/plan.h"
+
+namespace cai::plan::detail {
+
+struct Shapes {
+  int64_t b, n, nr, d, dt, heads, hid, k, np, patch;
+  int T;
+  bool tp, sp, fused;
+  int64_t e;   // compute dtype bytes
+  int64_t es;  // bytes a half tensor travels in on the CPU (widened to fp32) or as is
+};
+
+// The per-rank tensor shapes of a micro-batch of b rows on tensor-parallel rank r.
+Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r);
+// Optimizer state slots per parameter (sgd: 0 or 1, the adams and lamb: 2).
+int optimizer_slots(const Layout& l);
+// The step replay: fills r.memory (live bytes of one rank over its program).
+void replay(const StepPlan& plan, RankPlan& r);
+
+}  // namespace cai::plan::detail

@@ -1,0 +1,473 @@
+// The plan's memory timeline: replays one rank's step program (data-parallel buckets, ZeRO
+// gathers, pipeline buffers) and tracks its live bytes and their peak (split from plan.cpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "cai/core/error.h"
+#include "cai/schedule/buckets.h"
+#include "plan_internal.h"
+
+namespace cai::plan::detail {
+
+namespace {
+
+// The step replay: live bytes of one rank over its program.
+
+struct Tracker {
+  int64_t live = 0, peak = 0;
+  std::string at;
+  // What is alive at the peak, by kind.
+  int64_t act = 0, win = 0;
+  int in_flight = 0;
+  int64_t peak_act = 0, peak_win = 0;
+  int peak_in_flight = 0;
+  void add(int64_t bytes, const std::string& where) {
+    live += bytes;
+    if (live > peak) {
+      peak = live;
+      at = where;
+      peak_act = act;
+      peak_win = win;
+      peak_in_flight = in_flight;
+    }
+  }
+  void touch(int64_t bytes, const std::string& where) {  // a transient: up and down
+    add(bytes, where);
+    live -= bytes;
+  }
+};
+
+struct Replay {
+  const StepPlan& plan;
+  const Layout& l;
+  RankPlan& rank;
+  Tracker t;
+  int d = 1, me = 0;  // data-parallel size and rank
+  // Data parallelism (parallel/data_parallel.cpp): per held parameter, its layer position.
+  std::vector<int64_t> numels;
+  std::vector<int> layer_of;  // position in rank.layers
+  std::vector<std::vector<int>> buckets;
+  std::vector<int> bucket_of;
+  std::vector<int> ready;
+  schedule::InflightWindow inflight;  // stage 2/3 launched buckets (DataParallelPlugin's window)
+  std::vector<int64_t> inflight_bytes;
+  std::vector<int> first_param;  // per layer position: index of its first parameter
+  bool hooks = false;
+  // ZeRO-3: the gathers issued ahead (DataParallelPlugin's window), with their buffer bytes.
+  schedule::GatherWindow window;
+  std::map<int, int64_t> pending;
+  std::vector<bool> grads_alive;
+
+  Replay(const StepPlan& p, RankPlan& r)
+      : plan(p), l(p.layout), rank(r), inflight(std::max(1, p.layout.zero_max_inflight_buckets)) {
+    d = l.dp();
+    me = r.dp_rank;
+    for (size_t i = 0; i < r.layer_plans.size(); ++i) {
+      first_param.push_back(static_cast<int>(numels.size()));
+      for (int64_t v : r.layer_plans[i].parameter_numels) {
+        numels.push_back(v);
+        layer_of.push_back(static_cast<int>(i));
+      }
+    }
+    first_param.push_back(static_cast<int>(numels.size()));
+    if (plugin())
+      buckets = schedule::gradient_buckets(numels, layer_of, l.zero_stage, l.ddp_bucket_cap_mb,
+                                           l.zero_bucket_size_in_m);
+    bucket_of.assign(numels.size(), -1);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      for (int i : buckets[b]) bucket_of[i] = static_cast<int>(b);
+    ready.assign(buckets.size(), 0);
+    inflight_bytes.assign(buckets.size(), 0);
+    grads_alive.assign(r.layer_plans.size(), false);
+    std::vector<char> has_params;
+    for (size_t i = 0; i < r.layer_plans.size(); ++i) has_params.push_back(layer_numel(i) > 0);
+    window = schedule::GatherWindow(has_params, l.zero3_prefetch);
+    // DataParallelPlugin::train_hooks: none for one DDP rank.
+    hooks = plugin() && !(d == 1 && l.zero_stage == 0);
+  }
+
+  // Gradients through parallel::DataParallelPlugin: a whole ViT's, or a Blocks or Linears step's
+  // when it runs data parallel (colossalai benchmark's `none` on N ranks).
+  bool plugin() const { return l.data_parallel_plugin; }
+  int64_t layer_numel(int pos) const { return rank.layer_plans[pos].parameters; }
+  int64_t layer_chunk(int pos, int r) const {
+    int64_t c = 0;
+    for (int64_t v : rank.layer_plans[pos].parameter_numels)
+      c += schedule::zero_chunk_size(v, r, d);
+    return c;
+  }
+  int64_t bucket_numel(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += numels[i];
+    return n;
+  }
+  // Stage 0/1 with fp32 buckets: the gradients are views into the buckets, each at a 64-element
+  // boundary (schedule::bucket_view_numel): the bucket's elements, padding included.
+  bool grad_views() const {
+    return schedule::gradients_in_buckets(l.zero_stage, l.bucket_dtype == DType::F32);
+  }
+  int64_t bucket_view_numel(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += schedule::bucket_view_numel(numels[i]);
+    return n;
+  }
+  int64_t bucket_chunk(int b) const {
+    int64_t n = 0;
+    for (int i : buckets[b]) n += schedule::zero_chunk_size(numels[i], me, d);
+    return n;
+  }
+
+  // ZeRO-3 gathers (DataParallelPlugin::Impl::fetch): the window's gathers start (their
+  // buffers: this rank's chunk and the gathered layer), then pos's completes into the full values.
+  void fetch(int pos, bool backward, const std::string& where) {
+    if (layer_numel(pos) == 0) return;
+    for (int i : window.fetch(pos, backward)) {
+      const int64_t bytes = 4 * (layer_chunk(i, me) + layer_numel(i));
+      pending[i] = bytes;
+      t.win += bytes;
+      t.add(bytes, where);
+    }
+    const int64_t bytes = pending.at(pos);
+    pending.erase(pos);
+    t.add(4 * layer_numel(pos), where);  // the full values, while the gather's buffers live
+    t.win -= bytes;
+    t.live -= bytes;
+  }
+  void release(int pos) {
+    if (l.zero_stage == 3) t.live -= 4 * layer_numel(pos);
+  }
+
+  void finish(int b) {
+    const int64_t bytes = inflight_bytes[b];
+    t.live -= bytes;
+    t.win -= bytes;
+    inflight_bytes[b] = 0;
+    inflight.finish(b);
+  }
+  void launch(int b, const std::string& where) {
+    if (l.zero_stage < 2) return;  // the persistent flat buffer
+    for (int k : inflight.launch(b)) finish(k);
+    const int64_t bytes = 4 * (bucket_numel(b) + bucket_chunk(b));
+    inflight_bytes[b] = bytes;
+    t.win += bytes;
+    t.add(bytes, where);
+    t.live -= 4 * bucket_numel(b);  // the packed full gradients are freed
+  }
+
+  void before_backward(int pos, const std::string& where) {
+    if (!hooks) return;
+    if (l.zero_stage == 3) fetch(pos, true, where);
+    if (l.zero_stage >= 2 && layer_numel(pos) > 0) t.add(4 * layer_numel(pos), where);
+  }
+  void after_backward(int pos, const std::string& where) {
+    if (!hooks) return;
+    for (int i = first_param[pos]; i < first_param[pos + 1]; ++i) {
+      const int b = bucket_of[i];
+      if (++ready[b] == static_cast<int>(buckets[b].size())) {
+        ready[b] = 0;
+        launch(b, where);
+      }
+    }
+    release(pos);
+  }
+
+  // One micro-batch's forward over this rank's layers [first, last] (positions).
+  void forward(int first, int last, bool holds_input, const std::string& tag) {
+    for (int pos = first; pos <= last; ++pos) {
+      const LayerPlan& lp = rank.layer_plans[pos];
+      const std::string where = tag + " " + lp.name;
+      if (hooks && l.zero_stage == 3) fetch(pos, false, where);
+      t.act += lp.saved - (lp.keeps_input ? lp.input : 0);
+      t.add(lp.saved - (lp.keeps_input ? lp.input : 0) + lp.output, where);
+      t.touch(lp.forward_extra, where);
+      const bool input_alive = pos > first || holds_input;
+      if (!lp.keeps_input && input_alive) t.live -= lp.input;
+      if (lp.keeps_input && !input_alive) t.add(lp.input, where);  // (not reached)
+      if (hooks) release(pos);
+    }
+  }
+
+  // What a BackwardInput leaves alive for its BackwardWeight (bytes; of which activations).
+  struct Held {
+    int64_t live = 0, act = 0;
+  };
+
+  // One micro-batch's backward; dy of the last layer alive on entry; returns with the first
+  // layer's input gradient alive (0 for the embedding). hold_for_weight (a BackwardInput): every
+  // layer's saved tensors and its output gradient stay alive for the BackwardWeight, returned as
+  // Held (an upper bound: a linear's weight gradient needs its input and its output gradient,
+  // which the Cache and dy hold; the rest of the Cache could go earlier).
+  Held backward(int first, int last, const std::string& tag, bool hold_for_weight = false) {
+    Held held;
+    for (int pos = last; pos >= first; --pos) {
+      const LayerPlan& lp = rank.layer_plans[pos];
+      const std::string where = tag + " " + lp.name;
+      before_backward(pos, where);
+      t.add(lp.backward_extra, where);  // the input gradient included
+      t.live -= lp.backward_extra - lp.grad_input;
+      const int64_t act = lp.saved - (lp.keeps_input ? lp.input : 0);
+      const int64_t dy = pos == static_cast<int>(rank.layer_plans.size()) - 1 &&
+                                 rank.layers[pos] == plan.model.depth + 1
+                             ? 0
+                             : lp.output;  // dy (the head's dlogits are the caller's)
+      if (hold_for_weight) {
+        held.live += lp.saved + dy;
+        held.act += act;
+      } else {
+        t.live -= lp.saved + dy;
+        t.act -= act;
+      }
+      after_backward(pos, where);
+    }
+    return held;
+  }
+  void release(const Held& h) {
+    t.live -= h.live;
+    t.act -= h.act;
+  }
+};
+
+}  // namespace
+
+void replay(const StepPlan& plan, RankPlan& r) {
+  const Layout& l = plan.layout;
+  Replay rp(plan, r);
+  Memory& m = r.memory;
+  const int d = l.dp();
+  int64_t N = 0, S = 0;
+  for (size_t i = 0; i < rp.numels.size(); ++i) {
+    N += rp.numels[i];
+    S += schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d);
+  }
+  const bool vit = l.body == Body::ViT;
+  const int slots = vit ? optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
+  const bool offload = l.cpu_offload && l.gpu && l.zero_stage >= 1;
+  m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
+  m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
+  m.shards = l.zero_stage >= 1 ? 8 * S : 0;
+  m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
+  // The stage 0/1 buckets: fp32, the gradients themselves (only the alignment padding is extra);
+  // bf16, a half-size copy the gradients are cast into.
+  int64_t padded = 0;
+  for (int64_t n : rp.numels) padded += schedule::bucket_view_numel(n);
+  m.buffers = !rp.plugin() || l.zero_stage >= 2 ? 0
+              : rp.grad_views()                 ? 4 * (padded - N)
+                                : static_cast<int64_t>(dtype_size(l.bucket_dtype)) * N;
+  // The copy-engine all-reduce's staging region, sized for the largest bucket.
+  if (rp.plugin() && rp.grad_views() && l.ddp_copy_engine && l.gpu && d > 1) {
+    int64_t most = 0;
+    for (size_t b = 0; b < rp.buckets.size(); ++b)
+      most = std::max(most, rp.bucket_view_numel(static_cast<int>(b)));
+    if (most > 0) m.buffers += schedule::copy_engine_region_bytes(most, d);
+  }
+  // The copy-engine exchange's receive slots: every bucket, for each other rank.
+  if (rp.plugin() && rp.grad_views() && l.ddp_exchange && l.zero_stage == 0 && l.gpu && d > 1 &&
+      padded > 0)
+    m.buffers += schedule::copy_engine_exchange_region_bytes(padded, d);
+  m.host = offload ? 4 * (2 + slots) * S : 0;
+  // Every rank of a pipeline or tensor group holds the whole batch (the stages take their
+  // micro-batches' slices from it; the last one reads the labels).
+  if (vit && l.input_batches > 0) {
+    const int64_t rows = l.batch * (l.pp == 1 ? l.gradient_accumulation : 1);
+    const int64_t sample = 4 * plan.model.in_chans * plan.model.img_size * plan.model.img_size + 4;
+    m.data = l.input_batches * rows * sample;
+  }
+  Tracker& t = rp.t;
+  t.live = m.persistent();
+  t.peak = t.live;
+  t.at = "start of step";
+
+  const int L = static_cast<int>(r.layers.size());
+  const int last_layer = plan.model.depth + 1;
+  const int64_t rows = plan.micro_batch_rows;
+  const LayerPlan& head = r.layer_plans.back();
+  const int64_t logits = rows * plan.model.num_classes * 4;
+  if (!vit) {
+    // colossalai benchmark's step: the input (alive throughout), forward, the output gradient
+    // (mean's: a full tensor, first in fp32), backward; the output stays alive to the end.
+    const LayerPlan& first = r.layer_plans.front();
+    t.add(first.input, "input");
+    rp.forward(0, L - 1, true, "F");
+    const int64_t dy = head.output, e = static_cast<int64_t>(dtype_size(l.precision));
+    const int64_t dy32 = e == 4 ? 0 : dy / e * 4;  // Tensor::full in fp32, then .to(dtype)
+    t.add(dy + dy32, "B dy");
+    t.live -= dy32;
+    rp.backward(0, L - 1, "B");
+  } else if (l.pp == 1) {
+    // Plugin::forward_backward: the logits live through backward beside dlogits.
+    for (int64_t a = 0; a < l.gradient_accumulation; ++a) {
+      const std::string tag = fmt::format("F(mb={})", a);
+      ++t.in_flight;
+      rp.forward(0, L - 1, false, tag);
+      t.touch(rows * 4, tag + " loss");
+      t.add(logits, fmt::format("B(mb={}) loss", a));  // dlogits
+      rp.backward(0, L - 1, fmt::format("B(mb={})", a));
+      t.live -= logits + head.output;
+      --t.in_flight;
+    }
+  } else {
+    // The pipeline executor (parallel/pipeline.cpp): one posted receive per kind ahead; a
+    // send's buffer released at the next instruction; the loss stage keeps dlogits per
+    // micro-batch until its backward.
+    const schedule::Program& prog = plan.schedule.programs[r.pp_rank];
+    const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
+    const int64_t bnd = rows * s.nr * s.d * 4;
+    std::map<int, int> pos_of;  // global layer -> position
+    for (int i = 0; i < L; ++i) pos_of[r.layers[i]] = i;
+    int64_t sending = 0;
+    std::map<std::pair<int, int>, Replay::Held> held_for_weight;  // (mb, chunk)
+    bool posted[2] = {false, false};
+    auto post = [&](int kind, size_t from) {
+      for (size_t i = from; i < prog.size(); ++i)
+        if (prog[i].op == (kind == 0 ? schedule::Op::RecvActivation : schedule::Op::RecvGrad)) {
+          posted[kind] = true;
+          t.win += bnd;
+          t.add(bnd, "posted receive");
+          return;
+        }
+      posted[kind] = false;
+    };
+    post(0, 0);
+    post(1, 0);
+    for (size_t i = 0; i < prog.size(); ++i) {
+      const schedule::Instr& in = prog[i];
+      t.live -= sending;  // released at the next instruction
+      t.win -= sending;
+      sending = 0;
+      const int first = pos_of[in.first_layer], last = pos_of[in.first_layer + in.num_layers - 1];
+      const std::string tag = in.str();
+      using schedule::Op;
+      switch (in.op) {
+        case Op::RecvActivation:
+        case Op::RecvGrad: {
+          const int kind = in.op == Op::RecvActivation ? 0 : 1;
+          t.win -= bnd;  // the posted buffer becomes the consumer's
+          post(kind, i + 1);
+          break;
+        }
+        case Op::Forward:
+          ++t.in_flight;
+          rp.forward(first, last, in.first_layer > 0, tag);
+          if (in.first_layer + in.num_layers - 1 == last_layer) {
+            t.touch(rows * 4, tag + " loss");
+            t.add(logits, tag + " loss");  // dlogits, kept until the backward
+            t.live -= r.layer_plans[last].output;
+          }
+          break;
+        case Op::Backward:
+          rp.backward(first, last, tag);
+          if (in.first_layer + in.num_layers - 1 == last_layer) t.live -= logits;
+          --t.in_flight;
+          break;
+        case Op::BackwardInput: {
+          // The weight gradients wait for the BackwardWeight: what they read stays (the loss
+          // stage's dlogits included, the head's output gradient).
+          Replay::Held h = rp.backward(first, last, tag, true);
+          if (in.first_layer + in.num_layers - 1 == last_layer) h.live += logits;
+          held_for_weight[{in.mb, in.chunk}] = h;
+          break;
+        }
+        case Op::BackwardWeight: {
+          const auto it = held_for_weight.find({in.mb, in.chunk});
+          CAI_CHECK(it != held_for_weight.end(), "[plan] {} without its BackwardInput", tag);
+          rp.release(it->second);
+          held_for_weight.erase(it);
+          --t.in_flight;
+          break;
+        }
+        case Op::SendActivation:
+        case Op::SendGrad:
+          sending = bnd;  // the output or input gradient, already counted, now the send's
+          t.win += bnd;
+          break;
+        default:
+          break;
+      }
+    }
+    t.live -= sending;
+    t.win -= sending;
+    for (int k = 0; k < 2; ++k)
+      if (posted[k]) t.live -= bnd, t.win -= bnd;
+  }
+  // sync_gradients: the rest of the stage 2/3 buckets complete.
+  while (!rp.inflight.inflight().empty()) rp.finish(rp.inflight.inflight().front());
+  // The optimizer step: ZeRO-1/2 all-gather the stepped shards bucket by bucket (window of
+  // zero_max_inflight_buckets); LAMB's update buffer per parameter.
+  if (l.zero_stage == 1 || l.zero_stage == 2) {
+    schedule::InflightWindow window(std::max(1, l.zero_max_inflight_buckets));
+    auto bytes = [&](int b) { return 4 * (rp.bucket_numel(b) + rp.bucket_chunk(b)); };
+    for (int b = 0; b < static_cast<int>(rp.buckets.size()); ++b) {
+      for (int k : window.launch(b)) t.live -= bytes(k);
+      t.win += bytes(b);
+      t.add(bytes(b), "OptStep all-gather");
+      t.win -= bytes(b);
+    }
+    for (int k : window.inflight()) t.live -= bytes(k);
+  }
+  if (l.optimizer == "lamb") {
+    int64_t big = 0;
+    for (size_t i = 0; i < rp.numels.size(); ++i)
+      big = std::max(big, l.zero_stage >= 1 ? schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d)
+                                            : rp.numels[i]);
+    t.touch(4 * big, "OptStep lamb");
+  }
+  m.activations = t.peak_act;
+  m.micro_batches_in_flight = t.peak_in_flight;
+  m.window = t.peak_win;
+  m.transient = t.peak - m.persistent() - m.activations - m.window;
+  m.allocator = static_cast<int64_t>(l.allocator_overhead * static_cast<double>(t.peak));
+  m.peak = t.peak + m.allocator;
+  m.peak_at = t.at;
+
+  // Per-step collectives of data parallelism and the pipeline.
+  for (size_t b = 0; b < rp.buckets.size() && d > 1; ++b) {
+    const int64_t bytes = 4 * rp.bucket_numel(b);
+    const std::string name = fmt::format("bucket {}", b);
+    if (l.zero_stage <= 1) {
+      const int64_t wire = rp.grad_views() ? 4 * rp.bucket_view_numel(b)
+                                           : static_cast<int64_t>(dtype_size(l.bucket_dtype)) *
+                                                 rp.bucket_numel(b);  // bf16: half
+      // The copy-engine exchange: every rank gathers every other's whole bucket.
+      if (l.ddp_exchange && l.zero_stage == 0 && l.gpu && rp.grad_views())
+        r.collectives.push_back(
+            {CollectiveKind::AllGather, Group::Dp, d, d * wire, "", name, Phase::Backward, 1});
+      else
+        r.collectives.push_back(
+            {CollectiveKind::AllReduce, Group::Dp, d, wire, "", name, Phase::Backward, 1});
+    } else {
+      const int per = l.pp == 1 ? static_cast<int>(l.gradient_accumulation) : 1;
+      r.collectives.push_back(
+          {CollectiveKind::ReduceScatter, Group::Dp, d, bytes, "", name, Phase::Backward, per});
+    }
+    if (l.zero_stage == 1 || l.zero_stage == 2)
+      r.collectives.push_back(
+          {CollectiveKind::AllGather, Group::Dp, d, bytes, "", name, Phase::OptimizerStep, 1});
+  }
+  if (l.zero_stage == 3 && d > 1)
+    for (int pos = 0; pos < L; ++pos) {
+      const int64_t bytes = 4 * rp.layer_numel(pos);
+      const int per = static_cast<int>(l.gradient_accumulation);
+      r.collectives.push_back({CollectiveKind::AllGather, Group::Dp, d, bytes,
+                               r.layer_plans[pos].name, "parameters", Phase::Forward, per});
+      r.collectives.push_back({CollectiveKind::AllGather, Group::Dp, d, bytes,
+                               r.layer_plans[pos].name, "parameters", Phase::Backward, per});
+    }
+  if (l.pp > 1) {
+    const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
+    const int64_t bnd = rows * s.nr * s.d * 4;
+    for (const schedule::Instr& in : plan.schedule.programs[r.pp_rank]) {
+      using schedule::Op;
+      if (!schedule::is_send(in.op) && !schedule::is_recv(in.op)) continue;
+      r.collectives.push_back(
+          {schedule::is_send(in.op) ? CollectiveKind::Send : CollectiveKind::Recv, Group::Pp, 2,
+           bnd, "", in.str(),
+           in.op == Op::SendActivation || in.op == Op::RecvActivation ? Phase::Forward
+                                                                      : Phase::Backward,
+           1});
+    }
+  }
+}
+
+}  // namespace cai::plan::detail
