@@ -355,7 +355,7 @@ class ConfigProgram {
         ops.push_back(std::move(wait));
       }
       if (ops.size() > first_op) {
-        // The layer's memory as the plan's replay counts it (plan.cpp): its cache, kept from its
+        // The layer's memory as the plan's replay counts it (plan_memory.cpp): its cache, kept from its
         // forward to its backward, built during the forward (with the output and the forward's
         // working tensors on top), and in backward the output's gradient and the backward's
         // working tensors (the input gradient included) on top of it; the working tensors, the
