@@ -40,7 +40,8 @@ for i in $(seq 1 "$total"); do
   block="$work/.blocks/$i.sh"
   first=$(grep -m1 . "$block")
   if [[ $tag == "<!-- ci: skip:"* ]]; then
-    echo "== block $i skipped (${tag#<!-- ci: skip: }): $first"
+    reason=${tag#<!-- ci: skip: }
+    echo "== block $i skipped (${reason% -->}): $first"
     skipped=$((skipped + 1))
     continue
   fi
