@@ -21,6 +21,18 @@ for e in "$src"/* "$src"/.[!.]*; do
 done
 ln -s "$build" "$work/build"
 
+# Every relative link and image of the README names a file or folder of the checkout.
+bad_links=0
+while IFS= read -r link; do
+  target=${link%%#*}
+  [ -n "$target" ] || continue
+  if [ ! -e "$src/$target" ]; then
+    echo "FAIL: README links to $target, which does not exist"
+    bad_links=$((bad_links + 1))
+  fi
+done < <(grep -o '](\([^)]*\))' "$readme" | sed 's/^](//; s/)$//' | grep -v '^[a-z]*://')
+[ "$bad_links" -eq 0 ] || exit 1
+
 # Split the README into blocks: blocks/N.sh and blocks/N.tag (the marker before it, or "run").
 mkdir -p "$work/.blocks"
 awk -v dir="$work/.blocks" '
