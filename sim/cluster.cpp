@@ -325,7 +325,9 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     }
     return out;
   };
-  for (auto& [k, v] : j.items()) {
+  for (auto& item : j.items()) {  // not a structured binding: clang < 16 cannot capture one
+    const std::string& k = item.key();
+    const json& v = item.value();
     if (k == "device") {
       CAI_CHECK(v.is_string(), "[calibration] {}: device is not a string", origin);
       c.device = v.get<std::string>();

@@ -11,11 +11,11 @@ namespace cai::sim {
 
 namespace {
 
-enum Kind { kActivation = 0, kGrad = 1 };
-
-// pipeline.cpp's tag of a tensor produced by virtual stage `vs` for micro-batch `mb`.
-int64_t tag_of(int mb, int vs, int virtual_stages, Kind kind) {
-  return (static_cast<int64_t>(mb) * virtual_stages + vs) * 3 + kind;
+// The executor's message tags (schedule::message_tag: one definition for both).
+constexpr schedule::Message kActivation = schedule::Message::Activation,
+                            kGrad = schedule::Message::Grad;
+int64_t tag_of(int mb, int vs, int virtual_stages, schedule::Message kind) {
+  return schedule::message_tag(mb, vs, virtual_stages, kind);
 }
 
 template <typename T>

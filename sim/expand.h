@@ -15,7 +15,7 @@
 //    the ops it returns (per layer: compute with FLOPs and bytes, tensor-parallel collectives,
 //    bucket all-reduces on a stream of their own, ...): that is where the plan's per-layer costs
 //    plug in while the executor's ordering stays here.
-// Tags are the executor's tag_of(mb, producing virtual stage, V, kind).
+// Tags are schedule::message_tag(mb, producing virtual stage, V, kind), as the executor sends them.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -860,10 +860,15 @@ int run_launch(const RunOptions& opts) {
       break;
     }
     if (a.stop_signal && a.preempted) {
-      say(preempt_summary(a.stop_signal, a.stopped,
-                          plan.nproc_per_node * std::max<int>(1, plan.hosts.size()),
-                          opts.grace_period));
-      result = 128 + a.stop_signal;
+      const int ranks = plan.nproc_per_node * std::max<int>(1, plan.hosts.size());
+      say(preempt_summary(a.stop_signal, a.stopped, ranks, opts.grace_period));
+      // Every rank's program stopped by itself and exited 0 (vit_train: saved at one step
+      // boundary): a clean stop, exit 0; else 128 + the signal.
+      const bool clean = static_cast<int>(a.stopped.size()) == ranks &&
+                         std::all_of(a.stopped.begin(), a.stopped.end(), [](const auto& r) {
+                           return r.signal == 0 && r.exit_code == 0;
+                         });
+      result = clean ? 0 : 128 + a.stop_signal;
       break;
     }
     if (a.stop_signal) {
@@ -1051,8 +1056,9 @@ void setup_run(CLI::App& app, RunOptions& opts) {
       "again, up to N times (a job that succeeds after restarts exits 0 and says how many it "
       "took). SIGTERM or SIGUSR1 (preemption) reach every rank's program as that signal, and the "
       "launcher waits --grace_period seconds for them to exit (vit_train saves a checkpoint at "
-      "the next step boundary and exits 128 + signal) before stopping the rest; it then exits "
-      "143 (SIGTERM) or 138 (SIGUSR1). Ctrl-C stops the job at once (exit 130); none of these "
+      "the next step boundary and exits 0) before stopping the rest; it then exits 0 when every "
+      "program exited 0 within the grace period, else 143 (SIGTERM) or 138 (SIGUSR1). Ctrl-C stops "
+      "the job at once (exit 130); none of these "
       "restart it.");
   // PROGRAM [ARGS...]: prefix_command() hands the first positional and everything after it to
   // remaining(), unparsed. After "--", CLI11 2.1 would give the rest back to the parent app unless

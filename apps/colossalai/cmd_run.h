@@ -36,10 +36,10 @@ struct RunOptions {
   std::string extra_launch_args;
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
   bool dry_run = false;
-  double timeout = 0;           // seconds; 0: none
-  int max_restarts = 0;         // restarts of the whole job after a failure (torchrun's)
-  double monitor_interval = 5;  // seconds: the longest the launcher waits between checks
-  double grace_period = 30;     // seconds the ranks get to stop after SIGTERM/SIGUSR1 (torchrun's)
+  double timeout = 0;                // seconds; 0: none
+  int max_restarts = 0;              // restarts of the whole job after a failure (torchrun's)
+  double monitor_interval = 5;       // seconds: the longest the launcher waits between checks
+  double grace_period = 60;          // seconds the ranks get to stop after SIGTERM/SIGUSR1
   std::vector<std::string> command;  // PROGRAM ARGS... (everything after the program, unparsed)
   bool rank_wrapper = false;         // set by the hidden `_rank_wrapper` subcommand
   std::vector<std::string> after_dashes;  // parsing detail: PROGRAM ARGS given after "--"

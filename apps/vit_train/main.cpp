@@ -47,10 +47,9 @@ void catch_stop_signals() {
   for (int s : {SIGTERM, SIGUSR1}) sigaction(s, &sa, nullptr);
 }
 
-// The exit status of a run stopped on request: 128 + the signal, what a shell reports for a
-// process that the signal ended (143 for SIGTERM, 138 for SIGUSR1), so SLURM (RequeueExit),
-// torchrun and job scripts see "stopped by SIGTERM"; the checkpoint makes it resumable.
-constexpr int kStoppedBase = 128;
+// A run stopped on request (SIGTERM, SIGUSR1) that saved exits 0, as the issue of preemption
+// asks and a job script expects of a clean stop: the checkpoint and the "preempted" record in
+// the metrics file say where it stopped; --resume (or `colossalai run --resume`) continues.
 
 std::shared_ptr<cai::data::Dataset> load_dataset(const cai::config::TrainConfig& c, bool train,
                                                  const std::string& path) {
@@ -86,9 +85,9 @@ int main(int argc, char** argv) {
       "node's GPUs).\n"
       "SIGTERM or SIGUSR1 (preemption, SLURM's warning signal) on any rank: every rank finishes "
       "its step, they stop together at the next step boundary, write a checkpoint there (with "
-      "checkpoint.dir) and a \"preempted\" record in train.metrics_file, and exit 128 + the "
-      "signal (143, 138); --resume continues bit for bit. Exit status: 0 done, 1 error, 2 bad "
-      "config or flags, 143/138 stopped on request.");
+      "checkpoint.dir) and a \"preempted\" record in train.metrics_file, and exit 0; --resume "
+      "continues bit for bit. Exit status: 0 done (or stopped on request and saved), 1 error, 2 "
+      "bad config or flags.");
   app.add_flag_callback(
       "--help-config",
       [] {
@@ -448,9 +447,9 @@ int main(int argc, char** argv) {
           "[vit_train] stopped on request ({}): every rank stopped after global step {} (epoch "
           "{}, step {} of it); {}; exit status {}",
           train::stop_reason_name(stop->reason), stop->global_step, stop->epoch + 1,
-          stop->step_in_epoch, saved, kStoppedBase + stop->reason);
+          stop->step_in_epoch, saved, 0);
       plugin->barrier();  // every rank is done with the checkpoint before any exits
-      return kStoppedBase + stop->reason;
+      return 0;
     }
     const auto& last = trainer->history().back();
     double ips = 0;

@@ -13,11 +13,12 @@ namespace cai::parallel {
 
 namespace {
 
-enum Kind { kActivation = 0, kGrad = 1, kEval = 2 };
+using schedule::Message;
+constexpr Message kActivation = Message::Activation, kGrad = Message::Grad, kEval = Message::Eval;
 
-// Message tag of a tensor produced by virtual stage `vs` for micro-batch `mb`.
-int tag_of(int mb, int vs, int virtual_stages, Kind kind) {
-  return (mb * virtual_stages + vs) * 3 + kind;
+// The communicator's tag of a message (schedule::message_tag, which the simulator uses too).
+int tag_of(int mb, int vs, int virtual_stages, Message kind) {
+  return static_cast<int>(schedule::message_tag(mb, vs, virtual_stages, kind));
 }
 
 const char* category_of(schedule::Op op) {

@@ -77,6 +77,15 @@ struct Instr {
 
 using Program = std::vector<Instr>;  // one rank's ordered instructions
 
+// What a pipeline message carries, and its tag: the tensor virtual stage `vs` produced for
+// micro-batch `mb` (an activation goes to vs + 1, a gradient to vs - 1; Eval: evaluation's
+// forward). The executor's sends and receives and the simulator's expansion use this one
+// definition.
+enum class Message { Activation = 0, Grad = 1, Eval = 2 };
+inline int64_t message_tag(int mb, int vs, int virtual_stages, Message kind) {
+  return (static_cast<int64_t>(mb) * virtual_stages + vs) * 3 + static_cast<int>(kind);
+}
+
 struct Schedule {
   // "gpipe" | "1f1b" | "interleaved" | "zbh1" | "zbv" (or anything for hand-made ones)
   std::string name;
