@@ -15,6 +15,7 @@
 #include "cai/core/error.h"
 #include "cai/core/toml_text.h"
 #include "cai/data/data.h"
+#include "key_docs.h"
 
 namespace cai::config {
 
@@ -295,6 +296,63 @@ TrainConfig parse_config(const std::string& text, const std::string& origin,
     c.explicitly_set.insert(key);
   }
   return c;
+}
+
+std::string key_reference_markdown() {
+  TrainConfig defaults;
+  const std::vector<Field> fs = fields(defaults);
+  auto num = [](double v) {
+    return v >= 1e300    ? std::string("inf")
+           : v <= -1e300 ? std::string("-inf")
+                         : fmt::format("{}", v);
+  };
+  std::vector<std::string> sections;  // in order of first appearance in the table
+  for (const Field& f : fs) {
+    const std::string sec = f.key.substr(0, f.key.find('.'));
+    if (std::find(sections.begin(), sections.end(), sec) == sections.end()) sections.push_back(sec);
+  }
+  std::string out;
+  for (const std::string& sec : sections) {
+    out += fmt::format(
+        "\n### [{}]\n\n| key | type | default | allowed | meaning |\n"
+        "| --- | --- | --- | --- | --- |\n",
+        sec);
+    for (const Field& f : fs) {
+      if (f.key.rfind(sec + ".", 0) != 0) continue;
+      const char* doc = detail::key_doc(f.key);
+      CAI_CHECK(doc != nullptr, "[config] key {} has no description in key_docs.cpp", f.key);
+      std::string type, def, allowed;
+      switch (f.kind) {
+        case Kind::Int:
+          type = "integer";
+          def = fmt::format("{}", *static_cast<const int64_t*>(f.ptr));
+          break;
+        case Kind::Float:
+          type = "number";
+          def = num(*static_cast<const double*>(f.ptr));
+          break;
+        case Kind::Bool:
+          type = "bool";
+          def = *static_cast<const bool*>(f.ptr) ? "true" : "false";
+          break;
+        case Kind::String:
+          type = "string";
+          def = fmt::format("\"{}\"", *static_cast<const std::string*>(f.ptr));
+          break;
+        case Kind::IntList:
+          type = "integer list";
+          def = fmt::format("[{}]", fmt::join(*static_cast<const std::vector<int>*>(f.ptr), ", "));
+          break;
+      }
+      if (!f.choices.empty())
+        allowed = fmt::format("{}", fmt::join(f.choices, " \\| "));
+      else if (f.kind == Kind::Int || f.kind == Kind::Float || f.kind == Kind::IntList)
+        allowed = fmt::format("[{}, {}]", num(f.lo), num(f.hi));
+      out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.key.substr(sec.size() + 1), type,
+                         def, allowed, doc);
+    }
+  }
+  return out;
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -103,6 +103,9 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& origin
 // (the data-parallel size is world / (tensor size · pipeline)).
 void validate(const TrainConfig& c, int world);
 std::string to_toml(const TrainConfig& c);  // the resolved configuration
+// Every key the config accepts (the table load_config validates against) as a Markdown
+// reference: key, type, default, allowed values, description (`vit_train --help-config`).
+std::string key_reference_markdown();
 // ${NAME} expanded from the environment; an unset variable is an error naming it.
 std::string expand_env(const std::string& s, const std::string& key);
 

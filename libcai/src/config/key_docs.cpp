@@ -1,0 +1,98 @@
+// One line per configuration key: what `vit_train --help-config` and docs/CONFIG.md say about
+// it. The keys, types, defaults and allowed values come from the key table in config.cpp; a key
+// there without a line here is an error when the reference is printed (the docs test catches it).
+#include "key_docs.h"
+
+#include <map>
+#include <string>
+
+namespace cai::config::detail {
+
+const char* key_doc(const std::string& key) {
+  static const std::map<std::string, const char*> docs = {
+      {"train.batch_size", "samples per step per data-parallel process (as in Colossal-AI)"},
+      {"train.num_epochs", "epochs to train"},
+      {"train.learning_rate", "peak learning rate"},
+      {"train.weight_decay", "decoupled weight decay (timm's groups: no decay on norms, biases)"},
+      {"train.warmup_epochs", "linear warm-up length in epochs (fractions allowed)"},
+      {"train.gradient_accumulation", "micro-steps accumulated before each optimizer step"},
+      {"train.clip_grad_norm", "global-norm gradient clipping (0: off)"},
+      {"train.label_smoothing", "label smoothing of the cross-entropy"},
+      {"train.seed", "seed of the initialisation, dropout and data order"},
+      {"train.optimizer", "optimizer (hybrid_adam: the CPU Adam of ZeRO's cpu_offload)"},
+      {"train.momentum", "SGD momentum"},
+      {"train.nesterov", "SGD with Nesterov momentum"},
+      {"train.lr_schedule", "learning-rate schedule after the warm-up"},
+      {"train.schedule_by", "the schedule advances every step or every epoch"},
+      {"train.min_lr", "the cosine schedule's final learning rate"},
+      {"train.num_workers", "data-loader threads"},
+      {"train.log_interval", "steps between plain progress lines (0: ten per epoch)"},
+      {"train.metrics_file", "JSON-lines metrics file (\"\": none; ${VAR} expands)"},
+      {"train.kernel_profile", "per-kernel GPU time table (Markdown, CUPTI) written here"},
+      {"train.kernel_profile_start", "profile the steps after this global step"},
+      {"train.kernel_profile_steps", "number of profiled steps"},
+      {"train.max_steps_per_epoch", "cut every epoch to this many steps (0: whole epoch)"},
+      {"train.device", "cpu, or cuda: one GPU per process (local rank mod GPUs), NCCL between"},
+      {"model.name", "a timm ViT name as the starting point, e.g. vit_base_patch16_224"},
+      {"model.img_size", "input image side in pixels"},
+      {"model.patch_size", "patch side in pixels"},
+      {"model.in_chans", "input channels (unset: 1 for mnist/fashion_mnist, else 3)"},
+      {"model.hidden_size", "embedding width"},
+      {"model.depth", "transformer blocks"},
+      {"model.num_heads", "attention heads"},
+      {"model.mlp_ratio", "MLP hidden width / hidden_size"},
+      {"model.num_classes", "classifier outputs"},
+      {"model.dropout", "dropout probability"},
+      {"model.drop_path", "stochastic depth (drop-path) rate"},
+      {"model.checkpoint", "activation checkpointing of every block"},
+      {"model.act", "MLP activation: exact GELU or tanh approximation"},
+      {"parallel.pipeline", "pipeline stages"},
+      {"parallel.num_microbatches", "micro-batches per step (0: unset; not with microbatch_size)"},
+      {"parallel.microbatch_size", "samples per micro-batch (0: unset; not with num_microbatches)"},
+      {"parallel.pp_style", "pipeline schedule; zbh1 and zbv are the zero-bubble ones"},
+      {"parallel.num_model_chunks", "model chunks per stage (interleaved; zbv uses 2)"},
+      {"parallel.split_backward", "backward as B (input gradient) and W (weight gradients)"},
+      {"parallel.partition", "layers per stage: equal counts or balanced parameters"},
+      {"parallel.num_layers_per_stage", "explicit layer count per (virtual) stage"},
+      {"parallel.tensor.mode", "tensor parallelism: 1d (Megatron), 2d, 2.5d, 3d"},
+      {"parallel.tensor.size", "tensor-parallel group size"},
+      {"parallel.tensor.depth", "2.5d depth"},
+      {"parallel.sequence_parallel", "1d: split the residual stream along the tokens"},
+      {"parallel.zero_stage", "0 DDP, 1-3 ZeRO stages"},
+      {"parallel.cpu_offload", "ZeRO: fp32 master shard and Adam state in host memory"},
+      {"parallel.ddp_bucket_cap_mb", "DDP gradient bucket size in MB"},
+      {"parallel.gradient_comm_dtype", "DDP/ZeRO-1 bucket all-reduce dtype"},
+      {"parallel.ddp_copy_engine", "fp32 DDP/ZeRO-1 buckets all-reduced by the copy engines"},
+      {"parallel.ddp_exchange", "zero_stage 0: buckets copied whole between the GPUs of a host"},
+      {"parallel.ddp_bucket_hold", "buckets wait until this share of the gradients is final"},
+      {"parallel.zero_bucket_size_in_m", "ZeRO bucket size in millions of elements"},
+      {"precision.mode", "fp32, or mixed precision with fp32 master weights"},
+      {"precision.initial_scale", "fp16 loss scaler: initial scale"},
+      {"precision.min_scale", "fp16 loss scaler: lowest scale"},
+      {"precision.growth_factor", "fp16 loss scaler: growth factor"},
+      {"precision.backoff_factor", "fp16 loss scaler: back-off factor on overflow"},
+      {"precision.growth_interval", "fp16 loss scaler: steps without overflow before growing"},
+      {"precision.hysteresis", "fp16 loss scaler: overflows tolerated before backing off"},
+      {"precision.max_scale", "fp16 loss scaler: highest scale"},
+      {"data.dataset", "dataset format (synthetic: random images, no files)"},
+      {"data.path", "dataset directory (${VAR} expands; image_folder: train/ and val/)"},
+      {"data.train_subset", "use the first N training samples (0: all)"},
+      {"data.eval_subset", "use the first N evaluation samples (0: all)"},
+      {"data.random_crop_padding", "random crop after this much zero padding (0: off)"},
+      {"data.horizontal_flip", "random horizontal flips"},
+      {"data.image_size", "image_folder decode size (0: model.img_size)"},
+      {"data.synthetic_size", "synthetic: training samples (evaluation: a fifth)"},
+      {"checkpoint.dir", "checkpoint directory (\"\": none); shared by all hosts"},
+      {"checkpoint.every_steps", "save every N steps (0: off)"},
+      {"checkpoint.every_epochs", "save every N epochs (0 with every_steps 0: every epoch)"},
+      {"checkpoint.keep_last", "keep the newest N checkpoints (0: all)"},
+      {"checkpoint.max_shard_mb", "split model.safetensors into shards of this size"},
+      {"checkpoint.export_dtype", "dtype of the saved and exported model weights"},
+      {"checkpoint.per_rank", "every rank writes its own slices (no gathering)"},
+      {"checkpoint.overwrite", "a new run may take over another run's checkpoint.dir"},
+  };
+  const auto it = docs.find(key);
+  return it == docs.end() ? nullptr : it->second;
+}
+
+}  // namespace cai::config::detail
