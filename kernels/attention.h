@@ -35,7 +35,8 @@ void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout,
 // fixed order: q, the column sums of dQ as written; k, 0; v, the column sums of dout (what the
 // column sums of dK and dV are in exact arithmetic: the softmax ignores a shift of a score row,
 // and its rows sum to 1).
-// kernels/cuda/flash_attention.cu; the CPU-only build reports false / throws.
+// kernels/cuda/flash_attention.cu (forward) and flash_attention_bwd.cu; the CPU-only build reports
+// false / throws.
 bool flash_attention_supported(DT t, int64_t hd);
 void flash_attention_fwd_t(DT t, const void* qkv, void* out, float* lse, int64_t b, int64_t n,
                            int64_t h, int64_t hd, void* stream = nullptr);

@@ -15,7 +15,7 @@
 //   TensorParallel::comm_bytes counts them), dp_comm_bytes (its data-parallel reductions).
 // A layout vit_train refuses is "failed" with its reason.
 //
-// Models block and mlp (the measured worker's models, cmd_benchmark.cpp): the plan with body
+// Models block and mlp (the measured worker's models, cmd_benchmark_worker.cpp): the plan with body
 // Blocks (-l nn::Block of hidden -d, d / 64 heads, MLP ratio 4) or Linears (-l ×
 // nn::ParallelLinear(d, d)) on -b samples of -s tokens per tensor group, forward then backward
 // of mean(output) and nothing else (no optimizer: optimizer_ms 0; no data-parallel reduction:

@@ -43,7 +43,7 @@ double collective_lower_bound(const Cluster& c, int nproc, OpKind kind, int64_t 
       sum += collective_lower_bound(c, nproc, OpKind::Broadcast, bytes, ring, t);
     return sum;
   }
-  if (kind == OpKind::Broadcast) {  // replay.cpp's bulk chain: n chunks
+  if (kind == OpKind::Broadcast) {  // replay_collectives.cpp's bulk chain: n chunks
     double fill = 0, lat_max = 0, flows = 0;
     for (int k = 0; k + 1 < n; ++k) {
       const RouteCost e = edge(k);

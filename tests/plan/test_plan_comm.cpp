@@ -53,7 +53,7 @@ nn::ViTConfig model_of(const Case& k) {
 using Counts = std::map<std::string, nn::TensorParallel::CommCount>;
 
 // Blocks and Linears, as colossalai benchmark's worker builds and steps them
-// (apps/colossalai/cmd_benchmark.cpp): the layers on [batch, tokens, d] (this rank's chunk
+// (apps/colossalai/cmd_benchmark_worker.cpp): the layers on [batch, tokens, d] (this rank's chunk
 // under 2d/2.5d/3d), forward, then the backward of mean(output).
 Counts measured_body(const Case& k, const std::shared_ptr<nn::TensorParallel>& tp) {
   const nn::ViTConfig c = model_of(k);
