@@ -272,19 +272,18 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     for (auto it = sends.begin(); it != sends.end();)
       it = (*it)->test() ? sends.erase(it) : std::next(it);
   };
-  // Receives are posted ahead: each kind's next receive (in program order, which is the order
-  // the peer sends in) is posted as soon as the previous one has been taken, so the transfer
-  // runs while this stage computes instead of starting when the program reaches it.
+  // Receives are posted ahead (schedule::receive_posting): each as soon as its matching send no
+  // longer waits for anything this rank has still to do, at most one per kind at a time, in the
+  // order the peer sends in, so the transfer runs while this stage computes instead of starting
+  // when the program reaches it. Never earlier: NCCL keeps a posted receive spinning on the
+  // device, and a receive whose send needed this rank to get further first would make any CUDA
+  // call here that waits for the device wait forever (on 4 H100, dp 2 x pp 2 x ZeRO 1 with
+  // interleaved x4, m 4 hung in its second step when every kind's next receive went out as soon
+  // as the previous one was taken).
   struct Posted {
     Tensor buffer;
     std::unique_ptr<dist::Work> work;
   };
-  std::vector<size_t> recv_order[2];  // program positions of RecvActivation / RecvGrad
-  for (size_t i = 0; i < prog.size(); ++i) {
-    if (prog[i].op == schedule::Op::RecvActivation) recv_order[0].push_back(i);
-    if (prog[i].op == schedule::Op::RecvGrad) recv_order[1].push_back(i);
-  }
-  size_t next_recv[2] = {0, 0};
   // Per chunk, the micro-batch whose parameter gradients come last in the program (its Backward
   // or BackwardWeight): the data-parallel hooks reduce after that one (1F1B, GPipe: the last
   // micro-batch; a zero-bubble schedule may finish another one's W last).
@@ -293,36 +292,27 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     if (i.op == schedule::Op::Backward || i.op == schedule::Op::BackwardWeight)
       last_weight_mb[i.chunk] = i.mb;
   std::map<size_t, Posted> posted;  // by program position
-  auto post = [&](int kind) {
-    if (next_recv[kind] >= recv_order[kind].size()) return;
-    const size_t pos = recv_order[kind][next_recv[kind]++];
+  auto post = [&](size_t pos) {
     const schedule::Instr& r = prog[pos];
     const int rvs = m.my_vs(r.chunk);
     Posted p;
     p.buffer = m.boundary(m.slice(n, mbs, r.mb).second);
-    p.work = kind == 0 ? m.pp->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs - 1, V, kActivation))
-                       : m.pp_grad->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs + 1, V, kGrad));
+    p.work = r.op == schedule::Op::RecvActivation
+                 ? m.pp->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs - 1, V, kActivation))
+                 : m.pp_grad->recv_async(p.buffer, r.peer, tag_of(r.mb, rvs + 1, V, kGrad));
     posted[pos] = std::move(p);
   };
-  // On GPUs, not in the first step: an NCCL receive spins on the device until its peer sends, and
-  // the first step is where this process first builds cuBLAS handles, loads kernels and grows
-  // the allocator, calls that can wait for the device to drain. With a receive posted ahead, a
-  // stage waiting there never reaches the send its peer needs to get to that receive's send: on
-  // 2 H200, vit_train pp 2 hung in the first step (each rank's receive timed out). From the
-  // second step the step's calls are warm; receives go out ahead again.
+  // On GPUs, not in the first step: the first step is where this process first builds cuBLAS
+  // handles, grows the allocator and (with lazy module loading) loads kernels, calls that can wait
+  // for the device to drain; its receives go out only when the program reaches them.
   const bool ahead = !m.device.is_cuda() || m.warm;
-  auto take = [&](int kind, size_t pos) {
-    if (!posted.count(pos)) post(kind);
+  const std::vector<std::vector<size_t>> posting = schedule::receive_posting(sched, m.me.pp, ahead);
+  auto take = [&](size_t pos) {
     Posted p = std::move(posted.at(pos));
     posted.erase(pos);
     p.work->wait();
-    if (ahead) post(kind);  // the next one of this kind goes out now
     return p.buffer;
   };
-  if (ahead) {
-    post(0);
-    post(1);
-  }
   train::StepMetrics metrics;
   const double step_t0 = trace::Recorder::now_us();
   double compute_us = 0;
@@ -337,6 +327,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     const schedule::Instr& in = prog[pos];
     const double t0 = trace::Recorder::now_us();
     release_sends();
+    for (size_t r : posting[pos]) post(r);
     const auto key = std::make_pair(in.mb, in.chunk);
     const int vs = m.my_vs(in.chunk);
     using schedule::Op;
@@ -344,7 +335,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
       case Op::LoadMicroBatch:
         break;  // every rank of the pipeline already holds the batch; slices are views
       case Op::RecvActivation:
-        input[key] = take(0, pos);
+        input[key] = take(pos);
         break;
       case Op::Forward: {
         const auto [off, rows] = m.slice(n, mbs, in.mb);
@@ -386,7 +377,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         output.erase(key);
         break;
       case Op::RecvGrad:
-        grad_in[key] = take(1, pos);
+        grad_in[key] = take(pos);
         break;
       case Op::Backward:
       case Op::BackwardInput: {

@@ -261,6 +261,25 @@ struct ValidationResult {
 // peak_activations counts them) exceed it, naming the rank, the count and the limit.
 ValidationResult validate(const Schedule& schedule, const CostModel& cost = {},
                           int max_live_activations = 0);
+// Where each receive may be posted ahead of its instruction: points[rank][i], for a receive at
+// position i of the rank's program, is the earliest position before whose instruction it may be
+// posted (<= i): just after the last instruction of this rank that its matching send depends on
+// (through program order and earlier messages; sends and receives of a (kind, src, dst) channel
+// pair in order, as NCCL's do). Posted earlier, a receive could wait on the device for a send that
+// needs this rank to get further first: NCCL keeps such a receive spinning, and a CUDA call of
+// this rank that waits for the device (an allocation, a module load, an event or stream wait on
+// work queued behind it) then never returns. For other instructions points[rank][i] = i.
+// Throws "[schedule] ..." when a receive has no matching send or the programs deadlock.
+std::vector<std::vector<size_t>> receive_post_points(const Schedule& schedule);
+
+// The executor's receive posting for one rank: before[i] lists the receive positions to post just
+// before instruction i runs. ahead: each receive as soon as its receive_post_points entry allows,
+// with at most one posted and not yet taken per kind (activation, gradient) and each kind in
+// program order (the order its peer sends in), so a posted receive overlaps this rank's compute;
+// a receive not posted by then is posted at its own position. !ahead: every receive at its own
+// position.
+std::vector<std::vector<size_t>> receive_posting(const Schedule& schedule, int rank, bool ahead);
+
 // validate(), throwing cai::Error with the message when it fails.
 ValidationResult validate_or_throw(const Schedule& schedule, const CostModel& cost = {},
                                    int max_live_activations = 0);
