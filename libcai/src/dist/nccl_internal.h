@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -24,6 +26,7 @@
 #include "cai/core/error.h"
 #include "cai/dist/abort_gate.h"
 #include "cai/dist/nccl.h"
+#include "cai/dist/stall_monitor.h"
 #include "cai/schedule/buckets.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/p2p.h"
@@ -168,6 +171,21 @@ class Watchdog {
   void watch(const std::shared_ptr<Channel>& ch) {
     std::lock_guard<std::mutex> l(mu_);
     channels_.push_back(ch);
+    // A round of this loop takes milliseconds, an abort at most the drain limit plus
+    // ncclCommAbort. Far past the collective timeout, the loop is held inside the driver by a
+    // wedged device, and the process ends with a message instead of hanging (stall_monitor.h).
+    if (!stall_)
+      stall_ = std::make_unique<StallMonitor>(
+          ch->timeout + Channel::kDrainSeconds + 30, "the NCCL watchdog of " + ch->label,
+          [](const std::string& m) {
+            std::fprintf(stderr,
+                         "[nccl] %s: it is held inside a CUDA or NCCL call, so the device is "
+                         "stuck (a kernel waiting for a peer that waits for this process); "
+                         "ending this process so that the launcher ends the job\n",
+                         m.c_str());
+            std::fflush(stderr);
+            std::abort();
+          });
   }
 
  private:
@@ -182,6 +200,7 @@ class Watchdog {
       l.unlock();
       for (auto& ch : live) check(*ch);
       l.lock();
+      if (stall_) stall_->beat();
       channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
                                      [](const std::weak_ptr<Channel>& w) { return w.expired(); }),
                       channels_.end());
@@ -217,6 +236,7 @@ class Watchdog {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<std::weak_ptr<Channel>> channels_;
+  std::unique_ptr<StallMonitor> stall_;  // from the first channel on
   std::thread thread_;
 };
 
