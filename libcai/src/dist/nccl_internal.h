@@ -21,6 +21,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cai/core/error.h"
@@ -198,7 +199,20 @@ class Watchdog {
       for (auto& w : channels_)
         if (auto ch = w.lock()) live.push_back(ch);
       l.unlock();
-      for (auto& ch : live) check(*ch);
+      for (auto& ch : live)
+        if (check(*ch) && !aborted_at_) aborted_at_ = std::chrono::steady_clock::now();
+      // After an abort the host thread gets the error at its next use of the communicator and
+      // the app ends; a host thread held inside the device never gets there.
+      if (aborted_at_ && std::chrono::steady_clock::now() - *aborted_at_ >
+                             std::chrono::duration<double>(kAfterAbortSeconds)) {
+        std::fprintf(stderr,
+                     "[nccl] this process is still running %.0f s after its watchdog aborted a "
+                     "communicator (reason above): the host thread is held inside the device; "
+                     "ending the process so that the launcher ends the job\n",
+                     kAfterAbortSeconds);
+        std::fflush(stderr);
+        std::abort();
+      }
       l.lock();
       if (stall_) stall_->beat();
       channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
@@ -206,37 +220,47 @@ class Watchdog {
                       channels_.end());
     }
   }
-  static void check(Channel& ch) {
-    if (ch.aborted()) return;
+  // Aborts the channel on an NCCL error or a late operation and says so at once on stderr (the
+  // host thread may never come back to report it); true when it aborted it now.
+  static bool check(Channel& ch) {
+    if (ch.aborted()) return false;
+    std::string why;
     const std::string e = ch.async_error();
     if (!e.empty()) {
-      ch.abort(fmt::format("[nccl] {}: NCCL reported an error ({}); the communicator was aborted",
-                           ch.label, e));
-      return;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    std::string late;
-    {
-      std::lock_guard<std::mutex> l(ch.mu);
-      while (!ch.in_flight.empty() && ch.in_flight.front().done->query()) ch.in_flight.pop_front();
-      for (const auto& f : ch.in_flight)
-        if (now > f.deadline && !f.done->query()) {
-          late = f.what;
-          break;
-        }
-    }
-    if (!late.empty())
-      ch.abort(fmt::format(
+      why = fmt::format("[nccl] {}: NCCL reported an error ({}); the communicator was aborted",
+                        ch.label, e);
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      std::string late;
+      {
+        std::lock_guard<std::mutex> l(ch.mu);
+        while (!ch.in_flight.empty() && ch.in_flight.front().done->query())
+          ch.in_flight.pop_front();
+        for (const auto& f : ch.in_flight)
+          if (now > f.deadline && !f.done->query()) {
+            late = f.what;
+            break;
+          }
+      }
+      if (late.empty()) return false;
+      why = fmt::format(
           "[nccl] {} did not complete within {} s: a peer has died or hung (the watchdog aborted "
           "the {}; set CAI_COLLECTIVE_TIMEOUT to change the limit)",
-          late, ch.timeout, ch.copy_engine ? "copy-engine all-reduce" : "NCCL communicator"));
+          late, ch.timeout, ch.copy_engine ? "copy-engine all-reduce" : "NCCL communicator");
+    }
+    std::fprintf(stderr, "%s\n", why.c_str());
+    std::fflush(stderr);
+    ch.abort(why);
+    return true;
   }
 
+  static constexpr double kAfterAbortSeconds = Channel::kDrainSeconds + 60;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<std::weak_ptr<Channel>> channels_;
-  std::unique_ptr<StallMonitor> stall_;  // from the first channel on
+  std::unique_ptr<StallMonitor> stall_;                              // from the first channel on
+  std::optional<std::chrono::steady_clock::time_point> aborted_at_;  // the watchdog's first abort
   std::thread thread_;
 };
 
