@@ -308,9 +308,9 @@ void replay(const StepPlan& plan, RankPlan& r) {
       --t.in_flight;
     }
   } else {
-    // The pipeline executor (parallel/pipeline.cpp): one posted receive per kind ahead; a
-    // send's buffer released at the next instruction; the loss stage keeps dlogits per
-    // micro-batch until its backward.
+    // The pipeline executor (parallel/pipeline.cpp): receives posted where
+    // schedule::receive_posting puts them (steady state: ahead); a send's buffer released at the
+    // next instruction; the loss stage keeps dlogits per micro-batch until its backward.
     const schedule::Program& prog = plan.schedule.programs[r.pp_rank];
     const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
     const int64_t bnd = rows * s.nr * s.d * 4;
@@ -318,33 +318,23 @@ void replay(const StepPlan& plan, RankPlan& r) {
     for (int i = 0; i < L; ++i) pos_of[r.layers[i]] = i;
     int64_t sending = 0;
     std::map<std::pair<int, int>, Replay::Held> held_for_weight;  // (mb, chunk)
-    bool posted[2] = {false, false};
-    auto post = [&](int kind, size_t from) {
-      for (size_t i = from; i < prog.size(); ++i)
-        if (prog[i].op == (kind == 0 ? schedule::Op::RecvActivation : schedule::Op::RecvGrad)) {
-          posted[kind] = true;
-          t.win += bnd;
-          t.add(bnd, "posted receive");
-          return;
-        }
-      posted[kind] = false;
-    };
-    post(0, 0);
-    post(1, 0);
+    const auto posting = schedule::receive_posting(plan.schedule, r.pp_rank, true);
     for (size_t i = 0; i < prog.size(); ++i) {
       const schedule::Instr& in = prog[i];
       t.live -= sending;  // released at the next instruction
       t.win -= sending;
       sending = 0;
+      for (size_t k = 0; k < posting[i].size(); ++k) {
+        t.win += bnd;
+        t.add(bnd, "posted receive");
+      }
       const int first = pos_of[in.first_layer], last = pos_of[in.first_layer + in.num_layers - 1];
       const std::string tag = in.str();
       using schedule::Op;
       switch (in.op) {
         case Op::RecvActivation:
         case Op::RecvGrad: {
-          const int kind = in.op == Op::RecvActivation ? 0 : 1;
           t.win -= bnd;  // the posted buffer becomes the consumer's
-          post(kind, i + 1);
           break;
         }
         case Op::Forward:
@@ -388,8 +378,6 @@ void replay(const StepPlan& plan, RankPlan& r) {
     }
     t.live -= sending;
     t.win -= sending;
-    for (int k = 0; k < 2; ++k)
-      if (posted[k]) t.live -= bnd, t.win -= bnd;
   }
   // sync_gradients: the rest of the stage 2/3 buckets complete.
   while (!rp.inflight.inflight().empty()) rp.finish(rp.inflight.inflight().front());

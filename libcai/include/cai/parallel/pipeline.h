@@ -3,7 +3,8 @@
 // its virtual stages, placed as the style's schedules place them (schedule::placement_of: ZB-V's
 // rank r holds virtual stages r and 2p-1-r; the others' parameters are freed); micro-batches flow
 // between stages with the Communicator's non-blocking sends (each released as soon as it completes)
-// and receives posted one ahead per kind in program order (a Recv instruction waits for data
+// and receives posted ahead where schedule::receive_posting allows (once their matching send no
+// longer waits for this rank; one per kind, in program order; a Recv instruction waits for data
 // already in flight): the semantics the schedule validator proves deadlock-free. With tensor
 // parallelism (through HybridParallelPlugin) boundary tensors have the model's residual shape
 // (sequence parallel: this rank's tokens). Data parallelism across pipeline replicas (pp × dp) and
