@@ -58,21 +58,14 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       rp.label = fmt::format("rank {} (pp {}, dp {})", rank, st, d);
       rp.stage = st;
       if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
-      // Receives are posted ahead (pipeline.cpp, as the plan's replay counts them): one buffer
-      // per kind from the start, and each receive, once its data is there, posts the next one
-      // of its kind; the received buffer becomes the consumer's input.
+      // Receives are posted ahead where schedule::receive_posting puts them (pipeline.cpp, and
+      // the plan's replay counts them so): a buffer from the instruction it is posted before;
+      // the received buffer becomes the consumer's input.
       const schedule::Program& prog = s.programs[st];
+      const auto posting = schedule::receive_posting(s, st, true);
       auto boundary_bytes = [&](const schedule::Instr& in) {
         return opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
       };
-      auto next_recv = [&](size_t from, Op kind) -> const schedule::Instr* {
-        for (size_t i = from; i < prog.size(); ++i)
-          if (prog[i].op == kind) return &prog[i];
-        return nullptr;
-      };
-      for (Op kind : {Op::RecvActivation, Op::RecvGrad})
-        if (const schedule::Instr* first = next_recv(0, kind))
-          rp.initial_mem[static_cast<int>(MemKind::Buffers)] += boundary_bytes(*first);
       std::map<std::tuple<int, int, int>, int64_t> transfers;  // {op, mb, chunk} -> bytes
       for (const schedule::Instr& in : prog)
         if (schedule::is_send(in.op) || schedule::is_recv(in.op))
@@ -119,6 +112,13 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       for (size_t ii = 0; ii < s.programs[st].size(); ++ii) {
         const schedule::Instr& in = s.programs[st][ii];
         cur_instr = static_cast<int>(ii);
+        for (size_t k : posting[ii]) {  // posted before this instruction, after the last host op
+          const int64_t b = boundary_bytes(prog[k]);
+          if (last0 < 0)
+            rp.initial_mem[static_cast<int>(MemKind::Buffers)] += b;
+          else
+            rp.ops[last0].mem_end.push_back({MemKind::Buffers, b});
+        }
         const int vs = s.virtual_stage(st, in.chunk);
         const int64_t bytes = opt.boundary_bytes >= 0 ? opt.boundary_bytes : in.bytes;
         const int64_t act = per<int64_t>(opt.activation_bytes, vs, V, "activation_bytes", 0);
@@ -200,8 +200,6 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
                 name, global(in.peer),
                 a ? tag_of(in.mb, vs - 1, V, kActivation) : tag_of(in.mb, vs + 1, V, kGrad), bytes);
             o.mb = in.mb;
-            if (const schedule::Instr* next = next_recv(ii + 1, in.op))
-              o.mem_end.push_back({MemKind::Buffers, boundary_bytes(*next)});  // posted
             push(std::move(o));
             break;
           }
