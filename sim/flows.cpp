@@ -11,24 +11,6 @@ namespace sg4 = simgrid::s4u;
 
 namespace cai::sim {
 
-std::string link_op(OpKind k) {
-  switch (k) {
-    case OpKind::AllReduce:
-      return "all_reduce";
-    case OpKind::ReduceScatter:
-      return "reduce_scatter";
-    case OpKind::AllGather:
-      return "all_gather";
-    case OpKind::Broadcast:
-    case OpKind::BroadcastRound:
-      return "broadcast";
-    case OpKind::Send:
-      return "p2p";
-    default:
-      return "";
-  }
-}
-
 Cluster flow_cluster(const Cluster& c, const LinkModel& m) {
   if (m.ops.empty() || m.capacity <= 0) return c;
   Cluster f = c;
@@ -92,7 +74,7 @@ void flow_timing(const Workload& w, const detail::Matching& m, const Calibration
     const detail::Instance& in = m.instances[id];
     const int n = w.group_size(in.group_id);
     if (n <= 1) continue;
-    cd.instance[id] = count(lm.covers(link_op(in.kind)), in.kind, n, in.bytes);
+    cd.instance[id] = count(lm.covers(measured_op_name(in.kind)), in.kind, n, in.bytes);
   }
   for (size_t r = 0; r < w.ranks.size(); ++r)
     for (size_t i = 0; i < w.ranks[r].ops.size(); ++i)

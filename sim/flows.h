@@ -25,10 +25,6 @@ class Host;
 
 namespace cai::sim {
 
-// The link model's op for a workload op kind ("all_reduce", ... "broadcast" for a
-// BroadcastRound, "p2p" for a Send); "" for kinds that move nothing.
-std::string link_op(OpKind k);
-
 // `c` with its intra-node links from the model (bandwidth = capacity, latency = the links'
 // latency); `c` itself when the model fitted nothing.
 Cluster flow_cluster(const Cluster& c, const LinkModel& m);

@@ -94,7 +94,7 @@ double calibrated_collective_seconds(const Calibration& cal, OpKind kind, int n,
                                      bool* interpolated) {
   if (cal.collectives.empty() || n <= 1) return -1;
   const bool round = kind == OpKind::BroadcastRound;
-  const std::string op = kind == OpKind::Send ? "p2p" : round ? "broadcast" : op_kind_name(kind);
+  const std::string op = measured_op_name(kind);
   const double t = cal.collective_seconds(op, kind == OpKind::Send ? 2 : n,
                                           static_cast<double>(bytes), interpolated);
   return t >= 0 && round ? t * n : t;  // a round: n broadcasts, each member the root of one

@@ -123,7 +123,7 @@ void Replayer::collective(int r, int i) {
     for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
     mt.waiting = {};
   };
-  if (links && links->covers(link_op(in.kind))) {
+  if (links && links->covers(measured_op_name(in.kind))) {
     // Flows over the fitted links (flows.h); a round is n broadcasts rooted at each member.
     if (!meet()) return;
     auto held = hold(w.groups[in.group_id], frac);
@@ -139,7 +139,7 @@ void Replayer::collective(int r, int i) {
         for (int k = 0; k < listed; ++k)
           edges.push_back({p.hosts[G[k]], successor(in.group_id, k)});
       }
-      run_flows(*links, link_op(in.kind), n, static_cast<double>(in.bytes), edges);
+      run_flows(*links, measured_op_name(in.kind), n, static_cast<double>(in.bytes), edges);
     }
     let_go(held);
     release();

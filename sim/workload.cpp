@@ -28,28 +28,41 @@ const char* mem_kind_name(MemKind k) {
   return "?";
 }
 
+namespace {
+// One row per OpKind: its name (traces, errors) and the op the calibration's collective samples
+// and the link model are keyed by ("" for kinds that move nothing over a link).
+struct OpKindRow {
+  OpKind kind;
+  const char* name;
+  const char* measured;
+};
+constexpr OpKindRow kOpKinds[] = {
+    {OpKind::Compute, "compute", ""},
+    {OpKind::AllReduce, "all_reduce", "all_reduce"},
+    {OpKind::ReduceScatter, "reduce_scatter", "reduce_scatter"},
+    {OpKind::AllGather, "all_gather", "all_gather"},
+    {OpKind::Broadcast, "broadcast", "broadcast"},
+    {OpKind::BroadcastRound, "broadcast_round", "broadcast"},  // n broadcasts
+    {OpKind::Send, "send", "p2p"},
+    {OpKind::Recv, "recv", ""},
+    {OpKind::HostCopy, "host_copy", ""},
+};
+
+const OpKindRow* op_kind_row(OpKind k) {
+  for (const OpKindRow& r : kOpKinds)
+    if (r.kind == k) return &r;
+  return nullptr;
+}
+}  // namespace
+
 const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::Compute:
-      return "compute";
-    case OpKind::AllReduce:
-      return "all_reduce";
-    case OpKind::ReduceScatter:
-      return "reduce_scatter";
-    case OpKind::AllGather:
-      return "all_gather";
-    case OpKind::Broadcast:
-      return "broadcast";
-    case OpKind::BroadcastRound:
-      return "broadcast_round";
-    case OpKind::Send:
-      return "send";
-    case OpKind::Recv:
-      return "recv";
-    case OpKind::HostCopy:
-      return "host_copy";
-  }
-  return "?";
+  const OpKindRow* r = op_kind_row(k);
+  return r ? r->name : "?";
+}
+
+const char* measured_op_name(OpKind k) {
+  const OpKindRow* r = op_kind_row(k);
+  return r ? r->measured : "";
 }
 
 bool is_collective(OpKind k) {

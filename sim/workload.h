@@ -59,6 +59,11 @@ enum class OpKind {
   HostCopy,
 };
 const char* op_kind_name(OpKind k);  // "compute", "all_reduce", ...
+// The op a kind's time is measured and modelled as: the calibration's collective samples and the
+// link model's fits ("all_reduce", "reduce_scatter", "all_gather", "broadcast" for Broadcast and
+// BroadcastRound, "p2p" for a Send); "" for kinds that move nothing over a link. One table with
+// op_kind_name (workload.cpp).
+const char* measured_op_name(OpKind k);
 bool is_collective(OpKind k);
 // Bytes a collective of `bytes` hands over on a group of n members, as
 // nn::TensorParallel::comm_bytes counts a call: `bytes`, n × bytes for a BroadcastRound.

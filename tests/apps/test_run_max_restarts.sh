@@ -13,30 +13,7 @@
 set -uo pipefail
 cai=${1:?path to colossalai}; bin=${2:?path to vit_train}; configs=${3:?config dir}
 so=${4:?path to kill_in_save.so}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $case: $*"
-  failures=$((failures + 1))
-}
-expect() {  # expect PATTERN: the case's log contains PATTERN (extended regex)
-  grep -qE -- "$1" "$log" || fail "output lacks '$1'"
-}
-expect_not() {
-  ! grep -qE -- "$1" "$log" || fail "output has '$1'"
-}
-leftovers() {  # no process whose command line names this test's directory
-  sleep 0.5
-  local left
-  left=$(pgrep -af -- "$tmp" | grep -v pgrep)
-  [ -z "$left" ] || fail "processes left: $left"
-}
-show() {
-  echo "--- $case: exit $rc"
-  sed 's/^/    /' "$log"
-}
+source "$(dirname "$0")/run_case_lib.sh"
 common=(--config "$configs/fmnist_tiny.toml" --set data.train_subset=256
   --set data.eval_subset=64 --set train.num_epochs=4 --set train.batch_size=32
   --set train.num_workers=1 --set model.dropout=0.1 --set train.log_interval=1
@@ -154,8 +131,4 @@ for hosts in "" "--hostfile $tmp/hostfile"; do
   leftovers
 done
 
-if [ $failures -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all --max_restarts cases passed"
+finish "--max_restarts"

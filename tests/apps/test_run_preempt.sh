@@ -17,27 +17,8 @@
 set -uo pipefail
 cai=${1:?path to colossalai}; bin=${2:?path to vit_train}; configs=${3:?config dir}
 shift 3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $case: $*"
-  failures=$((failures + 1))
-}
-expect() {  # expect PATTERN: the case's log contains PATTERN (extended regex)
-  grep -qE -- "$1" "$log" || fail "output lacks '$1'"
-}
-leftovers() {  # no process whose command line names this test's directory
-  sleep 0.5
-  local left
-  left=$(pgrep -af -- "$tmp" | grep -v pgrep)
-  [ -z "$left" ] || fail "processes left: $left"
-}
-show() {
-  echo "--- $case: exit $rc"
-  grep -vE "step +[0-9]+/[0-9]+ " "$log" | sed 's/^/    /'
-}
+show_skip='step +[0-9]+/[0-9]+ '  # show: without the progress lines
+source "$(dirname "$0")/run_case_lib.sh"
 # 16 steps per epoch (1024 samples, global batch 64), 3 epochs, a checkpoint every 8 steps.
 common=(--config "$configs/fmnist_tiny.toml" --set data.train_subset=1024
   --set data.eval_subset=64 --set train.num_epochs=3 --set train.batch_size=32
@@ -212,8 +193,4 @@ show
 expect "colossalai run: stopped on request \(SIGUSR1\): every rank \(2 of 2\) stopped within the grace period \(ranks 0, 1: exited with code 3\)"
 leftovers
 
-if [ $failures -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all preemption cases passed"
+finish "preemption"

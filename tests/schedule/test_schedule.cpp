@@ -10,26 +10,12 @@
 
 #include "cai/core/error.h"
 #include "cai/schedule/schedule.h"
+#include "schedule_test_util.h"
 
 using namespace cai::schedule;
+using namespace cai::schedule::testutil;
 
 namespace {
-
-std::vector<std::string> strs(const Program& prog, size_t n = SIZE_MAX) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < prog.size() && i < n; ++i) out.push_back(prog[i].str());
-  return out;
-}
-
-ScheduleOptions opts(int p, int m, int v = 1, bool split = false) {
-  ScheduleOptions o;
-  o.stages = p;
-  o.micro_batches = m;
-  o.chunks = v;
-  o.activation_bytes = 4096;
-  o.split_backward = split;
-  return o;
-}
 
 // A partition with 2 layers per virtual stage (enough layers for any p, v).
 Partition part2(int p, int v = 1) {
@@ -38,23 +24,6 @@ Partition part2(int p, int v = 1) {
 
 double formula(int p, int m, int v = 1) {
   return double(p - 1) / (v * m + p - 1);
-}
-
-// Expects `f` to throw cai::Error whose message contains every piece of `needles`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const cai::Error& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << n;
-  }
-}
-
-void expect_contains(const std::string& msg, const std::vector<std::string>& needles) {
-  for (const auto& n : needles)
-    EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
 }
 
 }  // namespace

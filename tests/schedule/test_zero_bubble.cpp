@@ -10,42 +10,12 @@
 
 #include "cai/core/error.h"
 #include "cai/schedule/schedule.h"
+#include "schedule_test_util.h"
 
 using namespace cai::schedule;
+using namespace cai::schedule::testutil;
 
 namespace {
-
-ScheduleOptions opts(int p, int m, int v = 1, bool split = false) {
-  ScheduleOptions o;
-  o.stages = p;
-  o.micro_batches = m;
-  o.chunks = v;
-  o.activation_bytes = 4096;
-  o.split_backward = split;
-  return o;
-}
-
-std::vector<std::string> strs(const Program& prog) {
-  std::vector<std::string> out;
-  for (const Instr& in : prog) out.push_back(in.str());
-  return out;
-}
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles[0];
-  } catch (const cai::Error& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << n;
-  }
-}
-
-void expect_contains(const std::string& msg, const std::vector<std::string>& needles) {
-  for (const auto& n : needles)
-    EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
-}
 
 int max_of(const std::vector<int>& v) {
   return *std::max_element(v.begin(), v.end());

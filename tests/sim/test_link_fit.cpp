@@ -137,6 +137,26 @@ TEST(LinkFit, ReproducesShippedProfiles) {
 // from {2} alone (alpha then the cluster's 2 µs). Large messages (>= 16 MiB, where the bandwidth
 // term dominates) within the stated tolerances (15% for 3 ranks' all-reduce and broadcast; 35%,
 // mean 20%, for 4 ranks from 2); the figures are printed.
+// The calibration's samples and the link model are keyed by one op name per kind
+// (measured_op_name, the table op_kind_name shares): a broadcast round is timed as broadcasts by
+// both, a send as "p2p", and kinds that move nothing over a link have none.
+TEST(LinkFit, OneMeasuredOpPerKindForSamplesAndLinks) {
+  const Calibration cal = synthetic({2, 4});
+  const LinkModel m = fit_links(cal, 5e-6);
+  for (OpKind k : {OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::Broadcast,
+                   OpKind::BroadcastRound}) {
+    EXPECT_TRUE(m.covers(measured_op_name(k))) << op_kind_name(k);
+    EXPECT_GT(calibrated_collective_seconds(cal, k, 4, 1 << 20), 0) << op_kind_name(k);
+  }
+  EXPECT_STREQ(measured_op_name(OpKind::BroadcastRound), "broadcast");
+  EXPECT_STREQ(op_kind_name(OpKind::BroadcastRound), "broadcast_round");
+  EXPECT_DOUBLE_EQ(calibrated_collective_seconds(cal, OpKind::BroadcastRound, 4, 1 << 20),
+                   4 * calibrated_collective_seconds(cal, OpKind::Broadcast, 4, 1 << 20));
+  EXPECT_STREQ(measured_op_name(OpKind::Send), "p2p");
+  for (OpKind k : {OpKind::Compute, OpKind::Recv, OpKind::HostCopy})
+    EXPECT_STREQ(measured_op_name(k), "") << op_kind_name(k);
+}
+
 TEST(LinkFit, UnmeasuredGroupSizesFromTheLinks) {
   const Calibration cal = profile("h200x4-vit_base_patch16_224-bf16-nccl.json");
   auto errors = [&](const LinkModel& m, int n, double min_bytes) {
