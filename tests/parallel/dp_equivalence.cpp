@@ -419,6 +419,7 @@ int main(int argc, char** argv) {
     std::string worst_name = "-", worst_part_name = "-";
     if (pa.grad_check) {
       ok = ok && ref.initial.size() == ref.params.size();
+      std::vector<char> checked(ref.sizes.size(), 0);
       size_t at = 0;
       for (size_t k = 0; ok && k < ref.sizes.size(); ++k) {
         double n2 = 0, d2 = 0;
@@ -430,10 +431,18 @@ int main(int argc, char** argv) {
           const double gd = double(dist.params[at]) - ref.initial[at];
           n2 += (gd - gr) * (gd - gr), d2 += gr * gr;
         }
+        checked[k] = here;
         if (!here) continue;
         const double e = std::sqrt(n2) / (std::sqrt(d2) + 1e-12);
         if (e > worst_grad) worst_grad = e, worst_name = ref.sizes[k].first;
       }
+      // Every parameter checked by some rank (a pipeline stage checks its own layers only).
+      for (size_t k = 0; k < ref.sizes.size(); ++k)
+        if (world->all_reduce_scalar(checked[k] ? 1.0 : 0.0, dist::ReduceOp::Max) != 1.0) {
+          ok = false;
+          if (world->rank() == 0)
+            std::printf("grad-check: no rank compared %s\n", ref.sizes[k].first.c_str());
+        }
       // Tensor parallel: this rank's own part of each sharded parameter against the single
       // run's slice (shard_of), so a replica that the gathered state leaves out (a part two
       // ranks hold, only the lowest one's copy gathered) cannot be wrong unseen.
