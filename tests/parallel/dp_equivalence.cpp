@@ -15,6 +15,12 @@
 // --tp T: tensor parallelism (1D, --sp: with sequence parallelism) through the
 // HybridParallelPlugin (with --pp and data parallelism over the remaining ranks); the parameters
 // compared are its full_state(): the shards of every rank gathered back to timm's shapes.
+// --grad-check: one step of plain SGD (lr 100; no momentum, weight decay or clipping): each
+// parameter's change (-lr x its full gradient, gathered from the shards and stages) against the
+// single run's, <= 1e-5 relative per parameter, printing the worst; with tensor parallelism also
+// each rank's own part of every sharded parameter against the single run's slice (a replica of a
+// part is not in the gathered state). A gradient scaled by 1.01 on one rank's shard, or a zeroed
+// shard, fails it (checked once by hand: docs/TENSOR_PARALLEL.md).
 // --cpu-offload (ZeRO >= 1): ZeRO-Offload; the distributed run steps its host shards with
 // HybridAdam (for --optimizer adamw, the default) and must keep no optimizer state on the GPU
 // and 1/dp of the single run's state in host memory.
@@ -32,6 +38,7 @@
 #include "cai/dist/communicator.h"
 #include "cai/dist/launch.h"
 #include "cai/dist/mesh.h"
+#include "cai/nn/tensor_parallel.h"
 #include "cai/nn/vit.h"
 #include "cai/optim/optimizer.h"
 #include "cai/parallel/data_parallel.h"
@@ -43,12 +50,23 @@ using namespace cai;
 
 namespace {
 
+// A tensor-parallel rank's own part of a sharded parameter after the step (--grad-check): the
+// gathered full_state() keeps the lowest rank's copy of a part several ranks hold (2D/2.5D/3D
+// replicas), so each rank's copy is compared with the single run's slice as well.
+struct LocalPart {
+  std::string name;
+  nn::ShardSpec shard;
+  std::vector<float> value;
+};
+
 struct Result {
   std::vector<double> losses;
   train::EvalResult eval;  // after training, on held-out images
   std::vector<float> params;
   std::vector<float> initial;                          // the single run's, before training
   std::vector<std::pair<std::string, int64_t>> sizes;  // the single run's parameters, in order
+  std::vector<Shape> full_shapes;                      // the single run's, in the same order
+  std::vector<LocalPart> parts;                        // tensor parallel: this rank's shards
   int64_t state_bytes = 0, param_bytes = 0;
   int64_t state_gpu_bytes = 0, state_host_bytes = 0;
 };
@@ -199,6 +217,7 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
   if (!comm)  // the single run holds every parameter whole
     for (nn::Parameter* p : model.parameters()) {
       r.sizes.emplace_back(p->name, p->value.numel());
+      r.full_shapes.push_back(p->value.shape());
       for (float v : p->value.to_vector()) r.initial.push_back(v);
     }
   t.add_hook(std::make_shared<RecordLoss>(r.losses));
@@ -263,6 +282,10 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     const auto state = hybrid->full_state(model);
     for (nn::Parameter* p : model.parameters())
       for (float v : state.at(p->name).to_vector()) r.params.push_back(v);
+    if (pa.grad_check)  // this rank's parts as they are (ZeRO-3: materialized by full_state)
+      for (nn::Parameter* p : model.parameters())
+        if (p->shard.sharded() && p->value.defined() && p->value.numel() > 0)
+          r.parts.push_back(LocalPart{p->name, p->shard, p->value.to_vector()});
     for (nn::Parameter* p : model.parameters())
       if (p->value.defined()) r.param_bytes += p->value.nbytes();
     return r;
@@ -390,11 +413,13 @@ int main(int argc, char** argv) {
     const double param_err = std::sqrt(num / den);
     // --grad-check: per parameter, the change of one SGD step (-lr × the gradient) against the
     // single run's, ≤ 1e-5 relative (norm-wise, with a floor for all-zero gradients); measured
-    // 4e-7 (DDP, ZeRO-3) to 8e-7 (1D + SP, 2D and 2.5D with q = 2 and 3).
-    double worst_grad = 0;
-    std::string worst_name = "-";
+    // 4e-7 (DDP, ZeRO-3) to 8e-7 (1D + SP, 2D and 2.5D with q = 2 and 3), and each rank's own
+    // parts up to 1.2e-6 (2D q = 3, 2.5D q = 2 depth 2).
+    double worst_grad = 0, worst_part = 0;
+    std::string worst_name = "-", worst_part_name = "-";
     if (pa.grad_check) {
       ok = ok && ref.initial.size() == ref.params.size();
+      std::vector<char> checked(ref.sizes.size(), 0);
       size_t at = 0;
       for (size_t k = 0; ok && k < ref.sizes.size(); ++k) {
         double n2 = 0, d2 = 0;
@@ -406,15 +431,50 @@ int main(int argc, char** argv) {
           const double gd = double(dist.params[at]) - ref.initial[at];
           n2 += (gd - gr) * (gd - gr), d2 += gr * gr;
         }
+        checked[k] = here;
         if (!here) continue;
         const double e = std::sqrt(n2) / (std::sqrt(d2) + 1e-12);
         if (e > worst_grad) worst_grad = e, worst_name = ref.sizes[k].first;
       }
-      ok = ok && worst_grad <= 1e-5;
+      // Every parameter checked by some rank (a pipeline stage checks its own layers only).
+      for (size_t k = 0; k < ref.sizes.size(); ++k)
+        if (world->all_reduce_scalar(checked[k] ? 1.0 : 0.0, dist::ReduceOp::Max) != 1.0) {
+          ok = false;
+          if (world->rank() == 0)
+            std::printf("grad-check: no rank compared %s\n", ref.sizes[k].first.c_str());
+        }
+      // Tensor parallel: this rank's own part of each sharded parameter against the single
+      // run's slice (shard_of), so a replica that the gathered state leaves out (a part two
+      // ranks hold, only the lowest one's copy gathered) cannot be wrong unseen.
+      std::map<std::string, size_t> index;  // name -> position in ref.sizes
+      std::vector<size_t> offset(ref.sizes.size() + 1, 0);
+      for (size_t k = 0; k < ref.sizes.size(); ++k)
+        index[ref.sizes[k].first] = k, offset[k + 1] = offset[k] + ref.sizes[k].second;
+      for (const LocalPart& lp : dist.parts) {
+        const auto it = index.find(lp.name);
+        ok = ok && it != index.end();
+        if (!ok) break;
+        const size_t k = it->second;
+        auto slice = [&](const std::vector<float>& all) {
+          const std::vector<float> v(all.begin() + offset[k], all.begin() + offset[k + 1]);
+          return nn::shard_of(Tensor::from_vector(v, ref.full_shapes[k]), lp.shard).to_vector();
+        };
+        const std::vector<float> after = slice(ref.params), before = slice(ref.initial);
+        ok = ok && after.size() == lp.value.size();
+        double n2 = 0, d2 = 0;
+        for (size_t j = 0; ok && j < after.size(); ++j) {
+          const double gr = double(after[j]) - before[j], gd = double(lp.value[j]) - before[j];
+          n2 += (gd - gr) * (gd - gr), d2 += gr * gr;
+        }
+        const double e = std::sqrt(n2) / (std::sqrt(d2) + 1e-12);
+        if (e > worst_part) worst_part = e, worst_part_name = lp.name;
+      }
+      ok = ok && (pa.tp == 1 || !dist.parts.empty()) && worst_grad <= 1e-5 && worst_part <= 1e-5;
       std::printf(
           "[rank %d] grad-check: %zu parameters, worst per-parameter gradient rel err "
-          "%.2e (%s)\n",
-          world->rank(), ref.sizes.size(), worst_grad, worst_name.c_str());
+          "%.2e (%s); %zu own tensor-parallel parts, worst %.2e (%s)\n",
+          world->rank(), ref.sizes.size(), worst_grad, worst_name.c_str(), dist.parts.size(),
+          worst_part, worst_part_name.c_str());
     }
     // fp32: the single-process run to 1e-5; bf16/fp16 (GPU): the model-level half bounds. bf16
     // gradient buckets: the half bounds too, and the run must differ from the fp32 one (the
