@@ -195,6 +195,11 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
 
 namespace {
 
+// Sequence parallelism's token copies (add_sequence_parallel_copies): memory-bound ops without
+// FLOPs; the reduce-scatter after fc2 is named apart (a checkpointed block does not recompute it).
+constexpr const char* kSpTokensCopy = "sp.tokens_copy";
+constexpr const char* kSpFc2ScatterCopy = "sp.tokens_copy_out";
+
 void add_linear(LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
                 int64_t e) {
   const double f = 2.0 * rows * in * out;
@@ -226,12 +231,45 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
   p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
   p.backward_extra = (s.sp ? b * s.n * s.d * 4 : 0) + b * s.np * s.d * e;
   if (s.sp) {
+    // TensorParallel::slice_tokens keeps this rank's tokens (a copy); pad_tokens puts their
+    // gradient into a zeroed whole sequence.
+    const int64_t part = b * s.nr * s.d * 4;
+    p.ops.push_back({p.name, kSpTokensCopy, Phase::Forward, 0.0, part, part});
+    p.ops.push_back({p.name, kSpTokensCopy, Phase::Backward, 0.0, part, b * s.n * s.d * 4 + part});
     const int64_t numel = s.d + s.n * s.d + s.d * s.patch + s.d;
     p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, numel * 4, p.name,
                              "parameter gradients", Phase::Backward});
     p.backward_extra += numel * 4;
   }
   return p;
+}
+
+// The device copies around a block's sequence-parallel collectives (no FLOPs, bytes read and
+// written), as nn::TensorParallel and the communicator make them:
+// - gather_tokens copies the gathered [batch, tokens, features] out of the rank-major staging
+//   buffer, reduce_scatter_tokens copies its input into one (ops::copy_tokens_: the whole tensor);
+// - NCCL (GPU) with uneven token counts (tokens % T != 0) pads every rank's block to the largest:
+//   an all-gather copies this rank's part in and the whole result out, a reduce-scatter the whole
+//   input in and this rank's part out (nccl_communicator.cpp, cudaMemcpyAsync on its stream);
+// - in half precision the gathered fp32 output gradients are cast to the compute dtype by
+//   fc2's and proj's backward GEMMs (ops::linear_bwd: `as(dy, t)`), where without sequence
+//   parallelism the next block hands over a half copy made in its LayerNorm pass.
+// Forward: the two gathers and proj's reduce-scatter (recomputed under checkpointing) and fc2's
+// reduce-scatter (kSpFc2ScatterCopy: not recomputed); backward: the two fp32 gathers, the casts
+// and the two input-gradient reduce-scatters.
+void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s) {
+  const int64_t full = s.b * s.n * s.d, part = s.b * s.nr * s.d;
+  const bool uneven = l.gpu && s.n % s.T != 0;
+  // Bytes moved by one gather (reduce-scatter: the same, mirrored) of `es`-byte elements.
+  auto moved = [&](int64_t es) { return 2 * full * es + (uneven ? 2 * (full + part) * es : 0); };
+  auto add = [&](const char* op, Phase ph, int64_t bytes) {
+    p.ops.push_back({p.name, op, ph, 0.0, bytes / 2, bytes - bytes / 2});
+  };
+  add(kSpTokensCopy, Phase::Forward, 3 * moved(s.es));
+  add(kSpFc2ScatterCopy, Phase::Forward, moved(s.es));
+  const bool cast = l.gpu && s.e != 4;
+  add(kSpTokensCopy, Phase::Backward,
+      2 * moved(4) + 2 * moved(s.es) + (cast ? 2 * full * (4 + s.e) : 0));
 }
 
 LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, int64_t index) {
@@ -273,6 +311,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   add_residual_linear("mlp.fc2", s.hid);
   add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
   if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
+  if (s.sp) add_sequence_parallel_copies(p, l, s);
 
   // Collectives as the block issues them (nn/vit.cpp, tensor_parallel.cpp).
   if (s.tp) {
@@ -337,7 +376,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.backward_extra = (full - x) + bwd;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
-      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0) {
+      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpFc2ScatterCopy) {
         OpCost r = o;
         r.phase = Phase::Recompute;
         p.ops.push_back(r);
