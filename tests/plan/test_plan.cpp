@@ -295,6 +295,54 @@ TEST(Plan, CollectivesOfATensorParallelBlock) {
   EXPECT_EQ(s.collectives.size(), 9u);  // + 4 token gathers, the LayerNorm gradients
 }
 
+// The device copies around sequence parallelism's collectives (bytes read + written per block):
+// every gather / reduce-scatter of tokens stages the whole tensor (TensorParallel's
+// copy_tokens_); NCCL pads uneven token counts (5 tokens on 2 ranks) with a copy of the whole
+// tensor and one of this rank's part; in bf16 the two gathered fp32 gradients are cast.
+TEST(Plan, SequenceParallelTokenCopies) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2, l.tp = 2, l.batch = 3, l.sequence_parallel = true;
+  auto bytes = [](const plan::LayerPlan& b, const char* op, plan::Phase ph) {
+    int64_t n = 0;
+    for (const auto& o : b.ops)
+      if (o.op == op && o.phase == ph) {
+        EXPECT_EQ(o.flops, 0.0) << op;
+        n += o.bytes_read + o.bytes_written;
+      }
+    return n;
+  };
+  const int64_t full = 3 * 5 * 8, part = 3 * 2 * 8;  // rank 0 holds tokens 0-1 of 5
+  {                                                  // CPU, fp32: the staging copies only
+    const auto p = plan::make_plan(c, l);
+    const auto& b = layer(p.stages[0], "blocks.0");
+    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * 2 * full * 4);
+    EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), 2 * full * 4);
+    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward), 4 * 2 * full * 4);
+  }
+  l.gpu = true, l.precision = DType::BF16;
+  const int64_t e = 2, moved = 2 * full * e + 2 * (full + part) * e;
+  const auto pg = plan::make_plan(c, l);
+  const auto& b = layer(pg.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * moved);
+  EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), moved);
+  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward),
+            2 * (2 * full * 4 + 2 * (full + part) * 4) + 2 * moved + 2 * full * (4 + e));
+  // Checkpointed: the recompute runs the gathers and proj's reduce-scatter, not fc2's.
+  nn::ViTConfig cc = c;
+  cc.checkpoint = true;
+  const auto pc = plan::make_plan(cc, l);
+  const auto& r = layer(pc.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(r, "sp.tokens_copy", plan::Phase::Recompute), 3 * moved);
+  EXPECT_EQ(bytes(r, "sp.tokens_copy_out", plan::Phase::Recompute), 0);
+  // Without sequence parallelism: none.
+  l.sequence_parallel = false;
+  const auto pn = plan::make_plan(c, l);
+  const auto& n = layer(pn.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Forward), 0);
+  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Backward), 0);
+}
+
 TEST(Plan, BadLayoutsAreNamed) {
   plan::Layout l;
   l.world = 3, l.pp = 2;
