@@ -199,6 +199,9 @@ namespace {
 // FLOPs; the reduce-scatter after fc2 is named apart (a checkpointed block does not recompute it).
 constexpr const char* kSpTokensCopy = "sp.tokens_copy";
 constexpr const char* kSpFc2ScatterCopy = "sp.tokens_copy_out";
+// 2d/2.5d (SUMMA) linears' and split LayerNorms' memory-bound work (add_nd_linear, add_nd).
+constexpr const char* kNdCopies = "nd.copies";
+constexpr const char* kNdNormPasses = "nd.ln_passes";
 
 void add_linear(LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
                 int64_t e) {
@@ -444,8 +447,10 @@ void add_nd_collective(LayerPlan& p, CollectiveKind k, const char* g, int size, 
 
 // The collectives of a Linear(in, out) under 2d/2.5d/3d (nd_linear_fwd / nd_linear_bwd) on
 // `rows` rows of this rank, its input in layout `orient`, in the compute dtype of e bytes.
+// `grad_fp32`: the output gradient comes in fp32 (the residual stream's: fc2 and proj of a block),
+// which nd_linear_bwd casts to the compute dtype.
 void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t rows, int64_t in,
-                   int64_t out, int orient, Phase ph, int64_t e) {
+                   int64_t out, int orient, Phase ph, int64_t e, bool grad_fp32 = false) {
   const NdDims nd = nd_dims(l);
   const int q = nd.q;
   const int64_t I = in / q, O = out / q;
@@ -453,6 +458,26 @@ void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t
                   Phase phase,
                   int count = 1) { add_nd_collective(p, k, g, size, bytes, o, phase, count); };
   if (l.tp_mode != "3d") {
+    // The device work of SUMMA's nd_linear_fwd / nd_linear_bwd beside its GEMMs (memory-bound, no
+    // FLOPs; bytes read, written): the weight cast to the compute dtype (weight_as) each call;
+    // forward: q GEMMs writing fp32 partials (a GEMM of the compute dtype writes e bytes), q - 1
+    // adds into the sum, the sum cast back; backward: the output gradient cast when it comes in
+    // fp32, q input-gradient partials copied into the reduce-scatter's staging buffer, the q
+    // weight-gradient partials zeroed, the reduced weight gradient added to the parameter's.
+    const bool half = e != 4;
+    int64_t rd = 0, wr = 0;
+    if (half) rd += O * I * 4, wr += O * I * e;
+    if (ph != Phase::Backward) {
+      if (half) wr += q * rows * O * (4 - e);
+      rd += (q - 1) * 2 * rows * O * 4, wr += (q - 1) * rows * O * 4;
+      if (half) rd += rows * O * 4, wr += rows * O * e;
+    } else {
+      if (half && grad_fp32) rd += rows * O * 4, wr += rows * O * e;
+      rd += q * rows * I * e, wr += q * rows * I * e;
+      wr += q * O * I * 4;
+      rd += 2 * O * I * 4, wr += O * I * 4;
+    }
+    p.ops.push_back({p.name, kNdCopies, ph, 0.0, rd, wr});
     if (ph != Phase::Backward) {
       // SUMMA: q steps, step t broadcasting the input block of row member t and the weight
       // block of column member t: q broadcasts each, every member the root once.
@@ -499,16 +524,25 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   const char* feature = three ? "output" : "row";
   const char* replica = three ? "input×weight" : "col×depth";
   const int replicas = nd.chunks;
+  // The split LayerNorm (nd_layernorm_fwd / _bwd) reads its fp32 input more often than the
+  // whole-row one the plan's norm ops are timed as: forward two row-sum passes before the
+  // normalisation, backward a pass for the row sums (and the parameter gradients) before the
+  // input gradient's (reading the input and the output gradient again).
   auto ln_fwd = [&](LayerPlan& p, int64_t rows, const std::string& op, Phase ph) {
+    p.ops.push_back({p.name, kNdNormPasses, ph, 0.0, 2 * rows * dq * 4, 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " mean", ph);
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " variance", ph);
   };
   auto ln_bwd = [&](LayerPlan& p, int64_t rows, const std::string& op) {
+    p.ops.push_back({p.name, kNdNormPasses, Phase::Backward, 0.0, rows * dq * (4 + e), 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 2 * 4, op + " grad sums", Phase::Backward);
   };
   auto linear = [&](LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
-                    int orient,
-                    Phase ph) { add_nd_linear(p, l, op, rows, in, out, orient, ph, e); };
+                    int orient, Phase ph) {
+    // fc2's and proj's output gradients are the residual stream's (fp32).
+    const bool fp32_grad = op == "mlp.fc2" || op == "attn.proj";
+    add_nd_linear(p, l, op, rows, in, out, orient, ph, e, fp32_grad);
+  };
   const int64_t D = c.embed_dim, H = c.mlp_hidden(), R = bl * n;
   for (LayerPlan& p : layers) {
     for (OpCost& o : p.ops)
