@@ -343,6 +343,33 @@ TEST(Plan, SequenceParallelTokenCopies) {
   EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Backward), 0);
 }
 
+// SUMMA's work beside its GEMMs (nd_linear_fwd / _bwd), bytes read + written per block: forward
+// q - 1 fp32 adds of the partial outputs (half: + the fp32 partials, the weight and output
+// casts); backward q input-gradient partials staged, q weight-gradient partials zeroed, the
+// reduced weight gradient added.
+TEST(Plan, SummaLinearsMemoryWork) {
+  plan::Layout l;
+  l.world = 4, l.tp = 4, l.tp_mode = "2d", l.batch = 4;
+  auto bytes = [](const plan::StepPlan& p, plan::Phase ph) {
+    int64_t n = 0;
+    for (const auto& o : layer(p.stages[0], "blocks.0").ops)
+      if (o.op == "nd.copies" && o.phase == ph) n += o.bytes_read + o.bytes_written;
+    return n;
+  };
+  // q = 2: a rank's 2 samples (10 rows), local blocks I x O: qkv 4 x 12, proj 4 x 4, fc1 4 x 16,
+  // fc2 16 x 4 (Σ O = 36, Σ rows·I = 280, Σ O·I = 192).
+  const auto p = plan::make_plan(tiny(), l);
+  EXPECT_EQ(bytes(p, plan::Phase::Forward), 3 * 10 * 36 * 4);
+  EXPECT_EQ(bytes(p, plan::Phase::Backward), 2 * 2 * 280 * 4 + (2 + 3) * 192 * 4);
+  l.gpu = true, l.precision = DType::BF16;
+  const auto h = plan::make_plan(tiny(), l);
+  EXPECT_EQ(bytes(h, plan::Phase::Forward),
+            192 * 6 + 2 * 10 * 36 * 2 + 3 * 10 * 36 * 4 + 10 * 36 * 6);
+  // + the weight casts, the fp32 output gradients of fc2 (10 x 4) and proj (10 x 4) cast.
+  EXPECT_EQ(bytes(h, plan::Phase::Backward),
+            192 * 6 + 2 * 10 * 4 * 6 + 2 * 2 * 280 * 2 + (2 + 3) * 192 * 4);
+}
+
 TEST(Plan, BadLayoutsAreNamed) {
   plan::Layout l;
   l.world = 3, l.pp = 2;
