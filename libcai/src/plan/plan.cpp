@@ -104,8 +104,13 @@ void Layout::validate(const nn::ViTConfig& m) const {
 
 namespace {
 
+using detail::add_sequence_parallel_copies;
+using detail::kNdLnPasses;
+using detail::kSpTokensCopy;
+using detail::kSpTokensCopyOut;
 using detail::Shapes;
 using detail::shapes_of;
+using detail::summa_linear_copies;
 
 // 2d/2.5d/3d: q, the batch chunks and the parts a linear's input features are cut in.
 using NdDims = nn::TensorParallel::Grid;
@@ -195,14 +200,6 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
 
 namespace {
 
-// Sequence parallelism's token copies (add_sequence_parallel_copies): memory-bound ops without
-// FLOPs; the reduce-scatter after fc2 is named apart (a checkpointed block does not recompute it).
-constexpr const char* kSpTokensCopy = "sp.tokens_copy";
-constexpr const char* kSpFc2ScatterCopy = "sp.tokens_copy_out";
-// 2d/2.5d (SUMMA) linears' and split LayerNorms' memory-bound work (add_nd_linear, add_nd).
-constexpr const char* kNdCopies = "nd.copies";
-constexpr const char* kNdNormPasses = "nd.ln_passes";
-
 void add_linear(LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
                 int64_t e) {
   const double f = 2.0 * rows * in * out;
@@ -245,34 +242,6 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
     p.backward_extra += numel * 4;
   }
   return p;
-}
-
-// The device copies around a block's sequence-parallel collectives (no FLOPs, bytes read and
-// written), as nn::TensorParallel and the communicator make them:
-// - gather_tokens copies the gathered [batch, tokens, features] out of the rank-major staging
-//   buffer, reduce_scatter_tokens copies its input into one (ops::copy_tokens_: the whole tensor);
-// - NCCL (GPU) with uneven token counts (tokens % T != 0) pads every rank's block to the largest:
-//   an all-gather copies this rank's part in and the whole result out, a reduce-scatter the whole
-//   input in and this rank's part out (nccl_communicator.cpp, cudaMemcpyAsync on its stream);
-// - in half precision the gathered fp32 output gradients are cast to the compute dtype by
-//   fc2's and proj's backward GEMMs (ops::linear_bwd: `as(dy, t)`), where without sequence
-//   parallelism the next block hands over a half copy made in its LayerNorm pass.
-// Forward: the two gathers and proj's reduce-scatter (recomputed under checkpointing) and fc2's
-// reduce-scatter (kSpFc2ScatterCopy: not recomputed); backward: the two fp32 gathers, the casts
-// and the two input-gradient reduce-scatters.
-void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s) {
-  const int64_t full = s.b * s.n * s.d, part = s.b * s.nr * s.d;
-  const bool uneven = l.gpu && s.n % s.T != 0;
-  // Bytes moved by one gather (reduce-scatter: the same, mirrored) of `es`-byte elements.
-  auto moved = [&](int64_t es) { return 2 * full * es + (uneven ? 2 * (full + part) * es : 0); };
-  auto add = [&](const char* op, Phase ph, int64_t bytes) {
-    p.ops.push_back({p.name, op, ph, 0.0, bytes / 2, bytes - bytes / 2});
-  };
-  add(kSpTokensCopy, Phase::Forward, 3 * moved(s.es));
-  add(kSpFc2ScatterCopy, Phase::Forward, moved(s.es));
-  const bool cast = l.gpu && s.e != 4;
-  add(kSpTokensCopy, Phase::Backward,
-      2 * moved(4) + 2 * moved(s.es) + (cast ? 2 * full * (4 + s.e) : 0));
 }
 
 LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, int64_t index) {
@@ -379,7 +348,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.backward_extra = (full - x) + bwd;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
-      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpFc2ScatterCopy) {
+      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpTokensCopyOut) {
         OpCost r = o;
         r.phase = Phase::Recompute;
         p.ops.push_back(r);
@@ -458,26 +427,7 @@ void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t
                   Phase phase,
                   int count = 1) { add_nd_collective(p, k, g, size, bytes, o, phase, count); };
   if (l.tp_mode != "3d") {
-    // The device work of SUMMA's nd_linear_fwd / nd_linear_bwd beside its GEMMs (memory-bound, no
-    // FLOPs; bytes read, written): the weight cast to the compute dtype (weight_as) each call;
-    // forward: q GEMMs writing fp32 partials (a GEMM of the compute dtype writes e bytes), q - 1
-    // adds into the sum, the sum cast back; backward: the output gradient cast when it comes in
-    // fp32, q input-gradient partials copied into the reduce-scatter's staging buffer, the q
-    // weight-gradient partials zeroed, the reduced weight gradient added to the parameter's.
-    const bool half = e != 4;
-    int64_t rd = 0, wr = 0;
-    if (half) rd += O * I * 4, wr += O * I * e;
-    if (ph != Phase::Backward) {
-      if (half) wr += q * rows * O * (4 - e);
-      rd += (q - 1) * 2 * rows * O * 4, wr += (q - 1) * rows * O * 4;
-      if (half) rd += rows * O * 4, wr += rows * O * e;
-    } else {
-      if (half && grad_fp32) rd += rows * O * 4, wr += rows * O * e;
-      rd += q * rows * I * e, wr += q * rows * I * e;
-      wr += q * O * I * 4;
-      rd += 2 * O * I * 4, wr += O * I * 4;
-    }
-    p.ops.push_back({p.name, kNdCopies, ph, 0.0, rd, wr});
+    p.ops.push_back(summa_linear_copies(p.name, rows, I, O, q, ph, e, grad_fp32));
     if (ph != Phase::Backward) {
       // SUMMA: q steps, step t broadcasting the input block of row member t and the weight
       // block of column member t: q broadcasts each, every member the root once.
@@ -529,12 +479,12 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   // normalisation, backward a pass for the row sums (and the parameter gradients) before the
   // input gradient's (reading the input and the output gradient again).
   auto ln_fwd = [&](LayerPlan& p, int64_t rows, const std::string& op, Phase ph) {
-    p.ops.push_back({p.name, kNdNormPasses, ph, 0.0, 2 * rows * dq * 4, 0});
+    p.ops.push_back({p.name, kNdLnPasses, ph, 0.0, 2 * rows * dq * 4, 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " mean", ph);
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " variance", ph);
   };
   auto ln_bwd = [&](LayerPlan& p, int64_t rows, const std::string& op) {
-    p.ops.push_back({p.name, kNdNormPasses, Phase::Backward, 0.0, rows * dq * (4 + e), 0});
+    p.ops.push_back({p.name, kNdLnPasses, Phase::Backward, 0.0, rows * dq * (4 + e), 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 2 * 4, op + " grad sums", Phase::Backward);
   };
   auto linear = [&](LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
