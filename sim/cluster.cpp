@@ -268,6 +268,14 @@ double Calibration::seconds_of(const std::string& key, double flops, bool* inter
   return std::exp(std::log(a.seconds) + t * (std::log(b.seconds) - std::log(a.seconds)));
 }
 
+double Calibration::copy_seconds(double bytes) const {
+  const auto it = samples.find(kCopyReference);
+  if (it == samples.end() || it->second.empty() || it->second.back().bytes <= 0) return -1;
+  // The reference's FLOPs are proportional to its bytes: the same bytes are these FLOPs.
+  const Sample& s = it->second.back();
+  return seconds_of(kCopyReference, bytes * s.flops / s.bytes, nullptr);
+}
+
 double Calibration::collective_seconds(const std::string& op, int group_size, double bytes,
                                        bool* interpolated) const {
   const auto it = collectives.find({op, group_size});

@@ -109,6 +109,12 @@ struct Calibration {
   // interpolated in log-log between the samples around it (beyond the ends: the nearest sample's
   // rate); -1 when there is no sample of `key`. *interpolated tells which (may be null).
   double seconds_of(const std::string& key, double flops, bool* interpolated) const;
+  // Seconds of a device copy moving `bytes` (read + written) at the streaming bandwidth of the
+  // profile's elementwise kernel (kCopyReference: GELU forward, one read and one write per
+  // element, memory-bound): its samples' time at the same bytes, interpolated as seconds_of
+  // (always interpolated); -1 without samples of it.
+  static constexpr const char* kCopyReference = "mlp.act|fwd";
+  double copy_seconds(double bytes) const;
   // Measured collectives per {op, group size}: op "all_reduce", "reduce_scatter", "all_gather",
   // "broadcast" or "p2p" (group size 2: a one-way send/recv), sorted by bytes. No entry: the
   // network model of the cluster file times that collective.

@@ -319,7 +319,10 @@ class ConfigProgram {
         op.mb = mb;
         op.flops = c.flops;
         op.mem_bytes = static_cast<double>(c.bytes_read + c.bytes_written);
-        op.op_kind = op_kind_of(c.op);
+        // A plan op that moves bytes without FLOPs (sequence parallelism's token copies, SUMMA's
+        // partial sums and casts) is a device copy: timed at the profile's measured streaming
+        // bandwidth (op_seconds).
+        op.op_kind = c.flops == 0 && c.bytes_read + c.bytes_written > 0 ? "copy" : op_kind_of(c.op);
         op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
         if ((input_only || weight_only) && has_weight_gemm(c)) {
           op.name += input_only ? " dx" : " dw";
@@ -355,8 +358,8 @@ class ConfigProgram {
         ops.push_back(std::move(wait));
       }
       if (ops.size() > first_op) {
-        // The layer's memory as the plan's replay counts it (plan_memory.cpp): its cache, kept from its
-        // forward to its backward, built during the forward (with the output and the forward's
+        // The layer's memory as the plan's replay counts it (plan_memory.cpp): its cache, kept from
+        // its forward to its backward, built during the forward (with the output and the forward's
         // working tensors on top), and in backward the output's gradient and the backward's
         // working tensors (the input gradient included) on top of it; the working tensors, the
         // output and its gradient are counted while the layer's ops run (the plan's peak is

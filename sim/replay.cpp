@@ -54,8 +54,12 @@ double op_seconds(const Op& o, const Cluster& c, const Calibration& cal, double 
     return o.seconds;
   }
   bool interpolated = false;
-  const double measured =
-      o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
+  double measured = o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
+  if (measured < 0 && o.op_kind == "copy" && o.flops == 0) {
+    // A device copy: the profile's measured streaming bandwidth (Calibration::copy_seconds).
+    measured = cal.copy_seconds(o.mem_bytes);
+    interpolated = true;
+  }
   if (measured >= 0) {
     // Interpolation stays within the roofline: never faster than the peak.
     const double bound = o.op_kind == "optimizer"

@@ -295,6 +295,81 @@ TEST(Plan, CollectivesOfATensorParallelBlock) {
   EXPECT_EQ(s.collectives.size(), 9u);  // + 4 token gathers, the LayerNorm gradients
 }
 
+// The device copies around sequence parallelism's collectives (bytes read + written per block):
+// every gather / reduce-scatter of tokens stages the whole tensor (TensorParallel's
+// copy_tokens_); NCCL pads uneven token counts (5 tokens on 2 ranks) with a copy of the whole
+// tensor and one of this rank's part; in bf16 the two gathered fp32 gradients are cast.
+TEST(Plan, SequenceParallelTokenCopies) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2, l.tp = 2, l.batch = 3, l.sequence_parallel = true;
+  auto bytes = [](const plan::LayerPlan& b, const char* op, plan::Phase ph) {
+    int64_t n = 0;
+    for (const auto& o : b.ops)
+      if (o.op == op && o.phase == ph) {
+        EXPECT_EQ(o.flops, 0.0) << op;
+        n += o.bytes_read + o.bytes_written;
+      }
+    return n;
+  };
+  const int64_t full = 3 * 5 * 8, part = 3 * 2 * 8;  // rank 0 holds tokens 0-1 of 5
+  {                                                  // CPU, fp32: the staging copies only
+    const auto p = plan::make_plan(c, l);
+    const auto& b = layer(p.stages[0], "blocks.0");
+    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * 2 * full * 4);
+    EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), 2 * full * 4);
+    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward), 4 * 2 * full * 4);
+  }
+  l.gpu = true, l.precision = DType::BF16;
+  const int64_t e = 2, moved = 2 * full * e + 2 * (full + part) * e;
+  const auto pg = plan::make_plan(c, l);
+  const auto& b = layer(pg.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * moved);
+  EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), moved);
+  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward),
+            2 * (2 * full * 4 + 2 * (full + part) * 4) + 2 * moved + 2 * full * (4 + e));
+  // Checkpointed: the recompute runs the gathers and proj's reduce-scatter, not fc2's.
+  nn::ViTConfig cc = c;
+  cc.checkpoint = true;
+  const auto pc = plan::make_plan(cc, l);
+  const auto& r = layer(pc.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(r, "sp.tokens_copy", plan::Phase::Recompute), 3 * moved);
+  EXPECT_EQ(bytes(r, "sp.tokens_copy_out", plan::Phase::Recompute), 0);
+  // Without sequence parallelism: none.
+  l.sequence_parallel = false;
+  const auto pn = plan::make_plan(c, l);
+  const auto& n = layer(pn.stages[0], "blocks.0");
+  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Forward), 0);
+  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Backward), 0);
+}
+
+// SUMMA's work beside its GEMMs (nd_linear_fwd / _bwd), bytes read + written per block: forward
+// q - 1 fp32 adds of the partial outputs (half: + the fp32 partials, the weight and output
+// casts); backward q input-gradient partials staged, q weight-gradient partials zeroed, the
+// reduced weight gradient added.
+TEST(Plan, SummaLinearsMemoryWork) {
+  plan::Layout l;
+  l.world = 4, l.tp = 4, l.tp_mode = "2d", l.batch = 4;
+  auto bytes = [](const plan::StepPlan& p, plan::Phase ph) {
+    int64_t n = 0;
+    for (const auto& o : layer(p.stages[0], "blocks.0").ops)
+      if (o.op == "nd.copies" && o.phase == ph) n += o.bytes_read + o.bytes_written;
+    return n;
+  };
+  // q = 2: a rank's 2 samples (10 rows), local blocks I x O: qkv 4 x 12, proj 4 x 4, fc1 4 x 16,
+  // fc2 16 x 4 (Σ O = 36, Σ rows·I = 280, Σ O·I = 192).
+  const auto p = plan::make_plan(tiny(), l);
+  EXPECT_EQ(bytes(p, plan::Phase::Forward), 3 * 10 * 36 * 4);
+  EXPECT_EQ(bytes(p, plan::Phase::Backward), 2 * 2 * 280 * 4 + (2 + 3) * 192 * 4);
+  l.gpu = true, l.precision = DType::BF16;
+  const auto h = plan::make_plan(tiny(), l);
+  EXPECT_EQ(bytes(h, plan::Phase::Forward),
+            192 * 6 + 2 * 10 * 36 * 2 + 3 * 10 * 36 * 4 + 10 * 36 * 6);
+  // + the weight casts, the fp32 output gradients of fc2 (10 x 4) and proj (10 x 4) cast.
+  EXPECT_EQ(bytes(h, plan::Phase::Backward),
+            192 * 6 + 2 * 10 * 4 * 6 + 2 * 2 * 280 * 2 + (2 + 3) * 192 * 4);
+}
+
 TEST(Plan, BadLayoutsAreNamed) {
   plan::Layout l;
   l.world = 3, l.pp = 2;

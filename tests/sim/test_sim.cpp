@@ -277,6 +277,36 @@ TEST(Calibration, MeasuredSamplesTimeTheOpsTheyMatch) {
   EXPECT_EQ(src.roofline, 1);
 }
 
+// A plan op that moves bytes without FLOPs (a device copy) takes the streaming bandwidth the
+// profile measured for its elementwise reference kernel (GELU forward), by bytes; without that
+// reference, the roofline.
+TEST(Calibration, DeviceCopiesTakeTheMeasuredStreamingBandwidth) {
+  // GELU forward: 8 FLOPs and 4 bytes (bf16 in and out) an element; 100 MB in 0.4 ms, 200 MB in 0.7
+  // (slower than the test cluster's 1 TB/s, whose roofline bounds an interpolation from below).
+  const Calibration c = parse_calibration(
+      R"({"samples": {"mlp.act|fwd": [[2e8, 1e8, 4e-4], [4e8, 2e8, 7e-4]]}})", "c");
+  EXPECT_NEAR(c.copy_seconds(1e8), 4e-4, 1e-15);
+  EXPECT_NEAR(c.copy_seconds(std::sqrt(2.0) * 1e8), std::sqrt(4e-4 * 7e-4), 1e-12);
+  EXPECT_NEAR(c.copy_seconds(4e8), 1.4e-3, 1e-12);  // beyond: the last sample's rate
+  Workload w;
+  w.ranks.resize(1);
+  Op copy = Op::compute("blocks.0 sp.tokens_copy", -1);
+  copy.op_kind = "copy";
+  copy.mem_bytes = 2e8;
+  w.ranks[0].ops = {copy};
+  TimingSources src;
+  EXPECT_NEAR(compute_durations(w, test_cluster(1, 1), c, &src)[0][0], 7e-4, 1e-15);
+  EXPECT_EQ(src.interpolated, 1);
+  // No reference samples: the roofline at the fallback bytes efficiency.
+  const Calibration none = parse_calibration(R"({"samples": {"x|fwd": [[1, 1, 1]]}})", "c");
+  EXPECT_DOUBLE_EQ(none.copy_seconds(1e9), -1);
+  const Cluster cl = test_cluster(1, 1);
+  TimingSources roof;
+  EXPECT_NEAR(compute_durations(w, cl, none, &roof)[0][0],
+              2e8 / (cl.gpu.memory_bandwidth * none.fallback.bytes), 1e-15);
+  EXPECT_EQ(roof.roofline, 1);
+}
+
 TEST(Calibration, EveryShippedProfileLoadsWithSamples) {
   int n = 0, with_collectives = 0;
   for (const auto& e : std::filesystem::directory_iterator(CAI_CALIBRATION_DIR)) {

@@ -104,8 +104,13 @@ void Layout::validate(const nn::ViTConfig& m) const {
 
 namespace {
 
+using detail::add_sequence_parallel_copies;
+using detail::kNdLnPasses;
+using detail::kSpTokensCopy;
+using detail::kSpTokensCopyOut;
 using detail::Shapes;
 using detail::shapes_of;
+using detail::summa_linear_copies;
 
 // 2d/2.5d/3d: q, the batch chunks and the parts a linear's input features are cut in.
 using NdDims = nn::TensorParallel::Grid;
@@ -226,6 +231,11 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
   p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
   p.backward_extra = (s.sp ? b * s.n * s.d * 4 : 0) + b * s.np * s.d * e;
   if (s.sp) {
+    // TensorParallel::slice_tokens keeps this rank's tokens (a copy); pad_tokens puts their
+    // gradient into a zeroed whole sequence.
+    const int64_t part = b * s.nr * s.d * 4;
+    p.ops.push_back({p.name, kSpTokensCopy, Phase::Forward, 0.0, part, part});
+    p.ops.push_back({p.name, kSpTokensCopy, Phase::Backward, 0.0, part, b * s.n * s.d * 4 + part});
     const int64_t numel = s.d + s.n * s.d + s.d * s.patch + s.d;
     p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, numel * 4, p.name,
                              "parameter gradients", Phase::Backward});
@@ -273,6 +283,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   add_residual_linear("mlp.fc2", s.hid);
   add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
   if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
+  if (s.sp) add_sequence_parallel_copies(p, l, s);
 
   // Collectives as the block issues them (nn/vit.cpp, tensor_parallel.cpp).
   if (s.tp) {
@@ -337,7 +348,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.backward_extra = (full - x) + bwd;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
-      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0) {
+      if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpTokensCopyOut) {
         OpCost r = o;
         r.phase = Phase::Recompute;
         p.ops.push_back(r);
@@ -405,8 +416,10 @@ void add_nd_collective(LayerPlan& p, CollectiveKind k, const char* g, int size, 
 
 // The collectives of a Linear(in, out) under 2d/2.5d/3d (nd_linear_fwd / nd_linear_bwd) on
 // `rows` rows of this rank, its input in layout `orient`, in the compute dtype of e bytes.
+// `grad_fp32`: the output gradient comes in fp32 (the residual stream's: fc2 and proj of a block),
+// which nd_linear_bwd casts to the compute dtype.
 void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t rows, int64_t in,
-                   int64_t out, int orient, Phase ph, int64_t e) {
+                   int64_t out, int orient, Phase ph, int64_t e, bool grad_fp32 = false) {
   const NdDims nd = nd_dims(l);
   const int q = nd.q;
   const int64_t I = in / q, O = out / q;
@@ -414,6 +427,7 @@ void add_nd_linear(LayerPlan& p, const Layout& l, const std::string& op, int64_t
                   Phase phase,
                   int count = 1) { add_nd_collective(p, k, g, size, bytes, o, phase, count); };
   if (l.tp_mode != "3d") {
+    p.ops.push_back(summa_linear_copies(p.name, rows, I, O, q, ph, e, grad_fp32));
     if (ph != Phase::Backward) {
       // SUMMA: q steps, step t broadcasting the input block of row member t and the weight
       // block of column member t: q broadcasts each, every member the root once.
@@ -460,16 +474,25 @@ void add_nd(std::vector<LayerPlan>& layers, const nn::ViTConfig& c, const Layout
   const char* feature = three ? "output" : "row";
   const char* replica = three ? "input×weight" : "col×depth";
   const int replicas = nd.chunks;
+  // The split LayerNorm (nd_layernorm_fwd / _bwd) reads its fp32 input more often than the
+  // whole-row one the plan's norm ops are timed as: forward two row-sum passes before the
+  // normalisation, backward a pass for the row sums (and the parameter gradients) before the
+  // input gradient's (reading the input and the output gradient again).
   auto ln_fwd = [&](LayerPlan& p, int64_t rows, const std::string& op, Phase ph) {
+    p.ops.push_back({p.name, kNdLnPasses, ph, 0.0, 2 * rows * dq * 4, 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " mean", ph);
     add(p, CollectiveKind::AllReduce, feature, q, rows * 4, op + " variance", ph);
   };
   auto ln_bwd = [&](LayerPlan& p, int64_t rows, const std::string& op) {
+    p.ops.push_back({p.name, kNdLnPasses, Phase::Backward, 0.0, rows * dq * (4 + e), 0});
     add(p, CollectiveKind::AllReduce, feature, q, rows * 2 * 4, op + " grad sums", Phase::Backward);
   };
   auto linear = [&](LayerPlan& p, const std::string& op, int64_t rows, int64_t in, int64_t out,
-                    int orient,
-                    Phase ph) { add_nd_linear(p, l, op, rows, in, out, orient, ph, e); };
+                    int orient, Phase ph) {
+    // fc2's and proj's output gradients are the residual stream's (fp32).
+    const bool fp32_grad = op == "mlp.fc2" || op == "attn.proj";
+    add_nd_linear(p, l, op, rows, in, out, orient, ph, e, fp32_grad);
+  };
   const int64_t D = c.embed_dim, H = c.mlp_hidden(), R = bl * n;
   for (LayerPlan& p : layers) {
     for (OpCost& o : p.ops)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "cai/plan/plan.h"
 
@@ -22,5 +23,16 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r);
 int optimizer_slots(const Layout& l);
 // The step replay: fills r.memory (live bytes of one rank over its program).
 void replay(const StepPlan& plan, RankPlan& r);
+
+// Plan ops that move bytes without FLOPs (plan_copies.cpp): sequence parallelism's token copies
+// (the reduce-scatter after fc2 named apart: a checkpointed block does not recompute it), 2d /
+// 2.5d SUMMA linears' partial sums, casts and staging, the split LayerNorm's extra passes.
+inline constexpr const char* kSpTokensCopy = "sp.tokens_copy";
+inline constexpr const char* kSpTokensCopyOut = "sp.tokens_copy_out";
+inline constexpr const char* kNdCopies = "nd.copies";
+inline constexpr const char* kNdLnPasses = "nd.ln_passes";
+void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s);
+OpCost summa_linear_copies(const std::string& layer, int64_t rows, int64_t I, int64_t O, int q,
+                           Phase ph, int64_t e, bool grad_fp32);
 
 }  // namespace cai::plan::detail
