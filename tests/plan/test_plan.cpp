@@ -292,7 +292,21 @@ TEST(Plan, CollectivesOfATensorParallelBlock) {
   l.sequence_parallel = true;
   const auto q = plan::make_plan(c, l);
   const auto& s = layer(q.stages[0], "blocks.0");
-  EXPECT_EQ(s.collectives.size(), 9u);  // + 4 token gathers, the LayerNorm gradients
+  // + 4 token gathers, the LayerNorm gradients, and in backward fc1's and qkv's inputs gathered
+  // again (the forward keeps this rank's tokens of them).
+  ASSERT_EQ(s.collectives.size(), 11u);
+  int again = 0;
+  for (const auto& k : s.collectives)
+    if (k.phase == plan::Phase::Backward && k.kind == plan::CollectiveKind::AllGather &&
+        k.op.find("input again") != std::string::npos)
+      ++again;
+  EXPECT_EQ(again, 2);
+  // Checkpointed, the recompute keeps them whole: no gather again.
+  nn::ViTConfig ck = c;
+  ck.checkpoint = true;
+  const auto r = plan::make_plan(ck, l);
+  for (const auto& k : layer(r.stages[0], "blocks.0").collectives)
+    EXPECT_EQ(k.op.find("input again"), std::string::npos) << k.op;
 }
 
 // The device copies around sequence parallelism's collectives (bytes read + written per block):

@@ -529,7 +529,8 @@ Tensor TensorParallel::finish(Pending p) {
   return p.result.dtype() == p.dtype ? p.result : p.result.to(p.dtype);
 }
 
-Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
+TensorParallel::TokenGather TensorParallel::gather_tokens_start(const Tensor& part,
+                                                                int64_t tokens) {
   CAI_CHECK(part.dim() == 3,
             "[tensor_parallel] gather_tokens expects [batch, tokens, features], "
             "got {}",
@@ -537,28 +538,41 @@ Tensor TensorParallel::gather_tokens(const Tensor& part, int64_t tokens) {
   const auto [t0, t1] = my_tokens(tokens);
   CAI_CHECK(part.size(1) == t1 - t0, "[tensor_parallel] rank {} holds {} of {} tokens but got {}",
             rank_, t1 - t0, tokens, part.str());
-  const int64_t b = part.size(0), f = part.size(2);
-  if (size_ == 1) return part;
+  TokenGather g;
+  g.batch = part.size(0), g.tokens = tokens, g.features = part.size(2);
+  g.p.dtype = part.dtype();
+  if (size_ == 1) {
+    g.p.result = part;
+    return g;
+  }
   const bool widen = !part.is_cuda() && is_half(part.dtype());
   const Tensor in = widen ? part.to(DType::F32) : part;
-  const std::vector<int64_t> counts = token_counts(b, tokens, f);
+  const std::vector<int64_t> counts = token_counts(g.batch, tokens, g.features);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
+  g.p.result = Tensor::empty({total}, in.dtype(), in.device());  // staged, rank by rank
   const double tc = profile_start(in);
   count(TpGroup::All, total * static_cast<int64_t>(dtype_size(part.dtype())));
-  auto w = comm_.all_gather_async(in.reshape({in.numel()}), staged, counts);
-  profile_end(w.get(), in, tc);
-  complete(std::move(w));
-  Tensor full = Tensor::empty({b, tokens, f}, in.dtype(), in.device());
+  g.p.work = comm_.all_gather_async(in.reshape({in.numel()}), g.p.result, counts);
+  profile_end(g.p.work.get(), in, tc);
+  return g;
+}
+
+Tensor TensorParallel::gather_tokens_finish(TokenGather g) {
+  if (size_ == 1) return g.p.result;
+  if (g.p.work) complete(std::move(g.p.work));
+  const Tensor& staged = g.p.result;
+  const int64_t b = g.batch, f = g.features;
+  const std::vector<int64_t> counts = token_counts(b, g.tokens, f);
+  Tensor full = Tensor::empty({b, g.tokens, f}, staged.dtype(), staged.device());
   int64_t off = 0;
   for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(tokens, r);
+    const auto [a, e] = token_range(g.tokens, r);
     if (e > a)
       ops::copy_tokens_(full, a, staged.narrow(off, counts[r]).reshape({b, e - a, f}), 0, e - a);
     off += counts[r];
   }
-  return widen ? full.to(part.dtype()) : full;
+  return full.dtype() == g.p.dtype ? full : full.to(g.p.dtype);
 }
 
 std::vector<int64_t> TensorParallel::token_counts(int64_t batch, int64_t tokens,

@@ -294,7 +294,7 @@ ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) co
   return ctx.key_slice(site, n * hid, tp_rank() * hidden_, hidden_, hid);
 }
 
-void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
+void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx, bool keep_gathered) {
   if (nd()) return run_forward_nd(x, a, ctx);
   const bool drop = ctx.training && c_.drop_rate > 0;
   const bool dpath = ctx.training && drop_path_ > 0;
@@ -302,11 +302,15 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   a.x = x;
   // Residual stream x, h in fp32; the normalised inputs and everything up to the residual adds
   // in compute_dtype. Sequence parallel: x and h hold this rank's tokens; the normalised inputs
-  // are gathered (and kept whole for the weight gradients).
+  // are gathered for the column-parallel GEMMs, and only this rank's tokens of them are kept
+  // (backward gathers them again for the weight gradients, as Megatron-LM does).
   a.a = ops::layernorm_fwd(x, norm1.weight.value, norm1.bias.value, norm1.eps, &a.mean1, &a.rstd1,
                            compute_dtype);
-  if (sp()) a.a = tp_->gather_tokens(a.a, n);
-  a.qkv = ops::linear_fwd(a.a, qkv.w(), &qkv.b());
+  {
+    const Tensor whole = sp() ? tp_->gather_tokens(a.a, n) : a.a;
+    a.qkv = ops::linear_fwd(whole, qkv.w(), &qkv.b());
+    if (keep_gathered) a.a = whole;
+  }
   a.o = ops::attention_fwd(a.qkv, heads_, &a.probs);
   if (fused_residual(ctx)) {
     a.h = ops::linear_fwd_residual(a.o, proj.w(), &proj.bias.value, x);
@@ -318,12 +322,15 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx) {
   }
   a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
                            compute_dtype);
-  if (sp()) a.b = tp_->gather_tokens(a.b, n);
-  if (c_.act == "gelu_tanh") {
-    a.m = ops::linear_gelu_fwd(a.b, fc1.w(), fc1.b(), &a.f);
-  } else {
-    a.f = ops::linear_fwd(a.b, fc1.w(), &fc1.b());
-    a.m = ops::gelu_fwd(a.f);
+  {
+    const Tensor whole = sp() ? tp_->gather_tokens(a.b, n) : a.b;
+    if (c_.act == "gelu_tanh") {
+      a.m = ops::linear_gelu_fwd(whole, fc1.w(), fc1.b(), &a.f);
+    } else {
+      a.f = ops::linear_fwd(whole, fc1.w(), &fc1.b());
+      a.m = ops::gelu_fwd(a.f);
+    }
+    if (keep_gathered) a.b = whole;
   }
   if (drop) a.m = ops::dropout_fwd(a.m, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
   a.full = true;
@@ -380,7 +387,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     copies.emplace(a.copies);
   else if (!nd())
     copies.emplace(compute_dtype, std::initializer_list<Linear*>{&qkv, &proj, &fc1, &fc2});
-  if (!a.full) run_forward(Tensor(a.x), a, ctx);
+  if (!a.full) run_forward(Tensor(a.x), a, ctx, true);
   if (nd()) {
     // 2d/2.5d/3d: a combined backward (the weight gradients are reduced inside); split: all in B.
     Tensor gx = backward_nd(dy, a, ctx);
@@ -413,6 +420,11 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
   if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
   if (sp()) g = tp_->gather_tokens(g, n);
+  // Sequence parallel: fc1's input again whole (forward kept this rank's tokens), gathered
+  // beside fc2's and the GELU's backward.
+  const bool regather = sp() && a.b.size(1) != n;
+  std::optional<TensorParallel::TokenGather> b_whole;
+  if (regather) b_whole = tp_->gather_tokens_start(a.b, n);
   const bool tanh = c_.act == "gelu_tanh";
   Tensor gf;
   bool fc1_bias_done = false;
@@ -436,7 +448,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   }
   if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
-  Tensor gb = column_linear_bwd(tp_, a.b, fc1, gf, !fc1_bias_done, &wg);
+  Tensor gb =
+      column_linear_bwd(tp_, regather ? tp_->gather_tokens_finish(std::move(*b_whole)) : a.b, fc1,
+                        gf, !fc1_bias_done, &wg);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
@@ -455,6 +469,10 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
+  // Sequence parallel: qkv's input again whole, gathered beside proj's and attention's backward.
+  const bool regather_a = sp() && a.a.size(1) != n;
+  std::optional<TensorParallel::TokenGather> a_whole;
+  if (regather_a) a_whole = tp_->gather_tokens_start(a.a, n);
   Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
   if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
@@ -462,7 +480,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool qkv_fused_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs);
   Tensor qkv_db = qkv_fused_db ? wg.into(qkv.bias) : Tensor();
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
-  Tensor ga = column_linear_bwd(tp_, a.a, qkv, gq, !qkv_fused_db, &wg);
+  Tensor ga =
+      column_linear_bwd(tp_, regather_a ? tp_->gather_tokens_finish(std::move(*a_whole)) : a.a, qkv,
+                        gq, !qkv_fused_db, &wg);
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);

@@ -296,20 +296,30 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     add(fwd_row, full * e, "attn.proj", Phase::Forward);
     if (s.sp) add(CollectiveKind::AllGather, full * e, "norm2 → mlp.fc1", Phase::Forward);
     add(fwd_row, full * e, "mlp.fc2", Phase::Forward);
+    // Sequence parallel without checkpointing: backward gathers fc1's and qkv's inputs again (the
+    // forward keeps this rank's tokens; a recompute keeps them whole).
+    const bool regather = s.sp && !c.checkpoint;
     if (s.sp) add(CollectiveKind::AllGather, full * 4, "mlp.fc2 grad", Phase::Backward);
+    if (regather) add(CollectiveKind::AllGather, full * e, "mlp.fc1 input again", Phase::Backward);
     add(fwd_row, full * e, "mlp.fc1 input grad", Phase::Backward);
     if (s.sp) add(CollectiveKind::AllGather, full * 4, "attn.proj grad", Phase::Backward);
+    if (regather) add(CollectiveKind::AllGather, full * e, "attn.qkv input again", Phase::Backward);
     add(fwd_row, full * e, "attn.qkv input grad", Phase::Backward);
     if (s.sp) add(CollectiveKind::AllReduce, 4 * d * 4, "norm grads", Phase::Backward);
   }
 
   // Memory: Block::Acts (x, mean1, rstd1, a, qkv, probs or log-sum-exp, o, h, mean2, rstd2, b, f,
   // m). x and h are the residual stream (fp32, this rank's tokens), the rest compute dtype; the
-  // normalised inputs a and b are gathered whole under sequence parallelism.
+  // normalised inputs a and b are kept for this rank's tokens (sequence parallel) and gathered
+  // whole again in backward (a recompute keeps them whole).
   const int64_t x = b * nr * d * 4, stats = 2 * b * nr * 4;
   const int64_t probs = s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e;
-  const int64_t full = x + stats + rows * d * e + rows * 3 * s.dt * e + probs + rows * s.dt * e +
-                       x + stats + rows * d * e + 2 * rows * s.hid * e;
+  const int64_t kept_ab = b * nr * d * e;  // a or b as kept (nr = n without sequence parallel)
+  const int64_t ab_again = s.sp ? rows * d * e : 0;  // a or b gathered whole again in backward
+  const int64_t full = x + stats + kept_ab + rows * 3 * s.dt * e + probs + rows * s.dt * e + x +
+                       stats + kept_ab + 2 * rows * s.hid * e;
+  // The recompute's a and b are whole: what a checkpointed block holds in backward.
+  const int64_t full_recomputed = full + 2 * (ab_again > 0 ? ab_again - kept_ab : 0);
   p.keeps_input = true;
   p.input = x;
   p.output = x;
@@ -330,22 +340,26 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
                 ga = b * nr * d * e, gx = x;
   // This block takes dy rounded from the next one (nn::Block::half_dy) until fc2's backward.
   const bool takes_half = half && !l.nd() && !s.sp && index + 1 < c.depth && !c.block_masked(index);
-  const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0);
+  // Without checkpointing, fc1's input gathered again lives from fc2's backward to fc1's (and
+  // qkv's from proj's backward to qkv's); a split backward holds both until its W.
+  const int64_t again = c.checkpoint ? 0 : ab_again;
+  const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0) + again;
   const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
   const int64_t at_qkv =
-      before_qkv + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
+      before_qkv + again + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
   // The block before this one takes dy rounded (nn::Block::takes_dy_as_is): the copy is made
   // with gx and lives until that block's fc2 backward.
   const bool sends_half = half && !l.nd() && !s.sp && index > 0 && !c.block_masked(index - 1);
   const int64_t at_end =
       before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
   // The fused attention backward's scratch: D [b·heads, n] and dSᵀ.
-  const int64_t at_attn = before_qkv + (s.fused ? dst + b * s.heads * n * 4 : 0);
+  const int64_t at_attn = before_qkv + again + (s.fused ? dst + b * s.heads * n * 4 : 0);
   const int64_t bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
+  p.weight_hold_extra = 2 * again;
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest
     p.forward_extra = (full - x) + y_out;
-    p.backward_extra = (full - x) + bwd;
+    p.backward_extra = (full_recomputed - x) + bwd;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
       if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpTokensCopyOut) {

@@ -213,7 +213,8 @@ struct Replay {
                              ? 0
                              : lp.output;  // dy (the head's dlogits are the caller's)
       if (hold_for_weight) {
-        held.live += lp.saved + dy;
+        t.add(lp.weight_hold_extra, where + " held for W");
+        held.live += lp.saved + dy + lp.weight_hold_extra;
         held.act += act;
       } else {
         t.live -= lp.saved + dy;

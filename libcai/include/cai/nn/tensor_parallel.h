@@ -149,8 +149,17 @@ class TensorParallel {
   Tensor reduce_scatter_tokens(const Tensor& full) {
     return finish(reduce_scatter_tokens_start(full));
   }
-  // [B, n_r, F] (this rank's tokens) -> [B, N, F], every rank's tokens in place.
-  Tensor gather_tokens(const Tensor& part, int64_t tokens);
+  // [B, n_r, F] (this rank's tokens) -> [B, N, F], every rank's tokens in place; started, it
+  // runs while the caller goes on and gather_tokens_finish returns the whole.
+  struct TokenGather {
+    Pending p;  // result: the staged ranks' tokens until finished
+    int64_t batch = 0, tokens = 0, features = 0;
+  };
+  TokenGather gather_tokens_start(const Tensor& part, int64_t tokens);
+  Tensor gather_tokens_finish(TokenGather g);
+  Tensor gather_tokens(const Tensor& part, int64_t tokens) {
+    return gather_tokens_finish(gather_tokens_start(part, tokens));
+  }
   // [B, N, F] -> this rank's tokens [B, n_r, F] (a copy; no communication).
   Tensor slice_tokens(const Tensor& full) const;
   // [B, n_r, F] -> [B, N, F] with zeros outside this rank's tokens (no communication).

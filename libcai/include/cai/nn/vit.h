@@ -99,7 +99,10 @@ class Block : public Layer {
 
  private:
   struct Acts;
-  void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx);
+  // keep_gathered: keep the sequence-parallel gathered LayerNorm outputs whole (the recompute
+  // inside backward, which needs them at once); otherwise only this rank's tokens are kept and
+  // backward gathers them again.
+  void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx, bool keep_gathered = false);
   // The mask keys of the residual stream (with sequence parallelism: this rank's tokens) and of
   // the MLP hidden layer (with tensor parallelism: this rank's units).
   ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site) const;

@@ -137,6 +137,10 @@ struct LayerPlan {
   // in backward (the input gradient, which the backward returns, included), the input gradient.
   int64_t saved = 0, input = 0, output = 0, forward_extra = 0, backward_extra = 0, grad_input = 0;
   bool keeps_input = false;
+  // A split backward (BackwardInput): bytes its BackwardWeight holds beyond `saved` and the
+  // output gradient (sequence parallel: the GEMM inputs gathered whole again, where the Cache
+  // keeps this rank's tokens).
+  int64_t weight_hold_extra = 0;
 };
 
 struct Memory {
