@@ -75,6 +75,7 @@ void event_destroy(void* event);
 void event_record(void* event, void* stream);
 void stream_wait_event(void* stream, void* event);  // later work on `stream` waits (no host block)
 void event_synchronize(void* event);                // the host waits
+bool event_query(void* event);  // whether the work recorded before it has completed (no wait)
 // An event with timing on (for measuring, not for ordering), and the milliseconds between two
 // recorded, completed ones.
 void* event_create_timed();

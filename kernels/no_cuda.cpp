@@ -189,6 +189,9 @@ void stream_wait_event(void*, void*) {
 void event_synchronize(void*) {
   CAI_STUB("event_synchronize");
 }
+bool event_query(void*) {
+  CAI_STUB("event_query");
+}
 void* event_create_timed() {
   CAI_STUB("event_create_timed");
 }

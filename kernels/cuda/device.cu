@@ -201,6 +201,12 @@ void stream_wait_event(void* stream, void* event) {
 void event_synchronize(void* event) {
   CAI_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
+bool event_query(void* event) {
+  const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (r == cudaErrorNotReady) return false;
+  CAI_CUDA_CHECK(r);
+  return true;
+}
 void* event_create_timed() {
   cudaEvent_t e = nullptr;
   CAI_CUDA_CHECK(cudaEventCreate(&e));
