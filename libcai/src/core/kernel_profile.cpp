@@ -238,8 +238,9 @@ void write_kernel_profile(const std::string& path, const std::vector<KernelRecor
   std::vector<trace::Interval> intervals;
   for (const auto& r : records)
     intervals.push_back({static_cast<double>(r.start_ns), static_cast<double>(r.end_ns)});
-  const double busy = trace::covered_us(std::move(intervals), -std::numeric_limits<double>::infinity(),
-                                        std::numeric_limits<double>::infinity());
+  const double busy =
+      trace::covered_us(std::move(intervals), -std::numeric_limits<double>::infinity(),
+                        std::numeric_limits<double>::infinity());
   const double per = 1e6 * steps;  // ns -> ms per step
   std::vector<std::pair<std::string, Row>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(),

@@ -56,8 +56,8 @@ StepTimer::Mark StepTimer::mark() {
 
 void StepTimer::span(std::string name, std::string category, Mark from, int64_t memory_bytes) {
   const Mark to = mark();
-  open_.back().spans.push_back(Pending{std::move(name), std::move(category), from, to,
-                                       memory_bytes});
+  open_.back().spans.push_back(
+      Pending{std::move(name), std::move(category), from, to, memory_bytes});
 }
 
 void StepTimer::end_step() {
