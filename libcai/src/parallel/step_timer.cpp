@@ -1,5 +1,7 @@
 #include "step_timer.h"
 
+#include <algorithm>
+
 #include "cai/core/error.h"
 #include "kernels/device.h"
 
@@ -12,6 +14,7 @@ StepTimer::~StepTimer() {
   for (Group& g : open_)
     for (void* e : g.events) kernels::cuda::event_destroy(e);
   for (void* e : free_) kernels::cuda::event_destroy(e);
+  kernels::cuda::event_destroy(anchor_);
 }
 
 void StepTimer::begin_step() {
@@ -82,29 +85,42 @@ bool StepTimer::done(const Group& g) const {
   return !device_.is_cuda() || !g.last || kernels::cuda::event_query(g.last);
 }
 
-double StepTimer::time_of(const Group& g, const Mark& m) const {
+double StepTimer::time_of(const Group& g, double origin_us, const Mark& m) const {
   if (!device_.is_cuda()) return m.host_us;
-  // The device's time since the group's first event, from the host time that event was
-  // recorded at.
-  return g.start.host_us + 1000.0 * kernels::cuda::event_elapsed_ms(g.start.event, m.event);
+  return origin_us + 1000.0 * kernels::cuda::event_elapsed_ms(g.start.event, m.event);
 }
 
 void StepTimer::resolve_front() {
   Group g = std::move(open_.front());
   open_.pop_front();
+  // On a GPU, the host time of the group's first event: not before the host recorded it, and
+  // not before the previous group's first event plus the device time between the two (the
+  // device may reach it well after the host went on), so that the device's order holds on the
+  // timeline (a step's spans never overlap the next step's).
+  double origin = g.start.host_us;
+  if (device_.is_cuda() && anchor_)
+    origin = std::max(
+        origin, anchor_us_ + 1000.0 * kernels::cuda::event_elapsed_ms(anchor_, g.start.event));
   std::vector<trace::Interval> busy;
   for (const Pending& p : g.spans) {
-    const double a = time_of(g, p.from), b = time_of(g, p.to);
+    const double a = time_of(g, origin, p.from), b = time_of(g, origin, p.to);
     rec_.span(p.name, p.category, a, b);
     rec_.memory(b, p.memory);
     if (p.category == "compute") busy.push_back({a, b});
   }
   if (g.step && g.ended) {
-    const double a = time_of(g, g.start), b = time_of(g, g.end);
+    const double a = time_of(g, origin, g.start), b = time_of(g, origin, g.end);
     bubbles_.push_back(trace::idle_fraction(busy, a, b));
     rec_.span("step", "step", a, b);
   }
-  for (void* e : g.events) free_.push_back(e);
+  // The group's first event is the next one's anchor; the previous anchor goes back to the pool.
+  for (void* e : g.events)
+    if (e != g.start.event) free_.push_back(e);
+  if (g.start.event) {
+    if (anchor_) free_.push_back(anchor_);
+    anchor_ = g.start.event;
+    anchor_us_ = origin;
+  }
 }
 
 }  // namespace cai::parallel::detail

@@ -7,7 +7,8 @@
 // default stream, where the kernels run), and a step's spans are resolved once its last event
 // has completed: at a later step's start when the device got there already (no wait), else when
 // kMaxOpen steps are open (the oldest, long done), or in flush(); never inside a step. Device
-// times are placed on the host clock at the step-start event (the host time it was recorded at).
+// times are placed on the host clock at each step's start event: the host time it was recorded
+// at, or later where the device time since the previous step's start says so (device order kept).
 // The events come from a pool and are reused. The bubble of a step is trace::idle_fraction of its
 // compute spans over the step, on either clock.
 #pragma once
@@ -69,12 +70,16 @@ class StepTimer {
     void* last = nullptr;  // the event recorded last: all the group's are done when it is
   };
   bool done(const Group& g) const;
-  double time_of(const Group& g, const Mark& m) const;
+  // A mark's time: the host's on the CPU; on a GPU origin_us + the device time from g's first
+  // event.
+  double time_of(const Group& g, double origin_us, const Mark& m) const;
   void resolve_front();  // resolves open_.front() (completed) and pops it
 
   Device device_;
   std::vector<void*> free_;  // pooled events, ready for reuse
   std::deque<Group> open_;
+  void* anchor_ = nullptr;  // GPU: the first event of the group resolved last, at anchor_us_
+  double anchor_us_ = 0;
   trace::Recorder rec_;
   std::vector<double> bubbles_;
 };
