@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "cai/core/error.h"
 #include "cai/core/trace.h"
 #include "parallel/step_timer.h"
 
