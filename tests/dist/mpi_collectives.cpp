@@ -3,7 +3,7 @@
 //     counts, a zero count, non-blocking overlap, point to point, split, scalar in double); with
 //     nccl on one GPU per rank, plus bf16, the ordering against the compute stream and the
 //     copy-engine all-reduce (the GPUs of one host with peer access, as the GPU hosts have), and
-//     that each rank holds a CUDA context on its own GPU only.
+//     that each rank holds a CUDA context on its own GPU only (after the plain operations).
 //   --hang [--backend mpi|nccl|nccl-ce]: rank 1 stops joining; rank 0's all-reduce must fail
 //     within CAI_COLLECTIVE_TIMEOUT, naming the operation and the group (nccl-ce: the copy-engine
 //     all-reduce, whose stream waits on a flag the dead peer never raises).
@@ -435,8 +435,10 @@ int main(int argc, char** argv) {
     try {
       check(comm, on);
       if (nccl) {
-        check_nccl(comm, on);
+        // Before check_nccl: its copy-engine all-reduce maps the peers' memory (CUDA IPC, lazy
+        // peer access), which this check does not cover.
         check_own_device_only(on.dev.index);
+        check_nccl(comm, on);
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", world->rank(), e.what());
