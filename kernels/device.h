@@ -75,6 +75,7 @@ void event_destroy(void* event);
 void event_record(void* event, void* stream);
 void stream_wait_event(void* stream, void* event);  // later work on `stream` waits (no host block)
 void event_synchronize(void* event);                // the host waits
+bool event_query(void* event);  // whether the work recorded before it has completed (no wait)
 // An event with timing on (for measuring, not for ordering), and the milliseconds between two
 // recorded, completed ones.
 void* event_create_timed();
@@ -86,5 +87,11 @@ void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
 void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream);
 int current_device();
 void set_device(int device);
+// Whether this process holds the primary context of `device` (the driver's
+// cuDevicePrimaryCtxGetState; asking creates none). The first runtime call that needs a context
+// creates the current device's, and a thread starts with device 0 current: a process meant to use
+// one GPU that holds another's context (about 1 GiB of it) made a CUDA call before cudaSetDevice,
+// or on a thread that never called it. Without CUDA: false.
+bool has_primary_context(int device);
 }  // namespace cuda
 }  // namespace cai::kernels

@@ -189,6 +189,9 @@ void stream_wait_event(void*, void*) {
 void event_synchronize(void*) {
   CAI_STUB("event_synchronize");
 }
+bool event_query(void*) {
+  CAI_STUB("event_query");
+}
 void* event_create_timed() {
   CAI_STUB("event_create_timed");
 }
@@ -206,6 +209,9 @@ int current_device() {
 }
 void set_device(int) {
   CAI_STUB("set_device");
+}
+bool has_primary_context(int) {
+  return false;
 }
 void copy_h2d(void*, const void*, size_t) {
   CAI_STUB("copy_h2d");

@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
   std::string trace_path;
   app.add_option("--trace", trace_path,
                  "Record every rank's timed instructions and memory; write one Chrome-trace "
-                 "JSON (open in Perfetto) and print the measured bubble fraction per stage");
+                 "JSON (open in Perfetto) and print the measured bubble fraction per stage "
+                 "(1 - compute time / step time). On GPUs the spans and the bubble are device "
+                 "time (timed CUDA events on the compute stream), on the CPU host time");
   CLI11_PARSE(app, argc, argv);
 
   using namespace cai;

@@ -201,6 +201,12 @@ void stream_wait_event(void* stream, void* event) {
 void event_synchronize(void* event) {
   CAI_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
+bool event_query(void* event) {
+  const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (r == cudaErrorNotReady) return false;
+  CAI_CUDA_CHECK(r);
+  return true;
+}
 void* event_create_timed() {
   cudaEvent_t e = nullptr;
   CAI_CUDA_CHECK(cudaEventCreate(&e));
@@ -227,6 +233,30 @@ int current_device() {
 }
 void set_device(int device) {
   CAI_CUDA_CHECK(cudaSetDevice(device));
+}
+bool has_primary_context(int device) {
+  // Through the runtime's driver entry points: the library links no libcuda of its own.
+  using GetState = int (*)(int dev, unsigned int* flags, int* active);  // CUresult, CUdevice
+  using GetDevice = int (*)(int* dev, int ordinal);
+  void* get_state = nullptr;
+  void* get_device = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  CAI_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &get_state, 12000,
+                                                  cudaEnableDefault, &found));
+  CAI_CHECK(found == cudaDriverEntryPointSuccess && get_state,
+            "[cuda] the driver has no cuDevicePrimaryCtxGetState");
+  CAI_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuDeviceGet", &get_device, 12000,
+                                                  cudaEnableDefault, &found));
+  CAI_CHECK(found == cudaDriverEntryPointSuccess && get_device,
+            "[cuda] the driver has no cuDeviceGet");
+  int dev = 0;
+  const int r = reinterpret_cast<GetDevice>(get_device)(&dev, device);
+  CAI_CHECK(r == 0, "[cuda] cuDeviceGet({}) failed (CUresult {})", device, r);
+  unsigned int flags = 0;
+  int active = 0;
+  const int s = reinterpret_cast<GetState>(get_state)(dev, &flags, &active);
+  CAI_CHECK(s == 0, "[cuda] cuDevicePrimaryCtxGetState({}) failed (CUresult {})", device, s);
+  return active != 0;
 }
 
 }  // namespace cai::kernels::cuda

@@ -2,7 +2,8 @@
 //   --check [--backend mpi|nccl]: every Communicator operation against its definition (uneven
 //     counts, a zero count, non-blocking overlap, point to point, split, scalar in double); with
 //     nccl on one GPU per rank, plus bf16, the ordering against the compute stream and the
-//     copy-engine all-reduce (the GPUs of one host with peer access, as the GPU hosts have).
+//     copy-engine all-reduce (the GPUs of one host with peer access, as the GPU hosts have), and
+//     that each rank holds a CUDA context on its own GPU only (after the plain operations).
 //   --hang [--backend mpi|nccl|nccl-ce]: rank 1 stops joining; rank 0's all-reduce must fail
 //     within CAI_COLLECTIVE_TIMEOUT, naming the operation and the group (nccl-ce: the copy-engine
 //     all-reduce, whose stream waits on a flag the dead peer never raises).
@@ -389,6 +390,20 @@ void check_nccl(Communicator& c, const On& on) {
   check_copy_engine(c, on);
   check_exchange(c, on);
 }
+// This process holds a CUDA context on its own GPU only. The communicator's watchdog queries
+// the events of the operations above on a thread of its own, which needs that GPU made current
+// (a thread starts on device 0: ranks 1-3 of a 4-GPU job each held 1.1 GiB on GPU 0). Every
+// operation stays listed until the watchdog has seen it complete, and it polls every 100 ms:
+// after 300 ms it has queried them.
+void check_own_device_only(int gpu) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int n = kernels::cuda::device_count();
+  CAI_CHECK(kernels::cuda::has_primary_context(gpu), "no CUDA context on this rank's GPU {}", gpu);
+  for (int d = 0; d < n; ++d)
+    CAI_CHECK(d == gpu || !kernels::cuda::has_primary_context(d),
+              "this rank uses GPU {} but holds a CUDA context on GPU {} as well", gpu, d);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -419,7 +434,12 @@ int main(int argc, char** argv) {
   if (mode == "--check") {
     try {
       check(comm, on);
-      if (nccl) check_nccl(comm, on);
+      if (nccl) {
+        // Before check_nccl: its copy-engine all-reduce maps the peers' memory (CUDA IPC, lazy
+        // peer access), which this check does not cover.
+        check_own_device_only(on.dev.index);
+        check_nccl(comm, on);
+      }
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d: %s\n", world->rank(), e.what());
       MpiEnvironment::abort(1);

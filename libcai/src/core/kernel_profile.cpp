@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -19,6 +20,7 @@
 #endif
 
 #include "cai/core/error.h"
+#include "cai/core/trace.h"
 
 namespace cai::profile {
 namespace {
@@ -232,19 +234,13 @@ void write_kernel_profile(const std::string& path, const std::vector<KernelRecor
     by_cat[row.cat] += d;
     total += d;
   }
-  // GPU busy time: the union of all intervals (streams may overlap).
-  double busy = 0;
-  uint64_t cur_s = 0, cur_e = 0;
-  bool open = false;
-  for (const auto& r : records) {
-    if (!open || r.start_ns > cur_e) {
-      if (open) busy += static_cast<double>(cur_e - cur_s);
-      cur_s = r.start_ns, cur_e = r.end_ns, open = true;
-    } else {
-      cur_e = std::max(cur_e, r.end_ns);
-    }
-  }
-  if (open) busy += static_cast<double>(cur_e - cur_s);
+  // GPU busy time: the union of all intervals (streams may overlap), in ns.
+  std::vector<trace::Interval> intervals;
+  for (const auto& r : records)
+    intervals.push_back({static_cast<double>(r.start_ns), static_cast<double>(r.end_ns)});
+  const double busy =
+      trace::covered_us(std::move(intervals), -std::numeric_limits<double>::infinity(),
+                        std::numeric_limits<double>::infinity());
   const double per = 1e6 * steps;  // ns -> ms per step
   std::vector<std::pair<std::string, Row>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(),

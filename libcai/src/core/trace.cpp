@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 namespace cai::trace {
@@ -43,6 +44,30 @@ std::string Recorder::events_json(int tid, const std::string& track_name, double
                       {"ts", m.t_us - origin_us},
                       {"args", {{"bytes", m.bytes}}}});
   return events.dump();
+}
+
+double covered_us(std::vector<Interval> spans, double lo, double hi) {
+  std::sort(spans.begin(), spans.end(),
+            [](const Interval& a, const Interval& b) { return a.start_us < b.start_us; });
+  double total = 0, run_start = 0, run_end = 0;
+  bool open = false;
+  for (const Interval& s : spans) {
+    const double a = std::max(s.start_us, lo), b = std::min(s.end_us, hi);
+    if (!(b > a)) continue;  // empty, reversed or outside the window
+    if (open && a <= run_end) {
+      run_end = std::max(run_end, b);
+    } else {
+      if (open) total += run_end - run_start;
+      run_start = a, run_end = b, open = true;
+    }
+  }
+  if (open) total += run_end - run_start;
+  return total;
+}
+
+double idle_fraction(const std::vector<Interval>& busy, double lo, double hi) {
+  if (!(hi > lo)) return 0.0;
+  return 1.0 - covered_us(busy, lo, hi) / (hi - lo);
 }
 
 std::string chrome_trace(const std::vector<std::string>& event_arrays) {

@@ -592,7 +592,7 @@ class NcclCommunicator : public Communicator {
   }
 
   Watchdog& watchdog() {
-    if (!watchdog_) watchdog_ = std::make_unique<Watchdog>();
+    if (!watchdog_) watchdog_ = std::make_unique<Watchdog>(device_);
     return *watchdog_;
   }
 };

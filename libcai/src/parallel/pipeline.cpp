@@ -8,6 +8,7 @@
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
+#include "step_timer.h"
 
 namespace cai::parallel {
 
@@ -48,8 +49,9 @@ struct PipelinePlugin::Impl {
   schedule::Partition part;
   std::map<std::pair<int, int64_t>, schedule::Schedule> schedules;  // by (micro-batches, batch)
   std::vector<nn::Layer*> owned;  // this rank's layers, model order
-  trace::Recorder rec;
-  std::vector<double> bubbles;  // per executed step
+  // The instructions' spans and each step's bubble: host time on the CPU, device time on a GPU
+  // (step_timer.h). Made in setup(), once the device is known.
+  std::unique_ptr<detail::StepTimer> timer;
   int64_t tokens = 0, dim = 0;
 
   Impl(dist::Communicator& w, const dist::ProcessMesh& m, PipelineConfig c)
@@ -155,10 +157,8 @@ struct PipelinePlugin::Impl {
     return out;
   }
 
-  void record(const std::string& name, const char* cat, double t0) {
-    const double t1 = trace::Recorder::now_us();
-    rec.span(name, cat, t0, t1);
-    rec.memory(t1, memory_in_use(device.type));
+  void record(const std::string& name, const char* cat, detail::StepTimer::Mark t0) {
+    timer->span(name, cat, t0, memory_in_use(device.type));
   }
 };
 
@@ -231,6 +231,7 @@ void PipelinePlugin::setup(nn::ViT& model) {
   m.tokens = vc.num_patches() + 1;
   m.dim = vc.embed_dim;
   m.device = model.device();
+  m.timer = std::make_unique<detail::StepTimer>(m.device);
   // Declare the point-to-point channels (NCCL builds one per direction; MPI needs none).
   const auto act = m.activation_pairs();
   std::vector<std::pair<int, int>> grad;
@@ -314,8 +315,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     return p.buffer;
   };
   train::StepMetrics metrics;
-  const double step_t0 = trace::Recorder::now_us();
-  double compute_us = 0;
+  m.timer->begin_step();
 
   auto ctx_of = [&](int mb) {
     nn::ForwardCtx c = step_ctx;
@@ -325,7 +325,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
 
   for (size_t pos = 0; pos < prog.size(); ++pos) {
     const schedule::Instr& in = prog[pos];
-    const double t0 = trace::Recorder::now_us();
+    const auto t0 = m.timer->mark();
     release_sends();
     for (size_t r : posting[pos]) post(r);
     const auto key = std::make_pair(in.mb, in.chunk);
@@ -368,7 +368,6 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         } else {
           output[key] = x;
         }
-        compute_us += trace::Recorder::now_us() - t0;
         break;
       }
       case Op::SendActivation:
@@ -416,7 +415,6 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         if (hooks && hooks->overlap_point) hooks->overlap_point();
         if (!split) caches.erase(key);
         if (vs > 0) grad_out[key] = g;
-        compute_us += trace::Recorder::now_us() - t0;
         break;
       }
       case Op::BackwardWeight: {
@@ -432,7 +430,6 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
         }
         if (hooks && hooks->overlap_point) hooks->overlap_point();
         caches.erase(key);
-        compute_us += trace::Recorder::now_us() - t0;
         break;
       }
       case Op::SendGrad:
@@ -456,9 +453,7 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
     if (in.op != schedule::Op::OptimizerStep) m.record(in.str(), category_of(in.op), t0);
   }
   m.warm = true;
-  const double wall = trace::Recorder::now_us() - step_t0;
-  m.bubbles.push_back(wall > 0 ? 1.0 - compute_us / wall : 0.0);
-  m.rec.span("step", "step", step_t0, step_t0 + wall);
+  m.timer->end_step();
   return metrics;
 }
 
@@ -514,7 +509,7 @@ Tensor PipelinePlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
 }
 
 void PipelinePlugin::optimizer_step(optim::Optimizer& opt) {
-  const double t0 = trace::Recorder::now_us();
+  const auto t0 = impl_->timer->mark();
   impl_->inner->optimizer_step(opt);
   impl_->record("OptStep", "optimizer", t0);
 }
@@ -532,7 +527,9 @@ double PipelinePlugin::all_reduce_max(double v) {
 }
 
 double PipelinePlugin::measured_bubble() const {
-  const auto& b = impl_->bubbles;
+  if (!impl_->timer) return 0.0;
+  impl_->timer->flush();  // on a GPU: waits for the device to finish the steps run so far
+  const auto& b = impl_->timer->bubbles();
   if (b.empty()) return 0.0;
   // The first step includes one-time allocation and warm-up: leave it out when there are more.
   const size_t first = b.size() > 1 ? 1 : 0;
@@ -543,14 +540,17 @@ double PipelinePlugin::measured_bubble() const {
 
 std::vector<double> PipelinePlugin::write_trace(const std::string& path) {
   Impl& m = *impl_;
+  CAI_CHECK(m.timer, "[pipeline] call setup(model) before write_trace()");
   const int R = m.world.size(), me = m.world.rank();
+  m.timer->flush();
+  const trace::Recorder& rec = m.timer->recorder();
   // Common origin: the earliest event of any rank.
   double first = trace::Recorder::now_us();
-  for (const auto& sp : m.rec.spans()) first = std::min(first, sp.start_us);
+  for (const auto& sp : rec.spans()) first = std::min(first, sp.start_us);
   first = m.world.all_reduce_scalar(first, dist::ReduceOp::Min);
   const auto c = m.me;
   const std::string json =
-      m.rec.events_json(me, fmt::format("rank {} (pp {}, dp {})", me, c.pp, c.dp), first);
+      rec.events_json(me, fmt::format("rank {} (pp {}, dp {})", me, c.pp, c.dp), first);
   // Lengths, then the JSON text as int32 words, gathered on rank 0.
   std::vector<double> bubbles(R, 0.0);
   for (int r = 0; r < R; ++r)

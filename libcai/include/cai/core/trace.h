@@ -35,6 +35,19 @@ class Recorder {
   std::vector<MemorySample> memory_;
 };
 
+// A time interval [start_us, end_us] (microseconds on any one clock).
+struct Interval {
+  double start_us = 0, end_us = 0;
+};
+// The length of the union of `spans` clipped to [lo, hi]: overlapping spans count once, spans
+// (or parts) outside the window not at all, empty or reversed ones nothing.
+double covered_us(std::vector<Interval> spans, double lo, double hi);
+// 1 − covered_us(busy, lo, hi) / (hi − lo): the share of the window [lo, hi] in which none of
+// `busy` runs. A pipeline stage's measured bubble, with its compute instructions' spans and its
+// step (host times on the CPU; device times on a GPU, where the kernels run asynchronously to the
+// host). 0 for an empty window.
+double idle_fraction(const std::vector<Interval>& busy, double lo, double hi);
+
 // {"traceEvents": [...], "displayTimeUnit": "ms"} from per-track event arrays.
 std::string chrome_trace(const std::vector<std::string>& event_arrays);
 

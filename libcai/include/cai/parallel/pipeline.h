@@ -9,7 +9,11 @@
 // parallelism (through HybridParallelPlugin) boundary tensors have the model's residual shape
 // (sequence parallel: this rank's tokens). Data parallelism across pipeline replicas (pp × dp) and
 // ZeRO-1 come from a DataParallelPlugin over the data-parallel group, applied to the stage's
-// layers. Every instruction is recorded as a timed span with the memory in use, for Chrome traces.
+// layers. Every instruction is recorded as a timed span with the memory in use, for Chrome traces:
+// host time on the CPU; on a GPU device time, from timed CUDA events on the compute stream (the
+// kernels run asynchronously to the host, so host spans would show the launches), placed on the
+// host clock at each step's start and resolved once the device has completed them (never with a
+// wait inside a step).
 // On GPUs (the model moved to its device before setup, an NCCL world communicator) boundary
 // tensors live on the device and travel over per-direction NCCL channels: activations on one
 // communicator, gradients on another (NCCL matches messages in order, not by tag).
@@ -76,13 +80,17 @@ class PipelinePlugin : public train::Plugin {
   // bytes of one boundary tensor).
   const schedule::Schedule& schedule_for(int64_t batch);
   const schedule::Partition& partition() const;
-  // Mean over recorded steps of 1 − compute time / step time on this rank (Load to ReduceGrads).
+  // Mean over the steps (the first left out when there are more) of 1 − busy / step on this
+  // rank: busy the union of its compute instructions' spans (F, B, W), step from the step's
+  // first instruction to the end of ReduceGrads; device time on a GPU (it waits for the device
+  // to finish the steps run so far), host time on the CPU.
   double measured_bubble() const;
   int pipeline_rank() const;
   int stages() const;
   // Collective over the world: every rank's spans and memory go to rank 0, which writes one
-  // Chrome-trace JSON with one track per rank. Returns the per-rank measured bubble fractions
-  // (on every rank).
+  // Chrome-trace JSON with one track per rank (on GPUs device times: each rank's on its own host
+  // clock, aligned at its steps' starts). Returns the per-rank measured bubble fractions (on
+  // every rank).
   std::vector<double> write_trace(const std::string& path);
 
  private:
