@@ -473,6 +473,26 @@ TEST(ImageFolder, PngChunkLengthBeyondTheFileIsRefused) {
   EXPECT_NE(msg.find("PNG chunk at byte 33 declares 2013265964 bytes"), std::string::npos) << msg;
 }
 
+TEST(ImageFolder, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
+  // libFuzzer + UBSan's case, reduced: a DHT segment whose 16 code counts sum to 300 (stb_image
+  // wrote one code size per code into its 257-entry array, past the end).
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::string jpg = {'\xFF', '\xD8', '\xFF', '\xC4',
+                     '\x01', '\x3F', '\x00'};  // SOI; DHT, 319 bytes
+  const unsigned char counts[16] = {0, 0, 0, 0, 0, 0, 0, 0, 100, 100, 100, 0, 0, 0, 0, 0};
+  jpg.append(reinterpret_cast<const char*>(counts), 16);
+  jpg.append(300, '\x01');
+  jpg.append("\xFF\xD9", 2);
+  std::ofstream(d / "a/huff.jpg", std::ios::binary).write(jpg.data(), std::ssize(jpg));
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("JPEG Huffman table at byte 6 declares 300 codes (at most 256)"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(ImageFolder, EmptyFoldersAreErrors) {
   TempDir d;
   std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });
