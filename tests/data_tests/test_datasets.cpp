@@ -491,6 +491,13 @@ TEST(ImageFolder, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
   EXPECT_NE(msg.find("JPEG Huffman table at byte 6 declares 300 codes (at most 256)"),
             std::string::npos)
       << msg;
+  // The second finding: the counts cut off by the end of the file (stb reads them as 0).
+  const std::string cut = {'\xFF', '\xD8', '\xFF', '\xC4', '\x01', '\xA2', '\x13', '\x91',
+                           '\xD9', '\xAB', '\x49', '\xA4', '\x7F', '\xFF', '\xD9'};
+  std::ofstream(d / "a/huff.jpg", std::ios::binary).write(cut.data(), std::ssize(cut));
+  const std::string msg2 = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg2.find("JPEG Huffman table at byte 6 declares 1369 codes"), std::string::npos)
+      << msg2;
 }
 
 TEST(ImageFolder, EmptyFoldersAreErrors) {
