@@ -500,6 +500,18 @@ TEST(ImageFolder, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
       << msg2;
 }
 
+TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
+  // libFuzzer + UBSan: stb_image's PNM header reader overflowed an int on "P6\n9999999999...".
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/x.png", std::ios::binary) << "P6\n# c\n4 99999999999 255\n";
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("PNM header number at byte 9 has 11 digits (at most 9)"), std::string::npos)
+      << msg;
+}
+
 TEST(ImageFolder, EmptyFoldersAreErrors) {
   TempDir d;
   std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });

@@ -65,17 +65,46 @@ void check_png_chunks(const std::string& path) {
   if (!error.empty()) fail("[image_folder] {}: {}", path, error);
 }
 
-// JPEG: every Huffman table (DHT segment) may hold at most 256 codes. Debian's stb_image sums the
-// 16 code counts without that check and writes one size per code into a 257-entry array
-// (libFuzzer + UBSan: a 3.5 kB JPEG with counts summing to 300 wrote past it).
-void check_jpeg_huffman_tables(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return;  // stb reports it
+std::vector<unsigned char> read_all(const std::string& path) {
   std::vector<unsigned char> d;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return d;  // stb reports it
   unsigned char buf[65536];
   for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;)
     d.insert(d.end(), buf, buf + got);
   std::fclose(f);
+  return d;
+}
+
+// PNM (P5/P6): stb_image reads the header's width, height and maxval into an int digit by digit
+// without an overflow check (libFuzzer + UBSan: 999999999 * 10). A number of 10 or more digits
+// is refused first (no valid side or maxval has that many: stb refuses sides beyond 8192).
+void check_pnm_header(const std::string& path, const std::vector<unsigned char>& d) {
+  if (d.size() < 2 || d[0] != 'P' || (d[1] != '5' && d[1] != '6')) return;
+  size_t pos = 2;
+  auto space = [](unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  for (int k = 0; k < 3; ++k) {
+    while (pos < d.size() && (space(d[pos]) || d[pos] == '#')) {
+      if (d[pos] == '#')
+        while (pos < d.size() && d[pos] != '\n' && d[pos] != '\r') ++pos;
+      else
+        ++pos;
+    }
+    const size_t start = pos;
+    while (pos < d.size() && d[pos] >= '0' && d[pos] <= '9') ++pos;
+    if (pos - start >= 10)
+      fail("[image_folder] {}: PNM header number at byte {} has {} digits (at most 9)", path, start,
+           pos - start);
+    if (pos == start) return;  // stb reports it
+  }
+}
+
+// JPEG: every Huffman table (DHT segment) may hold at most 256 codes. Debian's stb_image sums the
+// 16 code counts without that check and writes one size per code into a 257-entry array
+// (libFuzzer + UBSan: a 3.5 kB JPEG with counts summing to 300 wrote past it).
+void check_jpeg_huffman_tables(const std::string& path, const std::vector<unsigned char>& d) {
   if (d.size() < 4 || d[0] != 0xFF || d[1] != 0xD8) return;  // not a JPEG
   size_t pos = 2;
   while (pos + 4 <= d.size()) {
@@ -131,7 +160,11 @@ class ImageFolderDataset final : public Dataset {
     int w = 0, h = 0, comp = 0;
     // The header's size first: a few bytes can announce 30000x30000, which stb would allocate
     // (and spend seconds on) before finding the data missing.
-    check_jpeg_huffman_tables(path);  // before stbi_info, which reads them too
+    {  // before stbi_info, which reads these headers too
+      const std::vector<unsigned char> bytes = read_all(path);
+      check_jpeg_huffman_tables(path, bytes);
+      check_pnm_header(path, bytes);
+    }
     if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
       fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
            w, h, kMaxPixels);
