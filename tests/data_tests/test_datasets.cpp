@@ -510,6 +510,10 @@ TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
   const std::string msg = error_of([&] { ds->get(0, out.data()); });
   EXPECT_NE(msg.find("PNM header number at byte 9 has 11 digits (at most 9)"), std::string::npos)
       << msg;
+  // And a 16-bit PNM (stb's conversion then read past its buffer: ASan).
+  std::ofstream(d / "a/x.png", std::ios::binary) << "P5\n6 \n02\n5560\n \x05\n";
+  const std::string msg2 = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg2.find("PNM maxval 5560 at byte 9: only 8-bit"), std::string::npos) << msg2;
 }
 
 TEST(ImageFolder, EmptyFoldersAreErrors) {

@@ -98,6 +98,14 @@ void check_pnm_header(const std::string& path, const std::vector<unsigned char>&
       fail("[image_folder] {}: PNM header number at byte {} has {} digits (at most 9)", path, start,
            pos - start);
     if (pos == start) return;  // stb reports it
+    // 16-bit PNM (maxval > 255): stb's format conversion then reads past its buffer (libFuzzer +
+    // ASan: P5 with maxval 5560). This loader reads 8-bit images.
+    if (k == 2 && std::stoi(std::string(d.begin() + static_cast<long>(start),
+                                        d.begin() + static_cast<long>(pos))) > 255)
+      fail("[image_folder] {}: PNM maxval {} at byte {}: only 8-bit PNM (maxval <= 255) is read",
+           path,
+           std::string(d.begin() + static_cast<long>(start), d.begin() + static_cast<long>(pos)),
+           start);
   }
 }
 
