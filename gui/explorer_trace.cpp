@@ -308,8 +308,15 @@ MetricsRun load_metrics(const std::string& path) {
     // Where a run was stopped on request and where its resumed run appended (no values).
     if (type == "resume" || type == "preempted") continue;
     MetricsRow r;
-    r.epoch = static_cast<int64_t>(num("epoch", true));
-    r.step = static_cast<int64_t>(num("step", true));
+    // A count beyond int64_t would be undefined when cast (libFuzzer + UBSan: 7.8e182).
+    auto count = [&](const char* key) {
+      const double v = num(key, true);
+      CAI_CHECK(v >= -9223372036854775808.0 && v < 9223372036854775808.0,
+                "[gui] metrics {} line {}: \"{}\" {} is beyond a 64-bit integer", path, no, key, v);
+      return static_cast<int64_t>(v);
+    };
+    r.epoch = count("epoch");
+    r.step = count("step");
     r.img_per_s = num("img_per_s", false);
     r.lr = num("lr", false);
     if (type == "step") {

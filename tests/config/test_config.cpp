@@ -7,6 +7,7 @@
 
 #include "cai/config/config.h"
 #include "cai/core/error.h"
+#include "cai/core/toml_text.h"
 
 using namespace cai;
 using namespace cai::config;
@@ -81,6 +82,31 @@ TEST(Config, NonAsciiOutsideStringsIsAParseErrorNotUndefinedBehaviour) {
             "/home/jos\xC3\xA9/\xC2\xA1"
             "data");
   EXPECT_EQ(c.metrics_file, "/tmp/\xC3\xA9.jsonl");
+}
+
+// libFuzzer + UBSan (fuzz_vit_train_config_set, issue 42): inside an array toml++ reads `1."..."`
+// as one bare token and asks is_non_ascii_horizontal_whitespace about U+01EA (unreachable in
+// toml++ 3.3.0); the scanner took the '.' for a dotted key's and the quote for a string's start.
+TEST(Config, NonAsciiInABareTokenInsideAnArrayIsRefusedBeforeToml) {
+  const std::string fuzzed(
+      "\133\062\040\054\061\056\042\307\252\050\134\011\000\000\006\042\134\011\000\000\000\134\011"
+      "\000\000\000\000\000\000\000\000\000\000\000\054\061\054\063\054",
+      39);
+  EXPECT_NE(toml_text_problem("v = " + fuzzed).find("0xC7"), std::string::npos)
+      << toml_text_problem("v = " + fuzzed);
+  EXPECT_THROW(parse_config("", "fuzz.toml", {"train.batch_size=" + fuzzed}), cai::Error);
+  for (const std::string bad : {"x = [2, 1.\"\xC7\xAA\"]\n", "x = [\n  2,\n  1.'\xC7\xAA'\n]\n",
+                                "x = [{a = 1}, 1.\"\xC7\xAA\"]\n"}) {
+    EXPECT_NE(toml_text_problem(bad).find("0xC7"), std::string::npos) << bad;
+    EXPECT_THROW(parse_config(bad, "odd.toml", {}), cai::Error) << bad;
+  }
+  // Valid TOML the scanner must still let through: strings in (multi-line) arrays and in inline
+  // tables inside arrays, dotted keys in inline tables and table headers.
+  for (const std::string good :
+       {"x = [\"\xC3\xA9\", '\xC3\xA9']\n", "x = [\n  \"\xC3\xA9\",\n  \"b\",\n]\n",
+        "x = [{a.b = \"\xC3\xA9\"}, {c = '\xC3\xA9'}]\n", "[a.\"\xC3\xA9\"]\nk = \"\xC3\xA9\"\n",
+        "[[t]]\nx.\"\xC3\xA9\" = 1\n"})
+    EXPECT_EQ(toml_text_problem(good), "") << good;
 }
 
 TEST(Config, UnknownKeysAndSectionsNameWhatIsAllowed) {

@@ -473,6 +473,49 @@ TEST(ImageFolder, PngChunkLengthBeyondTheFileIsRefused) {
   EXPECT_NE(msg.find("PNG chunk at byte 33 declares 2013265964 bytes"), std::string::npos) << msg;
 }
 
+TEST(ImageFolder, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
+  // libFuzzer + UBSan's case, reduced: a DHT segment whose 16 code counts sum to 300 (stb_image
+  // wrote one code size per code into its 257-entry array, past the end).
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::string jpg = {'\xFF', '\xD8', '\xFF', '\xC4',
+                     '\x01', '\x3F', '\x00'};  // SOI; DHT, 319 bytes
+  const unsigned char counts[16] = {0, 0, 0, 0, 0, 0, 0, 0, 100, 100, 100, 0, 0, 0, 0, 0};
+  jpg.append(reinterpret_cast<const char*>(counts), 16);
+  jpg.append(300, '\x01');
+  jpg.append("\xFF\xD9", 2);
+  std::ofstream(d / "a/huff.jpg", std::ios::binary).write(jpg.data(), std::ssize(jpg));
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("JPEG Huffman table at byte 6 declares 300 codes (at most 256)"),
+            std::string::npos)
+      << msg;
+  // The second finding: the counts cut off by the end of the file (stb reads them as 0).
+  const std::string cut = {'\xFF', '\xD8', '\xFF', '\xC4', '\x01', '\xA2', '\x13', '\x91',
+                           '\xD9', '\xAB', '\x49', '\xA4', '\x7F', '\xFF', '\xD9'};
+  std::ofstream(d / "a/huff.jpg", std::ios::binary).write(cut.data(), std::ssize(cut));
+  const std::string msg2 = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg2.find("JPEG Huffman table at byte 6 declares 1369 codes"), std::string::npos)
+      << msg2;
+}
+
+TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
+  // libFuzzer + UBSan: stb_image's PNM header reader overflowed an int on "P6\n9999999999...".
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/x.png", std::ios::binary) << "P6\n# c\n4 99999999999 255\n";
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("PNM header number at byte 9 has 11 digits (at most 9)"), std::string::npos)
+      << msg;
+  // And a 16-bit PNM (stb's conversion then read past its buffer: ASan).
+  std::ofstream(d / "a/x.png", std::ios::binary) << "P5\n6 \n02\n5560\n \x05\n";
+  const std::string msg2 = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg2.find("PNM maxval 5560 at byte 9: only 8-bit"), std::string::npos) << msg2;
+}
+
 TEST(ImageFolder, EmptyFoldersAreErrors) {
   TempDir d;
   std::string msg = error_of([&] { load_image_folder(d.path.string(), 8); });

@@ -145,6 +145,16 @@ TEST(ExplorerModel, NumberBeyondDoubleIsCaiError) {
   EXPECT_NE(m.errors[0].find("line 1: not JSON"), std::string::npos) << m.errors[0];
 }
 
+TEST(ExplorerModel, MetricsCountsBeyondInt64AreErrors) {
+  // libFuzzer + UBSan (fuzz_metrics): an epoch of 7.8e182 was cast to int64_t (undefined).
+  ExplorerModel m = pipeline_model(2, 4, "1f1b");
+  EXPECT_FALSE(m.open_metrics(temp_file(
+      "huge.jsonl", "{\"type\": \"step\", \"epoch\": 7.7e182, \"step\": 1, \"loss\": 2.0}\n")));
+  ASSERT_EQ(m.errors.size(), 1u);
+  EXPECT_NE(m.errors[0].find("\"epoch\" 7.7e+182 is beyond a 64-bit integer"), std::string::npos)
+      << m.errors[0];
+}
+
 TEST(ExplorerModel, HugeStageAndMicroBatchIndicesAreErrors) {
   // A stage label of 2^31 - 1 would size the per-stage tables; an index beyond int was UB.
   const std::string stage =

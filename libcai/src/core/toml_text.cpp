@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <string>
+
 namespace cai {
 
 std::string_view strip_utf8_bom(std::string_view text) {
@@ -17,7 +19,11 @@ std::string toml_text_problem(std::string_view t) {
   // up to a terminator (whitespace, ',', ']', '}', '#'; a key also at '=' and '.') and asks
   // about every character of it, quotes and brackets included: `7777$'p...` or `1"cc...` is one
   // token, and a quote protects what follows only where a string may start, after structure.
-  bool key = true;        // before the '=' of a line (or after '{' / ',' of an inline table)
+  // Inside an array (even one spanning lines) '.' belongs to the token: `[2, 1."\xC7\xAA"]` is the
+  // bare token `1."...` to toml++, so the quote starts no string. `nest` holds the open '[' / '{'.
+  bool key = true;  // before the '=' of a line (or after '{' / ',' of an inline table)
+  std::string nest;
+  auto key_here = [&] { return nest.empty() || nest.back() == '{'; };
   bool in_token = false;  // inside a bare token
   char prev = '\n';       // the last structural character outside strings and comments
   auto where = [&](size_t i) {
@@ -42,14 +48,17 @@ std::string toml_text_problem(std::string_view t) {
         if (c >= 0x80) return non_ascii(i, "outside a string or comment");
         if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
           in_token = false;
-          if (c == '\n') prev = '\n', key = true;
+          if (c == '\n') prev = '\n', key = key_here();
         } else if (c == '#') {
           in = In::Comment, in_token = false;
         } else if (c == ',' || c == ']' || c == '}' || ((c == '=' || c == '.') && key) ||
                    (!in_token && (c == '[' || c == '{'))) {
           in_token = false, prev = static_cast<char>(c);
           if (c == '=') key = false;
-          if (c == ',' || c == '{') key = true;
+          if (c == '[' || c == '{') nest.push_back(static_cast<char>(c));
+          if ((c == ']' || c == '}') && !nest.empty()) nest.pop_back(), key = false;
+          if (c == '{') key = true;
+          if (c == ',') key = key_here();
         } else if ((c == '"' || c == '\'') && !in_token &&
                    (prev == '\n' || prev == '=' || prev == '[' || prev == ',' || prev == '{' ||
                     prev == '.')) {
@@ -66,7 +75,7 @@ std::string toml_text_problem(std::string_view t) {
         }
         break;
       case In::Comment:
-        if (c == '\n') in = In::Code, prev = '\n', key = true;
+        if (c == '\n') in = In::Code, prev = '\n', key = key_here();
         break;
       case In::Basic:
         if (c == '\\' && i + 1 < t.size()) {

@@ -65,6 +65,83 @@ void check_png_chunks(const std::string& path) {
   if (!error.empty()) fail("[image_folder] {}: {}", path, error);
 }
 
+std::vector<unsigned char> read_all(const std::string& path) {
+  std::vector<unsigned char> d;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return d;  // stb reports it
+  unsigned char buf[65536];
+  for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;)
+    d.insert(d.end(), buf, buf + got);
+  std::fclose(f);
+  return d;
+}
+
+// PNM (P5/P6): stb_image reads the header's width, height and maxval into an int digit by digit
+// without an overflow check (libFuzzer + UBSan: 999999999 * 10). A number of 10 or more digits
+// is refused first (no valid side or maxval has that many: stb refuses sides beyond 8192).
+void check_pnm_header(const std::string& path, const std::vector<unsigned char>& d) {
+  if (d.size() < 2 || d[0] != 'P' || (d[1] != '5' && d[1] != '6')) return;
+  size_t pos = 2;
+  auto space = [](unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  for (int k = 0; k < 3; ++k) {
+    while (pos < d.size() && (space(d[pos]) || d[pos] == '#')) {
+      if (d[pos] == '#')
+        while (pos < d.size() && d[pos] != '\n' && d[pos] != '\r') ++pos;
+      else
+        ++pos;
+    }
+    const size_t start = pos;
+    while (pos < d.size() && d[pos] >= '0' && d[pos] <= '9') ++pos;
+    if (pos - start >= 10)
+      fail("[image_folder] {}: PNM header number at byte {} has {} digits (at most 9)", path, start,
+           pos - start);
+    if (pos == start) return;  // stb reports it
+    // 16-bit PNM (maxval > 255): stb's format conversion then reads past its buffer (libFuzzer +
+    // ASan: P5 with maxval 5560). This loader reads 8-bit images.
+    if (k == 2 && std::stoi(std::string(d.begin() + static_cast<long>(start),
+                                        d.begin() + static_cast<long>(pos))) > 255)
+      fail("[image_folder] {}: PNM maxval {} at byte {}: only 8-bit PNM (maxval <= 255) is read",
+           path,
+           std::string(d.begin() + static_cast<long>(start), d.begin() + static_cast<long>(pos)),
+           start);
+  }
+}
+
+// JPEG: every Huffman table (DHT segment) may hold at most 256 codes. Debian's stb_image sums the
+// 16 code counts without that check and writes one size per code into a 257-entry array
+// (libFuzzer + UBSan: a 3.5 kB JPEG with counts summing to 300 wrote past it).
+void check_jpeg_huffman_tables(const std::string& path, const std::vector<unsigned char>& d) {
+  if (d.size() < 4 || d[0] != 0xFF || d[1] != 0xD8) return;  // not a JPEG
+  size_t pos = 2;
+  while (pos + 4 <= d.size()) {
+    const unsigned m = d[pos + 1];
+    if (d[pos] != 0xFF || m == 0xFF) {  // entropy-coded data, fill bytes
+      ++pos;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {  // no length
+      pos += 2;
+      continue;
+    }
+    if (m == 0xD9) break;
+    const size_t len = (size_t{d[pos + 2]} << 8) | d[pos + 3];
+    if (m == 0xC4) {
+      const size_t end = std::min(d.size(), pos + 2 + len);
+      for (size_t q = pos + 4; q < end;) {
+        size_t codes = 0;  // stb reads a count cut off by the end of the file as 0
+        for (size_t i = 1; i <= 16 && q + i < d.size(); ++i) codes += d[q + i];
+        if (codes > 256)
+          fail("[image_folder] {}: JPEG Huffman table at byte {} declares {} codes (at most 256)",
+               path, q, codes);
+        q += 17 + codes;
+      }
+    }
+    pos += 2 + std::max<size_t>(len, 2);
+  }
+}
+
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
   for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -91,6 +168,11 @@ class ImageFolderDataset final : public Dataset {
     int w = 0, h = 0, comp = 0;
     // The header's size first: a few bytes can announce 30000x30000, which stb would allocate
     // (and spend seconds on) before finding the data missing.
+    {  // before stbi_info, which reads these headers too
+      const std::vector<unsigned char> bytes = read_all(path);
+      check_jpeg_huffman_tables(path, bytes);
+      check_pnm_header(path, bytes);
+    }
     if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
       fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
            w, h, kMaxPixels);
