@@ -48,6 +48,9 @@ struct PipelinePlugin::Impl {
   nn::ViT* model = nullptr;
   schedule::Partition part;
   std::map<std::pair<int, int64_t>, schedule::Schedule> schedules;  // by (micro-batches, batch)
+  // This rank's receive posting per schedule and `ahead` (schedule::receive_posting replays every
+  // rank's program: computed once, not every step).
+  std::map<std::pair<const schedule::Schedule*, bool>, std::vector<std::vector<size_t>>> postings;
   std::vector<nn::Layer*> owned;  // this rank's layers, model order
   // The instructions' spans and each step's bubble: host time on the CPU, device time on a GPU
   // (step_timer.h). Made in setup(), once the device is known.
@@ -307,7 +310,9 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
   // handles, grows the allocator and (with lazy module loading) loads kernels, calls that can wait
   // for the device to drain; its receives go out only when the program reaches them.
   const bool ahead = !m.device.is_cuda() || m.warm;
-  const std::vector<std::vector<size_t>> posting = schedule::receive_posting(sched, m.me.pp, ahead);
+  auto [slot, fresh] = m.postings.try_emplace({&sched, ahead});
+  if (fresh) slot->second = schedule::receive_posting(sched, m.me.pp, ahead);
+  const std::vector<std::vector<size_t>>& posting = slot->second;
   auto take = [&](size_t pos) {
     Posted p = std::move(posted.at(pos));
     posted.erase(pos);
