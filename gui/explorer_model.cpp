@@ -527,6 +527,26 @@ bool ExplorerModel::open_metrics(const std::string& path) {
   return true;
 }
 
+bool ExplorerModel::adopt_run_layout(size_t i) {
+  if (i >= runs.size() || !runs[i].layout) {
+    add_error(
+        fmt::format("[gui] metrics {}: no \"run\" record (written by vit_train since it "
+                    "records its layout)",
+                    i < runs.size() ? runs[i].path : std::string("?")));
+    return false;
+  }
+  const MetricsLayout& l = *runs[i].layout;
+  config::TrainConfig& c = knobs.config;
+  knobs.world = l.processes;
+  c.pipeline = l.pp;
+  c.tensor_size = l.tp;
+  c.tensor_mode = l.tp > 1 ? l.tensor_mode : "none";
+  c.zero_stage = l.zero_stage;
+  c.batch_size = l.batch_per_process;
+  recompute();
+  return true;
+}
+
 void ExplorerModel::add_error(std::string message) {
   errors.push_back(std::move(message));
 }

@@ -180,12 +180,22 @@ struct MetricsRow {
   double loss = 0, accuracy = 0, lr = 0, img_per_s = 0;
   double test_accuracy = -1;  // epoch rows with an evaluation
 };
+// The layout a run really had: its "run" record (the last one: a resumed run may have another).
+struct MetricsLayout {
+  int processes = 1, dp = 1, pp = 1, tp = 1, zero_stage = 0;
+  int64_t batch_per_process = 0, global_batch = 0;
+  std::string tensor_mode = "none", model, device, layout;
+  // "2 processes (dp 2 × pp 1 × tp 1), 64 samples each per step (global batch 128)"
+  std::string describe() const;
+};
 struct MetricsRun {
   std::string path, label;  // label: the file name
   std::vector<MetricsRow> steps, epochs;
+  std::optional<MetricsLayout> layout;
 };
-// vit_train's metrics file (JSON lines, "type": "step" | "epoch"). Throws "[gui] metrics
-// <path> line N: ..." on malformed lines; an empty file is an error too.
+// vit_train's metrics file (JSON lines, "type": "step" | "epoch" | "run" | "resume" |
+// "preempted"). Throws "[gui] metrics <path> line N: ..." on malformed lines; an empty file is an
+// error too.
 MetricsRun load_metrics(const std::string& path);
 
 // Parses "[spans] name" forms: "F(mb=3,c=0)", "B(mb=3,c=1)", "BI(..)", "BW(..)",
@@ -224,6 +234,10 @@ class ExplorerModel {
   bool save_config(const std::string& path);
   bool open_trace(const std::string& path);
   bool open_metrics(const std::string& path);
+  // The knobs take the layout run `i` really had (its "run" record: processes, pipeline, tensor
+  // size and mode, ZeRO stage, batch per process); false (and an error) when it has none or the
+  // layout is not valid for the knobs.
+  bool adopt_run_layout(size_t i);
   void add_error(std::string message);
   // Errors added since the last call (printed on stderr by the headless app).
   std::vector<std::string> take_new_errors();

@@ -276,6 +276,18 @@ Timeline trace_step(const RecordedTrace& rt, int step) {
   return t;
 }
 
+std::string MetricsLayout::describe() const {
+  std::string s = fmt::format("{} process{} (dp {} × pp {} × tp {}", processes,
+                              processes == 1 ? "" : "es", dp, pp, tp);
+  if (tp > 1 && !tensor_mode.empty() && tensor_mode != "none") s += " " + tensor_mode;
+  if (zero_stage > 0) s += fmt::format(", ZeRO {}", zero_stage);
+  s += fmt::format("), {} samples per data-parallel rank per step (global batch {})",
+                   batch_per_process, global_batch);
+  if (!model.empty()) s += ", " + model;
+  if (!device.empty()) s += " on " + device;
+  return s;
+}
+
 MetricsRun load_metrics(const std::string& path) {
   const std::string text = read_file(path, "metrics");
   MetricsRun run;
@@ -307,6 +319,39 @@ MetricsRun load_metrics(const std::string& path) {
     const std::string type = j["type"].get<std::string>();
     // Where a run was stopped on request and where its resumed run appended (no values).
     if (type == "resume" || type == "preempted") continue;
+    if (type == "run") {
+      auto whole = [&](const char* key, double lo) {
+        const double v = num(key, true);
+        CAI_CHECK(v >= lo && v <= 1e9 && v == std::floor(v),
+                  "[gui] metrics {} line {}: \"{}\" {} is not a whole number in [{}, 1e9]", path,
+                  no, key, v, lo);
+        return v;
+      };
+      auto text = [&](const char* key) {
+        if (!j.contains(key)) return std::string();
+        CAI_CHECK(j[key].is_string(), "[gui] metrics {} line {}: \"{}\" is not a string", path, no,
+                  key);
+        return j[key].get<std::string>();
+      };
+      MetricsLayout l;
+      l.processes = static_cast<int>(whole("processes", 1));
+      l.dp = static_cast<int>(whole("dp", 1));
+      l.pp = static_cast<int>(whole("pp", 1));
+      l.tp = static_cast<int>(whole("tp", 1));
+      l.zero_stage = j.contains("zero_stage") ? static_cast<int>(whole("zero_stage", 0)) : 0;
+      l.batch_per_process = static_cast<int64_t>(whole("batch_per_process", 1));
+      l.global_batch = j.contains("global_batch") ? static_cast<int64_t>(whole("global_batch", 1))
+                                                  : l.batch_per_process * l.dp;
+      CAI_CHECK(static_cast<int64_t>(l.dp) * l.pp * l.tp == l.processes,
+                "[gui] metrics {} line {}: dp {} × pp {} × tp {} is not the {} processes", path, no,
+                l.dp, l.pp, l.tp, l.processes);
+      l.tensor_mode = j.contains("tensor_mode") ? text("tensor_mode") : "none";
+      l.model = text("model");
+      l.device = text("device");
+      l.layout = text("layout");
+      run.layout = l;
+      continue;
+    }
     MetricsRow r;
     // A count beyond int64_t would be undefined when cast (libFuzzer + UBSan: 7.8e182).
     auto count = [&](const char* key) {
@@ -329,8 +374,8 @@ MetricsRun load_metrics(const std::string& path) {
       if (j.contains("test_accuracy")) r.test_accuracy = num("test_accuracy", true);
       run.epochs.push_back(r);
     } else {
-      fail("[gui] metrics {} line {}: type \"{}\" is not step, epoch, resume or preempted", path,
-           no, type);
+      fail("[gui] metrics {} line {}: type \"{}\" is not step, epoch, run, resume or preempted",
+           path, no, type);
     }
   }
   CAI_CHECK(!run.steps.empty() || !run.epochs.empty(), "[gui] metrics {}: no step or epoch lines",

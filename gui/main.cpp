@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
     ui.trace_path_input = trace;
   }
   for (const auto& m : metrics) model.open_metrics(m);
+  // The knobs show the layout the (last) run really had, unless the command line set one.
+  if (!model.runs.empty() && model.runs.back().layout && !gpus && !pp)
+    model.adopt_run_layout(model.runs.size() - 1);
   if (!metrics.empty()) ui.metrics_path_input = metrics.back();
 
   const bool headless = !screenshot.empty();

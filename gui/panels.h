@@ -75,7 +75,9 @@ struct Drawn {
   std::string comparison;  // the A/B line drawn (empty without a pinned layout)
   DrawnMemory memory;
   std::map<std::string, Rect> widgets;  // clickable knobs by id ("schedule.interleaved", ...)
-  int curves_plotted = 0;               // runs × metrics drawn
+  int curves_plotted = 0;               // runs × metrics drawn (test accuracy included)
+  int test_accuracy_curves = 0;         // runs whose test accuracy per epoch is drawn
+  int curves_layouts = 0;               // runs whose layout line ("run" record) is drawn
   void clear() { *this = Drawn(); }
 };
 

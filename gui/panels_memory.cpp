@@ -221,7 +221,17 @@ void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
     ImGui::TextDisabled("open vit_train metrics files (train.metrics_file, JSON lines)");
     return;
   }
-  const char* titles[4] = {"loss", "accuracy", "learning rate", "images / s"};
+  // Each run's layout as it really ran (its "run" record).
+  for (size_t i = 0; i < model.runs.size(); ++i) {
+    const MetricsRun& r = model.runs[i];
+    if (!r.layout) continue;
+    const Rgb c = rank_colour(static_cast<int>(i));
+    ImGui::TextColored(ImVec4(c.r / 255.f, c.g / 255.f, c.b / 255.f, 1), "%s: %s", r.label.c_str(),
+                       r.layout->describe().c_str());
+    ++drawn.curves_layouts;
+  }
+  const char* titles[4] = {"loss", "accuracy (train; test per epoch)", "learning rate",
+                           "images / s"};
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const ImVec2 size(avail.x / 2 - 4, avail.y / 2 - 4);
   for (int k = 0; k < 4; ++k) {
@@ -240,6 +250,19 @@ void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
       }
       if (!s.xy.empty()) ++drawn.curves_plotted;
       ss.push_back(std::move(s));
+      if (k == 1) {  // the test accuracy after each epoch, at the epoch's last step
+        Series t{r.label + " test", rank_colour(static_cast<int>(model.runs.size() + i)), {}};
+        for (const MetricsRow& e : r.epochs)
+          if (e.test_accuracy >= 0)
+            t.xy.emplace_back(
+                ui.curves_x == 0 ? static_cast<double>(e.step) : static_cast<double>(e.epoch),
+                e.test_accuracy);
+        if (!t.xy.empty()) {
+          ++drawn.curves_plotted;
+          ++drawn.test_accuracy_curves;
+          ss.push_back(std::move(t));
+        }
+      }
     }
     line_plot(fmt::format("{} per {}", titles[k], ui.curves_x == 0 ? "step" : "epoch").c_str(), ss,
               size);

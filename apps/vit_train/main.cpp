@@ -420,9 +420,21 @@ int main(int argc, char** argv) {
     trainer->add_hook(
         std::make_shared<train::ProgressHook>(train::stdout_is_terminal(), cfg.log_interval));
     trainer->add_hook(std::make_shared<train::LogMetricByEpochHook>());
-    if (!cfg.metrics_file.empty())
+    if (!cfg.metrics_file.empty()) {
+      train::MetricsRunInfo info;
+      info.processes = mesh.world();
+      info.dp = mesh.dp_size();
+      info.pp = mesh.pp_size();
+      info.tp = mesh.tp_size();
+      info.tensor_mode = cfg.tensor_mode;
+      info.zero_stage = static_cast<int>(cfg.zero_stage);
+      info.batch_per_process = cfg.batch_size;
+      info.model = cfg.model_name.empty() ? "custom ViT" : cfg.model_name;
+      info.device = device.is_cuda() ? "cuda" : "cpu";
+      info.layout = mesh.describe();
       trainer->add_hook(std::make_shared<train::MetricsFileHook>(
-          cfg.metrics_file, std::max<int64_t>(1, steps_per_epoch / 20)));
+          cfg.metrics_file, std::max<int64_t>(1, steps_per_epoch / 20), info));
+    }
     if (!cfg.kernel_profile.empty())
       trainer->add_hook(std::make_shared<train::KernelProfileHook>(
           cfg.kernel_profile, cfg.kernel_profile_start, cfg.kernel_profile_steps,

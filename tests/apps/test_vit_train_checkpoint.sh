@@ -38,6 +38,13 @@ print("resumed losses follow the uninterrupted run:", resumed)
 first = json.loads(open(sys.argv[2]).readline())  # appended after where it resumed
 assert first["type"] == "resume" and first["step"] == 6, first
 assert first["checkpoint"].endswith("/ck/step-000000006"), first
+# Each run's layout as it ran: data parallel 2 × 32 samples, then tensor parallel 2 × 64.
+run = json.loads(open(sys.argv[1]).readline())
+assert run["type"] == "run" and (run["processes"], run["dp"], run["pp"], run["tp"]) == (2, 2, 1, 1), run
+assert (run["batch_per_process"], run["global_batch"], run["device"]) == (32, 64, "cpu"), run
+second = json.loads(open(sys.argv[2]).readlines()[1])
+assert second["type"] == "run" and (second["dp"], second["tp"], second["tensor_mode"]) == (1, 2, "1d"), second
+assert (second["batch_per_process"], second["global_batch"]) == (64, 64), second
 PY
 # Resuming the finished run (latest: step 8, the end of its 2 epochs) says so and exits 0, and the
 # metrics file stays as it was (it was truncated, then the process died of a segfault).

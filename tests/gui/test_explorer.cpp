@@ -256,6 +256,56 @@ TEST(ExplorerModel, MetricsAndConfigRoundTrip) {
   EXPECT_NE(n.errors.back().find("/nonexistent.toml"), std::string::npos);
 }
 
+// Issue 45: the curves show the layout the run really had ("run" record) and its test accuracy.
+TEST(ExplorerModel, MetricsRunRecordGivesTheRealLayout) {
+  ExplorerModel m;
+  const std::string path = temp_file(
+      "demo.jsonl",
+      "{\"type\":\"run\",\"processes\":2,\"dp\":2,\"pp\":1,\"tp\":1,\"tensor_mode\":"
+      "\"none\",\"zero_stage\":0,\"batch_per_process\":64,\"global_batch\":128,\"model\":"
+      "\"custom ViT\",\"device\":\"cpu\",\"layout\":\"dp 2 × pp 1 × tp 1\"}\n"
+      "{\"type\":\"step\",\"epoch\":1,\"step\":10,\"loss\":2.1}\n"
+      "{\"type\":\"epoch\",\"epoch\":1,\"step\":10,\"train_loss\":2.0,\"test_accuracy\":0.4}\n");
+  ASSERT_TRUE(m.open_metrics(path)) << m.errors.back();
+  ASSERT_TRUE(m.runs[0].layout.has_value());
+  const MetricsLayout& l = *m.runs[0].layout;
+  EXPECT_EQ(l.processes, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.batch_per_process, 64);
+  EXPECT_EQ(l.global_batch, 128);
+  EXPECT_EQ(l.describe(),
+            "2 processes (dp 2 × pp 1 × tp 1), 64 samples per data-parallel rank per step (global "
+            "batch 128), custom ViT on cpu");
+  // The explorer's defaults differ; adopting the run's layout sets the knobs to it.
+  m.knobs.world = 4;
+  m.knobs.config.pipeline = 4;
+  ASSERT_TRUE(m.adopt_run_layout(0)) << m.errors.back();
+  EXPECT_EQ(m.knobs.world, 2);
+  EXPECT_EQ(m.knobs.config.pipeline, 1);
+  EXPECT_EQ(m.knobs.config.batch_size, 64);
+  EXPECT_EQ(m.knob_error, "");
+  // A file without a run record has no layout to adopt, and says so.
+  const std::string old =
+      temp_file("old.jsonl", "{\"type\":\"step\",\"epoch\":1,\"step\":1,\"loss\":2.3}\n");
+  ASSERT_TRUE(m.open_metrics(old));
+  EXPECT_FALSE(m.adopt_run_layout(1));
+  EXPECT_NE(m.errors.back().find("no \"run\" record"), std::string::npos) << m.errors.back();
+  // A run record whose ranks do not multiply to its processes is an error naming the values.
+  const std::string bad = temp_file(
+      "bad_run.jsonl",
+      "{\"type\":\"run\",\"processes\":3,\"dp\":2,\"pp\":1,\"tp\":1,\"batch_per_process\":64}\n"
+      "{\"type\":\"step\",\"epoch\":1,\"step\":1,\"loss\":2.3}\n");
+  EXPECT_FALSE(m.open_metrics(bad));
+  EXPECT_NE(m.errors.back().find("dp 2 × pp 1 × tp 1 is not the 3 processes"), std::string::npos)
+      << m.errors.back();
+  const std::string negative = temp_file(
+      "neg_run.jsonl",
+      "{\"type\":\"run\",\"processes\":1,\"dp\":1,\"pp\":1,\"tp\":1,\"batch_per_process\":-64}\n");
+  EXPECT_FALSE(m.open_metrics(negative));
+  EXPECT_NE(m.errors.back().find("\"batch_per_process\" -64"), std::string::npos)
+      << m.errors.back();
+}
+
 // --- what is drawn (offscreen frame under Xvfb) ---------------------------------------------
 
 TEST(ReplayScreenshot, IdleShareOfEachRowIsTheStagesBubble) {
@@ -386,4 +436,31 @@ TEST(ReplayBenchmark, FrameTime64RanksBy32MicroBatches) {
       "mean "
       "frame %.1f ms over %d frames (%s)\n",
       spans, recompute_ms, total / frames, frames, "Mesa software renderer under Xvfb");
+}
+
+// Issue 45: the demo's curves picture names the layout the run had and draws its test accuracy
+// per epoch beside the per-step training accuracy (per step and per epoch).
+TEST(ReplayScreenshot, CurvesShowTheRunsLayoutAndTestAccuracy) {
+  REQUIRE_APP(app);
+  ExplorerModel model;
+  model.knobs.source = Source::Replay;
+  const std::string path = temp_file(
+      "curves_run.jsonl",
+      "{\"type\":\"run\",\"processes\":2,\"dp\":2,\"pp\":1,\"tp\":1,\"batch_per_process\":64}\n"
+      "{\"type\":\"step\",\"epoch\":1,\"step\":1,\"loss\":2.3,\"accuracy\":0.1}\n"
+      "{\"type\":\"step\",\"epoch\":1,\"step\":2,\"loss\":2.0,\"accuracy\":0.3}\n"
+      "{\"type\":\"epoch\",\"epoch\":1,\"step\":2,\"train_loss\":2.1,\"test_accuracy\":0.5}\n"
+      "{\"type\":\"step\",\"epoch\":2,\"step\":3,\"loss\":1.8,\"accuracy\":0.5}\n"
+      "{\"type\":\"step\",\"epoch\":2,\"step\":4,\"loss\":1.6,\"accuracy\":0.6}\n"
+      "{\"type\":\"epoch\",\"epoch\":2,\"step\":4,\"train_loss\":1.7,\"test_accuracy\":0.7}\n");
+  ASSERT_TRUE(model.open_metrics(path)) << model.errors.back();
+  UiState ui;
+  ui.layout = Layout::Curves;
+  for (int per = 0; per < 2; ++per) {
+    ui.curves_x = per;
+    render(*app, model, ui);
+    EXPECT_EQ(app->drawn().curves_layouts, 1) << "per " << (per ? "epoch" : "step");
+    EXPECT_EQ(app->drawn().test_accuracy_curves, 1) << "per " << (per ? "epoch" : "step");
+    EXPECT_EQ(app->drawn().curves_plotted, 5) << "per " << (per ? "epoch" : "step");
+  }
 }

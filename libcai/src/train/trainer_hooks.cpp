@@ -188,8 +188,27 @@ void LogMetricByEpochHook::after_epoch(Trainer& t, const EpochInfo& e) {
       format_duration(e.seconds), e.images_per_sec, e.lr);
 }
 
-MetricsFileHook::MetricsFileHook(std::string path, int64_t interval)
-    : path_(std::move(path)), interval_(interval) {}
+MetricsFileHook::MetricsFileHook(std::string path, int64_t interval,
+                                 std::optional<MetricsRunInfo> run)
+    : path_(std::move(path)), interval_(interval), run_(std::move(run)) {}
+
+void MetricsFileHook::write_run() {
+  if (!run_) return;
+  const MetricsRunInfo& r = *run_;
+  write(nlohmann::json{{"type", "run"},
+                       {"processes", r.processes},
+                       {"dp", r.dp},
+                       {"pp", r.pp},
+                       {"tp", r.tp},
+                       {"tensor_mode", r.tensor_mode},
+                       {"zero_stage", r.zero_stage},
+                       {"batch_per_process", r.batch_per_process},
+                       {"global_batch", r.batch_per_process * r.dp},
+                       {"model", r.model},
+                       {"device", r.device},
+                       {"layout", r.layout}}
+            .dump());
+}
 
 void MetricsFileHook::write(const std::string& line) {
   std::ofstream f(path_, std::ios::app);
@@ -207,10 +226,14 @@ void MetricsFileHook::before_train(Trainer& t) {
                         {"step", r->global_step}};
     if (!r->from.empty()) j["checkpoint"] = r->from;
     write(j.dump());
+    write_run();
     return;
   }
-  std::ofstream f(path_, std::ios::trunc);
-  CAI_CHECK(f.good(), "[metrics] cannot create {}", path_);
+  {
+    std::ofstream f(path_, std::ios::trunc);
+    CAI_CHECK(f.good(), "[metrics] cannot create {}", path_);
+  }
+  write_run();
 }
 
 bool MetricsFileHook::needs_values(const Trainer&, const StepInfo& s) const {

@@ -344,10 +344,20 @@ class LogMetricByEpochHook : public Hook {
 // (from 1, as step records count), the optimizer steps of that epoch already done, the global
 // step, and the checkpoint's name when resume_at() was given one. A run stopped on request ends
 // with {"type": "preempted", "epoch", "step_in_epoch", "step", "signal"} (StopPoint, the signal
-// by name).
+// by name). With a MetricsRunInfo, every run (fresh, and each resumed one after its "resume"
+// record) first writes {"type": "run", "processes", "dp", "pp", "tp", "zero_stage",
+// "tensor_mode", "batch_per_process" (samples per data-parallel rank per step), "global_batch",
+// "model", "device", "layout"}: the layout the run really had (a resumed run may have another).
+struct MetricsRunInfo {
+  int processes = 1, dp = 1, pp = 1, tp = 1, zero_stage = 0;
+  int64_t batch_per_process = 0;  // per data-parallel rank (the config's train.batch_size)
+  std::string tensor_mode = "none", model, device, layout;
+};
+
 class MetricsFileHook : public Hook {
  public:
-  MetricsFileHook(std::string path, int64_t interval);
+  MetricsFileHook(std::string path, int64_t interval,
+                  std::optional<MetricsRunInfo> run = std::nullopt);
   bool needs_values(const Trainer&, const StepInfo& s) const override;
   void before_train(Trainer&) override;
   void after_step(Trainer&, const StepInfo&) override;
@@ -356,8 +366,10 @@ class MetricsFileHook : public Hook {
 
  private:
   void write(const std::string& line);
+  void write_run();
   std::string path_;
   int64_t interval_;
+  std::optional<MetricsRunInfo> run_;
 };
 
 // The per-kernel GPU table (cai/core/kernel_profile.h) of global steps (start, start + steps]:
