@@ -230,6 +230,19 @@ void curves_panel(const ExplorerModel& model, UiState& ui, Drawn& drawn) {
                        r.layout->describe().c_str());
     ++drawn.curves_layouts;
   }
+  // The test accuracy curves' colours (one per run with an evaluation).
+  bool first = true;
+  for (size_t i = 0; i < model.runs.size(); ++i) {
+    const MetricsRun& r = model.runs[i];
+    if (std::none_of(r.epochs.begin(), r.epochs.end(),
+                     [](const MetricsRow& e) { return e.test_accuracy >= 0; }))
+      continue;
+    const Rgb c = rank_colour(static_cast<int>(model.runs.size() + i));
+    if (!first) ImGui::SameLine();
+    first = false;
+    ImGui::TextColored(ImVec4(c.r / 255.f, c.g / 255.f, c.b / 255.f, 1), "%s: test accuracy",
+                       r.label.c_str());
+  }
   const char* titles[4] = {"loss", "accuracy (train; test per epoch)", "learning rate",
                            "images / s"};
   const ImVec2 avail = ImGui::GetContentRegionAvail();
