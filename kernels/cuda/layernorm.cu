@@ -349,6 +349,8 @@ __global__ void layernorm_param_reduce_kernel(const TP* __restrict__ part, int64
 #pragma unroll
   for (int q = 0; q < NSUMS; ++q) s[q] = 0;
   if (j < d) {
+    // Loads of several parts in flight (the sums' order is unchanged).
+#pragma unroll 4
     for (int64_t p = threadIdx.y; p < parts; p += kRowLanes) {
 #pragma unroll
       for (int q = 0; q < NSUMS; ++q) s[q] += part[(p * NSUMS + q) * d + j];
