@@ -1,11 +1,11 @@
 // LayerNorm on the GPU: the twin of kernels/cpu/layernorm.cpp. The fp32 entry points reduce in
 // double, as on the CPU, so results agree to rounding. The typed entry points (x, y, dy, dx in
 // fp32/bf16/fp16) run one warp per row with the row in registers and fp32 statistics for
-// d = 4·nvec ≤ 1536 on 16-byte aligned operands, and reduce dgamma/dbeta in two stages (per-block
-// partial rows, then a fixed-order column sum); other shapes take block-per-row kernels. The
-// parameter gradients outside the register path (the fp32 entry point, with double partials, and
-// the typed fallback) are summed over (column tile × row chunk) blocks, then over the chunks in a
-// fixed order. Every reduction has a fixed order for a given device and shape (deterministic).
+// d = 4·nvec ≤ 1536 on operands aligned to 4 elements, and reduce dgamma/dbeta in two stages
+// (per-block partial rows, then a fixed-order column sum); other shapes take block-per-row kernels.
+// The parameter gradients outside the register path (the fp32 entry point, with double partials,
+// and the typed fallback) are summed over (column tile × row chunk) blocks, then over the chunks in
+// a fixed order. Every reduction has a fixed order for a given device and shape (deterministic).
 #include <algorithm>
 
 #include "kernels/cuda/check.h"
@@ -633,8 +633,8 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
         TDX* dxp = static_cast<TDX*>(dx);
         const int tier = warp_tier(d);
         // The per-warp column sums in shared memory: kLnWarps·nsums·d floats (60 KiB at d = 1280
-        // with dsum), beyond the default 48 KiB from d = 1024 on; a device that cannot give a
-        // block that much takes the block-per-row kernels.
+        // with dsum), past the default 48 KiB above d = 1024 (opted into); a device that cannot
+        // give a block that much takes the block-per-row kernels.
         const size_t shmem = params ? sizeof(float) * kLnWarps * nsums * d : 0;
         if (tier && vec_aligned<TX, kLnVec>(x) && vec_aligned<TDY, kLnVec>(dy) &&
             vec_aligned<TDX, kLnVec>(dx) && vec_aligned<float, kLnVec>(gamma) &&
