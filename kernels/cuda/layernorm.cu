@@ -1,8 +1,11 @@
 // LayerNorm on the GPU: the twin of kernels/cpu/layernorm.cpp. The fp32 entry points reduce in
 // double, as on the CPU, so results agree to rounding. The typed entry points (x, y, dy, dx in
-// fp32/bf16/fp16) run one warp per row with the row in registers and fp32 statistics, and reduce
-// dgamma/dbeta in two stages (per-block partial rows, then a fixed-order column sum). Every
-// reduction has a fixed order for a given device (deterministic).
+// fp32/bf16/fp16) run one warp per row with the row in registers and fp32 statistics for
+// d = 4·nvec ≤ 1536 on operands aligned to 4 elements, and reduce dgamma/dbeta in two stages
+// (per-block partial rows, then a fixed-order column sum); other shapes take block-per-row kernels.
+// The parameter gradients outside the register path (the fp32 entry point, with double partials,
+// and the typed fallback) are summed over (column tile × row chunk) blocks, then over the chunks in
+// a fixed order. Every reduction has a fixed order for a given device and shape (deterministic).
 #include <algorithm>
 
 #include "kernels/cuda/check.h"
@@ -96,41 +99,51 @@ __global__ void layernorm_bwd_dx_kernel(const TX* __restrict__ x, const float* _
   }
 }
 
-// dgamma[j] += Σ_i dy·xhat, dbeta[j] += Σ_i dy. A block covers kTile consecutive features
-// (threadIdx.x, coalesced) and splits the rows over kRowLanes lanes (threadIdx.y, rows
-// i ≡ threadIdx.y mod kRowLanes); the lanes' partial sums are added in a fixed order.
+// dgamma[j] += Σ_i dy·xhat, dbeta[j] += Σ_i dy, parallel over columns and rows: block
+// (blockIdx.x, blockIdx.y) covers the kTile consecutive features of tile blockIdx.x (threadIdx.x,
+// coalesced) over the rows [c·rows, (c+1)·rows) of chunk c = blockIdx.y, split over kRowLanes
+// lanes (threadIdx.y, rows ≡ threadIdx.y mod kRowLanes); the lanes' sums are added in a fixed
+// order. With part null (a single chunk) the block adds its sums to dgamma/dbeta; else it writes
+// part[c][0][j] = Σ dy·xhat and part[c][1][j] = Σ dy, which layernorm_param_reduce_kernel adds
+// over the chunks in a fixed order. TA is the accumulator: double for the fp32 entry point (the
+// CPU reference reduces in double), float for the typed path.
 constexpr int kTile = 32;
 constexpr int kRowLanes = 16;
+constexpr int kParamThreads = kTile * kRowLanes;
 
-template <typename TX, typename TDY>
-__global__ void layernorm_bwd_param_kernel(const TX* __restrict__ x, const float* __restrict__ mean,
-                                           const float* __restrict__ rstd,
-                                           const TDY* __restrict__ dy, float* dgamma, float* dbeta,
-                                           int64_t m, int64_t d) {
-  __shared__ double sg_part[kRowLanes][kTile];
-  __shared__ double sb_part[kRowLanes][kTile];
-  const int64_t tiles = (d + kTile - 1) / kTile;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t j = t * kTile + threadIdx.x;
-    double sg = 0.0, sb = 0.0;
-    if (j < d) {
-      for (int64_t i = threadIdx.y; i < m; i += kRowLanes) {
-        const double xhat = (to_f32(x[i * d + j]) - mean[i]) * static_cast<double>(rstd[i]);
-        const float g = to_f32(dy[i * d + j]);
-        sg += g * xhat;
-        sb += g;
-      }
+template <typename TX, typename TDY, typename TA>
+__global__ void __launch_bounds__(kParamThreads)
+    layernorm_bwd_param_kernel(const TX* __restrict__ x, const float* __restrict__ mean,
+                               const float* __restrict__ rstd, const TDY* __restrict__ dy,
+                               TA* __restrict__ part, float* dgamma, float* dbeta, int64_t m,
+                               int64_t d, int64_t rows) {
+  __shared__ TA sg_part[kRowLanes][kTile];
+  __shared__ TA sb_part[kRowLanes][kTile];
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows, r1 = r0 + rows < m ? r0 + rows : m;
+  TA sg = 0, sb = 0;
+  if (j < d) {
+#pragma unroll 4
+    for (int64_t i = r0 + threadIdx.y; i < r1; i += kRowLanes) {
+      const TA xhat = static_cast<TA>(to_f32(x[i * d + j]) - mean[i]) * static_cast<TA>(rstd[i]);
+      const TA g = to_f32(dy[i * d + j]);
+      sg += g * xhat;
+      sb += g;
     }
-    __syncthreads();  // the previous tile's readers are done with the shared arrays
-    sg_part[threadIdx.y][threadIdx.x] = sg;
-    sb_part[threadIdx.y][threadIdx.x] = sb;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < d) {
-      double tg = 0.0, tb = 0.0;
-      for (int r = 0; r < kRowLanes; ++r) {
-        tg += sg_part[r][threadIdx.x];
-        tb += sb_part[r][threadIdx.x];
-      }
+  }
+  sg_part[threadIdx.y][threadIdx.x] = sg;
+  sb_part[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < d) {
+    TA tg = 0, tb = 0;
+    for (int r = 0; r < kRowLanes; ++r) {
+      tg += sg_part[r][threadIdx.x];
+      tb += sb_part[r][threadIdx.x];
+    }
+    if (part) {
+      part[(blockIdx.y * int64_t{2}) * d + j] = tg;
+      part[(blockIdx.y * int64_t{2} + 1) * d + j] = tb;
+    } else {
       if (dgamma) dgamma[j] += static_cast<float>(tg);
       if (dbeta) dbeta[j] += static_cast<float>(tb);
     }
@@ -215,8 +228,16 @@ __global__ void __launch_bounds__(kLnWarps * 32)
 // Registers hold a row's xhat and ri·dy·gamma (+ the residual, loaded with the row, so that its
 // load overlaps the row's reductions). N = 8 (d = 1024) takes 111 registers, 4 blocks per SM
 // (the sums in registers took 162, 3 blocks): 195 → 158 µs on ViT-L/16's shape (H100).
+// N = 10 and 12 (d = 1280, 1536) hold 3 blocks per SM at most (their column sums take 40-72 KiB of
+// shared memory a block) and ask ptxas for that many: left to itself it capped the bf16/fp16-dx
+// kernels at N = 12 to 128 registers with spills; with it they take 143-149, none spilled (nvcc 13,
+// sm_90). The smaller tiers keep ptxas's own choice (0: no minimum), as measured.
+constexpr int ln_min_blocks(int n) {
+  return n >= 10 ? 3 : 0;
+}
+
 template <typename TX, typename TDY, typename TDX, int N>
-__global__ void __launch_bounds__(kLnWarps * 32)
+__global__ void __launch_bounds__(kLnWarps * 32, ln_min_blocks(N))
     layernorm_bwd_warp_kernel(const TX* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd,
                               const TDY* __restrict__ dy, TDX* __restrict__ dx,
@@ -315,45 +336,97 @@ __global__ void __launch_bounds__(kLnWarps * 32)
 
 // dgamma[j] += Σ_p part[p][0][j], dbeta[j] += Σ_p part[p][1][j] and, with NSUMS = 3,
 // dsum[j] (+)= Σ_p part[p][2][j] (added when dsum_add, else overwritten): kTile columns per block,
-// kRowLanes lanes over the parts (p ≡ lane mod kRowLanes), the lanes added in a fixed order.
+// kRowLanes lanes over the parts (p ≡ lane mod kRowLanes), the lanes added in a fixed order, in
+// the parts' type TP (float, or double for the fp32 entry point's parameter gradients).
 // NSUMS is a template argument so that the sums stay in registers.
-template <int NSUMS>
-__global__ void layernorm_param_reduce_kernel(const float* __restrict__ part, int parts, int d,
+template <int NSUMS, typename TP>
+__global__ void layernorm_param_reduce_kernel(const TP* __restrict__ part, int64_t parts, int64_t d,
                                               float* dgamma, float* dbeta, float* dsum,
                                               bool dsum_add) {
-  __shared__ float s_part[NSUMS][kRowLanes][kTile];
-  const int j = blockIdx.x * kTile + threadIdx.x;
-  float s[NSUMS];
+  __shared__ TP s_part[NSUMS][kRowLanes][kTile];
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
+  TP s[NSUMS];
 #pragma unroll
-  for (int q = 0; q < NSUMS; ++q) s[q] = 0.0f;
+  for (int q = 0; q < NSUMS; ++q) s[q] = 0;
   if (j < d) {
-    for (int p = threadIdx.y; p < parts; p += kRowLanes) {
+    // Loads of several parts in flight (the sums' order is unchanged).
+#pragma unroll 4
+    for (int64_t p = threadIdx.y; p < parts; p += kRowLanes) {
 #pragma unroll
-      for (int q = 0; q < NSUMS; ++q) s[q] += part[(static_cast<int64_t>(p) * NSUMS + q) * d + j];
+      for (int q = 0; q < NSUMS; ++q) s[q] += part[(p * NSUMS + q) * d + j];
     }
   }
 #pragma unroll
   for (int q = 0; q < NSUMS; ++q) s_part[q][threadIdx.y][threadIdx.x] = s[q];
   __syncthreads();
   if (threadIdx.y == 0 && j < d) {
-    float t[NSUMS];
+    TP t[NSUMS];
 #pragma unroll
     for (int q = 0; q < NSUMS; ++q) {
-      t[q] = 0.0f;
+      t[q] = 0;
       for (int r = 0; r < kRowLanes; ++r) t[q] += s_part[q][r][threadIdx.x];
     }
-    if (dgamma) dgamma[j] += t[0];
-    if (dbeta) dbeta[j] += t[1];
+    if (dgamma) dgamma[j] += static_cast<float>(t[0]);
+    if (dbeta) dbeta[j] += static_cast<float>(t[1]);
     if constexpr (NSUMS == 3)
-      if (dsum) dsum[j] = dsum_add ? dsum[j] + t[2] : t[2];
+      if (dsum) dsum[j] = dsum_add ? dsum[j] + static_cast<float>(t[2]) : static_cast<float>(t[2]);
   }
 }
 
-// Vectors per lane for the register path (0: use the block-per-row kernels).
+// Row chunks of the parameter-gradient kernel for m rows and `tiles` column tiles: enough
+// (tile, chunk) blocks for kParamWaves waves of the device, each chunk at least kMinChunkRows rows
+// (so that few rows never pay for a second pass). Depends on the device and the shape only, so
+// the sums' order does too.
+constexpr int64_t kParamWaves = 4;
+constexpr int64_t kMinChunkRows = 64;
+
+template <typename K>
+int64_t param_chunks(K kernel, int64_t tiles, int64_t m) {
+  const int64_t want = kParamWaves * resident_blocks(kernel, kParamThreads);
+  int64_t chunks = (want + tiles - 1) / tiles;
+  chunks = std::min(chunks, (m + kMinChunkRows - 1) / kMinChunkRows);
+  chunks = std::min<int64_t>(chunks, 65535);  // gridDim.y
+  return std::max<int64_t>(chunks, 1);
+}
+
+// dgamma/dbeta (either may be null) accumulated from x, dy with the TA accumulator: one pass over
+// (tile, chunk) blocks, then, with more than one chunk, the fixed-order sum over the chunks'
+// partials (scratch of 2·d·chunks TA).
+template <typename TA, typename TX, typename TDY>
+void layernorm_param_grads(const TX* x, const float* mean, const float* rstd, const TDY* dy,
+                           float* dgamma, float* dbeta, int64_t m, int64_t d, cudaStream_t s) {
+  const auto kernel = layernorm_bwd_param_kernel<TX, TDY, TA>;
+  const int64_t tiles = (d + kTile - 1) / kTile;
+  CAI_CHECK(tiles <= int64_t{0x7fffffff}, "[layernorm] {} features are too many for one grid", d);
+  int64_t chunks = param_chunks(kernel, tiles, m);
+  const int64_t rows = (m + chunks - 1) / chunks;
+  chunks = (m + rows - 1) / rows;  // no empty chunk
+  const dim3 block(kTile, kRowLanes);
+  if (chunks == 1) {
+    kernel<<<dim3(static_cast<unsigned>(tiles), 1), block, 0, s>>>(x, mean, rstd, dy, nullptr,
+                                                                   dgamma, dbeta, m, d, rows);
+    CAI_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  Scratch part(sizeof(TA) * 2 * d * chunks);
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), block, 0, s>>>(
+      x, mean, rstd, dy, part.as<TA>(), dgamma, dbeta, m, d, rows);
+  CAI_CUDA_CHECK_LAUNCH();
+  layernorm_param_reduce_kernel<2, TA><<<static_cast<unsigned>(tiles), block, 0, s>>>(
+      part.as<TA>(), chunks, d, dgamma, dbeta, nullptr, false);
+  CAI_CUDA_CHECK_LAUNCH();
+}
+
+// Vectors per lane for the register path (0: use the block-per-row kernels): d = 4·nvec up to
+// 1536 (ViT-H/14's 1280 takes N = 10).
+constexpr int kMaxTier = 12;
+
 int warp_tier(int64_t d) {
   if (d <= 0 || d % kLnVec != 0) return 0;
   const int64_t nvec = d / kLnVec;
-  return nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : nvec <= 192 ? 6 : nvec <= 256 ? 8 : 0;
+  for (int n : {1, 2, 4, 6, 8, 10, kMaxTier})
+    if (nvec <= 32 * n) return n;
+  return 0;
 }
 
 // Calls f(std::integral_constant<int, N>{}) for tier N.
@@ -368,9 +441,23 @@ void with_tier(int tier, F&& f) {
       return f(std::integral_constant<int, 4>{});
     case 6:
       return f(std::integral_constant<int, 6>{});
-    default:
+    case 8:
       return f(std::integral_constant<int, 8>{});
+    case 10:
+      return f(std::integral_constant<int, 10>{});
+    default:
+      return f(std::integral_constant<int, kMaxTier>{});
   }
+}
+
+// Dynamic shared memory a block gets without opting in, and what the current device lets one
+// block opt into.
+constexpr size_t kDefaultShmem = 48 * 1024;
+size_t max_block_shmem() {
+  int dev = 0, bytes = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&dev));
+  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<size_t>(bytes);
 }
 
 unsigned warp_rows_grid(int64_t m) {
@@ -480,12 +567,7 @@ void layernorm_bwd(const float* x, const float* gamma, const float* mean, const 
     layernorm_bwd_dx_kernel<<<row_grid(m), kBlock, 0, s>>>(x, gamma, mean, rstd, dy, dx, m, d);
     CAI_CUDA_CHECK_LAUNCH();
   }
-  if (dgamma || dbeta) {
-    const int64_t tiles = (d + kTile - 1) / kTile;
-    layernorm_bwd_param_kernel<<<row_grid(tiles), dim3(kTile, kRowLanes), 0, s>>>(
-        x, mean, rstd, dy, dgamma, dbeta, m, d);
-    CAI_CUDA_CHECK_LAUNCH();
-  }
+  if (dgamma || dbeta) layernorm_param_grads<double>(x, mean, rstd, dy, dgamma, dbeta, m, d, s);
 }
 
 void layernorm_fwd_t(DT xt, const void* x, const float* gamma, const float* beta, DT yt, void* y,
@@ -550,13 +632,20 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
         const TDY* dyp = static_cast<const TDY*>(dy);
         TDX* dxp = static_cast<TDX*>(dx);
         const int tier = warp_tier(d);
+        // The per-warp column sums in shared memory: kLnWarps·nsums·d floats (60 KiB at d = 1280
+        // with dsum), past the default 48 KiB above d = 1024 (opted into); a device that cannot
+        // give a block that much takes the block-per-row kernels.
+        const size_t shmem = params ? sizeof(float) * kLnWarps * nsums * d : 0;
         if (tier && vec_aligned<TX, kLnVec>(x) && vec_aligned<TDY, kLnVec>(dy) &&
             vec_aligned<TDX, kLnVec>(dx) && vec_aligned<float, kLnVec>(gamma) &&
-            vec_aligned<TDX, kLnVec>(residual) && vec_aligned<double, 1>(half)) {
+            vec_aligned<TDX, kLnVec>(residual) && vec_aligned<double, 1>(half) &&
+            (shmem <= kDefaultShmem || shmem <= max_block_shmem())) {
           const TDX* rp = static_cast<const TDX*>(residual);
           with_tier(tier, [&](auto n) {
             const auto kernel = layernorm_bwd_warp_kernel<TX, TDY, TDX, decltype(n)::value>;
-            const size_t shmem = params ? sizeof(float) * kLnWarps * nsums * d : 0;
+            if (shmem > kDefaultShmem)
+              CAI_CUDA_CHECK(cudaFuncSetAttribute(
+                  kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem)));
             // As many blocks as fit on the device at once: each then sums many rows into its
             // partial, and the partials stay few (the grid depends on the device only).
             const int64_t resident = resident_blocks(kernel, kLnWarps * 32, shmem);
@@ -575,13 +664,11 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
             CAI_CUDA_CHECK_LAUNCH();
             const dim3 rgrid(static_cast<unsigned>((d + kTile - 1) / kTile));
             if (dsum)
-              layernorm_param_reduce_kernel<3><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
-                  part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta,
-                  dsum, dsum_add);
+              layernorm_param_reduce_kernel<3, float><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
+                  part.as<float>(), grid, d, dgamma, dbeta, dsum, dsum_add);
             else
-              layernorm_param_reduce_kernel<2><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
-                  part.as<float>(), static_cast<int>(grid), static_cast<int>(d), dgamma, dbeta,
-                  nullptr, false);
+              layernorm_param_reduce_kernel<2, float><<<rgrid, dim3(kTile, kRowLanes), 0, s>>>(
+                  part.as<float>(), grid, d, dgamma, dbeta, nullptr, false);
             CAI_CUDA_CHECK_LAUNCH();
           });
           return;
@@ -600,12 +687,8 @@ void layernorm_bwd_add_t(DT xt, const void* x, const float* gamma, const float* 
                          dsum, m, 1, d, false, stream);
           }
         }
-        if (dgamma || dbeta) {
-          const int64_t tiles = (d + kTile - 1) / kTile;
-          layernorm_bwd_param_kernel<TX, TDY><<<row_grid(tiles), dim3(kTile, kRowLanes), 0, s>>>(
-              xp, mean, rstd, dyp, dgamma, dbeta, m, d);
-          CAI_CUDA_CHECK_LAUNCH();
-        }
+        if (dgamma || dbeta)
+          layernorm_param_grads<float>(xp, mean, rstd, dyp, dgamma, dbeta, m, d, s);
       });
     });
   });

@@ -144,7 +144,7 @@ TEST_F(Cuda, ZeroAllClearsExactlyTheTensors) {
 }
 
 TEST_F(Cuda, LayerNorm) {
-  for (auto [m, d] : {std::pair{4, 9}, {1, 1}, {394, 768}}) {
+  for (auto [m, d] : {std::pair{4, 9}, {1, 1}, {394, 768}, {8224, 1280}, {33, 1536}, {9, 1282}}) {
     Tensor x = random_tensor({m, d}, 1), g = random_tensor({d}, 2), b = random_tensor({d}, 3);
     Tensor dy = random_tensor({m, d}, 4), dg = random_tensor({d}, 5), dbt = random_tensor({d}, 6);
     Tensor mean, rstd, gmean, grstd;
@@ -165,7 +165,7 @@ TEST_F(Cuda, LayerNorm) {
 // The residual stream's LayerNorm backward in one pass: dx = layernorm_bwd + residual (fp32),
 // dy in bf16 (the GEMM's output), and the bf16 copy of dx, against the CPU's three steps.
 TEST_F(Cuda, LayerNormBackwardAdd) {
-  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {64, 1024}}) {
+  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {64, 1024}, {8224, 1280}, {33, 1536}}) {
     Tensor x = random_tensor({m, d}, 11), g = random_tensor({d}, 12), b = random_tensor({d}, 13);
     Tensor dy = random_tensor({m, d}, 14).to(DType::BF16);
     Tensor res = random_tensor({m, d}, 15), dg = random_tensor({d}, 16),
@@ -211,7 +211,7 @@ Tensor plus_column_sums(const Tensor& init, const Tensor& t) {
 // copy when there is one (of dx without), added or written, on the fused shapes and on one the
 // fused kernel does not take (d = 9), against the sums of the GPU's own outputs and the CPU's.
 TEST_F(Cuda, LayerNormBackwardAddColumnSums) {
-  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {1000, 1024}})
+  for (auto [m, d] : {std::pair{394, 768}, {5, 9}, {1000, 1024}, {2056, 1280}, {300, 1536}})
     for (bool with_half : {true, false})
       for (bool add : {true, false}) {
         Tensor x = random_tensor({m, d}, 31), g = random_tensor({d}, 32),
@@ -321,7 +321,8 @@ TEST_F(Cuda, LayerNormSplit) {
   struct S {
     int64_t m, F, w;
   };
-  for (S s : {S{4, 12, 4}, S{1, 1, 1}, S{7, 300, 100}, S{394, 768, 192}}) {
+  // The last: ViT-L/16's 2D rank shape (many rows: the parameter sums over many row chunks).
+  for (S s : {S{4, 12, 4}, S{1, 1, 1}, S{7, 300, 100}, S{394, 768, 192}, S{12608, 1024, 512}}) {
     Tensor x = random_tensor({s.m, s.F}, 1), dy = random_tensor({s.m, s.F}, 4);
     Tensor g = random_tensor({s.F}, 2), b = random_tensor({s.F}, 3);
     for (DType t : {DType::F32, DType::BF16}) {

@@ -165,10 +165,12 @@ std::string name(DT t) {
 // --- layernorm
 // -------------------------------------------------------------------------------------
 
-// (m, d): odd d (block-per-row fallback), every register tier (d = 20, 256, 768, 1024), d > 1024
-// (fallback), d = 1.
-const std::pair<int64_t, int64_t> kLnShapes[] = {{4, 9},    {1, 1},     {7, 20},  {33, 256},
-                                                 {37, 768}, {64, 1024}, {3, 1028}};
+// (m, d): odd d (block-per-row fallback), every register tier (d = 20, 256, 768, 1024, 1028 and
+// 1280: tier 10, 1536: tier 12), d past the largest tier (1540) or not a multiple of 4 (1282): the
+// fallbacks; d = 1. tests/cuda/test_cuda_layernorm.cpp holds the wide shapes with many rows.
+const std::pair<int64_t, int64_t> kLnShapes[] = {{4, 9},    {1, 1},     {7, 20},   {33, 256},
+                                                 {37, 768}, {64, 1024}, {3, 1028}, {5, 1280},
+                                                 {9, 1536}, {3, 1540},  {6, 1282}};
 
 TEST_F(CudaTyped, LayerNormForward) {
   for (auto [m, d] : kLnShapes) {
@@ -192,11 +194,14 @@ TEST_F(CudaTyped, LayerNormForward) {
   }
 }
 
-// The ViT sizes (256 images × 197 tokens, d = 768): fp32 residual in, bf16 out (and all-bf16).
+// The ViT sizes (ViT-B: 256 images × 197 tokens, d = 768; ViT-H/14: 32 × 257, d = 1280): fp32
+// residual in, bf16 out (and all-bf16).
 TEST_F(CudaTyped, LayerNormViTSize) {
-  const int64_t m = 256 * 197, d = 768;
-  for (auto [xt, yt, dyt, dxt] : {std::tuple{DT::F32, DT::BF16, DT::BF16, DT::F32},
-                                  std::tuple{DT::BF16, DT::BF16, DT::BF16, DT::BF16}}) {
+  for (auto [m, d, xt, yt, dyt, dxt] :
+       {std::tuple{int64_t{256 * 197}, int64_t{768}, DT::F32, DT::BF16, DT::BF16, DT::F32},
+        std::tuple{int64_t{256 * 197}, int64_t{768}, DT::BF16, DT::BF16, DT::BF16, DT::BF16},
+        std::tuple{int64_t{32 * 257}, int64_t{1280}, DT::F32, DT::BF16, DT::BF16, DT::F32},
+        std::tuple{int64_t{32 * 257}, int64_t{1280}, DT::BF16, DT::BF16, DT::BF16, DT::BF16}}) {
     const auto x = rounded(xt, uniform(m * d, 11, -2.0f, 2.5f));
     const auto g = uniform(d, 12, 0.5f, 1.5f), b = uniform(d, 13);
     const auto dy = rounded(dyt, uniform(m * d, 14));
