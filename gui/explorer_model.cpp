@@ -320,6 +320,8 @@ Timeline replay_schedule(const Knobs& k) {
   const double stage_fwd = k.forward_per_layer * static_cast<double>(c.depth) / (p * v);
   cost.forward = stage_fwd;
   cost.backward = stage_fwd * k.backward_ratio;
+  // Split as the zero-bubble generators plan it (B : W = cost_input : cost_weight).
+  cost.backward_input_share = opt.cost_input / (opt.cost_input + opt.cost_weight);
   cost.comm = k.comm;
   const schedule::ValidationResult res = schedule::validate_or_throw(sched, cost);
 

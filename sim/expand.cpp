@@ -59,8 +59,9 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
       rp.stage = st;
       if (!opt.static_mem.empty()) rp.initial_mem = opt.static_mem[st];
       // Receives are posted ahead where schedule::receive_posting puts them (pipeline.cpp, and
-      // the plan's replay counts them so): a buffer from the instruction it is posted before;
-      // the received buffer becomes the consumer's input.
+      // the plan's replay counts them so): a buffer from the instruction it is posted before,
+      // its kernel holding a share of the GPU from then (Op::posted_after); the received buffer
+      // becomes the consumer's input.
       const schedule::Program& prog = s.programs[st];
       const auto posting = schedule::receive_posting(s, st, true);
       auto boundary_bytes = [&](const schedule::Instr& in) {
@@ -109,10 +110,13 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
         for (size_t k = 0; k < ops.size(); ++k)
           push_extra(std::move(ops[k]), static_cast<int>(k), base, name);
       };
+      // Per receive instruction: the op after which it is posted (-1: before the first one).
+      std::vector<int> posted_after(prog.size(), -1);
       for (size_t ii = 0; ii < s.programs[st].size(); ++ii) {
         const schedule::Instr& in = s.programs[st][ii];
         cur_instr = static_cast<int>(ii);
         for (size_t k : posting[ii]) {  // posted before this instruction, after the last host op
+          posted_after[k] = last0;
           const int64_t b = boundary_bytes(prog[k]);
           if (last0 < 0)
             rp.initial_mem[static_cast<int>(MemKind::Buffers)] += b;
@@ -200,6 +204,7 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
                 name, global(in.peer),
                 a ? tag_of(in.mb, vs - 1, V, kActivation) : tag_of(in.mb, vs + 1, V, kGrad), bytes);
             o.mb = in.mb;
+            o.posted_after = posted_after[ii];
             push(std::move(o));
             break;
           }

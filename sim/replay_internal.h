@@ -92,6 +92,8 @@ struct Replayer {
   std::vector<int> receives_posted;
   std::vector<std::vector<sg4::ExecPtr>> receive_hold;
   std::vector<std::vector<char>> posts_next;
+  // Per rank and op: how many receives (Op::posted_after) are posted when it ends.
+  std::vector<std::vector<int>> posts_at;
   // Calibration::wake_s, and per rank how long its waits poll before they nap
   // (dist::mpi_wait_policy of its node: more ranks than cores or not), its compute ops running
   // now, and when its last one ended: a rank that computes is not asleep in a wait.
@@ -159,12 +161,27 @@ struct Replayer {
     receives_posted.assign(R, 0);
     receive_hold.resize(R);
     posts_next.resize(R);
+    posts_at.resize(R);
     for (size_t r = 0; r < R; ++r) {
       const auto& ops = w.ranks[r].ops;
       posts_next[r].assign(ops.size(), 0);
+      posts_at[r].assign(ops.size(), 0);
       std::map<std::string, int> last;  // kind (the name up to its first '(' or space) -> op
       for (size_t i = 0; i < ops.size(); ++i) {
         if (ops[i].kind != OpKind::Recv) continue;
+        const int after = ops[i].posted_after;
+        if (after >= -1) {  // posted where the workload says
+          CAI_CHECK(after < static_cast<int>(i),
+                    "[sim] rank {} op {} ({}): posted after op {}, not an earlier one", r, i,
+                    ops[i].name, after);
+          if (after < 0) {
+            ++receives_posted[r];
+          } else {
+            ++posts_at[r][after];
+            needed_elsewhere[r][after] = 1;  // its end is an event: no merged run hides it
+          }
+          continue;
+        }
         const std::string kind = ops[i].name.substr(0, ops[i].name.find_first_of("( "));
         auto it = last.find(kind);
         if (it == last.end())
@@ -289,6 +306,11 @@ struct Replayer {
       // One kind fewer posted: the hold of the kinds still waiting (none: released).
       let_go(receive_hold[r]);
       if (--receives_posted[r] > 0) receive_hold[r] = hold({r}, posted_hold(receives_posted[r]));
+    }
+    if (posts_at[r][i] > 0) {  // receives posted now: the hold of all that wait
+      let_go(receive_hold[r]);
+      receives_posted[r] += posts_at[r][i];
+      receive_hold[r] = hold({r}, posted_hold(receives_posted[r]));
     }
     if (awaited[r][i] > 0) {
       std::unique_lock<sg4::Mutex> lock(*mutex[r]);

@@ -20,9 +20,10 @@
 //    (SUMMA's q steps along a row or a column); every member plays the same part in it, so
 //    unlike a single broadcast it keeps identical copies alike.
 //  - Send/Recv: point to point with `peer` (global rank) and `tag`; each Send pairs with exactly
-//    one Recv of the same (source, destination, tag). Receives are posted when the rank starts (as
-//    the executor posts them ahead), so a transfer runs as soon as its send starts; a Recv op
-//    completes when the data is there (its span is the wait).
+//    one Recv of the same (source, destination, tag). The transfer runs as soon as its send
+//    starts (the receive's buffer is there); a Recv op completes when the data is there (its span
+//    is the wait). Where the receive is posted (Op::posted_after) only decides from when its
+//    kernel holds a share of the GPU.
 //  - HostCopy: `bytes` over the GPU's host link (CPU offload), latency + bytes / bandwidth.
 //  - Copies (Workload::copies > 1): the listed ranks stand for every copy of a job of identical
 //    replicas; collectives over a group spanning the copies count every copy's members.
@@ -100,6 +101,11 @@ struct Op {
   // Moved by the GPUs' copy engines (the copy-engine gradient exchange): no kernel, so it holds
   // no share of the GPU's compute while in flight (Calibration::overlap_share).
   bool copy_engine = false;
+  // Recv: when its receive is posted (NCCL's receive kernel holding a share of the GPU from then
+  // until its data is in, Calibration::posted_share): after op `posted_after` of this rank ends,
+  // -1 at the rank's start; -2 (unset): the first receive of its kind at the start and each next
+  // one when the previous one of its kind completes.
+  int posted_after = -2;
 
   std::vector<MemDelta> mem_start, mem_end;
 

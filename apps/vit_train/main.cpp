@@ -483,11 +483,21 @@ int main(int argc, char** argv) {
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);
       const int m = pipe->micro_batches_for(cfg.batch_size);
-      const auto ideal = schedule::validate(pipe->schedule_for(cfg.batch_size)).bubble_fraction;
+      // At the costs the zero-bubble generators plan with (F 1, B + W 2: 1.5 + 0.5).
+      schedule::ScheduleOptions so;
+      schedule::set_zero_bubble_costs(so, /*recompute=*/false);
+      schedule::CostModel cost;
+      cost.forward = so.cost_forward;
+      cost.backward = so.cost_input + so.cost_weight;
+      cost.backward_input_share = so.cost_input / cost.backward;
+      const auto ideal =
+          schedule::validate(pipe->schedule_for(cfg.batch_size), cost).bubble_fraction;
       log::info(
           "trace written to {} ({} tracks); schedule {} with {} stages × {} micro-batches: "
-          "ideal bubble {:.3f} (forward 1, backward 2, no communication)",
-          trace_path, bubbles.size(), cfg.pp_style, pipe->stages(), m, ideal);
+          "ideal bubble {:.3f} (forward {}, backward {} = input {} + weight {}, no "
+          "communication)",
+          trace_path, bubbles.size(), cfg.pp_style, pipe->stages(), m, ideal, cost.forward,
+          cost.backward, so.cost_input, so.cost_weight);
       // Every rank's peak (each stage holds different layers): what the plan predicts per stage.
       std::vector<int64_t> peaks(bubbles.size());
       for (size_t r = 0; r < bubbles.size(); ++r)

@@ -226,41 +226,54 @@ TEST(ZeroBubbleIdeal, BubblesAgainstOneFOneBAndThePaper) {
   }
 }
 
-// Activation checkpointing: B recomputes the forward (F = 1, B = 2, W = 1). The generators plan
-// with those costs (set_zero_bubble_costs, as the executor, the plan and the simulator do), and
-// the program they give beats the unit-cost program replayed at the same costs; zbv then beats
-// 1F1B and zbh1.
-TEST(ZeroBubbleCosts, RecomputeCostsGiveABetterProgram) {
-  CostModel real;  // per layer, 2 layers per stage: a stage's F = 1, B = 2, W = 1
-  real.per_layer = true;
-  real.forward = 0.5;
-  real.backward = 1.5;
-  real.backward_input_share = 2.0 / 3.0;
-  for (auto [p, m] : {std::pair{4, 16}, std::pair{4, 8}, std::pair{2, 8}}) {
-    double makespan[2][3] = {};
-    const char* styles[3] = {"1f1b", "zbh1", "zbv"};
-    for (int costed = 0; costed < 2; ++costed)
-      for (int k = 0; k < 3; ++k) {
-        const std::string st = styles[k];
-        ScheduleOptions o = opts(p, m, st == "zbv" ? 2 : 1);
-        if (costed) set_zero_bubble_costs(o, /*recompute=*/true);
-        const auto res =
-            validate(make(st, o, partition_uniform(2 * p, p * (st == "zbv" ? 2 : 1))), real);
-        ASSERT_TRUE(res.ok) << st << ": " << res.error;
-        makespan[costed][k] = res.makespan;
+// The trainer's costs (set_zero_bubble_costs): F = 1, B = 1.5, W = 0.5 (B + W = 2F, the split
+// as a ViT-L chunk runs on an H100), B = 2.5 under activation checkpointing (B recomputes the
+// forward). The generators plan with them (as the executor, the plan and the simulator do), and
+// the program they give beats the unit-cost program replayed at the same costs, by far for zbv
+// (the unit-cost order's ties idle its ranks once B and W differ); zbv then beats 1F1B and zbh1.
+TEST(ZeroBubbleCosts, TrainerCostsGiveABetterProgram) {
+  for (bool recompute : {false, true}) {
+    ScheduleOptions trainer = opts(1, 1, 1);
+    set_zero_bubble_costs(trainer, recompute);
+    EXPECT_EQ(trainer.cost_forward, 1.0);
+    EXPECT_EQ(trainer.cost_input, recompute ? 2.5 : 1.5);
+    EXPECT_EQ(trainer.cost_weight, 0.5);
+    CostModel real;  // per layer, 2 layers per stage: a stage's F, B, W as the trainer's
+    real.per_layer = true;
+    real.forward = trainer.cost_forward / 2;
+    real.backward = (trainer.cost_input + trainer.cost_weight) / 2;
+    real.backward_input_share = trainer.cost_input / (trainer.cost_input + trainer.cost_weight);
+    for (auto [p, m] : {std::pair{4, 16}, std::pair{4, 8}, std::pair{2, 8}}) {
+      double makespan[2][3] = {};
+      const char* styles[3] = {"1f1b", "zbh1", "zbv"};
+      for (int costed = 0; costed < 2; ++costed)
+        for (int k = 0; k < 3; ++k) {
+          const std::string st = styles[k];
+          ScheduleOptions o = opts(p, m, st == "zbv" ? 2 : 1);
+          if (costed) set_zero_bubble_costs(o, recompute);
+          const auto res =
+              validate(make(st, o, partition_uniform(2 * p, p * (st == "zbv" ? 2 : 1))), real);
+          ASSERT_TRUE(res.ok) << st << ": " << res.error;
+          makespan[costed][k] = res.makespan;
+        }
+      std::printf(
+          "p=%d m=%d F:B:W = 1:%g:%g  makespan unit-ordered / cost-ordered: 1f1b %.2f  zbh1 "
+          "%.2f / %.2f  zbv %.2f / %.2f\n",
+          p, m, trainer.cost_input, trainer.cost_weight, makespan[0][0], makespan[0][1],
+          makespan[1][1], makespan[0][2], makespan[1][2]);
+      EXPECT_EQ(makespan[0][0], makespan[1][0]);  // 1F1B does not depend on the costs
+      EXPECT_LE(makespan[1][1], makespan[0][1] + 1e-9) << "p=" << p << " m=" << m;
+      EXPECT_LE(makespan[1][2], makespan[0][2] + 1e-9) << "p=" << p << " m=" << m;
+      EXPECT_LT(makespan[1][2], makespan[0][0]);  // zbv beats 1F1B
+      // ViT-L/16 on 4 H100 (docs/PARALLELISM.md): the unit-cost zbv was slower than 1F1B here.
+      if (!recompute && p == 4 && m == 8) {
+        EXPECT_GT(makespan[0][2], makespan[0][0]);
+        EXPECT_LT(makespan[1][2], 0.85 * makespan[0][0]);
       }
-    std::printf(
-        "p=%d m=%d F:B:W = 1:2:1  makespan unit-ordered / cost-ordered: 1f1b %.2f  zbh1 "
-        "%.2f / %.2f  zbv %.2f / %.2f\n",
-        p, m, makespan[0][0], makespan[0][1], makespan[1][1], makespan[0][2], makespan[1][2]);
-    EXPECT_EQ(makespan[0][0], makespan[1][0]);  // 1F1B does not depend on the costs
-    EXPECT_LE(makespan[1][1], makespan[0][1] + 1e-9);
-    EXPECT_LE(makespan[1][2], makespan[0][2] + 1e-9);
-    EXPECT_LT(makespan[1][2], makespan[0][0]);  // zbv beats 1F1B
+    }
   }
   ScheduleOptions o = opts(4, 8, 1);
   set_zero_bubble_costs(o, false);
-  EXPECT_EQ(o.cost_input, 1.0);
   o.cost_weight = 0;
   EXPECT_THROW(make("zbh1", o, partition_uniform(8, 4)), cai::Error);
 }

@@ -570,6 +570,29 @@ TEST(Replay, PipelineMemoryCurve) {
       ASSERT_LT(op.instr, static_cast<int>(s.programs[st].size()));
       EXPECT_EQ(op.name, s.programs[st][op.instr].str()) << "stage " << st;
     }
+  // Every receive is posted where the executor posts it (schedule::receive_posting): after the
+  // last op of the instruction before the one it is posted before (-1: before the first).
+  for (int st = 0; st < 4; ++st) {
+    const auto before = cai::schedule::receive_posting(s, st, true);
+    std::map<size_t, size_t> posted_before;  // receive position -> instruction it precedes
+    for (size_t i = 0; i < before.size(); ++i)
+      for (size_t k : before[i]) posted_before[k] = i;
+    const auto& ops = w.ranks[st].ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != OpKind::Recv) continue;
+      const size_t at = posted_before.at(static_cast<size_t>(ops[i].instr));
+      const int after = ops[i].posted_after;
+      ASSERT_GE(after, -1);
+      ASSERT_LT(after, static_cast<int>(i));
+      if (after < 0) {
+        for (size_t j = 0; j < i; ++j) EXPECT_GE(static_cast<size_t>(ops[j].instr), at);
+      } else {
+        EXPECT_LT(static_cast<size_t>(ops[after].instr), at) << ops[i].name;
+        for (size_t j = after + 1; j < i; ++j)
+          if (ops[j].stream == 0) EXPECT_GE(static_cast<size_t>(ops[j].instr), at) << ops[i].name;
+      }
+    }
+  }
 }
 
 TEST(Replay, OutputsJsonAndTrace) {
@@ -1564,6 +1587,46 @@ TEST(Overlap, TwoPostedReceiveKindsCompound) {
     EXPECT_NEAR(r.ranks[1].spans[3].end, 0.021, 1e-9) << merge;
     EXPECT_NEAR(r.ranks[1].spans[4].end, 0.023, 1e-9) << merge;  // nothing posted: full speed
   }
+}
+
+// A receive posted where the workload says (Op::posted_after, as expand_schedule sets it from
+// the executor's receive_posting) holds its share from that op's end, not from the start: rank 1
+// computes 4 ms at full speed, posts, computes 3 ms at 0.75 (4 ms), waits for rank 0's send (10 ms
+// of compute, 1 ms of p2p) and computes 2 ms at full speed. Posted at the start (-1) both computes
+// before it are slowed; a posting op not before the receive is an error.
+TEST(Overlap, ReceiveHoldsItsShareFromWhereItIsPosted) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  const int64_t bytes = 1 << 20;
+  ReplayOptions opt;
+  opt.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "overlap": {{"op": "all_reduce", "group": 2, "bytes": 1e6,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}}}})",
+                  bytes),
+      "cal.json");
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
+  w.ranks[0].ops.back().deps = {0};
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.003));
+  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+  w.ranks[1].ops.back().posted_after = 0;
+  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  for (bool merge : {true, false}) {
+    opt.merge_compute = merge;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[1].end, 0.004 + 0.003 / 0.75, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[2].end, 0.011, 1e-9) << merge;
+    EXPECT_NEAR(r.ranks[1].spans[3].end, 0.013, 1e-9) << merge;
+  }
+  w.ranks[1].ops[2].posted_after = -1;
+  const ReplayResult r = replay(w, c, opt);
+  EXPECT_NEAR(r.ranks[1].spans[1].end, 0.007 / 0.75, 1e-9);
+  w.ranks[1].ops[2].posted_after = 2;
+  EXPECT_THROW(replay(w, c, opt), cai::Error);
 }
 
 // Compute contention on CPUs (the profile's "contention"): while another rank of the same node

@@ -324,8 +324,8 @@ Schedule zbv(const ScheduleOptions& opt, const Partition& part) {
 
 void set_zero_bubble_costs(ScheduleOptions& opt, bool recompute) {
   opt.cost_forward = 1.0;
-  opt.cost_input = recompute ? 2.0 : 1.0;
-  opt.cost_weight = 1.0;
+  opt.cost_input = recompute ? 2.5 : 1.5;
+  opt.cost_weight = 0.5;
 }
 
 const std::vector<std::string>& styles() {

@@ -169,14 +169,18 @@ struct ScheduleOptions {
   bool split_backward = false;   // BackwardInput + BackwardWeight instead of Backward
   // zbh1 / zbv: the relative times of a virtual stage's Forward, BackwardInput and
   // BackwardWeight that their list scheduler orders the work by (the paper's F = B = W by
-  // default; zero_bubble_costs gives the trainer's).
+  // default; set_zero_bubble_costs gives the trainer's).
   double cost_forward = 1.0, cost_input = 1.0, cost_weight = 1.0;
 };
 
-// The relative F / B / W times the zero-bubble generators plan with, from what each runs: a
-// block's forward (F = 1), its input gradient (about the forward's FLOPs: B = 1, plus the
-// recomputed forward under activation checkpointing: 2) and its weight gradient (W = 1). The
-// executor, the plan and the simulator all take these, so they run one program.
+// The relative F / B / W times the zero-bubble generators plan with: a chunk's forward (F = 1),
+// input gradient (B = 1.5; 2.5 under activation checkpointing, which recomputes the forward) and
+// weight gradient (W = 0.5). B + W = 2F as the FLOPs go; B takes the larger part because the
+// attention, LayerNorm and GELU backwards and every input-gradient GEMM run there and only the
+// weight GEMMs in W (a ViT-L/16 chunk of 3 blocks on an H100 profile: 1.34 / 1.9 / 0.8 ms). With
+// the paper's F = B = W the list scheduler's ties put ZB-V's ranks idle once real B and W differ
+// (measured: +4.9% over 1F1B on 4 H100; docs/PARALLELISM.md). The executor, the plan and the
+// simulator all take these, so they run one program.
 void set_zero_bubble_costs(ScheduleOptions& opt, bool recompute);
 
 // GPipe: all forwards (mb 0..m-1), then all backwards (mb 0..m-1). Peak live activations m.
@@ -192,7 +196,7 @@ Schedule interleaved(const ScheduleOptions& opt, const Partition& part);
 // Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): every
 // backward split into BackwardInput (B, on the critical path) and BackwardWeight (W, free to
 // move), W's placed into what 1F1B leaves idle. Both are found by one greedy list scheduler
-// replaying the pipeline with the paper's unit costs (F = B = W = 1, no communication time):
+// replaying the pipeline with ScheduleOptions' costs (no communication time):
 // a free rank runs, in this order of preference, a ready F if its memory limits allow (the chunk
 // nearest the loss first), a ready B (oldest micro-batch first), a pending W (oldest first); it
 // idles only when none is there. Any order this produces is deadlock-free
