@@ -371,6 +371,14 @@ void DataParallelPlugin::materialize_parameters() {
     }
 }
 
+bool DataParallelPlugin::parameters_stale() const {
+  return impl_->param_queue.any_stale();
+}
+
+std::vector<schedule::ParamGatherQueue::Action> DataParallelPlugin::take_param_gather_log() {
+  return std::exchange(impl_->gather_log, {});
+}
+
 int64_t DataParallelPlugin::parameter_bytes() const {
   int64_t b = 0;
   for (nn::Parameter* p : impl_->params)
