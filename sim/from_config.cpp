@@ -582,7 +582,8 @@ class ConfigProgram {
       x.launch_at[first].push_back(static_cast<int>(b));  // the backward reaches it last
     }
     // The wire bytes are the plan's collectives' ("bucket b": its reduction in the backward,
-    // ZeRO-1/2's all-gather at the step).
+    // ZeRO-1/2's all-gather of the stepped shards, phase OptimizerStep: issued by the step and
+    // completed in the next forward).
     x.bucket_wire.assign(buckets.size(), 0);
     x.gather_bytes.assign(buckets.size(), 0);
     for (const plan::Collective& c : r.collectives) {

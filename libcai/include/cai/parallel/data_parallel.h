@@ -74,6 +74,8 @@ struct DataParallelConfig {
   bool overlap = true;
   // Stage 2/3: gradient buckets whose reduce-scatter may be in flight at once; launching one more
   // first completes the oldest. Bounds the full-size gradient bytes alive during backward.
+  // Stage 1/2: also the parameter all-gathers in flight after the step and in the next forward
+  // (schedule::ParamGatherQueue): their buffers are this many buckets' at most.
   int zero_max_inflight_buckets = 2;
   // Stage 3: layers whose all-gather is issued ahead of use (forward: the following layers,
   // backward: the preceding ones), as FSDP's forward/backward prefetch. 0: gather on use.
