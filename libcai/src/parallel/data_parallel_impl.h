@@ -573,8 +573,13 @@ struct DataParallelPlugin::Impl {
     if (!with_grads) return;
     // Stage 2/3: the full gradients were freed when the previous micro-batch's bucket launched
     // (that reduction may still be in flight: it has its own buffer).
+    std::vector<Tensor*> fresh;  // zeroed in one launch (zero_all), not a memset each
     for (nn::Parameter* p : ps)
-      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
+      if (!p->grad.defined()) {
+        p->grad = Tensor::empty(shapes[index[p]], DType::F32, device);
+        fresh.push_back(&p->grad);
+      }
+    zero_all(fresh);
   }
 
   void release_values(nn::Layer& layer) {
