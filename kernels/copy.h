@@ -22,6 +22,9 @@ struct SpanDesc {
 // At most kCopyMulti spans per launch (the descriptors travel as the kernel's parameters: no
 // host-to-device copy of them); more take ceil(count / kCopyMulti) launches on `stream`.
 constexpr int kCopyMulti = 64;
-void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream = nullptr);
+// accumulate: dst[k] += src[k] instead (the sum in fp32, rounded to dst's type; ZeRO-2/3's
+// reduced gradient chunks added into the shards' gradients).
+void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream = nullptr,
+                bool accumulate = false);
 
 }  // namespace cai::kernels::cuda

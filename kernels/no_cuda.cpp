@@ -322,7 +322,7 @@ void select_token_bwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64
 void cast(DT, const void*, DT, void*, int64_t, void*) {
   CAI_STUB("cast");
 }
-void copy_spans(DT, DT, int, const SpanDesc*, void*) {
+void copy_spans(DT, DT, int, const SpanDesc*, void*, bool) {
   CAI_STUB("copy_spans");
 }
 void zero_multi(int, void* const*, const int64_t*, void*) {

@@ -650,8 +650,7 @@ class ConfigProgram {
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`).
   static Op dp_finish(Dp& x, int k, int base) {
-    Op o =
-        dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], x.bucket_params[k]);
+    Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], 1);  // one launch
     o.deps.push_back(dep_on(x.reduce_op[k], base));
     o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
     return o;

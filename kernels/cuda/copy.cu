@@ -33,7 +33,7 @@ __device__ __forceinline__ int span_of(const CopyList& l, int64_t k) {
   return lo;
 }
 
-template <typename TS, typename TD>
+template <typename TS, typename TD, bool Acc>
 __global__ void copy_spans_kernel(const CopyList l) {
   const int64_t total = l.end[l.count - 1];
   const int64_t chunk = static_cast<int64_t>(blockDim.x) * kCopyUnroll;
@@ -47,17 +47,21 @@ __global__ void copy_spans_kernel(const CopyList l) {
       while (k >= l.end[t]) ++t;
       const int64_t i = k - (t ? l.end[t - 1] : 0);
       const TS v = static_cast<const TS*>(l.src[t])[i];
-      if constexpr (std::is_same_v<TS, TD>)
-        static_cast<TD*>(l.dst[t])[i] = v;
+      TD* d = static_cast<TD*>(l.dst[t]) + i;
+      if constexpr (Acc)
+        *d = from_f32<TD>(to_f32(*d) + to_f32(v));
+      else if constexpr (std::is_same_v<TS, TD>)
+        *d = v;
       else
-        static_cast<TD*>(l.dst[t])[i] = from_f32<TD>(to_f32(v));
+        *d = from_f32<TD>(to_f32(v));
     }
   }
 }
 
 }  // namespace
 
-void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream) {
+void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream,
+                bool accumulate) {
   CAI_CHECK(count >= 0, "[copy_spans] {} spans: expected at least 0", count);
   int i = 0;
   while (i < count) {
@@ -80,7 +84,10 @@ void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stre
       using TS = decltype(ts);
       dispatch_dt(dst_t, "copy_spans", [&](auto td) {
         using TD = decltype(td);
-        copy_spans_kernel<TS, TD><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        if (accumulate)
+          copy_spans_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        else
+          copy_spans_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);
         CAI_CUDA_CHECK_LAUNCH();
       });
     });

@@ -69,6 +69,15 @@ TEST(SpanCopy, ConvertsToTheDestinationDtype) {
   EXPECT_EQ(w.to_vector(), want);
 }
 
+TEST(SpanCopy, AddSpansAccumulates) {
+  Tensor shard = Tensor::from_vector(std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f, 5.0f}, {5});
+  const Tensor recv = Tensor::from_vector(std::vector<float>{10.0f, 20.0f, 30.0f, 0.5f}, {4});
+  add_spans({{shard, 1, recv, 0, 3}, {shard, 0, recv, 3, 1}});
+  EXPECT_EQ(shard.to_vector(), (std::vector<float>{1.5f, 12.0f, 23.0f, 34.0f, 5.0f}));
+  Tensor b = Tensor::zeros({2}, DType::BF16);
+  EXPECT_THROW(add_spans({{b, 0, recv, 0, 2}}), Error);  // fp32 only
+}
+
 TEST(SpanCopy, RejectsSpansOutsideTheTensors) {
   const Tensor src = Tensor::zeros({4});
   Tensor dst = Tensor::zeros({4});

@@ -1,8 +1,8 @@
 // kernels::cuda::copy_spans (through cai::copy_spans on CUDA tensors) against the host reference
 // (cai::copy_spans on CPU tensors: one copy per span): ZeRO's rank-major pack and unpack of many
 // odd-sized spans (more than one launch's kCopyMulti), fp32 -> fp32 exactly, fp32 -> bf16 and
-// bf16 -> fp32 bit for bit as the host rounds. Runs on a GPU host; without a GPU it skips, saying
-// why.
+// bf16 -> fp32 bit for bit as the host rounds; add_spans (accumulating) as the host adds. Runs on a
+// GPU host; without a GPU it skips, saying why.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -71,6 +71,37 @@ void check(DType bucket, int ranks) {
     EXPECT_EQ(dback[i].to(Device::cpu()).to_vector(), hback[i].to_vector()) << "parameter " << i;
     if (bucket == DType::F32) EXPECT_EQ(hback[i].to_vector(), host[i].to_vector());
   }
+}
+
+// ZeRO-2/3's shard update: each rank's reduced chunks added into the shard gradients, one launch.
+TEST_F(CudaCopySpans, AddSpansMatchTheHost) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> val(0.0f, 1.0f);
+  std::vector<Tensor> host;
+  int64_t total = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::vector<float> v(1 + i * 37 % 500);
+    for (float& x : v) x = val(gen);
+    total += static_cast<int64_t>(v.size());
+    host.push_back(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}));
+  }
+  std::vector<float> r(total);
+  for (float& x : r) x = val(gen);
+  const Tensor hrecv = Tensor::from_vector(r, {total});
+  const Tensor drecv = hrecv.to(Device::cuda(0));
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(t.to(Device::cuda(0)));
+  std::vector<SpanCopy> hs, ds;
+  int64_t in = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    hs.push_back({host[i], 0, hrecv, in, host[i].numel()});
+    ds.push_back({dev[i], 0, drecv, in, dev[i].numel()});
+    in += host[i].numel();
+  }
+  add_spans(hs);
+  add_spans(ds);
+  for (size_t i = 0; i < host.size(); ++i)
+    EXPECT_EQ(dev[i].to(Device::cpu()).to_vector(), host[i].to_vector()) << "shard " << i;
 }
 
 TEST_F(CudaCopySpans, Fp32PackUnpackMatchesTheHost) {

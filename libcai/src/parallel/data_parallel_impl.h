@@ -54,6 +54,10 @@ struct Copies {
     copy_spans(spans);
     spans.clear();
   }
+  void run_add() {  // dst += src instead
+    add_spans(spans);
+    spans.clear();
+  }
 };
 
 struct Bucket {
@@ -358,12 +362,14 @@ struct DataParallelPlugin::Impl {
       cp.run();
     } else {
       int64_t in = 0;
+      Copies adds;  // one launch for the bucket
       for (nn::Parameter* p : b.params) {
         nn::Parameter& s = shards[index[p]];
         const int64_t c = s.grad.numel();
-        if (c > 0) ops::add_(s.grad, span(b.recv, in, c));
+        adds.add(s.grad, 0, b.recv, in, c);
         in += c;
       }
+      adds.run_add();
       b.flat = Tensor();
       b.recv = Tensor();
       inflight.finish(static_cast<int>(i));

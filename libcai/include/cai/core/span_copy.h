@@ -25,5 +25,8 @@ struct SpanCopy {
 // of dtypes, on the legacy default stream as Tensor::copy_from. Errors name the span whose range
 // lies outside its tensors or whose devices differ.
 void copy_spans(const std::vector<SpanCopy>& copies);
+// The same spans added instead: dst[doff + k] += src[soff + k] (fp32 tensors; on the host one loop
+// per span, the reference; CUDA: the same launches, accumulating).
+void add_spans(const std::vector<SpanCopy>& copies);
 
 }  // namespace cai
