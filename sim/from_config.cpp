@@ -7,6 +7,7 @@
 #include "cai/nn/tensor_parallel.h"
 #include "cai/schedule/buckets.h"
 #include "cai/schedule/param_gathers.h"
+#include "dp_ops.h"
 #include "expand.h"
 #include "platform.h"
 #include "replay.h"
@@ -609,44 +610,11 @@ class ConfigProgram {
   // work on the compute stream, `calls` copies or adds (one per parameter, and per rank where
   // the plugin loops over the ranks' chunks), timed by the roofline with at least the
   // calibration's "copy|call" per call.
-  // ZeRO-1/2's deferred parameter gathers (schedule::ParamGatherQueue's actions): an issue packs
-  // this rank's shards (one launch) and starts the all-gather; a completion unpacks every rank's
-  // chunks into the parameters (one launch) once the gather is done.
   void param_actions(Dp& dp, const std::vector<schedule::ParamGatherQueue::Action>& acts, int base,
                      std::vector<Op>& ops) {
-    for (const auto& a : acts) {
-      const int b = a.bucket;
-      if (a.issue) {
-        ops.push_back(
-            dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp.bucket_chunk[b], 1));
-        Op ag = Op::collective(OpKind::AllGather, fmt::format("bucket {} parameters all_gather", b),
-                               dp.group, dp.gather_bytes[b], 3);
-        ag.category = "reduce";
-        ag.mem_start.push_back({MemKind::Buffers, 4 * (dp.bucket_numel[b] + dp.bucket_chunk[b])});
-        dp.param_gather_op[b] = base + static_cast<int>(ops.size());
-        ops.push_back(std::move(ag));
-      } else {
-        Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp.bucket_numel[b], 1);
-        un.deps.push_back(dep_on(dp.param_gather_op.at(b), base));
-        dp.param_gather_op.erase(b);
-        un.mem_end.push_back({MemKind::Buffers, -4 * (dp.bucket_numel[b] + dp.bucket_chunk[b])});
-        ops.push_back(std::move(un));
-      }
-    }
+    param_gather_ops(acts, dp.group, {dp.bucket_numel, dp.bucket_chunk, dp.gather_bytes},
+                     dp.param_gather_op, base, ops);
   }
-  static Op dp_copy(std::string name, int64_t bytes, int64_t calls) {
-    Op o;
-    o.calls = calls;
-    o.kind = OpKind::Compute;
-    o.name = std::move(name);
-    o.category = "compute";
-    o.mem_bytes = static_cast<double>(bytes);
-    o.op_kind = "elementwise";
-    return o;
-  }
-  // A dependency of an op in a list that starts at program index `base` on program op `abs`
-  // (an earlier list's, or this one's): expand.h's convention.
-  static int dep_on(int abs, int base) { return abs >= base ? abs - base : -1 - abs; }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`).
   static Op dp_finish(Dp& x, int k, int base) {
