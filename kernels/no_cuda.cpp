@@ -11,6 +11,7 @@
                               "] this build has no CUDA (configure with " \
                               "-DCAI_WITH_CUDA=ON where nvcc is installed)")
 #include "kernels/attention.h"
+#include "kernels/copy.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -320,6 +321,9 @@ void select_token_bwd_t(DT, const void*, void*, int64_t, int64_t, int64_t, int64
 }
 void cast(DT, const void*, DT, void*, int64_t, void*) {
   CAI_STUB("cast");
+}
+void copy_spans(DT, DT, int, const SpanDesc*, void*, bool) {
+  CAI_STUB("copy_spans");
 }
 void zero_multi(int, void* const*, const int64_t*, void*) {
   CAI_STUB("zero_multi");

@@ -6,6 +6,8 @@
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/param_gathers.h"
+#include "dp_ops.h"
 #include "expand.h"
 #include "platform.h"
 #include "replay.h"
@@ -246,7 +248,7 @@ class ConfigProgram {
         if (dp->cast_bytes > 0)  // bf16 buckets: the gradients cast into the bucket
           ops.push_back(dp_copy(fmt::format("bucket {} cast", b),
                                 dp->cast_bytes * dp->bucket_numel[b],
-                                2 * dp->bucket_params[b]));  // a cast and a copy each
+                                1));  // one copy_spans launch, casting
         reduce_bucket(dp->exchange ? OpKind::AllGather : OpKind::AllReduce, b);
       }
       dp->waiting.clear();
@@ -255,11 +257,19 @@ class ConfigProgram {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
       const int pos = dp ? dp->pos.at(layers[li]) : -1;
       const bool has_w = std::any_of(lp.ops.begin(), lp.ops.end(), has_weight_gemm);
+      // ZeRO-1/2: the last step's deferred gathers (begun at the first layer) this layer needs.
+      if (dp && fwd && (layout_.zero_stage == 1 || layout_.zero_stage == 2)) {
+        if (!dp->params_begun) {
+          dp->params_begun = true;
+          param_actions(*dp, dp->params.begin(), base, ops);
+        }
+        for (int b : dp->buckets_of_pos[pos]) param_actions(*dp, dp->params.need(b), base, ops);
+      }
       // ZeRO-3: the gathers the window starts now, then this layer's completes into its values.
       if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0 && !weight_only) {
         for (int i : dp->window.fetch(pos, !fwd)) {
-          ops.push_back(dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i],
-                                dp->layer_params[i]));
+          ops.push_back(
+              dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i], 1));
           Op ag = Op::collective(OpKind::AllGather,
                                  fmt::format("{} parameters all_gather", dp->name[i]), dp->group,
                                  4 * dp->layer_numel[i], 3);
@@ -268,8 +278,7 @@ class ConfigProgram {
           dp->gather_op[i] = at(ops.size());
           ops.push_back(std::move(ag));
         }
-        Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos],
-                        dp->layer_params[pos] * D_);
+        Op un = dp_copy(fmt::format("{} gather unpack", lp.name), 8 * dp->layer_numel[pos], 1);
         un.deps.push_back(dep_on(dp->gather_op.at(pos), base));
         dp->gather_op.erase(pos);
         // The full values are allocated while the gather's buffers still live.
@@ -418,7 +427,7 @@ class ConfigProgram {
         for (int b : dp->launch_at[pos]) {
           const std::string bn = fmt::format("bucket {}", b);
           for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
-          Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], dp->bucket_params[b] * D_);
+          Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], 1);  // one copy_spans launch
           // The bucket's buffers while the gradients are packed into them, then those go.
           pack.mem_start.push_back(
               {MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
@@ -454,37 +463,21 @@ class ConfigProgram {
         }
       }
       if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
-        ops.push_back(
-            dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total, 2 * dp->params_total));
+        ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total,
+                              static_cast<int64_t>(dp->bucket_numel.size())));  // one per bucket
       if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
-        ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, dp->params_total));
+        ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, 1));  // one launch
       return ops;
     }
     if (in.op != schedule::Op::OptimizerStep) return ops;
     dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
     dp->gather_op.clear();
     if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
-    schedule::InflightWindow window(std::max(1, layout_.zero_max_inflight_buckets));
-    std::map<int, int> gather;  // bucket -> its all-gather (list index)
-    auto complete = [&](int b) {
-      Op un = dp_copy(fmt::format("bucket {} parameters unpack", b), 8 * dp->bucket_numel[b],
-                      dp->bucket_params[b] * D_);
-      un.deps.push_back(gather.at(b));
-      un.mem_end.push_back({MemKind::Buffers, -4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
-      ops.push_back(std::move(un));
-    };
-    for (int b = 0; b < static_cast<int>(dp->bucket_numel.size()); ++b) {
-      for (int k : window.launch(b)) complete(k);
-      ops.push_back(dp_copy(fmt::format("bucket {} parameters pack", b), 8 * dp->bucket_chunk[b],
-                            dp->bucket_params[b]));
-      Op ag = Op::collective(OpKind::AllGather, fmt::format("bucket {} parameters all_gather", b),
-                             dp->group, dp->gather_bytes[b], 3);
-      ag.category = "reduce";
-      ag.mem_start.push_back({MemKind::Buffers, 4 * (dp->bucket_numel[b] + dp->bucket_chunk[b])});
-      gather[b] = static_cast<int>(ops.size());
-      ops.push_back(std::move(ag));
-    }
-    for (int k : window.inflight()) complete(k);
+    // ZeRO-1/2: this step's forward carried the last step's gathers (ops above); the gathers
+    // the step issues run into the next step's forward, which the next replay's forward
+    // carries. Those of layers this forward did not reach complete here (need_all).
+    param_actions(*dp, dp->params.need_all(), base, ops);
+    dp->params_begun = false;
     return ops;
   }
 
@@ -520,7 +513,14 @@ class ConfigProgram {
     schedule::GatherWindow window;
     schedule::InflightWindow inflight;
     std::map<int, int> gather_op;  // position -> program index of its pending all-gather
-    std::vector<int> reduce_op;    // per bucket: program index of its latest reduction
+    // ZeRO-1/2: the step's parameter all-gathers deferred to the next forward (the executor's
+    // schedule::ParamGatherQueue); a step's forward carries the last step's: begun at its first
+    // layer (those the last step issued), completed as its layers reach their buckets.
+    schedule::ParamGatherQueue params;
+    bool params_begun = false;
+    std::vector<std::vector<int>> buckets_of_pos;  // per position: buckets holding its parameters
+    std::map<int, int> param_gather_op;            // bucket -> program index of its all-gather
+    std::vector<int> reduce_op;  // per bucket: program index of its latest reduction
     // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
     // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
     // class-token gradients, a chunk's end).
@@ -564,6 +564,8 @@ class ConfigProgram {
         schedule::gradient_buckets(numels, layer_of, layout_.zero_stage, layout_.ddp_bucket_cap_mb,
                                    layout_.zero_bucket_size_in_m);
     x.launch_at.resize(r.layers.size());
+    x.buckets_of_pos.resize(r.layers.size());
+    std::vector<int> firsts;
     for (size_t b = 0; b < buckets.size(); ++b) {
       int64_t n = 0, c = 0;
       int first = static_cast<int>(r.layers.size());
@@ -571,14 +573,18 @@ class ConfigProgram {
         n += numels[i];
         c += schedule::zero_chunk_size(numels[i], d, D_);
         first = std::min(first, layer_of[i]);
+        auto& at = x.buckets_of_pos[layer_of[i]];
+        if (at.empty() || at.back() != static_cast<int>(b)) at.push_back(static_cast<int>(b));
       }
+      firsts.push_back(first);
       x.bucket_numel.push_back(n);
       x.bucket_chunk.push_back(c);
       x.bucket_params.push_back(static_cast<int64_t>(buckets[b].size()));
       x.launch_at[first].push_back(static_cast<int>(b));  // the backward reaches it last
     }
     // The wire bytes are the plan's collectives' ("bucket b": its reduction in the backward,
-    // ZeRO-1/2's all-gather at the step).
+    // ZeRO-1/2's all-gather of the stepped shards, phase OptimizerStep: issued by the step and
+    // completed in the next forward).
     x.bucket_wire.assign(buckets.size(), 0);
     x.gather_bytes.assign(buckets.size(), 0);
     for (const plan::Collective& c : r.collectives) {
@@ -595,6 +601,8 @@ class ConfigProgram {
                  schedule::gradients_in_buckets(0, layout_.bucket_dtype == cai::DType::F32);
     x.window = schedule::GatherWindow(has, layout_.zero3_prefetch);
     x.inflight = schedule::InflightWindow(std::max(1, layout_.zero_max_inflight_buckets));
+    x.params = schedule::ParamGatherQueue(schedule::param_gather_order(firsts),
+                                          std::max(1, layout_.zero_max_inflight_buckets));
     x.reduce_op.assign(buckets.size(), -1);
     return &x;
   }
@@ -602,24 +610,15 @@ class ConfigProgram {
   // work on the compute stream, `calls` copies or adds (one per parameter, and per rank where
   // the plugin loops over the ranks' chunks), timed by the roofline with at least the
   // calibration's "copy|call" per call.
-  static Op dp_copy(std::string name, int64_t bytes, int64_t calls) {
-    Op o;
-    o.calls = calls;
-    o.kind = OpKind::Compute;
-    o.name = std::move(name);
-    o.category = "compute";
-    o.mem_bytes = static_cast<double>(bytes);
-    o.op_kind = "elementwise";
-    return o;
+  void param_actions(Dp& dp, const std::vector<schedule::ParamGatherQueue::Action>& acts, int base,
+                     std::vector<Op>& ops) {
+    param_gather_ops(acts, dp.group, {dp.bucket_numel, dp.bucket_chunk, dp.gather_bytes},
+                     dp.param_gather_op, base, ops);
   }
-  // A dependency of an op in a list that starts at program index `base` on program op `abs`
-  // (an earlier list's, or this one's): expand.h's convention.
-  static int dep_on(int abs, int base) { return abs >= base ? abs - base : -1 - abs; }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`).
   static Op dp_finish(Dp& x, int k, int base) {
-    Op o =
-        dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], x.bucket_params[k]);
+    Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], 1);  // one launch
     o.deps.push_back(dep_on(x.reduce_op[k], base));
     o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
     return o;

@@ -15,8 +15,9 @@
 // reduce-scatter in every one, at most zero_max_inflight_buckets in flight, the host waiting for
 // the oldest: schedule::InflightWindow); ZeRO-3 gathers each layer's parameters before its
 // forward and its backward, prefetching as schedule::GatherWindow says, the layer waiting for
-// its own; ReduceGrads waits for the reductions, then the shard updates; after the optimizer
-// step ZeRO-1/2 all-gather the stepped shards bucket by bucket. The plugin's packing, unpacking
+// its own; ReduceGrads waits for the reductions, then the shard updates; ZeRO-1/2's all-gathers
+// of the stepped shards are deferred to the next forward (schedule::ParamGatherQueue: the
+// replayed forward carries the last step's). The plugin's packing, unpacking
 // and shard adds are memory-bound compute ops (roofline). Memory: the plan's persistent bytes
 // from the start, each layer's working tensors and saved activations as the plan's replay
 // counts them, and ZeRO's gradients, bucket buffers and gathers as the plugin holds them.

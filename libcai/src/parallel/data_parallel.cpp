@@ -157,6 +157,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     }
   }
   m.build_buckets();
+  m.build_param_queue();
   if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views()) {
     int64_t most = 0;
     for (const auto& b : m.buckets) most = std::max(most, b.numel);
@@ -189,7 +190,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
 
   // Hooks. Final micro-batch (and every micro-batch for stage 2/3): reduce as layers finish.
   auto before_fwd = [&m](nn::Layer& l) {
-    if (m.cfg.zero_stage == 3) m.fetch(l, false);
+    if (m.cfg.zero_stage >= 1) m.fetch(l, false);  // stage 1/2: the step's deferred gathers
   };
   auto after_fwd = [&m](nn::Layer& l) { m.release_values(l); };
   auto before_bwd = [&m](nn::Layer& l) { m.gather_layer(l, m.cfg.zero_stage >= 2); };
@@ -222,7 +223,7 @@ const nn::LayerHooks* DataParallelPlugin::train_hooks(bool last_micro_batch) {
 }
 
 const nn::LayerHooks* DataParallelPlugin::eval_hooks() {
-  return impl_->cfg.zero_stage == 3 ? &impl_->eval : nullptr;
+  return impl_->cfg.zero_stage >= 1 ? &impl_->eval : nullptr;
 }
 
 void DataParallelPlugin::sync_gradients(nn::ViT&) {
@@ -267,12 +268,15 @@ void DataParallelPlugin::sync_layer_gradients() {
   for (size_t i = 0; i < m.buckets.size(); ++i) m.finish(i);
   m.first_step = false;
   // Stage 1: this rank's chunk of the summed gradients feeds its shard.
-  if (m.cfg.zero_stage == 1)
+  if (m.cfg.zero_stage == 1) {
+    Copies cp;  // one launch
     for (size_t i = 0; i < m.params.size(); ++i) {
       const int64_t n = m.params[i]->grad.numel();
-      copy_span(m.shards[i].grad, 0, m.params[i]->grad, chunk_begin(n, m.rank, m.size),
-                m.shards[i].grad.numel());
+      cp.add(m.shards[i].grad, 0, m.params[i]->grad, chunk_begin(n, m.rank, m.size),
+             m.shards[i].grad.numel());
     }
+    cp.run();
+  }
   // Offload: the reduced gradient shard goes to the host, where the optimizer (and the clipping
   // and the fp16 overflow check before it) reads it.
   if (m.offload()) m.host_grad.copy_from(m.dev_grad);
@@ -306,6 +310,9 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   Impl& m = *impl_;
   m.drain();  // ZeRO-3 gathers issued ahead of a use that did not come: stale after the step
+  // ZeRO-1/2: the last step's gathers of layers that did not run forward (their packs read the
+  // shards before this step writes them; the fresh gathers below supersede them).
+  m.materialize_params();
   if (m.exchange_pending) {
     if (m.fuses_exchange(opt)) {
       opt.sum_replicas(m.replica_delta);
@@ -317,8 +324,9 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   }
   opt.step();
   if (m.offload()) m.dev_value.copy_from(m.host_value);  // the updated shard back to the GPU
-  // Every rank needs the updated full parameters for the next forward.
-  if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.gather_into_params();
+  // Every rank needs the updated full parameters for the next forward: the first gathers start
+  // now, the rest as the next forward reaches them (materialize_parameters for other readers).
+  if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
 }
 
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
@@ -353,6 +361,7 @@ double DataParallelPlugin::all_reduce_max(double v) {
 
 void DataParallelPlugin::materialize_parameters() {
   Impl& m = *impl_;
+  m.materialize_params();  // ZeRO-1/2: the step's deferred gathers
   if (m.cfg.zero_stage != 3) return;
   m.drain();
   for (nn::Layer* l : m.layers)
@@ -360,6 +369,14 @@ void DataParallelPlugin::materialize_parameters() {
       Gather g = m.start_gather(m.layer_params[l]);
       m.complete(g, true);
     }
+}
+
+bool DataParallelPlugin::parameters_stale() const {
+  return impl_->param_queue.any_stale();
+}
+
+std::vector<schedule::ParamGatherQueue::Action> DataParallelPlugin::take_param_gather_log() {
+  return std::exchange(impl_->gather_log, {});
 }
 
 int64_t DataParallelPlugin::parameter_bytes() const {

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "cai/core/error.h"
+#include "cai/core/span_copy.h"
 #include "cai/ops/ops.h"
 #include "cai/parallel/data_parallel.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/param_gathers.h"
 #include "kernels/device.h"
 
 namespace cai::parallel {
@@ -41,6 +43,22 @@ inline void copy_span(const Tensor& dst, int64_t doff, const Tensor& src, int64_
   else  // a bf16 bucket: rounded on the way in, widened on the way out
     span(dst, doff, n).copy_from(span(src, soff, n).to(dst.dtype()));
 }
+
+// Copies gathered for one copy_spans call (one kernel launch per bucket or gather on a GPU).
+struct Copies {
+  std::vector<SpanCopy> spans;
+  void add(const Tensor& dst, int64_t doff, const Tensor& src, int64_t soff, int64_t n) {
+    if (n > 0) spans.push_back(SpanCopy{dst, doff, src, soff, n});
+  }
+  void run() {
+    copy_spans(spans);
+    spans.clear();
+  }
+  void run_add() {  // dst += src instead
+    add_spans(spans);
+    spans.clear();
+  }
+};
 
 struct Bucket {
   std::vector<nn::Parameter*> params;  // full parameters, in backward order
@@ -72,6 +90,7 @@ struct Gather {
 using detail::Bucket;
 using detail::chunk_begin;
 using detail::chunk_size;
+using detail::Copies;
 using detail::copy_span;
 using detail::Gather;
 using detail::span;
@@ -143,6 +162,7 @@ struct DataParallelPlugin::Impl {
       for (Bucket& b : buckets)
         if (b.work) b.work->wait();
       for (auto& w : pushing) w->wait();
+      for (auto& e : param_gathers) e.second.work->wait();
       settling.drain();
     } catch (...) {
     }
@@ -278,19 +298,22 @@ struct DataParallelPlugin::Impl {
   void pack(Bucket& b) {
     int64_t out = 0;
     if (grad_views()) return;  // in place already
+    Copies cp;
     if (!sharded_grads()) {
       for (nn::Parameter* p : b.params) {
-        copy_span(b.flat, out, p->grad, 0, p->grad.numel());
+        cp.add(b.flat, out, p->grad, 0, p->grad.numel());
         out += p->grad.numel();
       }
-      return;
+    } else {
+      for (int r = 0; r < size; ++r)
+        for (nn::Parameter* p : b.params) {
+          const int64_t n = p->grad.numel(), c0 = chunk_begin(n, r, size);
+          const int64_t c = chunk_size(n, r, size);
+          cp.add(b.flat, out, p->grad, c0, c);
+          out += c;
+        }
     }
-    for (int r = 0; r < size; ++r)
-      for (nn::Parameter* p : b.params) {
-        const int64_t n = p->grad.numel(), c0 = chunk_begin(n, r, size), c = chunk_size(n, r, size);
-        copy_span(b.flat, out, p->grad, c0, c);
-        out += c;
-      }
+    cp.run();  // one launch for the bucket
   }
 
   // Starts bucket i's reduction. Stage 2/3: at most zero_max_inflight_buckets in flight (the
@@ -330,19 +353,23 @@ struct DataParallelPlugin::Impl {
     settling.add(std::move(b.work));
     if (!sharded_grads()) {
       int64_t in = 0;
+      Copies cp;
       if (!grad_views())
         for (nn::Parameter* p : b.params) {
-          copy_span(p->grad, 0, b.flat, in, p->grad.numel());
+          cp.add(p->grad, 0, b.flat, in, p->grad.numel());
           in += p->grad.numel();
         }
+      cp.run();
     } else {
       int64_t in = 0;
+      Copies adds;  // one launch for the bucket
       for (nn::Parameter* p : b.params) {
         nn::Parameter& s = shards[index[p]];
         const int64_t c = s.grad.numel();
-        if (c > 0) ops::add_(s.grad, span(b.recv, in, c));
+        adds.add(s.grad, 0, b.recv, in, c);
         in += c;
       }
+      adds.run_add();
       b.flat = Tensor();
       b.recv = Tensor();
       inflight.finish(static_cast<int>(i));
@@ -442,11 +469,13 @@ struct DataParallelPlugin::Impl {
         counts[r] += chunk_size(shape_numel(shapes[index[p]]), r, size);
     g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
     int64_t o = 0;
+    Copies cp;
     for (nn::Parameter* p : ps) {
       const Tensor& v = shards[index[p]].value;
-      copy_span(g.mine, o, v, 0, v.numel());
+      cp.add(g.mine, o, v, 0, v.numel());
       o += v.numel();
     }
+    cp.run();
     int64_t total = 0;
     for (int64_t c : counts) total += c;
     g.all = Tensor::empty({total}, DType::F32, device);
@@ -454,46 +483,78 @@ struct DataParallelPlugin::Impl {
     return g;
   }
 
-  // Waits for `g` and writes the full values: into fresh tensors (ZeRO-3) or into the
-  // parameters' existing storage (ZeRO-1/2 after the step).
+  // Completes `g` and writes the full values (one copy_spans launch): into fresh tensors
+  // (ZeRO-3) or into the parameters' existing storage (ZeRO-1/2 after the step). The host does not
+  // wait for the gather: the compute stream does (Work::wait_on_device, kept in `settling` until
+  // the host sees it done), so the buffers go back to the allocator once the unpack is issued
+  // (every later NCCL operation waits for the compute stream first). Host backends wait here.
   void complete(Gather& g, bool allocate) {
-    g.work->wait();
-    g.work.reset();
+    settling.add(std::move(g.work));
     if (allocate)
       for (nn::Parameter* p : g.params)
         p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
     int64_t in = 0;
+    Copies cp;
     for (int r = 0; r < size; ++r)
       for (nn::Parameter* p : g.params) {
         const int64_t n = p->value.numel(), c = chunk_size(n, r, size);
-        copy_span(p->value, chunk_begin(n, r, size), g.all, in, c);
+        cp.add(p->value, chunk_begin(n, r, size), g.all, in, c);
         in += c;
       }
+    cp.run();
     g.mine = Tensor();
     g.all = Tensor();
   }
 
   // ZeRO-1/2 after the step: every rank's updated shards into the full parameters' storage,
-  // bucket by bucket with at most zero_max_inflight_buckets gathers in flight (no full-size
-  // staging buffer; schedule::InflightWindow).
-  void gather_into_params() {
-    schedule::InflightWindow window(std::max(1, cfg.zero_max_inflight_buckets));
-    std::map<int, Gather> q;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      for (int k : window.launch(static_cast<int>(b))) {
-        complete(q.at(k), false);
-        q.erase(k);
+  // bucket by bucket, deferred to their first use (schedule::ParamGatherQueue, which the
+  // simulator follows): the step issues the first zero_max_inflight_buckets gathers (forward
+  // order), each layer's forward completes those holding its parameters and issues the next, so
+  // the gathers run beside the next step's forward; materialize() completes them all. No
+  // full-size staging buffer: at most zero_max_inflight_buckets buckets' gather buffers live.
+  schedule::ParamGatherQueue param_queue;
+  std::map<int, Gather> param_gathers;
+  // Stage 1/2: every gather action, in order, since the last take (tests of the ordering).
+  std::vector<schedule::ParamGatherQueue::Action> gather_log;
+  void build_param_queue() {
+    std::vector<int> first(buckets.size(), static_cast<int>(layers.size()));
+    for (size_t l = 0; l < layers.size(); ++l)
+      for (nn::Parameter* p : layer_params[layers[l]]) {
+        int& f = first[bucket_of[p]];
+        f = std::min(f, static_cast<int>(l));
       }
-      q.emplace(static_cast<int>(b), start_gather(buckets[b].params));
-    }
-    for (int k : window.inflight()) complete(q.at(k), false);
+    param_queue = schedule::ParamGatherQueue(schedule::param_gather_order(first),
+                                             std::max(1, cfg.zero_max_inflight_buckets));
   }
+  void run_param_actions(const std::vector<schedule::ParamGatherQueue::Action>& acts) {
+    for (const auto& a : acts) {
+      gather_log.push_back(a);
+      if (a.issue) {
+        param_gathers.emplace(a.bucket, start_gather(buckets[a.bucket].params));
+      } else {
+        auto it = param_gathers.find(a.bucket);
+        Gather g = std::move(it->second);
+        param_gathers.erase(it);
+        complete(g, false);
+      }
+    }
+  }
+  // Before `layer`'s forward: its parameters' buckets gathered (and the next ones issued).
+  void params_ready(const nn::Layer& layer) {
+    if (!param_queue.any_stale()) return;
+    const auto it = layer_params.find(&layer);
+    if (it == layer_params.end()) return;  // not a layer of this plugin
+    for (nn::Parameter* p : it->second)
+      run_param_actions(param_queue.need(static_cast<int>(bucket_of[p])));
+  }
+  void materialize_params() { run_param_actions(param_queue.need_all()); }
 
   // ZeRO-3: makes `layer`'s full values available. Issues the gathers the window starts now (this
   // layer's unless a prefetch did, then the next zero3_prefetch layers': forward the following
   // ones in `layers`, backward the preceding ones), then waits on this layer's gather only: the
   // prefetched ones run on the communicator while this layer computes.
   void fetch(nn::Layer& layer, bool backward) {
+    if (cfg.zero_stage == 1 || cfg.zero_stage == 2) return params_ready(layer);
     if (layer_params[&layer].empty()) return;
     const int pos = layer_pos[&layer];
     for (int i : window.fetch(pos, backward))
@@ -518,8 +579,13 @@ struct DataParallelPlugin::Impl {
     if (!with_grads) return;
     // Stage 2/3: the full gradients were freed when the previous micro-batch's bucket launched
     // (that reduction may still be in flight: it has its own buffer).
+    std::vector<Tensor*> fresh;  // zeroed in one launch (zero_all), not a memset each
     for (nn::Parameter* p : ps)
-      if (!p->grad.defined()) p->grad = Tensor::zeros(shapes[index[p]], DType::F32, device);
+      if (!p->grad.defined()) {
+        p->grad = Tensor::empty(shapes[index[p]], DType::F32, device);
+        fresh.push_back(&p->grad);
+      }
+    zero_all(fresh);
   }
 
   void release_values(nn::Layer& layer) {

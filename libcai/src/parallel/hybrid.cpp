@@ -369,7 +369,9 @@ std::vector<train::OwnedSlice> HybridParallelPlugin::owned_state(nn::ViT& model,
 
 std::map<std::string, Tensor> HybridParallelPlugin::full_state(nn::ViT& model) {
   Impl& m = *impl_;
-  if (m.dp) m.dp->materialize_parameters();  // ZeRO-3: gather the shards
+  // ZeRO-1/2: the step's deferred gathers complete; ZeRO-3: gather the shards.
+  if (m.dp) m.dp->materialize_parameters();
+  if (m.pipe) m.pipe->materialize_parameters();
   std::map<std::string, Tensor> out;
   for (nn::Parameter* p : model.parameters()) {
     const auto it = m.shapes.find(p->name);

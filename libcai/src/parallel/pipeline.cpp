@@ -469,6 +469,8 @@ train::StepMetrics PipelinePlugin::forward_backward(nn::ViT& model,
 // kept for a backward).
 train::StepMetrics PipelinePlugin::eval_batch(nn::ViT&, const data::Batch& batch) {
   Impl& m = *impl_;
+  // The evaluation runs no layer hooks: ZeRO-1's deferred parameter gathers complete first.
+  if (m.inner) m.inner->materialize_parameters();
   const int V = m.V();
   const int64_t n = batch.labels.numel();
   const int want =
@@ -517,6 +519,10 @@ void PipelinePlugin::optimizer_step(optim::Optimizer& opt) {
   const auto t0 = impl_->timer->mark();
   impl_->inner->optimizer_step(opt);
   impl_->record("OptStep", "optimizer", t0);
+}
+
+void PipelinePlugin::materialize_parameters() {
+  if (impl_->inner) impl_->inner->materialize_parameters();
 }
 
 void PipelinePlugin::zero_grad(nn::ViT& model, optim::Optimizer& opt) {

@@ -7,6 +7,7 @@
 
 #include "cai/core/error.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/param_gathers.h"
 #include "plan_internal.h"
 
 namespace cai::plan::detail {
@@ -59,6 +60,11 @@ struct Replay {
   schedule::GatherWindow window;
   std::map<int, int64_t> pending;
   std::vector<bool> grads_alive;
+  // ZeRO-1/2: the last step's parameter gathers, deferred to this step's forward
+  // (schedule::ParamGatherQueue, as the executor and the simulator run them).
+  schedule::ParamGatherQueue params;
+  bool params_begun = false;
+  std::vector<std::vector<int>> buckets_of_pos;
 
   Replay(const StepPlan& p, RankPlan& r)
       : plan(p), l(p.layout), rank(r), inflight(std::max(1, p.layout.zero_max_inflight_buckets)) {
@@ -78,6 +84,16 @@ struct Replay {
     bucket_of.assign(numels.size(), -1);
     for (size_t b = 0; b < buckets.size(); ++b)
       for (int i : buckets[b]) bucket_of[i] = static_cast<int>(b);
+    buckets_of_pos.resize(r.layer_plans.size());
+    std::vector<int> firsts(buckets.size(), static_cast<int>(r.layer_plans.size()));
+    for (size_t i = 0; i < numels.size(); ++i) {
+      if (bucket_of[i] < 0) continue;
+      auto& at = buckets_of_pos[layer_of[i]];
+      if (at.empty() || at.back() != bucket_of[i]) at.push_back(bucket_of[i]);
+      firsts[bucket_of[i]] = std::min(firsts[bucket_of[i]], layer_of[i]);
+    }
+    params = schedule::ParamGatherQueue(schedule::param_gather_order(firsts),
+                                        std::max(1, p.layout.zero_max_inflight_buckets));
     ready.assign(buckets.size(), 0);
     inflight_bytes.assign(buckets.size(), 0);
     grads_alive.assign(r.layer_plans.size(), false);
@@ -138,6 +154,29 @@ struct Replay {
   void release(int pos) {
     if (l.zero_stage == 3) t.live -= 4 * layer_numel(pos);
   }
+  // ZeRO-1/2 gather actions: an issue allocates this rank's chunk and the gathered bucket, a
+  // completion (the unpack into the parameters' storage) frees them.
+  void param_actions(const std::vector<schedule::ParamGatherQueue::Action>& acts,
+                     const std::string& where) {
+    for (const auto& a : acts) {
+      const int64_t bytes = 4 * (bucket_numel(a.bucket) + bucket_chunk(a.bucket));
+      if (a.issue) {
+        t.win += bytes;
+        t.add(bytes, where);
+      } else {
+        t.win -= bytes;
+        t.live -= bytes;
+      }
+    }
+  }
+  // Before pos's forward: the first layer begins the last step's gathers; pos's buckets complete.
+  void params_ready(int pos, const std::string& where) {
+    if (!params_begun) {
+      params_begun = true;
+      param_actions(params.begin(), where + " all-gather");
+    }
+    for (int b : buckets_of_pos[pos]) param_actions(params.need(b), where + " all-gather");
+  }
 
   void finish(int b) {
     const int64_t bytes = inflight_bytes[b];
@@ -179,6 +218,7 @@ struct Replay {
       const LayerPlan& lp = rank.layer_plans[pos];
       const std::string where = tag + " " + lp.name;
       if (hooks && l.zero_stage == 3) fetch(pos, false, where);
+      if (hooks && (l.zero_stage == 1 || l.zero_stage == 2)) params_ready(pos, where);
       t.act += lp.saved - (lp.keeps_input ? lp.input : 0);
       t.add(lp.saved - (lp.keeps_input ? lp.input : 0) + lp.output, where);
       t.touch(lp.forward_extra, where);
@@ -382,19 +422,12 @@ void replay(const StepPlan& plan, RankPlan& r) {
   }
   // sync_gradients: the rest of the stage 2/3 buckets complete.
   while (!rp.inflight.inflight().empty()) rp.finish(rp.inflight.inflight().front());
-  // The optimizer step: ZeRO-1/2 all-gather the stepped shards bucket by bucket (window of
-  // zero_max_inflight_buckets); LAMB's update buffer per parameter.
-  if (l.zero_stage == 1 || l.zero_stage == 2) {
-    schedule::InflightWindow window(std::max(1, l.zero_max_inflight_buckets));
-    auto bytes = [&](int b) { return 4 * (rp.bucket_numel(b) + rp.bucket_chunk(b)); };
-    for (int b = 0; b < static_cast<int>(rp.buckets.size()); ++b) {
-      for (int k : window.launch(b)) t.live -= bytes(k);
-      t.win += bytes(b);
-      t.add(bytes(b), "OptStep all-gather");
-      t.win -= bytes(b);
-    }
-    for (int k : window.inflight()) t.live -= bytes(k);
-  }
+  // The optimizer step: ZeRO-1/2's all-gathers of the stepped shards are deferred to the next
+  // forward (the forward above carried the last step's, begun at its first layer, at most
+  // zero_max_inflight_buckets buckets' buffers alive); what that forward did not reach completes
+  // here. LAMB's update buffer per parameter.
+  if (rp.hooks && (l.zero_stage == 1 || l.zero_stage == 2))
+    rp.param_actions(rp.params.need_all(), "OptStep all-gather");
   if (l.optimizer == "lamb") {
     int64_t big = 0;
     for (size_t i = 0; i < rp.numels.size(); ++i)

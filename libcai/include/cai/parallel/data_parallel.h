@@ -20,8 +20,17 @@
 //    end their backward), and a completed bucket's buffers are dropped. So during backward the
 //    full-size gradient bytes are the layer being run, one partly filled bucket and the
 //    in-flight window; at its end only the window.
-//  Stage 1/2 after the step: the updated shards are all-gathered bucket by bucket (the same
-//    window) straight into the existing parameter storage.
+//  Stage 1/2 after the step: the updated shards are all-gathered bucket by bucket straight into
+//    the existing parameter storage, deferred to their use (schedule::ParamGatherQueue, which
+//    the simulator follows): optimizer_step issues the first zero_max_inflight_buckets gathers in
+//    forward order, and each layer's forward (the train and eval hooks' before_forward) completes
+//    the gathers holding its parameters and issues the next, so they run beside the next
+//    forward. A completed gather is waited for by the compute stream, not the host
+//    (Work::wait_on_device), then unpacked in one launch. Between the step and the next forward
+//    the full values are stale: materialize_parameters() completes them for other readers
+//    (HybridParallelPlugin::full_state and the pipeline's eval_batch call it).
+//  Packing and unpacking (buckets, gathers, stage 1's shard gradients) is one copy_spans call
+//    each: one kernel launch per bucket on a GPU instead of a device copy per parameter.
 //  stage 3: parameters are sharded too (Gemini-style chunks: one chunk per layer; one gradient
 //    bucket per layer, reduced as in stage 2): a layer's parameters are gathered just before its
 //    forward and its backward and freed after. The all-gathers of the next zero3_prefetch layers
@@ -49,6 +58,7 @@
 #include <vector>
 
 #include "cai/dist/communicator.h"
+#include "cai/schedule/param_gathers.h"
 #include "cai/train/trainer.h"
 
 namespace cai::parallel {
@@ -64,6 +74,8 @@ struct DataParallelConfig {
   bool overlap = true;
   // Stage 2/3: gradient buckets whose reduce-scatter may be in flight at once; launching one more
   // first completes the oldest. Bounds the full-size gradient bytes alive during backward.
+  // Stage 1/2: also the parameter all-gathers in flight after the step and in the next forward
+  // (schedule::ParamGatherQueue): their buffers are this many buckets' at most.
   int zero_max_inflight_buckets = 2;
   // Stage 3: layers whose all-gather is issued ahead of use (forward: the following layers,
   // backward: the preceding ones), as FSDP's forward/backward prefetch. 0: gather on use.
@@ -144,9 +156,16 @@ class DataParallelPlugin : public train::Plugin {
   void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                             const std::map<std::string, Tensor>& full) override;
 
-  // ZeRO-3: gathers every parameter's full value (for checkpoints and comparisons); the next
-  // forward frees them again. A no-op for other stages.
+  // Makes every parameter's full value current, for readers other than the forward (checkpoints,
+  // comparisons, an evaluation without the eval hooks). ZeRO-1/2: completes the step's deferred
+  // all-gathers (the next forward would complete them layer by layer); ZeRO-3: gathers every
+  // parameter (the next forward frees them again). A no-op for DDP.
   void materialize_parameters();
+  // ZeRO-1/2: whether some parameters' full values still wait for the step's deferred gather.
+  bool parameters_stale() const;
+  // ZeRO-1/2: the parameter-gather actions (issue or complete, bucket) since the last call, in
+  // order (tests of the deferred gathers' ordering).
+  std::vector<schedule::ParamGatherQueue::Action> take_param_gather_log();
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   int num_buckets() const;

@@ -65,6 +65,9 @@ class PipelinePlugin : public train::Plugin {
   train::StepMetrics eval_batch(nn::ViT& model, const data::Batch& batch) override;
   Tensor clip_grad_norm(optim::Optimizer& opt, double max_norm) override;
   void optimizer_step(optim::Optimizer& opt) override;
+  // ZeRO-1: completes the step's deferred parameter all-gathers of this stage's layers
+  // (DataParallelPlugin::materialize_parameters); eval_batch does it itself.
+  void materialize_parameters();
   void zero_grad(nn::ViT& model, optim::Optimizer& opt) override;
   double all_reduce_sum(double v) override;
   double all_reduce_max(double v) override;

@@ -91,13 +91,13 @@ class GatherWindow {
 };
 
 // At most `max_inflight` of a run of collectives in flight, oldest first: ZeRO-2/3's
-// gradient-bucket reductions (DataParallelPlugin's launch) and ZeRO-1/2's parameter all-gathers
-// after the step (its gather_into_params); the plan's replay and the simulator follow the same
-// window. launch(b) returns the operations that must complete before b's starts, in order (b's
-// own previous one if still in flight, then the oldest while `max_inflight` are in flight), drops
-// them and records b as in flight. finish(b) records a completion found earlier (no-op when b is
-// not in flight). On one communicator the operations complete in launch order, so finishing the
-// ones found complete early never changes which launch must wait.
+// gradient-bucket reductions (DataParallelPlugin's launch); the plan's replay and the simulator
+// follow the same window (ZeRO-1/2's parameter all-gathers: schedule::ParamGatherQueue). launch(b)
+// returns the operations that must complete before b's starts, in order (b's own previous one if
+// still in flight, then the oldest while `max_inflight` are in flight), drops them and records b as
+// in flight. finish(b) records a completion found earlier (no-op when b is not in flight). On one
+// communicator the operations complete in launch order, so finishing the ones found complete early
+// never changes which launch must wait.
 class InflightWindow {
  public:
   explicit InflightWindow(int max_inflight = 1);

@@ -1,0 +1,97 @@
+// copy_spans (kernels/copy.h): up to kCopyMulti spans per launch over one flat index of all their
+// elements; a thread finds its span by binary search of the prefix ends once per round, then
+// steps forward (its indices only grow), as zero_multi does.
+#include <algorithm>
+
+#include "kernels/copy.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/typed.cuh"
+
+namespace cai::kernels::cuda {
+
+namespace {
+
+struct CopyList {
+  const void* src[kCopyMulti];
+  void* dst[kCopyMulti];
+  int64_t end[kCopyMulti];  // exclusive prefix ends, in elements
+  int count;
+};
+
+constexpr int kCopyUnroll = 4;
+
+__device__ __forceinline__ int span_of(const CopyList& l, int64_t k) {
+  int lo = 0, hi = l.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (k < l.end[mid])
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+template <typename TS, typename TD, bool Acc>
+__global__ void copy_spans_kernel(const CopyList l) {
+  const int64_t total = l.end[l.count - 1];
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kCopyUnroll;
+  for (int64_t base = blockIdx.x * chunk; base < total; base += gridDim.x * chunk) {
+    int64_t k = base + threadIdx.x;
+    if (k >= total) break;
+    int t = span_of(l, k);
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u, k += blockDim.x) {
+      if (k >= total) break;
+      while (k >= l.end[t]) ++t;
+      const int64_t i = k - (t ? l.end[t - 1] : 0);
+      const TS v = static_cast<const TS*>(l.src[t])[i];
+      TD* d = static_cast<TD*>(l.dst[t]) + i;
+      if constexpr (Acc)
+        *d = from_f32<TD>(to_f32(*d) + to_f32(v));
+      else if constexpr (std::is_same_v<TS, TD>)
+        *d = v;
+      else
+        *d = from_f32<TD>(to_f32(v));
+    }
+  }
+}
+
+}  // namespace
+
+void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream,
+                bool accumulate) {
+  CAI_CHECK(count >= 0, "[copy_spans] {} spans: expected at least 0", count);
+  int i = 0;
+  while (i < count) {
+    CopyList l{};
+    int64_t total = 0;
+    for (; i < count && l.count < kCopyMulti; ++i) {
+      CAI_CHECK(spans[i].n >= 0, "[copy_spans] span {} has {} elements: expected at least 0", i,
+                spans[i].n);
+      if (spans[i].n == 0) continue;
+      l.src[l.count] = spans[i].src;
+      l.dst[l.count] = spans[i].dst;
+      total += spans[i].n;
+      l.end[l.count] = total;
+      ++l.count;
+    }
+    if (l.count == 0) continue;
+    const int64_t rounds = (total + kBlock * kCopyUnroll - 1) / (kBlock * kCopyUnroll);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rounds, 8 * multiprocessors()));
+    dispatch_dt(src_t, "copy_spans", [&](auto ts) {
+      using TS = decltype(ts);
+      dispatch_dt(dst_t, "copy_spans", [&](auto td) {
+        using TD = decltype(td);
+        if (accumulate)
+          copy_spans_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        else
+          copy_spans_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        CAI_CUDA_CHECK_LAUNCH();
+      });
+    });
+  }
+}
+
+}  // namespace cai::kernels::cuda
