@@ -151,15 +151,26 @@ class TensorParallel {
   }
   // [B, n_r, F] (this rank's tokens) -> [B, N, F], every rank's tokens in place; started, it
   // runs while the caller goes on and gather_tokens_finish returns the whole.
+  // The collectives move a rank-major staging buffer (kernels/tokens.h): on GPUs padded (every
+  // rank's block as long as the largest: NCCL's even-count collectives, no copies of their own),
+  // on the CPU packed (MPI takes uneven counts); one permutation kernel per collective between
+  // it and [B, N, F] (ops::tokens_from_ranks_ / tokens_to_ranks_). A gather whose part is
+  // shorter than the largest copies it into a padded buffer first; a reduce-scatter's result is
+  // the head of its padded output (a view).
   struct TokenGather {
     Pending p;  // result: the staged ranks' tokens until finished
     int64_t batch = 0, tokens = 0, features = 0;
+    bool padded = false;
   };
   TokenGather gather_tokens_start(const Tensor& part, int64_t tokens);
   Tensor gather_tokens_finish(TokenGather g);
   Tensor gather_tokens(const Tensor& part, int64_t tokens) {
     return gather_tokens_finish(gather_tokens_start(part, tokens));
   }
+  // Whether a token collective of `t` stages padded (a GPU tensor, or set_pad_staging(true):
+  // the GPU's layout on the CPU, for tests).
+  bool padded_staging(const Tensor& t) const;
+  void set_pad_staging(bool on) { pad_staging_ = on; }
   // [B, N, F] -> this rank's tokens [B, n_r, F] (a copy; no communication).
   Tensor slice_tokens(const Tensor& full) const;
   // [B, n_r, F] -> [B, N, F] with zeros outside this rank's tokens (no communication).
@@ -240,6 +251,7 @@ class TensorParallel {
  private:
   dist::DeviceWaits pending_{kMaxPending};
   bool profiling_ = false;
+  bool pad_staging_ = false;
   double comm_seconds_ = 0;
   int64_t comm_bytes_ = 0;
   double profile_start(const Tensor& t);

@@ -140,6 +140,14 @@ Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos, DType tokens_
 Tensor select_token_fwd(const Tensor& x, int64_t index);
 Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index);
 
+// Sequence parallelism's rank-major staging (kernels/tokens.h): `staged` (flat, Σ or T·max of the
+// ranks' [B, n_r, F] blocks, packed or padded) <-> `full` [B, N, F], for T ranks splitting the
+// tokens at ⌊N·r/T⌋. Any dtype, both tensors of the same dtype and device, staged sized exactly
+// (kernels::staged_numel). One pass (one kernel on a GPU, on the default stream);
+// tokens_to_ranks_ zeroes the padding.
+void tokens_from_ranks_(Tensor& full, const Tensor& staged, int ranks, bool padded);
+void tokens_to_ranks_(Tensor& staged, const Tensor& full, int ranks, bool padded);
+
 // dst[:, dst_token : dst_token + count, :] = src[:, src_token : src_token + count, :] for
 // dst[B, Nd, F] and src[B, Ns, F] of the same dtype (fp32, bf16, fp16 or int32) and device.
 // count 0 is a no-op; dst and src must not overlap. On a GPU: asynchronous on the default stream.
