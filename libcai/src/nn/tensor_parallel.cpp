@@ -697,20 +697,31 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
   return tp->sequence_parallel() ? tp->reduce_scatter_tokens(y) : tp->all_reduce(y);
 }
 
-Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad, WeightGrads* wg) {
+Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x_in, Linear& l, const Tensor& dy,
+                         bool bias_grad, WeightGrads* wg, TensorParallel::TokenGather* x_gather) {
   WeightGrads now{ForwardCtx{}};
   WeightGrads& w_grads = wg ? *wg : now;
-  if (!tp || tp->size() == 1)
-    return linear_bwd(w_grads, x, l.w(), dy, &l.weight, bias_grad ? &l.bias : nullptr);
+  const bool split = tp && tp->size() > 1;
+  CAI_CHECK(!x_gather || split,
+            "[{}] column_linear_bwd: an input still being gathered needs a tensor-parallel group",
+            l.weight.name);
+  if (!split) return linear_bwd(w_grads, x_in, l.w(), dy, &l.weight, bias_grad ? &l.bias : nullptr);
+  if (!x_gather) {
+    Shape want = x_in.shape();
+    if (!want.empty()) want.back() = l.w().size(0);
+    CAI_CHECK(x_in.dim() >= 1 && dy.shape() == want, "[{}] grad {} does not match input {}",
+              l.weight.name, dy.str(), x_in.str());
+  }
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
-  const Tensor w =
-      x.dtype() == DType::F32 || l.w().dtype() == x.dtype() ? l.w() : l.w().to(x.dtype());
-  const Tensor g = dy.dtype() == x.dtype() ? dy : dy.to(x.dtype());
-  Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
+  const DType xt = x_gather ? x_gather->p.dtype : x_in.dtype();
+  const Tensor w = xt == DType::F32 || l.w().dtype() == xt ? l.w() : l.w().to(xt);
+  const Tensor g = dy.dtype() == xt ? dy : dy.to(xt);
+  Tensor dx = ops::linear_bwd_input(w, g, xt);
   auto pending =
       tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
+  // The input (re-gathered: waited for here, after the input gradient's GEMM) for the weight's.
+  const Tensor x = x_gather ? tp->gather_tokens_finish(std::move(*x_gather)) : x_in;
   w_grads.run([x, g, &l, bias_grad] {
     ops::linear_bwd_weight(x, g, &l.weight.grad, bias_grad ? &l.bias.grad : nullptr);
   });

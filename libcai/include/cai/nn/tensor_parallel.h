@@ -292,9 +292,13 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l);
 // input gradient summed over the group (reduce-scattered with sequence parallelism), its
 // reduction running under the weight-gradient GEMM. bias_grad false: the caller has accumulated
 // the bias gradient already (the fused GELU backward). wg (null: now): where the weight and bias
-// gradients go (split backward: W; the input gradient's reduction stays in B).
+// gradients go (split backward: W; the input gradient's reduction stays in B). x_gather (sequence
+// parallelism's re-gather of x, started by the caller; x then unused): finished after the input
+// gradient's GEMM and the start of its reduction, so the compute stream waits for it only at the
+// weight-gradient GEMM, the first reader of x.
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad = true, WeightGrads* wg = nullptr);
+                         bool bias_grad = true, WeightGrads* wg = nullptr,
+                         TensorParallel::TokenGather* x_gather = nullptr);
 
 // One Linear(in, out) as a layer of a parallel mode: Whole (not split), Column (1D: output
 // features split, input replicated), Row (1D: input features split, output summed over the

@@ -26,6 +26,10 @@ Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, co
 // converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx = true);
+// The input half of linear_bwd without the input (the same kernels, so the same values):
+// dx = dy·w in dtype `t` (x's dtype), dy and w converted to t when they differ. For a caller
+// whose input is still on its way (sequence parallelism's re-gather, waited for after this GEMM).
+Tensor linear_bwd_input(const Tensor& w, const Tensor& dy, DType t);
 // The weight half of linear_bwd (the same kernels, so the same values): dw ([N, K]) and db ([N])
 // accumulate, either may be null. Needs no weight: the deferred W of a split backward runs it
 // after the pass that held the weight (zero-bubble pipelines).
