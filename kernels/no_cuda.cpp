@@ -19,6 +19,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
 #include "kernels/optim.h"
+#include "kernels/tokens.h"
 
 namespace cai::kernels::cuda {
 void layernorm_fwd(const float*, const float*, const float*, float*, float*, float*, int64_t,
@@ -225,6 +226,12 @@ void copy_d2d(void*, const void*, size_t) {
 }
 void copy_2d(void*, size_t, const void*, size_t, size_t, size_t) {
   CAI_STUB("copy_2d");
+}
+void tokens_from_ranks(const void*, void*, size_t, int64_t, int64_t, int64_t, int, bool, void*) {
+  CAI_STUB("tokens_from_ranks");
+}
+void tokens_to_ranks(const void*, void*, size_t, int64_t, int64_t, int64_t, int, bool, void*) {
+  CAI_STUB("tokens_to_ranks");
 }
 void memset_zero(void*, size_t) {
   CAI_STUB("memset_zero");

@@ -332,6 +332,7 @@ class ConfigProgram {
         // partial sums and casts) is a device copy: timed at the profile's measured streaming
         // bandwidth (op_seconds).
         op.op_kind = c.flops == 0 && c.bytes_read + c.bytes_written > 0 ? "copy" : op_kind_of(c.op);
+        op.calls = c.calls;  // sequence parallelism's staging: a launch per collective
         op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
         if ((input_only || weight_only) && has_weight_gemm(c)) {
           op.name += input_only ? " dx" : " dw";

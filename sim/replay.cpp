@@ -56,8 +56,10 @@ double op_seconds(const Op& o, const Cluster& c, const Calibration& cal, double 
   bool interpolated = false;
   double measured = o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
   if (measured < 0 && o.op_kind == "copy" && o.flops == 0) {
-    // A device copy: the profile's measured streaming bandwidth (Calibration::copy_seconds).
+    // A device copy: the profile's measured streaming bandwidth (Calibration::copy_seconds), and
+    // at least its launches' "copy|call" each when it stands for several.
     measured = cal.copy_seconds(o.mem_bytes);
+    if (measured >= 0) measured = std::max(measured, static_cast<double>(o.calls) * per_call);
     interpolated = true;
   }
   if (measured >= 0) {

@@ -93,7 +93,7 @@ StepResult single(DType dtype = DType::F32, bool checkpoint = false, Device dev 
 // T threads, one shard each; rank 0's logits and loss, gradients and values unsharded.
 StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = false,
                     Device dev = Device::cpu(), const std::string& mode = "1d", int depth = 1,
-                    bool split = false) {
+                    bool split = false, bool pad_staging = false) {
   auto comms = dist::make_fake_group(T);
   std::vector<StepResult> rs(T);
   std::vector<std::vector<std::pair<Parameter, int>>> params(T);  // copies (value, grad, shard)
@@ -103,6 +103,7 @@ StepResult parallel(int T, bool sp, DType dtype = DType::F32, bool checkpoint = 
     threads.emplace_back([&, r] {
       try {
         auto tp = std::make_shared<TensorParallel>(*comms[r], mode, sp, depth);
+        tp->set_pad_staging(pad_staging);
         ViTConfig c = tp_config();
         c.checkpoint = checkpoint;
         ViT m(c, tp);
@@ -315,6 +316,22 @@ TEST(TensorParallel, SequenceParallelMatchesTheSingleProcess) {
     SCOPED_TRACE("tp " + std::to_string(T) + " + sp");
     expect_same(ref, parallel(T, true), 1e-5);
   }
+}
+
+// The GPU's staging on the CPU: every rank's token block padded to the largest (even-count
+// collectives, the gather's short parts copied into a padded buffer, the reduce-scatter's result
+// the head of a padded one). 10 tokens: 5/5 over 2, 3/3/4 over 3; with checkpointing (the
+// recompute keeps the gathered inputs) and the split backward (the re-gathers finished in B).
+TEST(TensorParallel, SequenceParallelPaddedStagingMatchesTheSingleProcess) {
+  const StepResult ref = single();
+  const Device cpu = Device::cpu();
+  for (int T : {2, 3}) {
+    SCOPED_TRACE("tp " + std::to_string(T) + " + sp, padded staging");
+    expect_same(ref, parallel(T, true, DType::F32, false, cpu, "1d", 1, false, true), 1e-5);
+    expect_same(ref, parallel(T, true, DType::F32, false, cpu, "1d", 1, true, true), 1e-5);
+  }
+  expect_same(single(DType::F32, true),
+              parallel(3, true, DType::F32, true, cpu, "1d", 1, false, true), 1e-5);
 }
 
 // Split backward (zero-bubble): the collectives stay in B (1D: the input gradients' all-reduce

@@ -1,6 +1,7 @@
 // Ops that tensor parallelism uses on slices of a bigger logical tensor: dropout with a strided
 // RngKey (a slice's mask must be, bit for bit, the matching slice of the whole tensor's mask) and
-// copy_tokens_ (token ranges of [B, N, F] tensors, with the errors naming the wrong values).
+// copy_tokens_ (token ranges of [B, N, F] tensors, with the errors naming the wrong values),
+// tokens_from_ranks_ / tokens_to_ranks_ (the CPU reference of sequence parallelism's staging).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
 #include "gradcheck.h"
+#include "kernels/tokens.h"
 
 using namespace cai;
 using cai::test::random_tensor;
@@ -263,4 +265,69 @@ TEST(CopyTokens, ErrorsNameTheWrongValues) {
   expect_error(error_of([&] { ops::copy_tokens_(dst, 0, src, 5, 3); }),
                {"src tokens [5, 8)", "[0, 7)"});
   expect_error(error_of([&] { ops::copy_tokens_(dst, 0, src, 0, -2); }), {"count -2"});
+}
+
+// --- tokens_from_ranks_ / tokens_to_ranks_ (sequence parallelism's rank-major staging)
+// --------------------------------------------------------------------------------
+
+namespace {
+
+// The definition, rank by rank with copy_tokens_: block r is rank r's tokens [N·r/T, N·(r+1)/T)
+// of every sample, at B·(N·r/T)·F (packed) or r·B·⌈N/T⌉·F (padded, the padding zero).
+Tensor staged_ref(const Tensor& full, int T, bool padded) {
+  const int64_t B = full.size(0), N = full.size(1), F = full.size(2), most = (N + T - 1) / T;
+  Tensor staged = Tensor::empty({kernels::staged_numel(B, N, F, T, padded)}, full.dtype());
+  std::memset(staged.raw(), 0, staged.nbytes());
+  for (int r = 0; r < T; ++r) {
+    const int64_t t0 = N * r / T, n = N * (r + 1) / T - t0;
+    const int64_t off = padded ? r * B * most * F : B * t0 * F;
+    Tensor block = staged.narrow(off, B * n * F).reshape({B, n, F});
+    ops::copy_tokens_(block, 0, full, t0, n);
+  }
+  return staged;
+}
+
+}  // namespace
+
+TEST(TokensRanks, PermuteTheWholeStagingBufferBothWays) {
+  struct Case {
+    Shape s;
+    int T;
+  };
+  // Even and uneven splits, ViT-H's 257 tokens over 4, one token per rank, odd features.
+  const Case cases[] = {{{2, 10, 3}, 3}, {{3, 10, 4}, 4}, {{2, 8, 5}, 4},  {{1, 257, 6}, 4},
+                        {{4, 5, 1}, 5},  {{2, 7, 8}, 1},  {{3, 197, 2}, 2}};
+  for (DType d : {DType::F32, DType::BF16, DType::F16, DType::I32})
+    for (const Case& c : cases)
+      for (bool padded : {false, true}) {
+        const std::string what = fmt::format("{} {} over {} ({})", dtype_name(d), shape_str(c.s),
+                                             c.T, padded ? "padded" : "packed");
+        const Tensor full = iota(c.s, d, 5);
+        const Tensor want = staged_ref(full, c.T, padded);
+        Tensor staged = iota({want.numel()}, d, 6);  // garbage where the padding goes
+        ops::tokens_to_ranks_(staged, full, c.T, padded);
+        EXPECT_EQ(host(staged), host(want)) << what;
+        Tensor back = iota(c.s, d, 7);
+        ops::tokens_from_ranks_(back, want, c.T, padded);
+        EXPECT_EQ(host(back), host(full)) << what;
+      }
+}
+
+TEST(TokensRanks, ErrorsNameTheWrongValues) {
+  Tensor full = Tensor::zeros({2, 10, 3});
+  Tensor staged = Tensor::zeros({kernels::staged_numel(2, 10, 3, 4, true)});  // 72
+  auto expect_error = [](const std::string& m, const char* op, std::vector<std::string> parts) {
+    EXPECT_EQ(m.rfind(op, 0), 0u) << m;
+    for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << p << " in: " << m;
+  };
+  expect_error(error_of([&] { ops::tokens_from_ranks_(full, staged, 4, false); }),
+               "[tokens_from_ranks]", {"72 elements", "packed", "4 ranks", "60"});
+  expect_error(error_of([&] { ops::tokens_to_ranks_(staged, full, 11, true); }),
+               "[tokens_to_ranks]", {"11 ranks", "[2, 10, 3]"});
+  Tensor flat = Tensor::zeros({60});
+  expect_error(error_of([&] { ops::tokens_to_ranks_(staged, flat, 4, true); }), "[tokens_to_ranks]",
+               {"[B, N, F]", "[60]"});
+  Tensor half = Tensor::zeros({72}).to(DType::BF16);
+  expect_error(error_of([&] { ops::tokens_from_ranks_(full, half, 4, true); }),
+               "[tokens_from_ranks]", {"fp32", "bf16"});
 }

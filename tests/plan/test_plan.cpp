@@ -309,52 +309,73 @@ TEST(Plan, CollectivesOfATensorParallelBlock) {
     EXPECT_EQ(k.op.find("input again"), std::string::npos) << k.op;
 }
 
-// The device copies around sequence parallelism's collectives (bytes read + written per block):
-// every gather / reduce-scatter of tokens stages the whole tensor (TensorParallel's
-// copy_tokens_); NCCL pads uneven token counts (5 tokens on 2 ranks) with a copy of the whole
-// tensor and one of this rank's part; in bf16 the two gathered fp32 gradients are cast.
+// The device copies around sequence parallelism's collectives (bytes read + written per block,
+// and launches): every gather / reduce-scatter of tokens permutes the whole staging buffer in one
+// kernel (TensorParallel, ops::tokens_from_ranks_ / tokens_to_ranks_); on a GPU the buffer is
+// padded (5 tokens on 2 ranks: blocks of 3), a rank holding fewer (rank 0: 2) copies its part
+// into a padded buffer before a gather, and a reduce-scatter writes the padded buffer; in bf16
+// the two gathered fp32 gradients are cast. Backward gathers the normalised inputs again unless
+// checkpointed.
 TEST(Plan, SequenceParallelTokenCopies) {
   const nn::ViTConfig c = tiny();
   plan::Layout l;
   l.world = 2, l.tp = 2, l.batch = 3, l.sequence_parallel = true;
-  auto bytes = [](const plan::LayerPlan& b, const char* op, plan::Phase ph) {
+  auto sum = [](const plan::LayerPlan& b, const char* op, plan::Phase ph, bool calls = false) {
     int64_t n = 0;
     for (const auto& o : b.ops)
       if (o.op == op && o.phase == ph) {
         EXPECT_EQ(o.flops, 0.0) << op;
-        n += o.bytes_read + o.bytes_written;
+        n += calls ? o.calls : o.bytes_read + o.bytes_written;
       }
     return n;
   };
-  const int64_t full = 3 * 5 * 8, part = 3 * 2 * 8;  // rank 0 holds tokens 0-1 of 5
-  {                                                  // CPU, fp32: the staging copies only
+  const int64_t full = 3 * 5 * 8, part = 3 * 2 * 8, most = 3 * 3 * 8;  // rank 0: tokens 0-1 of 5
+  {  // CPU, fp32: packed staging, one permutation per collective
     const auto p = plan::make_plan(c, l);
     const auto& b = layer(p.stages[0], "blocks.0");
-    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * 2 * full * 4);
-    EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), 2 * full * 4);
-    EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward), 4 * 2 * full * 4);
+    EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward), 3 * 2 * full * 4);
+    EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward), 2 * full * 4);
+    EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Backward), 6 * 2 * full * 4);
+    EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward, true), 3);
+    EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward, true), 1);
+    EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Backward, true), 6);
   }
   l.gpu = true, l.precision = DType::BF16;
-  const int64_t e = 2, moved = 2 * full * e + 2 * (full + part) * e;
+  const int64_t e = 2;
+  const int64_t gather = 2 * full * e + 2 * part * e, scatter = full * e + 2 * most * e;
+  const int64_t gather32 = 2 * full * 4 + 2 * part * 4;
   const auto pg = plan::make_plan(c, l);
   const auto& b = layer(pg.stages[0], "blocks.0");
-  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Forward), 3 * moved);
-  EXPECT_EQ(bytes(b, "sp.tokens_copy_out", plan::Phase::Forward), moved);
-  EXPECT_EQ(bytes(b, "sp.tokens_copy", plan::Phase::Backward),
-            2 * (2 * full * 4 + 2 * (full + part) * 4) + 2 * moved + 2 * full * (4 + e));
-  // Checkpointed: the recompute runs the gathers and proj's reduce-scatter, not fc2's.
+  EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward), 2 * gather + scatter);
+  EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward), scatter);
+  EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Backward),
+            2 * gather32 + 2 * gather + 2 * scatter + 2 * full * (4 + e));
+  // Launches: a gather 2 (the part padded, the permutation), a reduce-scatter 1, a cast 1.
+  EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward, true), 2 * 2 + 1);
+  EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward, true), 1);
+  EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Backward, true), 4 * 2 + 2 + 2);
+  // Rank 1 holds the largest count (3 tokens): its gathers send the part as it is.
+  const plan::RankPlan r1 = plan::plan_rank(pg, 1);
+  const auto& b1 = layer(r1, "blocks.0");
+  EXPECT_EQ(sum(b1, "sp.tokens_copy", plan::Phase::Forward),
+            2 * 2 * full * e + full * e + 2 * most * e);
+  EXPECT_EQ(sum(b1, "sp.tokens_copy", plan::Phase::Forward, true), 3);
+  // Checkpointed: the recompute runs the gathers and proj's reduce-scatter, not fc2's; backward
+  // gathers nothing again.
   nn::ViTConfig cc = c;
   cc.checkpoint = true;
   const auto pc = plan::make_plan(cc, l);
   const auto& r = layer(pc.stages[0], "blocks.0");
-  EXPECT_EQ(bytes(r, "sp.tokens_copy", plan::Phase::Recompute), 3 * moved);
-  EXPECT_EQ(bytes(r, "sp.tokens_copy_out", plan::Phase::Recompute), 0);
+  EXPECT_EQ(sum(r, "sp.tokens_copy", plan::Phase::Recompute), 2 * gather + scatter);
+  EXPECT_EQ(sum(r, "sp.tokens_copy_out", plan::Phase::Recompute), 0);
+  EXPECT_EQ(sum(r, "sp.tokens_copy", plan::Phase::Backward),
+            2 * gather32 + 2 * scatter + 2 * full * (4 + e));
   // Without sequence parallelism: none.
   l.sequence_parallel = false;
   const auto pn = plan::make_plan(c, l);
   const auto& n = layer(pn.stages[0], "blocks.0");
-  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Forward), 0);
-  EXPECT_EQ(bytes(n, "sp.tokens_copy", plan::Phase::Backward), 0);
+  EXPECT_EQ(sum(n, "sp.tokens_copy", plan::Phase::Forward), 0);
+  EXPECT_EQ(sum(n, "sp.tokens_copy", plan::Phase::Backward), 0);
 }
 
 // SUMMA's work beside its GEMMs (nd_linear_fwd / _bwd), bytes read + written per block: forward

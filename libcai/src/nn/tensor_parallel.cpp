@@ -1,11 +1,13 @@
 #include "cai/nn/tensor_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
 #include "kernels/device.h"
+#include "kernels/tokens.h"
 
 namespace cai::nn {
 
@@ -529,6 +531,18 @@ Tensor TensorParallel::finish(Pending p) {
   return p.result.dtype() == p.dtype ? p.result : p.result.to(p.dtype);
 }
 
+bool TensorParallel::padded_staging(const Tensor& t) const {
+  return pad_staging_ || t.is_cuda();
+}
+
+namespace {
+// dst (flat) = src's elements (same dtype and device): one copy, asynchronous on a GPU.
+void copy_flat(Tensor& dst, const Tensor& src) {
+  Tensor d = dst.reshape({1, dst.numel(), 1});
+  ops::copy_tokens_(d, 0, src.reshape({1, src.numel(), 1}), 0, src.numel());
+}
+}  // namespace
+
 TensorParallel::TokenGather TensorParallel::gather_tokens_start(const Tensor& part,
                                                                 int64_t tokens) {
   CAI_CHECK(part.dim() == 3,
@@ -547,13 +561,28 @@ TensorParallel::TokenGather TensorParallel::gather_tokens_start(const Tensor& pa
   }
   const bool widen = !part.is_cuda() && is_half(part.dtype());
   const Tensor in = widen ? part.to(DType::F32) : part;
-  const std::vector<int64_t> counts = token_counts(g.batch, tokens, g.features);
+  std::vector<int64_t> counts = token_counts(g.batch, tokens, g.features);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  g.p.result = Tensor::empty({total}, in.dtype(), in.device());  // staged, rank by rank
+  Tensor src = in.reshape({in.numel()});
+  g.padded = padded_staging(in);
+  if (g.padded) {
+    // Every rank's block as long as the largest (an even-count collective: NCCL moves it with no
+    // staging of its own); a part shorter than that is copied into a padded buffer first.
+    const int64_t most = *std::max_element(counts.begin(), counts.end());
+    if (src.numel() != most) {
+      Tensor padded = Tensor::empty({most}, in.dtype(), in.device());
+      Tensor head = padded.narrow(0, src.numel());
+      copy_flat(head, src);
+      src = padded;
+    }
+    counts.assign(size_, most);
+  }
+  g.p.result = Tensor::empty({kernels::staged_numel(g.batch, tokens, g.features, size_, g.padded)},
+                             in.dtype(), in.device());  // staged, rank by rank
   const double tc = profile_start(in);
   count(TpGroup::All, total * static_cast<int64_t>(dtype_size(part.dtype())));
-  g.p.work = comm_.all_gather_async(in.reshape({in.numel()}), g.p.result, counts);
+  g.p.work = comm_.all_gather_async(src, g.p.result, counts);
   profile_end(g.p.work.get(), in, tc);
   return g;
 }
@@ -562,16 +591,8 @@ Tensor TensorParallel::gather_tokens_finish(TokenGather g) {
   if (size_ == 1) return g.p.result;
   if (g.p.work) complete(std::move(g.p.work));
   const Tensor& staged = g.p.result;
-  const int64_t b = g.batch, f = g.features;
-  const std::vector<int64_t> counts = token_counts(b, g.tokens, f);
-  Tensor full = Tensor::empty({b, g.tokens, f}, staged.dtype(), staged.device());
-  int64_t off = 0;
-  for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(g.tokens, r);
-    if (e > a)
-      ops::copy_tokens_(full, a, staged.narrow(off, counts[r]).reshape({b, e - a, f}), 0, e - a);
-    off += counts[r];
-  }
+  Tensor full = Tensor::empty({g.batch, g.tokens, g.features}, staged.dtype(), staged.device());
+  ops::tokens_from_ranks_(full, staged, size_, g.padded);
   return full.dtype() == g.p.dtype ? full : full.to(g.p.dtype);
 }
 
@@ -597,20 +618,18 @@ TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor
   }
   const int64_t b = full.size(0), tokens = full.size(1), f = full.size(2);
   const Tensor in = !full.is_cuda() && is_half(full.dtype()) ? full.to(DType::F32) : full;
-  const std::vector<int64_t> counts = token_counts(b, tokens, f);
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  Tensor staged = Tensor::empty({total}, in.dtype(), in.device());
-  int64_t off = 0;
-  for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(tokens, r);
-    Tensor view = staged.narrow(off, counts[r]).reshape({b, e - a, f});
-    if (e > a) ops::copy_tokens_(view, 0, in, a, e - a);
-    off += counts[r];
-  }
+  std::vector<int64_t> counts = token_counts(b, tokens, f);
+  const int64_t mine = counts[rank_];
+  const bool padded = padded_staging(in);
+  Tensor staged =
+      Tensor::empty({kernels::staged_numel(b, tokens, f, size_, padded)}, in.dtype(), in.device());
+  ops::tokens_to_ranks_(staged, in, size_, padded);
+  // Padded: the sum of this rank's block lands in a buffer as long as the largest block, and the
+  // result is its head (a view: no copy out).
+  if (padded) counts.assign(size_, *std::max_element(counts.begin(), counts.end()));
+  Tensor flat = Tensor::empty({counts[rank_]}, in.dtype(), in.device());
   const auto [t0, t1] = my_tokens(tokens);
-  p.result = Tensor::empty({b, t1 - t0, f}, in.dtype(), in.device());
-  Tensor flat = p.result.reshape({p.result.numel()});
+  p.result = flat.narrow(0, mine).reshape({b, t1 - t0, f});
   const double tc = profile_start(in);
   count(TpGroup::All, static_cast<int64_t>(full.nbytes()));
   p.work = comm_.reduce_scatter_async(staged, flat, counts, dist::ReduceOp::Sum);
@@ -664,10 +683,9 @@ Tensor TensorParallel::gather_features(const Tensor& part) {
                                   std::vector<int64_t>(size_, rows * n));
   profile_end(w.get(), in, tc);
   complete(std::move(w));
+  // Rank-major [rank][rows][n] -> [rows, f]: the token permutation with the features as tokens.
   Tensor full = Tensor::empty({rows, f, 1}, in.dtype(), in.device());
-  for (int r = 0; r < size_; ++r)
-    ops::copy_tokens_(full, r * n, staged.narrow(r * rows * n, rows * n).reshape({rows, n, 1}), 0,
-                      n);
+  ops::tokens_from_ranks_(full, staged, size_, false);
   Tensor out = full.reshape({rows, f});
   return widen ? out.to(part.dtype()) : out;
 }
@@ -679,20 +697,31 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l) {
   return tp->sequence_parallel() ? tp->reduce_scatter_tokens(y) : tp->all_reduce(y);
 }
 
-Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad, WeightGrads* wg) {
+Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x_in, Linear& l, const Tensor& dy,
+                         bool bias_grad, WeightGrads* wg, TensorParallel::TokenGather* x_gather) {
   WeightGrads now{ForwardCtx{}};
   WeightGrads& w_grads = wg ? *wg : now;
-  if (!tp || tp->size() == 1)
-    return linear_bwd(w_grads, x, l.w(), dy, &l.weight, bias_grad ? &l.bias : nullptr);
+  const bool split = tp && tp->size() > 1;
+  CAI_CHECK(!x_gather || split,
+            "[{}] column_linear_bwd: an input still being gathered needs a tensor-parallel group",
+            l.weight.name);
+  if (!split) return linear_bwd(w_grads, x_in, l.w(), dy, &l.weight, bias_grad ? &l.bias : nullptr);
+  if (!x_gather) {
+    Shape want = x_in.shape();
+    if (!want.empty()) want.back() = l.w().size(0);
+    CAI_CHECK(x_in.dim() >= 1 && dy.shape() == want, "[{}] grad {} does not match input {}",
+              l.weight.name, dy.str(), x_in.str());
+  }
   // The weight and the output gradient in the compute dtype once for both halves (linear_bwd
   // would round them again for each).
-  const Tensor w =
-      x.dtype() == DType::F32 || l.w().dtype() == x.dtype() ? l.w() : l.w().to(x.dtype());
-  const Tensor g = dy.dtype() == x.dtype() ? dy : dy.to(x.dtype());
-  Tensor dx = ops::linear_bwd(x, w, g, nullptr, nullptr, true);
+  const DType xt = x_gather ? x_gather->p.dtype : x_in.dtype();
+  const Tensor w = xt == DType::F32 || l.w().dtype() == xt ? l.w() : l.w().to(xt);
+  const Tensor g = dy.dtype() == xt ? dy : dy.to(xt);
+  Tensor dx = ops::linear_bwd_input(w, g, xt);
   auto pending =
       tp->sequence_parallel() ? tp->reduce_scatter_tokens_start(dx) : tp->all_reduce_start(dx);
+  // The input (re-gathered: waited for here, after the input gradient's GEMM) for the weight's.
+  const Tensor x = x_gather ? tp->gather_tokens_finish(std::move(*x_gather)) : x_in;
   w_grads.run([x, g, &l, bias_grad] {
     ops::linear_bwd_weight(x, g, &l.weight.grad, bias_grad ? &l.bias.grad : nullptr);
   });

@@ -448,9 +448,9 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   }
   if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
-  Tensor gb =
-      column_linear_bwd(tp_, regather ? tp_->gather_tokens_finish(std::move(*b_whole)) : a.b, fc1,
-                        gf, !fc1_bias_done, &wg);
+  // A re-gathered input is waited for after fc1's input-gradient GEMM, at its weight GEMM.
+  Tensor gb = column_linear_bwd(tp_, regather ? Tensor() : a.b, fc1, gf, !fc1_bias_done, &wg,
+                                regather ? &*b_whole : nullptr);
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
@@ -480,9 +480,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool qkv_fused_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs);
   Tensor qkv_db = qkv_fused_db ? wg.into(qkv.bias) : Tensor();
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
-  Tensor ga =
-      column_linear_bwd(tp_, regather_a ? tp_->gather_tokens_finish(std::move(*a_whole)) : a.a, qkv,
-                        gq, !qkv_fused_db, &wg);
+  Tensor ga = column_linear_bwd(tp_, regather_a ? Tensor() : a.a, qkv, gq, !qkv_fused_db, &wg,
+                                regather_a ? &*a_whole : nullptr);
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);

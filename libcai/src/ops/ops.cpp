@@ -115,6 +115,29 @@ Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw
   return need_dx ? as(dxf, t) : dx;
 }
 
+Tensor linear_bwd_input(const Tensor& w, const Tensor& dy, DType t) {
+  floating_dtype("linear", t);
+  floating("linear", dy);
+  CAI_CHECK(w.dim() == 2 && dy.dim() >= 1 && dy.size(-1) == w.size(0),
+            "[linear] grad {} does not match weight {} ([out, in])", dy.str(), w.str());
+  same_device("linear", w, dy);
+  const int64_t k = w.size(1), n = w.size(0), m = n > 0 ? dy.numel() / n : 0;
+  Tensor dx = Tensor::empty(with_last(dy.shape(), k), t, dy.device());
+  if (t == DType::F32) {
+    f32_only("linear", w);
+    const Tensor dyf = as(dy, DType::F32);
+    CAI_DISPATCH(dy, linear_bwd, nullptr, f32(w), f32(dyf), f32m(dx), nullptr, nullptr, m, k, n);
+    return dx;
+  }
+  const Tensor wc = as(w, t), dyc = as(dy, t);
+  if (dy.is_cuda()) {
+    kernels::cuda::linear_bwd_t(kdt(t), nullptr, wc.raw(), dyc.raw(), dx.raw(), nullptr, nullptr, m,
+                                k, n);
+    return dx;
+  }
+  return as(linear_bwd_input(up(wc), up(dyc), DType::F32), t);
+}
+
 void linear_bwd_weight(const Tensor& x, const Tensor& dy, Tensor* dw, Tensor* db) {
   floating("linear", x);
   const int64_t m = rows_of(x), k = x.size(-1), n = dy.size(-1);

@@ -16,6 +16,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
+#include "kernels/tokens.h"
 
 #include "ops_internal.h"
 
@@ -121,6 +122,44 @@ Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index) {
   else
     dx = as(select_token_bwd(up(dout), n, index), dout.dtype());
   return dx;
+}
+
+namespace {
+void tokens_ranks_check(const char* op, const Tensor& full, const Tensor& staged, int ranks,
+                        bool padded) {
+  CAI_CHECK(full.defined() && staged.defined(), "[{}] full and staged must be defined", op);
+  CAI_CHECK(full.dim() == 3, "[{}] full must be [B, N, F], got {}", op, full.str());
+  CAI_CHECK(ranks >= 1 && full.size(1) >= ranks,
+            "[{}] {} ranks need at least as many tokens, full is {}", op, ranks, full.str());
+  const int64_t want =
+      kernels::staged_numel(full.size(0), full.size(1), full.size(2), ranks, padded);
+  CAI_CHECK(staged.numel() == want,
+            "[{}] staged {} has {} elements; {} ({}) over {} ranks stages {}", op, staged.str(),
+            staged.numel(), full.str(), padded ? "padded" : "packed", ranks, want);
+  CAI_CHECK(full.dtype() == staged.dtype(), "[{}] full is {} but staged is {}", op,
+            dtype_name(full.dtype()), dtype_name(staged.dtype()));
+  same_device(op, full, staged);
+}
+}  // namespace
+
+void tokens_from_ranks_(Tensor& full, const Tensor& staged, int ranks, bool padded) {
+  tokens_ranks_check("tokens_from_ranks", full, staged, ranks, padded);
+  const size_t es = dtype_size(full.dtype());
+  const int64_t B = full.size(0), N = full.size(1), F = full.size(2);
+  if (full.is_cuda())
+    kernels::cuda::tokens_from_ranks(staged.raw(), full.raw(), es, B, N, F, ranks, padded);
+  else
+    kernels::cpu::tokens_from_ranks(staged.raw(), full.raw(), es, B, N, F, ranks, padded);
+}
+
+void tokens_to_ranks_(Tensor& staged, const Tensor& full, int ranks, bool padded) {
+  tokens_ranks_check("tokens_to_ranks", full, staged, ranks, padded);
+  const size_t es = dtype_size(full.dtype());
+  const int64_t B = full.size(0), N = full.size(1), F = full.size(2);
+  if (full.is_cuda())
+    kernels::cuda::tokens_to_ranks(full.raw(), staged.raw(), es, B, N, F, ranks, padded);
+  else
+    kernels::cpu::tokens_to_ranks(full.raw(), staged.raw(), es, B, N, F, ranks, padded);
 }
 
 // Token ranges of [B, N, F] tensors: B rows of count·F elements, pitched N·F apart.

@@ -283,7 +283,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   add_residual_linear("mlp.fc2", s.hid);
   add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
   if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
-  if (s.sp) add_sequence_parallel_copies(p, l, s);
+  if (s.sp) add_sequence_parallel_copies(p, l, s, !c.checkpoint);
 
   // Collectives as the block issues them (nn/vit.cpp, tensor_parallel.cpp).
   if (s.tp) {

@@ -5,32 +5,55 @@
 
 namespace cai::plan::detail {
 
-// The device copies around a block's sequence-parallel collectives (bytes read and written), as
-// nn::TensorParallel and the communicator make them:
-// - gather_tokens copies the gathered [batch, tokens, features] out of the rank-major staging
-//   buffer, reduce_scatter_tokens copies its input into one (ops::copy_tokens_: the whole tensor);
-// - NCCL (GPU) with uneven token counts (tokens % T != 0) pads every rank's block to the largest:
-//   an all-gather copies this rank's part in and the whole result out, a reduce-scatter the whole
-//   input in and this rank's part out (nccl_communicator.cpp, cudaMemcpyAsync on its stream);
+// The device copies around a block's sequence-parallel collectives (bytes read and written, and
+// the calls), as nn::TensorParallel makes them: every token collective moves a rank-major staging
+// buffer, permuted from or into [batch, tokens, features] by one kernel (ops::tokens_from_ranks_
+// / tokens_to_ranks_; kernels/tokens.h), packed on the CPU, padded on a GPU (every rank's block
+// as long as the largest, so NCCL's even-count collectives copy nothing themselves):
+// - a gather's permutation reads and writes the whole tensor; on a GPU a rank holding fewer than
+//   the largest count of tokens (tokens % T != 0) first copies its part into a padded buffer;
+// - a reduce-scatter's permutation reads the whole tensor and writes the staging buffer, padding
+//   included (zeroed); its result is the head of a padded output (a view: no copy).
 // - in half precision the gathered fp32 output gradients are cast to the compute dtype by
 //   fc2's and proj's backward GEMMs (ops::linear_bwd: `as(dy, t)`), where without sequence
 //   parallelism the next block hands over a half copy made in its LayerNorm pass.
 // Forward: the two gathers and proj's reduce-scatter (recomputed under checkpointing) and fc2's
-// reduce-scatter (kSpTokensCopyOut: not recomputed); backward: the two fp32 gathers, the casts
-// and the two input-gradient reduce-scatters.
-void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s) {
+// reduce-scatter (kSpTokensCopyOut: not recomputed); backward: the two fp32 gathers, without
+// checkpointing the two re-gathers of the normalised inputs, the casts and the two
+// input-gradient reduce-scatters.
+void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s, bool regather) {
   const int64_t full = s.b * s.n * s.d, part = s.b * s.nr * s.d;
-  const bool uneven = l.gpu && s.n % s.T != 0;
-  // Bytes moved by one gather (reduce-scatter: the same, mirrored) of `es`-byte elements.
-  auto moved = [&](int64_t es) { return 2 * full * es + (uneven ? 2 * (full + part) * es : 0); };
-  auto add = [&](const char* op, Phase ph, int64_t bytes) {
-    p.ops.push_back({p.name, op, ph, 0.0, bytes / 2, bytes - bytes / 2});
+  const int64_t most = s.b * ((s.n + s.T - 1) / s.T) * s.d;
+  const bool padded = l.gpu;
+  const bool short_part = padded && part < most;
+  struct Moved {
+    int64_t bytes = 0, calls = 0;
+    Moved& operator+=(const Moved& o) {
+      bytes += o.bytes, calls += o.calls;
+      return *this;
+    }
   };
-  add(kSpTokensCopy, Phase::Forward, 3 * moved(s.es));
-  add(kSpTokensCopyOut, Phase::Forward, moved(s.es));
+  // One gather / reduce-scatter of `es`-byte elements.
+  auto gather = [&](int64_t es) {
+    return Moved{2 * full * es + (short_part ? 2 * part * es : 0), short_part ? 2 : 1};
+  };
+  auto scatter = [&](int64_t es) {
+    return Moved{full * es + (padded ? s.T * most : full) * es, 1};
+  };
+  auto times = [](int k, Moved m) { return Moved{k * m.bytes, k * m.calls}; };
+  auto add = [&](const char* op, Phase ph, Moved m) {
+    p.ops.push_back({p.name, op, ph, 0.0, m.bytes / 2, m.bytes - m.bytes / 2, m.calls});
+  };
+  Moved fwd = times(2, gather(s.es));
+  fwd += scatter(s.es);
+  add(kSpTokensCopy, Phase::Forward, fwd);
+  add(kSpTokensCopyOut, Phase::Forward, scatter(s.es));
   const bool cast = l.gpu && s.e != 4;
-  add(kSpTokensCopy, Phase::Backward,
-      2 * moved(4) + 2 * moved(s.es) + (cast ? 2 * full * (4 + s.e) : 0));
+  Moved bwd = times(2, gather(4));
+  if (regather) bwd += times(2, gather(s.es));
+  bwd += times(2, scatter(s.es));
+  if (cast) bwd += Moved{2 * full * (4 + s.e), 2};
+  add(kSpTokensCopy, Phase::Backward, bwd);
 }
 
 // The device work of SUMMA's nd_linear_fwd / nd_linear_bwd beside its GEMMs on `rows` rows of

@@ -151,15 +151,26 @@ class TensorParallel {
   }
   // [B, n_r, F] (this rank's tokens) -> [B, N, F], every rank's tokens in place; started, it
   // runs while the caller goes on and gather_tokens_finish returns the whole.
+  // The collectives move a rank-major staging buffer (kernels/tokens.h): on GPUs padded (every
+  // rank's block as long as the largest: NCCL's even-count collectives, no copies of their own),
+  // on the CPU packed (MPI takes uneven counts); one permutation kernel per collective between
+  // it and [B, N, F] (ops::tokens_from_ranks_ / tokens_to_ranks_). A gather whose part is
+  // shorter than the largest copies it into a padded buffer first; a reduce-scatter's result is
+  // the head of its padded output (a view).
   struct TokenGather {
     Pending p;  // result: the staged ranks' tokens until finished
     int64_t batch = 0, tokens = 0, features = 0;
+    bool padded = false;
   };
   TokenGather gather_tokens_start(const Tensor& part, int64_t tokens);
   Tensor gather_tokens_finish(TokenGather g);
   Tensor gather_tokens(const Tensor& part, int64_t tokens) {
     return gather_tokens_finish(gather_tokens_start(part, tokens));
   }
+  // Whether a token collective of `t` stages padded (a GPU tensor, or set_pad_staging(true):
+  // the GPU's layout on the CPU, for tests).
+  bool padded_staging(const Tensor& t) const;
+  void set_pad_staging(bool on) { pad_staging_ = on; }
   // [B, N, F] -> this rank's tokens [B, n_r, F] (a copy; no communication).
   Tensor slice_tokens(const Tensor& full) const;
   // [B, n_r, F] -> [B, N, F] with zeros outside this rank's tokens (no communication).
@@ -240,6 +251,7 @@ class TensorParallel {
  private:
   dist::DeviceWaits pending_{kMaxPending};
   bool profiling_ = false;
+  bool pad_staging_ = false;
   double comm_seconds_ = 0;
   int64_t comm_bytes_ = 0;
   double profile_start(const Tensor& t);
@@ -280,9 +292,13 @@ Tensor row_linear_fwd(TensorParallel* tp, const Tensor& x, Linear& l);
 // input gradient summed over the group (reduce-scattered with sequence parallelism), its
 // reduction running under the weight-gradient GEMM. bias_grad false: the caller has accumulated
 // the bias gradient already (the fused GELU backward). wg (null: now): where the weight and bias
-// gradients go (split backward: W; the input gradient's reduction stays in B).
+// gradients go (split backward: W; the input gradient's reduction stays in B). x_gather (sequence
+// parallelism's re-gather of x, started by the caller; x then unused): finished after the input
+// gradient's GEMM and the start of its reduction, so the compute stream waits for it only at the
+// weight-gradient GEMM, the first reader of x.
 Tensor column_linear_bwd(TensorParallel* tp, const Tensor& x, Linear& l, const Tensor& dy,
-                         bool bias_grad = true, WeightGrads* wg = nullptr);
+                         bool bias_grad = true, WeightGrads* wg = nullptr,
+                         TensorParallel::TokenGather* x_gather = nullptr);
 
 // One Linear(in, out) as a layer of a parallel mode: Whole (not split), Column (1D: output
 // features split, input replicated), Row (1D: input features split, output summed over the

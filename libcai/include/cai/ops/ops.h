@@ -26,6 +26,10 @@ Tensor linear_fwd_residual(const Tensor& x, const Tensor& w, const Tensor* b, co
 // converted to x's dtype when it differs.
 Tensor linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dw, Tensor* db,
                   bool need_dx = true);
+// The input half of linear_bwd without the input (the same kernels, so the same values):
+// dx = dy·w in dtype `t` (x's dtype), dy and w converted to t when they differ. For a caller
+// whose input is still on its way (sequence parallelism's re-gather, waited for after this GEMM).
+Tensor linear_bwd_input(const Tensor& w, const Tensor& dy, DType t);
 // The weight half of linear_bwd (the same kernels, so the same values): dw ([N, K]) and db ([N])
 // accumulate, either may be null. Needs no weight: the deferred W of a split backward runs it
 // after the pass that held the weight (zero-bubble pipelines).
@@ -139,6 +143,14 @@ Tensor cls_pos_bwd(const Tensor& dout, Tensor* dcls, Tensor* dpos, DType tokens_
 // x[B, N, D] -> x[:, index, :] as [B, D].
 Tensor select_token_fwd(const Tensor& x, int64_t index);
 Tensor select_token_bwd(const Tensor& dout, int64_t n, int64_t index);
+
+// Sequence parallelism's rank-major staging (kernels/tokens.h): `staged` (flat, Σ or T·max of the
+// ranks' [B, n_r, F] blocks, packed or padded) <-> `full` [B, N, F], for T ranks splitting the
+// tokens at ⌊N·r/T⌋. Any dtype, both tensors of the same dtype and device, staged sized exactly
+// (kernels::staged_numel). One pass (one kernel on a GPU, on the default stream);
+// tokens_to_ranks_ zeroes the padding.
+void tokens_from_ranks_(Tensor& full, const Tensor& staged, int ranks, bool padded);
+void tokens_to_ranks_(Tensor& staged, const Tensor& full, int ranks, bool padded);
 
 // dst[:, dst_token : dst_token + count, :] = src[:, src_token : src_token + count, :] for
 // dst[B, Nd, F] and src[B, Ns, F] of the same dtype (fp32, bf16, fp16 or int32) and device.

@@ -99,6 +99,10 @@ struct OpCost {
   Phase phase = Phase::Forward;
   double flops = 0;
   int64_t bytes_read = 0, bytes_written = 0;
+  // Device calls (kernels, copies) the op stands for when it is more than one launch (sequence
+  // parallelism's staging: one per collective); the simulator times such an op at least
+  // calls × the calibration's "copy|call". 0: one.
+  int64_t calls = 0;
 };
 
 enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, Send, Recv };
