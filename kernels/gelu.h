@@ -26,8 +26,10 @@ void gelu_tanh_bwd_t(DT t, const void* x, const void* dy, void* dx, int64_t n,
                      void* stream = nullptr);
 // The GELU's backward over x[m, n] (exact, or tanh) with the bias gradient of the linear that
 // produced x: dx = gelu'(x)·dy in t, and db[j] += Σ_i dx[i, j] (dx as rounded to t, summed in
-// double in a fixed order, as linear_bwd_t's column sum) in one pass (linear.cu).
+// double in a fixed order, as linear_bwd_t's column sum) in one pass (linear.cu). y (optional,
+// [m, n] in t): the GELU's output made again in the same pass, equal to gelu_fwd_t's (or
+// gelu_tanh_fwd_t's) for a backward that did not keep it from the forward.
 void gelu_bwd_bias_t(DT t, bool tanh, const void* x, const void* dy, void* dx, float* db, int64_t m,
-                     int64_t n, void* stream = nullptr);
+                     int64_t n, void* y = nullptr, void* stream = nullptr);
 }  // namespace cuda
 }  // namespace cai::kernels

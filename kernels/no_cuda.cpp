@@ -296,7 +296,8 @@ void gelu_tanh_fwd_t(DT, const void*, void*, int64_t, void*) {
 void gelu_tanh_bwd_t(DT, const void*, const void*, void*, int64_t, void*) {
   CAI_STUB("gelu_tanh_bwd_t");
 }
-void gelu_bwd_bias_t(DT, bool, const void*, const void*, void*, float*, int64_t, int64_t, void*) {
+void gelu_bwd_bias_t(DT, bool, const void*, const void*, void*, float*, int64_t, int64_t, void*,
+                     void*) {
   CAI_STUB("gelu_bwd_bias_t");
 }
 void dropout_fwd_t(DT, const void*, void*, int64_t, float, uint64_t, uint64_t, uint64_t, void*) {

@@ -21,6 +21,15 @@ __device__ __forceinline__ float gelu_grad_f(float x, float dy) {
   return dy * (cdf + x * normal_pdf_f(x));
 }
 
+// gelu_f(x) into *y and gelu_grad_f(x, dy) as the result, from one erf: the fused backward that
+// makes the forward's output again (the same expressions, so the same values as those two).
+__device__ __forceinline__ float gelu_and_grad_f(float x, float dy, float* y) {
+  const float e = erff(x * 0.7071067811865476f);
+  *y = 0.5f * x * (1.0f + e);
+  const float cdf = 0.5f * (1.0f + e);
+  return dy * (cdf + x * normal_pdf_f(x));
+}
+
 // The tanh approximation: 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), and its exact
 // derivative 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²). Written with
 // 0.5·(1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)) and 0.5·(1 − tanh² u) = 2·σ(2u)·σ(−2u): no

@@ -125,17 +125,32 @@ struct SumOnly {
   __device__ __forceinline__ void operator()(int64_t, float (&)[V]) const {}
 };
 
-template <typename T, bool Tanh>
+template <typename T, bool Tanh, bool Y = false>
 struct GeluBwdOp {
   const T* __restrict__ x;
   T* __restrict__ dx;
+  T* __restrict__ y = nullptr;  // Y: the GELU's output made again (gelu_fwd_t's values)
   template <int V>
   __device__ __forceinline__ void operator()(int64_t at, float (&v)[V]) const {
     float xv[V];
     load_vec(x + at, xv);
+    if constexpr (Y) {
+      float yv[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e)
-      v[e] = Tanh ? gelu_tanh_grad_f(xv[e], v[e]) : gelu_grad_f(xv[e], v[e]);
+      for (int e = 0; e < V; ++e) {
+        if constexpr (Tanh) {
+          yv[e] = gelu_tanh_f(xv[e]);
+          v[e] = gelu_tanh_grad_f(xv[e], v[e]);
+        } else {
+          v[e] = gelu_and_grad_f(xv[e], v[e], &yv[e]);
+        }
+      }
+      store_vec(y + at, yv);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        v[e] = Tanh ? gelu_tanh_grad_f(xv[e], v[e]) : gelu_grad_f(xv[e], v[e]);
+    }
     store_vec(dx + at, v);
     // The bias gradient sums dx as stored (rounded to T), as the separate column sum would.
 #pragma unroll
@@ -409,29 +424,36 @@ void linear_bwd_dgelu_t(DT t, const void* x, const void* w, const void* dy, cons
 }
 
 void gelu_bwd_bias_t(DT t, bool tanh, const void* x, const void* dy, void* dx, float* db, int64_t m,
-                     int64_t n, void* stream) {
+                     int64_t n, void* y, void* stream) {
   CAI_CHECK(m >= 0 && n >= 0, "[gelu_bwd_bias] m = {}, n = {} must be >= 0", m, n);
   if (m == 0 || n == 0) return;
   const cudaStream_t s = as_stream(stream);
   if (db && column_sum_vec_ok(t, dy, n) && column_sum_vec_ok(t, x, n) &&
-      column_sum_vec_ok(t, dx, n)) {
+      column_sum_vec_ok(t, dx, n) && (!y || column_sum_vec_ok(t, y, n))) {
     dispatch(t, [&](auto tag) {
       using T = decltype(tag);
       const auto* xp = static_cast<const T*>(x);
+      const auto* dyp = static_cast<const T*>(dy);
       auto* dxp = static_cast<T*>(dx);
-      if (tanh)
-        launch_column_sum_vec(static_cast<const T*>(dy), GeluBwdOp<T, true>{xp, dxp}, db, m, n, s);
+      auto* yp = static_cast<T*>(y);
+      if (tanh && y)
+        launch_column_sum_vec(dyp, GeluBwdOp<T, true, true>{xp, dxp, yp}, db, m, n, s);
+      else if (tanh)
+        launch_column_sum_vec(dyp, GeluBwdOp<T, true>{xp, dxp}, db, m, n, s);
+      else if (y)
+        launch_column_sum_vec(dyp, GeluBwdOp<T, false, true>{xp, dxp, yp}, db, m, n, s);
       else
-        launch_column_sum_vec(static_cast<const T*>(dy), GeluBwdOp<T, false>{xp, dxp}, db, m, n, s);
+        launch_column_sum_vec(dyp, GeluBwdOp<T, false>{xp, dxp}, db, m, n, s);
     });
     return;
   }
-  // Odd widths or alignments: the GELU's backward, then the column sum.
+  // Odd widths or alignments: the GELU's backward, then the column sum (and the forward again).
   if (tanh)
     gelu_tanh_bwd_t(t, x, dy, dx, m * n, stream);
   else
     gelu_bwd_t(t, x, dy, dx, m * n, stream);
   if (db) launch_column_sum(t, dx, db, m, n, s);
+  if (y) (tanh ? gelu_tanh_fwd_t : gelu_fwd_t)(t, x, y, m * n, stream);
 }
 
 void linear_fwd(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,

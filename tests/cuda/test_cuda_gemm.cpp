@@ -404,6 +404,13 @@ TEST_F(CudaGemm, DISABLED_ElementwiseTiming) {
                                           m, n);
                     }),
            3);
+    report("gelu_bwd_bias_t (erf) + y again",
+           timer.ms(20,
+                    [&] {
+                      kc::gelu_bwd_bias_t(t, false, pre.p, dy.p, dpre.p, static_cast<float*>(db.p),
+                                          m, n, y.p);
+                    }),
+           4);
     report("column_sum_t [m, d]",
            timer.ms(20, [&] { kc::column_sum_t(t, dy.p, static_cast<float*>(db.p), m, sh.d); }),
            static_cast<double>(sh.d) / n);

@@ -260,6 +260,24 @@ TEST_F(Cuda, GeluBackwardWithBiasGradient) {
         expect_close(gdb, plus_column_sums(random_tensor({n}, 23), gdx), (what + " db").c_str());
         expect_close(gdb, db, (what + " db against the CPU").c_str(),
                      t == DType::F32 ? 1e-5 : 1e-2);
+        // With the output made again: the same dx and db, and y equal to the forward's.
+        Tensor db2 = random_tensor({n}, 23), gdb2 = gpu(db2), y, gy;
+        Tensor dx2 = ops::gelu_bwd_bias(x, dy, kind, &db2, &y);
+        Tensor gdx2 = ops::gelu_bwd_bias(gpu(x), gpu(dy), kind, &gdb2, &gy);
+        ASSERT_EQ(gdx2.to(DType::F32).to(Device::cpu()).to_vector(),
+                  gdx.to(DType::F32).to(Device::cpu()).to_vector())
+            << what << " dx with y";
+        // (The kernel with y may split the rows into other chunks: the same sums in double in
+        // another order.)
+        expect_close(gdb2, gdb.to(Device::cpu()), (what + " db with y").c_str(), 1e-6);
+        ASSERT_EQ(dx2.to(DType::F32).to_vector(), dx.to(DType::F32).to_vector()) << what;
+        ASSERT_EQ(gy.dtype(), t);
+        ASSERT_EQ(gy.to(DType::F32).to(Device::cpu()).to_vector(),
+                  ops::gelu_fwd(gpu(x), kind).to(DType::F32).to(Device::cpu()).to_vector())
+            << what << " y against the GPU's forward";
+        ASSERT_EQ(y.to(DType::F32).to_vector(), ops::gelu_fwd(x, kind).to(DType::F32).to_vector())
+            << what << " y (CPU)";
+        expect_close(gy.to(DType::F32), y.to(DType::F32), (what + " y").c_str(), tol);
       }
 }
 

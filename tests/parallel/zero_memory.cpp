@@ -220,10 +220,13 @@ int main(int argc, char** argv) {
       const int64_t saving = f0.peak - f.peak, theory_saving = theory[0] - theory[s];
       // Transient bytes of the stage at any point of backward: ZeRO-2, the layer being run's
       // full gradients, a partly filled bucket and the in-flight ones; ZeRO-3, its parameters
-      // and prefetched gathers too.
+      // and prefetched gathers too; ZeRO-1, the last step's parameter all-gathers deferred into
+      // the forward (at most the in-flight window), where the peak falls when the backward's
+      // working tensors are fewer than the forward's last ones.
       const int64_t bwd_window = 4 * (L0 + largest(f.buckets, 1)) + grad_window(f);
-      const int64_t window =
-          s == 3 ? param_window + 4 * L0 + grad_window(f) : (s == 2 ? bwd_window : 0);
+      const int64_t window = s == 3   ? param_window + 4 * L0 + grad_window(f)
+                             : s == 2 ? bwd_window
+                                      : grad_window(f);
       std::printf(
           "[rank %d] zero %d: persistent %.1f KiB (theory %.1f), peak %.1f KiB, saving vs "
           "stage 0 %.1f KiB (theory %.1f, window %.1f), end-of-backward gradients %.1f KiB "

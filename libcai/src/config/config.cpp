@@ -76,6 +76,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model.drop_path", Kind::Float, &c.drop_path, {}, 0, 0.999},
       {"model.checkpoint", Kind::Bool, &c.checkpoint},
       {"model.act", Kind::String, &c.act, {"gelu", "gelu_tanh"}},
+      {"model.recompute_gelu", Kind::Bool, &c.recompute_gelu},
       {"parallel.pipeline", Kind::Int, &c.pipeline, {}, 1, inf},
       {"parallel.num_microbatches", Kind::Int, &c.num_microbatches, {}, 0, inf},
       {"parallel.microbatch_size", Kind::Int, &c.microbatch_size, {}, 0, inf},
@@ -254,6 +255,7 @@ nn::ViTConfig TrainConfig::vit() const {
   v.drop_path_rate = static_cast<float>(drop_path);
   v.checkpoint = checkpoint;
   v.act = act;
+  v.recompute_gelu = recompute_gelu;
   return v;
 }
 

@@ -438,7 +438,7 @@ Tensor gelu_bwd(const Tensor& x, const Tensor& dy_in, Gelu kind) {
   return dx;
 }
 
-Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy_in, Gelu kind, Tensor* db) {
+Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy_in, Gelu kind, Tensor* db, Tensor* y) {
   floating("gelu", x);
   CAI_CHECK(dy_in.shape() == x.shape(), "[gelu] grad {} does not match input {}", dy_in.str(),
             x.str());
@@ -450,11 +450,13 @@ Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy_in, Gelu kind, Tensor* db
   if (x.is_cuda()) {
     const Tensor dy = as(dy_in, x.dtype());
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (y) *y = Tensor::empty(x.shape(), x.dtype(), x.device());
     kernels::cuda::gelu_bwd_bias_t(kdt(x.dtype()), kind == Gelu::Tanh, x.raw(), dy.raw(), dx.raw(),
-                                   f32m(*db), m, n);
+                                   f32m(*db), m, n, y ? y->raw() : nullptr);
     return dx;
   }
-  // The reference: the GELU's backward, then the column sums in double, row order.
+  // The reference: the GELU's backward, then the column sums in double, row order; the output
+  // again by the forward itself.
   Tensor dx = gelu_bwd(x, dy_in, kind);
   const auto v = up(dx).to_vector();
   float* b = f32m(*db);
@@ -463,6 +465,7 @@ Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy_in, Gelu kind, Tensor* db
     for (int64_t i = 0; i < m; ++i) acc += v[i * n + j];
     b[j] += static_cast<float>(acc);
   }
+  if (y) *y = gelu_fwd(x, kind);
   return dx;
 }
 

@@ -280,6 +280,9 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   add_elementwise(p, "norm2", b * nr * d, 8, e);
   add_linear(p, "mlp.fc1", rows, d, s.hid, e);
   add_elementwise(p, "mlp.act", rows * s.hid, 8, e);
+  // The GELU's output made again in its backward pass (nn::ViTConfig::gelu_recomputed).
+  const bool recompute_m = c.gelu_recomputed(l.nd());
+  if (recompute_m) p.ops.back().bytes_written += rows * s.hid * e;
   add_residual_linear("mlp.fc2", s.hid);
   add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
   if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
@@ -316,8 +319,9 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   const int64_t probs = s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e;
   const int64_t kept_ab = b * nr * d * e;  // a or b as kept (nr = n without sequence parallel)
   const int64_t ab_again = s.sp ? rows * d * e : 0;  // a or b gathered whole again in backward
+  // fc1's output f, and the GELU's output m unless the backward makes it again.
   const int64_t full = x + stats + kept_ab + rows * 3 * s.dt * e + probs + rows * s.dt * e + x +
-                       stats + kept_ab + 2 * rows * s.hid * e;
+                       stats + kept_ab + (recompute_m ? 1 : 2) * rows * s.hid * e;
   // The recompute's a and b are whole: what a checkpointed block holds in backward.
   const int64_t full_recomputed = full + 2 * (ab_again > 0 ? ab_again - kept_ab : 0);
   p.keeps_input = true;
@@ -333,7 +337,6 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
                         : s.sp
                             ? std::max(y + rows * d * s.es + b * nr * d * e - x, b * nr * d * e)
                             : y + (s.tp && l.precision != DType::F32 && !l.gpu ? rows * d * 4 : 0);
-  // Backward (Block::backward): function-scope gradients accumulate until the end.
   const int64_t g_full = s.sp ? rows * d * 4 : 0;  // gathered dy and gy
   const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = b * nr * d * e,
                 gh = b * nr * d * 4, go = rows * s.dt * e, gq = rows * 3 * s.dt * e,
@@ -343,18 +346,77 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   // Without checkpointing, fc1's input gathered again lives from fc2's backward to fc1's (and
   // qkv's from proj's backward to qkv's); a split backward holds both until its W.
   const int64_t again = c.checkpoint ? 0 : ab_again;
-  const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0) + again;
-  const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
-  const int64_t at_qkv =
-      before_qkv + again + (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
   // The block before this one takes dy rounded (nn::Block::takes_dy_as_is): the copy is made
   // with gx and lives until that block's fc2 backward.
   const bool sends_half = half && !l.nd() && !s.sp && index > 0 && !c.block_masked(index - 1);
-  const int64_t at_end =
-      before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
   // The fused attention backward's scratch: D [b·heads, n] and dSᵀ.
-  const int64_t at_attn = before_qkv + again + (s.fused ? dst + b * s.heads * n * 4 : 0);
-  const int64_t bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
+  const int64_t scratch = s.fused ? dst + b * s.heads * n * 4 : 0;
+  int64_t bwd = 0;
+  if (l.nd()) {
+    // 2d/2.5d/3d (Block::backward_nd): function-scope gradients accumulate until the end.
+    const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0) + again;
+    const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
+    const int64_t at_qkv = before_qkv + again +
+                           (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
+    const int64_t at_end =
+        before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
+    const int64_t at_attn = before_qkv + again + scratch;
+    bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
+  } else {
+    // Block::backward's order: each working tensor and each part of the Cache released where
+    // the executor releases it; the peak above the saved tensors and dy (a deferred weight
+    // gradient's holds are the replay's: Replay::backward).
+    int64_t live = 0;
+    auto add = [&](int64_t bytes) { bwd = std::max(bwd, live += bytes); };
+    auto drop = [&](int64_t bytes) { live -= bytes; };
+    // The Cache's parts as this backward sees them (a checkpointed block's recompute: a and b
+    // whole under sequence parallelism).
+    const int64_t kept = c.checkpoint && s.sp ? rows * d * e : kept_ab;
+    const int64_t m_bytes = rows * s.hid * e, f_bytes = rows * s.hid * e;
+    const int64_t half_g = takes_half ? b * nr * d * e : 0;
+    add(half_g);  // g: the next block's rounded copy of dy
+    add(g_full);  // g gathered whole (sequence parallel)
+    add(again);   // fc1's input gathered again, beside fc2's backward
+    // g in the compute dtype when it comes in fp32 (recompute: rounded once for fc2's GEMMs).
+    const int64_t g_cvt = recompute_m && half && !takes_half ? rows * d * e : 0;
+    add(g_cvt);
+    drop(recompute_m ? g_full : 0);
+    if (recompute_m) {
+      add(gm);             // fc2's input gradient
+      add(gf + m_bytes);   // the GELU's backward: gf, and m made again
+      drop(gm + f_bytes);  // gm, the Cache's f
+      drop(m_bytes);       // after fc2's weight gradient
+    } else if (c.act == "gelu_tanh" && !c.block_masked(index)) {
+      add(gf);  // the DGELU epilogue's gf
+      drop(m_bytes + f_bytes);
+    } else {
+      add(gm);
+      drop(m_bytes);  // the Cache's m, after fc2's GEMMs
+      add(gf);
+      drop(gm + f_bytes);
+    }
+    drop(half_g + g_cvt + (recompute_m ? 0 : g_full));  // g
+    // fc1's backward (column-parallel): the input gradient before its reduction (and the
+    // reduce-scatter's staging) beside gf; then gf, its input and the re-gathered copy go.
+    const int64_t col = s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e;
+    add(col);
+    drop(col - gb);
+    drop(gf + kept + again);
+    // norm2's backward: gh (fp32) and proj's copy of it in the compute dtype.
+    const int64_t gh_half = half && !s.sp && !c.block_masked(index) ? b * nr * d * e : 0;
+    add(gh + gh_half);
+    drop(gb + x + stats);  // gb, the Cache's h, mean2, rstd2
+    add(g_full);           // gy gathered whole (sequence parallel)
+    add(again);            // qkv's input gathered again, beside proj's and attention's backward
+    add(go);
+    drop(gh_half + g_full);                                              // gy
+    add(gq + scratch);                                                   // the attention backward
+    drop(scratch + go + rows * 3 * s.dt * e + rows * s.dt * e + probs);  // and qkv, o, probs
+    add(col);                                                            // qkv's backward
+    drop(col - ga);
+    drop(gq + kept + again);
+    add(gx + (sends_half ? b * nr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward
+  }
   p.weight_hold_extra = 2 * again;
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest

@@ -31,6 +31,10 @@ struct ViTConfig {
   // "tanh"), timm's act_layer="gelu_tanh"), which the GPU fuses into the fc1 GEMM's epilogue and,
   // without MLP dropout, its backward into the fc2 input-gradient GEMM.
   std::string act = "gelu";
+  // Keep only fc1's output from the forward and make the GELU's output again in the backward
+  // (fused into the GELU's backward pass), as torch.compile's partitioner does: the MLP's
+  // largest activation (4·D per token) is not kept, for one extra write of it in the backward.
+  bool recompute_gelu = true;
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
@@ -41,6 +45,12 @@ struct ViTConfig {
   }
   // Whether block i draws dropout or drop-path masks in training.
   bool block_masked(int64_t i) const { return drop_rate > 0 || block_drop_path(i) > 0; }
+  // Whether a block's backward makes the GELU's output again instead of keeping it (ViT::Block):
+  // recompute_gelu, the exact GELU (gelu_tanh's output comes from fc1's GEMM epilogue), no MLP
+  // dropout, not checkpointed (the recompute makes it anyway) and not 2d/2.5d/3d (`nd`).
+  bool gelu_recomputed(bool nd) const {
+    return recompute_gelu && act != "gelu_tanh" && drop_rate == 0 && !checkpoint && !nd;
+  }
   // Whether block i's residual adds ride its proj and fc2 GEMMs (ops::linear_fwd_residual): no
   // tensor parallelism (tp_size 1) and, in training, nothing (dropout, drop-path) between those
   // linears and the adds.

@@ -84,7 +84,9 @@ Tensor gelu_fwd(const Tensor& x, Gelu kind = Gelu::Exact);
 Tensor gelu_bwd(const Tensor& x, const Tensor& dy, Gelu kind = Gelu::Exact);
 // gelu_bwd, and the bias gradient of the linear that produced x: db (fp32, [x.size(-1)])
 // += Σ over rows of the returned gradient (as rounded to x's dtype) — on the GPU in the same pass.
-Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy, Gelu kind, Tensor* db);
+// y (optional): receives gelu(x) made again in the same pass (equal to gelu_fwd's), for a
+// backward that did not keep the forward's output.
+Tensor gelu_bwd_bias(const Tensor& x, const Tensor& dy, Gelu kind, Tensor* db, Tensor* y = nullptr);
 
 // An MLP's first linear and its tanh GELU in one (on a GPU: cuBLASLt's bias+GELU epilogue):
 // returns gelu_tanh(x·wᵀ + b) in x's dtype; `pre` receives x·wᵀ + b for the backward.
