@@ -82,9 +82,9 @@ std::string search_out_header(const SearchResult& r, int nproc, const std::strin
   return fmt::format(
       "# The fastest layout colossalai-sim --search found for {} processes on {}:\n"
       "#   {} ({:.3f} ms a step simulated, {:.1f} img/s)\n"
-      "# The config's own layout, {}, was the starting point. This is the whole config:\n"
-      "# its [parallel] keys, model.checkpoint, train.batch_size and train.gradient_accumulation\n"
-      "# are the pick's, every other key is the config's.\n"
+      "# The config's own layout, {}, was the starting point.\n"
+      "# This is the whole config: its [parallel] keys, model.checkpoint, train.batch_size and\n"
+      "# train.gradient_accumulation are the pick's, every other key is the config's.\n"
       "# Global batch {} ({}) = batch_size {} × dp {}.\n"
       "# Run: colossalai run --nproc_per_node {} vit_train --config THIS_FILE\n",
       nproc, cluster, best.layout, best.step_ms, best.img_per_s, r.base_layout, r.global_batch,
