@@ -7,14 +7,14 @@
 # colossalai-sim is missing (--search: test_benchmark_search.sh); -m block and -m mlp
 # simulated for every layout with exactly the measured tensor-parallel bytes, and a measured
 # block run compared with its simulation per layout.
-#   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM VIT_TRAIN CONFIG_DIR CLUSTER_DIR
+#   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM CONFIG_DIR CLUSTER_DIR
 set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 if [ "${2:-}" = --simulate ]; then
-  sim=$3 vit_train=$4 configs=$5 clusters=$6
+  sim=$3 configs=$4 clusters=$5
   [ "$(dirname "$(realpath "$sim")")" = "$(dirname "$(realpath "$bin")")" ] ||
     { echo "colossalai-sim is not beside colossalai"; exit 1; }
   fm=(-m vit --config "$configs/fmnist_tiny.toml")
