@@ -95,8 +95,9 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
                             const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   // The config's parallel section is where the search starts, not a constraint: its layout need
-  // not fit nproc. The global batch kept is the one it has on nproc processes (batch_size × its
-  // data-parallel size there, at least one replica).
+  // not fit nproc. The global batch kept is the one it has on nproc processes (batch_size ×
+  // gradient_accumulation × its data-parallel size there), or one replica's when its layout does
+  // not divide nproc.
   CAI_CHECK(nproc >= 1, "[search] --nproc {} must be at least 1", nproc);
   CAI_CHECK(nproc <= cluster.max_ranks(),
             "[search] {} processes do not fit cluster {}: it has {} GPUs × {} rank(s) each = {}",
