@@ -101,6 +101,7 @@ int run(const Options& o) {
                                     r.bounded, so.keep)
                       : "",
         r.wall_s);
+    std::cout << search_start_line(r, o.nproc) << "\n";
     std::cout << fmt::format("{:>4}  {:<62} {:>10} {:>11} {:>8} {:>9} {:>9}\n", "rank", "layout",
                              "step ms", "img/s", "bubble", "bound ms", "peak GiB");
     for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.top; ++i) {
@@ -120,6 +121,12 @@ int run(const Options& o) {
       j["considered"] = r.considered;
       j["simulated"] = r.simulated;
       j["bounded"] = r.bounded;
+      j["base_layout"] = r.base_layout;
+      j["base_processes"] = r.base_processes;
+      j["global_batch"] = r.global_batch;
+      j["refused"] = nlohmann::json::array();
+      for (const auto& [why, n] : r.refusals)
+        j["refused"].push_back({{"reason", why}, {"count", n}});
       j["ranked"] = nlohmann::json::array();
       for (size_t i = 0; i < r.ranked.size(); ++i) {
         const Candidate& c = r.ranked[i];
@@ -135,11 +142,11 @@ int run(const Options& o) {
       write(o.json, j.dump(1) + "\n");
     }
     if (!o.out.empty()) {
-      write(o.out, "# The fastest layout colossalai-sim --search found for " +
-                       std::to_string(o.nproc) + " processes on " + o.cluster + ": " +
-                       r.ranked.front().layout + "\n" +
+      write(o.out, search_out_header(r, o.nproc, o.cluster) +
                        cai::config::to_toml(r.ranked.front().config));
-      std::cout << "best layout written to " << o.out << "\n";
+      std::cout << "best layout written to " << o.out << " (the whole config; run it with "
+                << "colossalai run --nproc_per_node " << o.nproc << " vit_train --config " << o.out
+                << ")\n";
     }
     return 0;
   }
@@ -250,8 +257,10 @@ int main(int argc, char** argv) {
                  "Write the result JSON here (--search: every simulated layout, best first, with "
                  "the vit_train config that runs it)");
   app.add_flag("--search", o.search,
-               "With --config, --nproc and --cluster: rank every layout that fits by simulated "
-               "throughput");
+               "With --config, --nproc and --cluster: rank every dp × pp × tensor layout of "
+               "--nproc processes that fits by simulated throughput. The config's [parallel] "
+               "section is the starting point, not a constraint (it need not divide --nproc); "
+               "its other keys and its global batch are kept");
   CLI::Option* o_top =
       app.add_option("--top", o.top, "--search: how many layouts to print (and rank exactly)")
           ->capture_default_str();
@@ -260,7 +269,10 @@ int main(int argc, char** argv) {
                    "--search: simulate every layout that fits (default: stop once the plan's lower "
                    "bound of the others cannot beat the --top-th best)");
   CLI::Option* o_out =
-      app.add_option("--out", o.out, "--search: write the best layout as a vit_train config");
+      app.add_option("--out", o.out,
+                     "--search: write the best layout as a complete vit_train config (the "
+                     "config with its [parallel] keys, model.checkpoint and train.batch_size "
+                     "replaced) that runs as written on --nproc processes");
   CLI::Option* o_trace = app.add_option("--trace", o.trace,
                                         "Write a Chrome trace here (the vit_train --trace format)");
   app.add_option("--calibration", o.calibration,

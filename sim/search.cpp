@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
@@ -40,19 +41,86 @@ std::vector<TensorChoice> tensor_choices(int size) {
   return out;
 }
 
+// "dp 2 × pp 2 × tp 1d 2 (sp), zero 1, 1f1b m 4, checkpointing" (dp left out when 0: a layout
+// that does not divide the processes has none).
+std::string describe_layout(const config::TrainConfig& c, int64_t dp) {
+  const TensorChoice tc{c.tensor_size == 1 ? "none" : c.tensor_mode,
+                        static_cast<int>(c.tensor_depth), c.sequence_parallel};
+  std::string pipe;
+  if (c.pipeline > 1) {
+    const std::string chunks =
+        c.num_model_chunks > 1 ? fmt::format(" ×{}", c.num_model_chunks) : "";
+    const std::string m = c.num_microbatches > 0 ? fmt::format(" m {}", c.num_microbatches)
+                          : c.microbatch_size > 0
+                              ? fmt::format(" micro-batch {}", c.microbatch_size)
+                              : "";
+    pipe = fmt::format(", {}{}{}", c.pp_style, chunks, m);
+  }
+  return fmt::format("{}pp {} × tp {}, zero {}{}{}", dp > 0 ? fmt::format("dp {} × ", dp) : "",
+                     c.pipeline, tc.describe(static_cast<int>(c.tensor_size)), c.zero_stage, pipe,
+                     c.checkpoint ? ", checkpointing" : "");
+}
+
+void count_refusal(std::map<std::string, int>& reasons, const std::string& what) {
+  ++reasons[what.substr(0, what.find('\n'))];
+}
+
 }  // namespace
+
+std::string search_start_line(const SearchResult& r, int nproc) {
+  return fmt::format(
+      "config layout: {} ({} process{} a replica{}), the starting point: every layout of {} "
+      "processes searched; global batch {} kept ({}), batch_size = {} / dp",
+      r.base_layout, r.base_processes, r.base_processes == 1 ? "" : "es",
+      nproc % r.base_processes == 0 ? "" : fmt::format(", which does not divide {}", nproc), nproc,
+      r.global_batch, r.global_batch_from, r.global_batch);
+}
+
+std::string search_out_header(const SearchResult& r, int nproc, const std::string& cluster) {
+  const Candidate& best = r.ranked.front();
+  const int64_t dp = nproc / (best.config.tensor_size * best.config.pipeline);
+  return fmt::format(
+      "# The fastest layout colossalai-sim --search found for {} processes on {}:\n"
+      "#   {} ({:.3f} ms a step simulated, {:.1f} img/s)\n"
+      "# The config's own layout, {}, was the starting point.\n"
+      "# This is the whole config: its [parallel] keys, model.checkpoint, train.batch_size and\n"
+      "# train.gradient_accumulation are the pick's, every other key is the config's.\n"
+      "# Global batch {} ({}) = batch_size {} × dp {}.\n"
+      "# Run: colossalai run --nproc_per_node {} vit_train --config THIS_FILE\n",
+      nproc, cluster, best.layout, best.step_ms, best.img_per_s, r.base_layout, r.global_batch,
+      r.global_batch_from, best.config.batch_size, dp, nproc);
+}
 
 SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   // The config's parallel section is where the search starts, not a constraint: its layout need
-  // not fit nproc. The global batch kept is the one it has on nproc processes (batch_size × its
-  // data-parallel size there, at least one replica).
+  // not fit nproc. The global batch kept is the one it has on nproc processes (batch_size ×
+  // gradient_accumulation × its data-parallel size there), or one replica's when its layout does
+  // not divide nproc.
+  CAI_CHECK(nproc >= 1, "[search] --nproc {} must be at least 1", nproc);
+  CAI_CHECK(nproc <= cluster.max_ranks(),
+            "[search] {} processes do not fit cluster {}: it has {} GPUs × {} rank(s) each = {}",
+            nproc, cluster.name, cluster.gpus(), cluster.max_ranks_per_gpu, cluster.max_ranks());
   const nn::ViTConfig vc = base.vit();
-  const int64_t base_dp = std::max<int64_t>(1, nproc / (base.tensor_size * base.pipeline));
-  const int64_t global = base.batch_size * base_dp * base.gradient_accumulation;
-  const int layers = static_cast<int>(vc.depth) + 2;
   SearchResult out;
+  out.base_processes = static_cast<int>(base.tensor_size * base.pipeline);
+  const bool base_fits = nproc % out.base_processes == 0;
+  const int64_t base_dp = base_fits ? nproc / out.base_processes : 1;
+  const int64_t global = base.batch_size * base_dp * base.gradient_accumulation;
+  out.base_layout = describe_layout(base, base_fits ? base_dp : 0);
+  out.global_batch = global;
+  out.global_batch_from = fmt::format(
+      "train.batch_size {}{} × {}", base.batch_size,
+      base.gradient_accumulation > 1
+          ? fmt::format(" × gradient_accumulation {}", base.gradient_accumulation)
+          : "",
+      base_fits ? fmt::format("dp {} of the config's layout on {} processes", base_dp, nproc)
+                : std::string("1 replica, as the config's layout does not fit"));
+  std::map<std::string, int> reasons;
+  int64_t smallest_too_big = 0;  // the least memory a layout over the limit asked for
+  std::string smallest_too_big_layout;
+  const int layers = static_cast<int>(vc.depth) + 2;
   // Every layout that runs and fits, with its bound.
   std::vector<Candidate> fit;
   for (int tp : divisors(nproc))
@@ -60,7 +128,14 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
       for (int pp : divisors(nproc / tp)) {
         if (pp > layers) continue;
         const int dp = nproc / (tp * pp);
-        if (global % dp != 0) continue;
+        if (global % dp != 0) {
+          ++out.considered;
+          ++out.invalid;
+          count_refusal(reasons, fmt::format("[search] the global batch {} does not split into "
+                                             "{} equal data-parallel parts",
+                                             global, dp));
+          continue;
+        }
         const int64_t per_dp = global / dp;
         std::vector<int> zeros = pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3};
         if (dp == 1) zeros = {0};
@@ -85,6 +160,7 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
                 c.tensor_depth = tc.depth;
                 c.sequence_parallel = tc.sp;
                 c.pipeline = pp;
+                c.split_backward = base.split_backward && pp > 1;
                 c.pp_style = style;
                 c.num_model_chunks = chunks;
                 c.num_layers_per_stage.clear();
@@ -105,21 +181,21 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
                   cand.peak_mem_bytes = plan.peak();
                   if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
                     ++out.too_big;
+                    if (smallest_too_big == 0 || cand.peak_mem_bytes < smallest_too_big) {
+                      smallest_too_big = cand.peak_mem_bytes;
+                      smallest_too_big_layout = describe_layout(c, dp);
+                    }
                     continue;
                   }
                   cand.bound_ms =
                       step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
-                } catch (const Error&) {
+                } catch (const Error& e) {
                   ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
+                  count_refusal(reasons, e.what());
                   continue;
                 }
+                cand.layout = describe_layout(c, dp);
                 cand.config = std::move(c);
-                cand.layout = fmt::format(
-                    "dp {} × pp {} × tp {}, zero {}{}{}", dp, pp, tc.describe(tp), zero,
-                    pp > 1 ? fmt::format(", {}{} m {}", style,
-                                         chunks > 1 ? fmt::format(" ×{}", chunks) : "", m)
-                           : "",
-                    ck ? ", checkpointing" : "");
                 fit.push_back(std::move(cand));
               }
             }
@@ -141,8 +217,9 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
       cand.step_ms = r.step_s * 1e3;
       cand.img_per_s = r.img_per_s;
       cand.bubble = r.bubble_mean;
-    } catch (const Error&) {
+    } catch (const Error& e) {
       ++out.invalid;
+      count_refusal(reasons, e.what());
       continue;
     }
     ++out.simulated;
@@ -152,11 +229,25 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return a.step_ms < b.step_ms; });
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CAI_CHECK(!out.ranked.empty(),
-            "[search] no layout of {} processes fits: {} considered, {} refused by vit_train's "
-            "checks, {} above the {} GiB of a {}",
-            nproc, out.considered, out.invalid, out.too_big,
-            static_cast<double>(cluster.gpu.memory_bytes) / double(1ull << 30), cluster.gpu.model);
+  out.refusals.assign(reasons.begin(), reasons.end());
+  std::stable_sort(out.refusals.begin(), out.refusals.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string why;
+  for (size_t i = 0; i < out.refusals.size() && i < 3; ++i)
+    why += fmt::format("\n  {}× {}", out.refusals[i].second, out.refusals[i].first);
+  if (out.refusals.size() > 3)
+    why += fmt::format("\n  ... and {} other reasons", out.refusals.size() - 3);
+  const auto gib = [](int64_t b) { return static_cast<double>(b) / double(1ull << 30); };
+  CAI_CHECK(
+      !out.ranked.empty(),
+      "[search] no layout of {} processes fits (the config's layout: {}; global batch {}): "
+      "{} considered, {} refused by vit_train's checks, {} above the {:.1f} GiB of a {}{}{}{}",
+      nproc, out.base_layout, global, out.considered, out.invalid, out.too_big,
+      gib(cluster.gpu.memory_bytes), cluster.gpu.model,
+      smallest_too_big > 0 ? fmt::format(" (the smallest, {}, needs {:.1f} GiB)",
+                                         smallest_too_big_layout, gib(smallest_too_big))
+                           : "",
+      why.empty() ? "" : "; the most frequent refusals:", why);
   return out;
 }
 

@@ -39,12 +39,33 @@ struct SearchResult {
   int considered = 0, invalid = 0, too_big = 0;
   int simulated = 0, bounded = 0;  // bounded: fit but left out by the bound
   double wall_s = 0;
+  // Where the search started: the config's own layout ("pp 4 × tp 1d 4, zero 1, 1f1b m 8"), the
+  // processes one replica of it needs, and the global batch every candidate keeps with how it
+  // was derived from the config ("train.batch_size 64 × 1 replica").
+  std::string base_layout;
+  int base_processes = 1;
+  int64_t global_batch = 0;
+  std::string global_batch_from;
+  // Why candidates were refused: each distinct first line of the error, with its count, most
+  // frequent first.
+  std::vector<std::pair<std::string, int>> refusals;
 };
 
-// `base`: the config whose model, data, optimizer and global batch (batch_size × its dp size on
-// nproc, at least batch_size when its own layout needs more than nproc processes) are kept; its
-// parallel section is only the starting point. Throws when nothing fits.
+// `base`: the config whose model, data, optimizer, precision and global batch are kept; its
+// parallel section is only the starting point (it need not divide nproc). The global batch is
+// batch_size × gradient_accumulation × the config's data-parallel size on nproc processes when
+// its tensor × pipeline size divides nproc, else one replica's (batch_size ×
+// gradient_accumulation); each candidate takes global / its dp samples per data-parallel rank.
+// Throws when nothing fits, naming the most frequent reasons.
 SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
                             const SearchOptions& opt = {});
+
+// One line for the top of the ranking: the config's layout, that every layout of nproc
+// processes was searched from it, and the global batch kept.
+std::string search_start_line(const SearchResult& r, int nproc);
+
+// The header of the --out file: the pick, the config's layout it replaced, the global batch and
+// the command that runs it ("# " lines).
+std::string search_out_header(const SearchResult& r, int nproc, const std::string& cluster);
 
 }  // namespace cai::sim

@@ -123,8 +123,14 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
              "JSON (colossalai-sim --benchmark-layouts or benchmark --simulate --json), or "
              "simulated now with --cluster when no file is given")
           ->expected(0, 1);
-  sub->add_flag("--search", o.search, "Rank whole layouts by simulated throughput");
-  sub->add_option("--out", o.out, "--search: write the best layout as a vit_train config");
+  sub->add_flag("--search", o.search,
+                "Rank whole layouts of --gpus processes by simulated throughput (needs --config "
+                "and --cluster): the config's [parallel] section is the starting point, not a "
+                "constraint; its other keys and its global batch are kept");
+  sub->add_option("--out", o.out,
+                  "--search: write the best layout as a whole vit_train config (the config with "
+                  "the pick's [parallel] keys, model.checkpoint and train.batch_size) that "
+                  "`colossalai run --nproc_per_node N vit_train --config FILE` runs as written");
   sub->add_option("--calibrate", o.calibrate, "Time kernels and collectives, write JSON");
   return compare;
 }
@@ -482,7 +488,13 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "plan (-m vit: the --config model with its gradient all-reduce; -m block and mlp: the "
       "measured layers and their collectives). --compare [SIM.json] prints "
       "measured and simulated step times side by side; --search ranks whole layouts "
-      "(colossalai-sim --search) and --out writes the best. --calibrate OUT --config F times the "
+      "(colossalai-sim --search: dp × pp × tensor mode and size × ZeRO stage × schedule × "
+      "micro-batches × checkpointing) of --gpus processes, starting from the config's "
+      "[parallel] layout even when it does not divide --gpus, keeping its other keys and its "
+      "global batch (batch_size × gradient_accumulation × the config's dp on --gpus, or one "
+      "replica's when its layout does not divide; each layout's batch_size = global / its dp), "
+      "and --out writes the best as the whole config with those layout keys replaced. "
+      "--calibrate OUT --config F times the "
       "model's kernels for the simulator, scaled to its layers timed in place (-g 1), and with "
       "-g N > 1 the collectives over message sizes on N ranks (MPI on CPU, NCCL on GPUs) and, on "
       "GPUs, a block's compute beside all-reduces (the SM sharing), on CPUs a block's compute on "

@@ -3,18 +3,18 @@
 # measured (none, 1d, 2d, 2.5d, 3d), the bytes each mode's collectives carried, the JSON, errors.
 #   test_benchmark.sh COLOSSALAI
 # With --simulate (builds with SimGrid): the simulated table (every layout, "simulated": true),
-# --compare against a simulated JSON and simulated on the spot, --search writing a config
-# vit_train --dry-run takes, and the error when colossalai-sim is missing; -m block and -m mlp
+# --compare against a simulated JSON and simulated on the spot, and the error when
+# colossalai-sim is missing (--search: test_benchmark_search.sh); -m block and -m mlp
 # simulated for every layout with exactly the measured tensor-parallel bytes, and a measured
 # block run compared with its simulation per layout.
-#   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM VIT_TRAIN CONFIG_DIR CLUSTER_DIR
+#   test_benchmark.sh COLOSSALAI --simulate COLOSSALAI_SIM CONFIG_DIR CLUSTER_DIR
 set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 if [ "${2:-}" = --simulate ]; then
-  sim=$3 vit_train=$4 configs=$5 clusters=$6
+  sim=$3 configs=$4 clusters=$5
   [ "$(dirname "$(realpath "$sim")")" = "$(dirname "$(realpath "$bin")")" ] ||
     { echo "colossalai-sim is not beside colossalai"; exit 1; }
   fm=(-m vit --config "$configs/fmnist_tiny.toml")
@@ -120,31 +120,6 @@ PY
         { echo "no compared row for '$l' in $f"; exit 1; }
     done
   done
-  # The layout search through colossalai-sim; vit_train takes the best.
-  "$bin" benchmark --gpus 4 --search --config "$configs/fmnist_tiny.toml" \
-    --cluster "$clusters/cpu-2.toml" --out "$tmp/best.toml" >"$tmp/search.txt"
-  grep -q "layouts considered" "$tmp/search.txt"
-  dry=$("$vit_train" --config "$tmp/best.toml" --dry-run --nproc 4)
-  grep -q "plan: 4 processes" <<<"$dry"
-  # The config's own layout is a starting point, not a constraint: pipeline 3 does not divide 4
-  # processes, and the search still ranks layouts. --json: every simulated layout (exhaustive),
-  # best first, each with a config that vit_train runs as written.
-  "$bin" benchmark --gpus 4 --search --config "$configs/fmnist_tiny.toml" \
-    --set parallel.pipeline=3 --cluster "$clusters/cpu-2.toml" --json "$tmp/search.json" \
-    >"$tmp/search3.txt"
-  grep -q "layouts considered" "$tmp/search3.txt"
-  python3 - "$tmp/search.json" "$tmp" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-r = d["ranked"]
-assert d["nproc"] == 4 and len(r) == d["simulated"] and d["bounded"] == 0 and len(r) > 10, d
-assert [x["rank"] for x in r] == list(range(1, len(r) + 1))
-assert all(a["img_per_s"] >= b["img_per_s"] for a, b in zip(r, r[1:])), "not best first"
-assert all("[parallel]" in x["toml"] and x["step_ms"] > 0 for x in r)
-open(f"{sys.argv[2]}/last.toml", "w").write(r[-1]["toml"])
-PY
-  dry=$("$vit_train" --config "$tmp/last.toml" --dry-run --nproc 4)
-  grep -q "plan: 4 processes" <<<"$dry"
   echo "colossalai benchmark (simulated): ok"
   exit 0
 fi

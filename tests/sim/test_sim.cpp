@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "cai/core/error.h"
@@ -25,7 +24,6 @@
 #include "platform.h"
 #include "replay.h"
 #include "report.h"
-#include "search.h"
 
 using namespace cai::sim;
 namespace fs = std::filesystem;
@@ -905,54 +903,6 @@ TEST(Bound, CollectiveLowerBoundIsTheUncontendedReplay) {
         EXPECT_NEAR(collective_lower_bound(c, n, k, S, ring, 0) / sim, 1.0, 1e-9)
             << op_kind_name(k) << " " << nodes << "×" << gpn << " " << S;
       }
-  }
-}
-
-// Every layout's bound is at most its simulated step, and the bounded search ranks its first
-// places as simulating every layout does.
-TEST(Bound, SearchKeepsTheExhaustiveRanking) {
-  const Cluster dgx = load_cluster(std::string(CAI_CLUSTER_DIR) + "/dgx-h100-64.toml");
-  const auto cfg = fmnist({});
-  SearchOptions all;
-  all.exhaustive = true;
-  const SearchResult every = search_layouts(cfg, 8, dgx, all);
-  ASSERT_GT(every.ranked.size(), 20u);
-  for (const Candidate& c : every.ranked) EXPECT_LE(c.bound_ms, c.step_ms * (1 + 1e-9)) << c.layout;
-  bool nd = false;
-  for (const Candidate& c : every.ranked) nd = nd || c.config.tensor_mode == "3d";
-  EXPECT_TRUE(nd) << "tp 3d 8 is one of the layouts";
-  // Every schedule the executor runs is searched (interleaved with 4 chunks on 2 stages needs 8
-  // of the tiny model's 6 layers: refused).
-  std::set<std::string> styles;
-  for (const Candidate& c : every.ranked)
-    if (c.config.pipeline > 1)
-      styles.insert(fmt::format("{}{}", c.config.pp_style, c.config.num_model_chunks));
-  EXPECT_EQ(styles, (std::set<std::string>{"gpipe1", "1f1b1", "interleaved2", "zbh11", "zbv2"}));
-  SearchOptions top;
-  top.keep = 5;
-  const SearchResult bounded = search_layouts(cfg, 8, dgx, top);
-  EXPECT_LT(bounded.simulated, every.simulated);
-  EXPECT_EQ(bounded.simulated + bounded.bounded, every.simulated);
-  for (size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(bounded.ranked[i].layout, every.ranked[i].layout);
-    EXPECT_EQ(bounded.ranked[i].step_ms, every.ranked[i].step_ms);
-  }
-}
-
-// The config's own layout is where the search starts, not a constraint: tensor 4 × pipeline 4
-// does not fit 4 processes, and the search still ranks the layouts of 4, keeping the batch.
-TEST(Bound, SearchStartsFromALayoutThatDoesNotFit) {
-  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-4.toml");
-  const auto cfg =
-      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=4", "parallel.pipeline=4",
-              "parallel.num_microbatches=4", "train.batch_size=64"});
-  SearchOptions top;
-  top.keep = 3;
-  const SearchResult r = search_layouts(cfg, 4, c, top);
-  ASSERT_FALSE(r.ranked.empty());
-  for (const Candidate& k : r.ranked) {
-    const int dp = 4 / (k.config.tensor_size * k.config.pipeline);
-    EXPECT_EQ(k.config.batch_size * dp, 64) << k.layout;  // one replica's batch of 64
   }
 }
 
