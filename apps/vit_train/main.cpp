@@ -291,6 +291,8 @@ int main(int argc, char** argv) {
           mesh.dp_size(), mesh.dp_size() - 1, mesh.dp_size());
     dc.bucket_hold = cfg.ddp_bucket_hold;
     dc.zero_bucket_size_in_m = cfg.zero_bucket_size_in_m;
+    dc.zero3_prefetch = static_cast<int>(cfg.zero3_prefetch);
+    dc.zero_max_inflight_buckets = static_cast<int>(cfg.zero_max_inflight_buckets);
     dc.cpu_offload = cfg.cpu_offload;
     parallel::PipelineConfig pc;
     pc.style = cfg.pp_style;

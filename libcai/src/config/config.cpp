@@ -100,6 +100,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.ddp_exchange", Kind::Bool, &c.ddp_exchange},
       {"parallel.ddp_bucket_hold", Kind::Float, &c.ddp_bucket_hold, {}, 0, 1},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
+      {"parallel.zero3_prefetch", Kind::Int, &c.zero3_prefetch, {}, 0, inf},
+      {"parallel.zero_max_inflight_buckets", Kind::Int, &c.zero_max_inflight_buckets, {}, 1, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
       {"precision.min_scale", Kind::Float, &c.min_scale, {}, 1e-30, inf},
@@ -619,6 +621,8 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.ddp_exchange = c.ddp_exchange;
   l.ddp_bucket_hold = c.ddp_bucket_hold;
   l.zero_bucket_size_in_m = c.zero_bucket_size_in_m;
+  l.zero3_prefetch = static_cast<int>(c.zero3_prefetch);
+  l.zero_max_inflight_buckets = static_cast<int>(c.zero_max_inflight_buckets);
   l.gpu = c.device == "cuda";
   // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on
   // the CPU the step's batches and those the loader's workers build ahead (LoaderConfig's
