@@ -43,6 +43,14 @@ struct AllocatorStats {
 AllocatorStats allocator_stats(int device);
 // The peak from here on: peak = the bytes in use now.
 void reset_peak(int device);
+// The GPU's sensors (NVML, loaded at run time): its energy counter (millijoules since the driver
+// loaded), SM clock (MHz) and power draw (milliwatts) now. false when NVML is not there (no driver,
+// no GPU build) or does not answer.
+struct GpuSensors {
+  double energy_mj = 0;
+  unsigned sm_mhz = 0, power_mw = 0;
+};
+bool read_sensors(int device, GpuSensors* out);
 void empty_cache(int device);  // returns cached blocks to the driver
 void copy_h2d(void* dst, const void* src, size_t bytes);
 void copy_d2h(void* dst, const void* src, size_t bytes);

@@ -169,6 +169,9 @@ AllocatorStats allocator_stats(int) {
   return {};
 }
 void reset_peak(int) {}
+bool read_sensors(int, GpuSensors*) {
+  return false;
+}
 void empty_cache(int) {}
 void* alloc_pinned(size_t) {
   CAI_STUB("alloc_pinned");

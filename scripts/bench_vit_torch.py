@@ -4,8 +4,10 @@ synthetic data, eager fp32, eager bf16 autocast and torch.compile bf16. One JSON
 Under torchrun with several processes: DistributedDataParallel (NCCL), batch per GPU, total img/s
 printed by rank 0. --clip and --label-smoothing make the step do what vit_train's does (AdamW,
 global-norm clipping, label smoothing). --kernel-profile FILE: torch.profiler's per-kernel CUDA time
-table of each mode's steps (CUPTI through kineto) written to FILE.<mode>.txt."""
-import argparse, json, os, time
+table of each mode's steps (CUPTI through kineto) written to FILE.<mode>.txt. With NVML (the
+driver's libnvidia-ml.so.1, through ctypes) each row also has this GPU's joules per image, mean
+power and mean SM clock over the timed steps (as scripts/vit-train-synthetic reports for ours)."""
+import argparse, ctypes, json, os, time
 
 import timm
 import torch
@@ -26,6 +28,38 @@ if world > 1:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.distributed.init_process_group("nccl")
 dev = "cuda"
+
+
+class Nvml:
+    """This process's GPU through NVML (matched by PCI bus id): energy (mJ), SM clock (MHz)."""
+
+    def __init__(self):
+        self.lib = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            bus = torch.cuda.get_device_properties(torch.cuda.current_device())
+            pci = "%08x:%02x:%02x.0" % (bus.pci_domain_id, bus.pci_bus_id, bus.pci_device_id)
+            self.handle = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByPciBusId_v2(pci.encode(), ctypes.byref(self.handle)) == 0:
+                self.lib = lib
+        except (OSError, AttributeError):
+            self.lib = None
+
+    def energy_mj(self):
+        v = ctypes.c_ulonglong()
+        ok = self.lib and self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle,
+                                                                       ctypes.byref(v)) == 0
+        return float(v.value) if ok else None
+
+    def sm_mhz(self):
+        v = ctypes.c_uint()
+        ok = self.lib and self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(v)) == 0
+        return v.value if ok else None
+
+
+nvml = Nvml()
 x = torch.randn(a.batch, 3, 224, 224, device=dev)
 y = torch.arange(a.batch, device=dev) % 1000
 for mode in a.modes.split(","):
@@ -49,11 +83,15 @@ for mode in a.modes.split(","):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    e0, clocks = nvml.energy_mj(), []
     t0 = time.perf_counter()
     for _ in range(a.steps):
         step()
+        if e0 is not None:
+            clocks.append(nvml.sm_mhz())
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
+    e1 = nvml.energy_mj()
     ips = a.batch * world * a.steps / secs
     name = f"pytorch {mode}" + (f" ddpx{world}" if world > 1 else "")
     if a.clip > 0 or a.label_smoothing > 0:
@@ -68,10 +106,15 @@ for mode in a.modes.split(","):
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60,
                                               max_name_column_width=100))
     if rank == 0:
-        print(json.dumps({"impl": name, "gpus": world, "model": a.model, "batch": a.batch,
-                          "img_per_s": round(ips, 1), "step_ms": round(1e3 * secs / a.steps, 1),
-                          "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                          "torch": torch.__version__}), flush=True)
+        row = {"impl": name, "gpus": world, "model": a.model, "batch": a.batch,
+               "img_per_s": round(ips, 1), "step_ms": round(1e3 * secs / a.steps, 1),
+               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+               "torch": torch.__version__}
+        if e0 is not None and e1 is not None:
+            row["j_per_img"] = round((e1 - e0) / 1000 / (a.batch * a.steps), 4)
+            row["power_w"] = round((e1 - e0) / 1000 / secs, 1)
+            row["sm_mhz"] = round(sum(c for c in clocks if c) / max(1, len(clocks)))
+        print(json.dumps(row), flush=True)
     del model, opt, fwd, net
     torch.cuda.empty_cache()
 if world > 1:

@@ -423,6 +423,9 @@ void Trainer::fit(int64_t start_epoch) {
   const int64_t steps = steps_per_epoch();
   const Device device = model_.device();
   BatchPrefetcher prefetch(device);
+  // The GPU's energy counter where training begins (StepInfo::energy_j counts from it).
+  kernels::cuda::GpuSensors sensors0;
+  const bool sensors = device.is_cuda() && kernels::cuda::read_sensors(device.index, &sensors0);
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
     train_.start_epoch(epoch);
@@ -537,6 +540,12 @@ void Trainer::fit(int64_t start_epoch) {
       info.loss = info.accuracy = NAN;
       info.grad_norm = cfg_.clip_grad_norm > 0 && !info.skipped ? NAN : 0.0;
       if (wanted) read_values(values, s, epoch, &info);
+      kernels::cuda::GpuSensors now;
+      if (wanted && sensors && kernels::cuda::read_sensors(device.index, &now)) {
+        info.energy_j = (now.energy_mj - sensors0.energy_mj) / 1000.0;
+        info.sm_mhz = now.sm_mhz;
+        info.power_w = now.power_mw / 1000.0;
+      }
       phase("read values");
       info.host_ms = std::move(host_ms);
       host_ms.clear();

@@ -251,6 +251,11 @@ void MetricsFileHook::after_step(Trainer& t, const StepInfo& s) {
                       {"img_per_s", s.images_per_sec},
                       {"seconds", s.epoch_seconds}};
   if (s.grad_norm > 0) j["grad_norm"] = s.grad_norm;
+  if (s.energy_j >= 0) {  // rank 0's GPU (NVML)
+    j["energy_j"] = s.energy_j;
+    j["sm_mhz"] = s.sm_mhz;
+    j["power_w"] = s.power_w;
+  }
   write(j.dump());
 }
 

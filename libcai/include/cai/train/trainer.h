@@ -44,6 +44,9 @@ struct StepInfo {
   int64_t images = 0;         // images this step, over all ranks
   double images_per_sec = 0;  // over the epoch so far
   double epoch_seconds = 0;   // elapsed in this epoch (at a read step: once the step has run)
+  // On a GPU with NVML, at a read step (the device has run the step): this rank's GPU's energy
+  // since train() began (joules; -1 when not read), its SM clock and power draw then.
+  double energy_j = -1, sm_mhz = 0, power_w = 0;
   // The trainer thread's time in this step by phase, in order (milliseconds; "hooks" is the
   // previous step's hooks): where the host spends a step, beside the kernel profile.
   std::vector<std::pair<const char*, double>> host_ms;
