@@ -390,6 +390,18 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     const bool dgelu = !recompute_m && c.act == "gelu_tanh" && !c.block_masked(index);
     const int64_t gh_half = half && !s.sp && !c.block_masked(index) ? b * nr * d * e : 0;
     const int64_t col = s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e;
+    // On the CPU a half GEMM runs in fp32 (ops::linear_bwd and friends): copies of its operands
+    // up to fp32 and the fp32 result, transient. k: the linear's inputs, o: its outputs.
+    const bool cpu_half = half && !l.gpu && !s.tp;
+    auto up_bwd = [&](int64_t k, int64_t o) {  // ops::linear_bwd: x, w, dy, dx
+      return cpu_half ? (2 * rows * k + o * k + rows * o) * 4 : 0;
+    };
+    auto up_input = [&](int64_t k, int64_t o) {  // ops::linear_bwd_input: w, dy, dx
+      return cpu_half ? (o * k + rows * o + rows * k) * 4 : 0;
+    };
+    auto up_weight = [&](int64_t k, int64_t o) {  // ops::linear_bwd_weight: x, dy
+      return cpu_half ? (rows * k + rows * o) * 4 : 0;
+    };
     struct Walk {
       int64_t peak = 0, held = 0;
     };
@@ -398,6 +410,10 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       int64_t live = 0;
       auto add = [&](int64_t bytes) { w.peak = std::max(w.peak, live += bytes); };
       auto drop = [&](int64_t bytes) { live -= bytes; };
+      auto touch = [&](int64_t bytes) {
+        add(bytes);
+        drop(bytes);
+      };
       // Kept for the BackwardWeight (split) or released now.
       auto hold = [&](int64_t bytes) {
         if (split)
@@ -426,16 +442,19 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       }
       if (!dgelu) partial(s.hid);  // fc1's bias gradient from the GELU's backward pass
       if (recompute_m) {
-        add(gm);             // fc2's input gradient
+        add(gm);  // fc2's input gradient
+        touch(up_input(s.hid, d));
         add(gf + m_bytes);   // the GELU's backward: gf, and m made again
         drop(gm + f_bytes);  // gm, the Cache's f
-        hold(m_bytes);       // fc2's weight gradient reads m
+        if (!split) touch(up_weight(s.hid, d));
+        hold(m_bytes);  // fc2's weight gradient reads m
       } else if (dgelu) {
         add(gf);  // the DGELU epilogue's gf
         drop(f_bytes);
         hold(m_bytes);
       } else {
         add(gm);
+        touch(up_bwd(s.hid, d));
         hold(m_bytes);  // the Cache's m, after fc2's GEMMs
         add(gf);
         drop(gm + f_bytes);
@@ -446,6 +465,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       // reduce-scatter's staging) beside gf; then gf, its input and the re-gathered copy go
       // (split: gf and the input fc1's weight gradient reads stay).
       add(col);
+      touch(up_bwd(d, s.hid));
       drop(col - gb);
       hold(gf + (again > 0 ? again : kept));
       drop(again > 0 ? kept : 0);
@@ -456,6 +476,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       add(g_full);           // gy gathered whole (sequence parallel)
       add(again);            // qkv's input gathered again, beside proj's and attention's backward
       add(go);
+      touch(up_bwd(s.dt, d));
       // gy as proj's weight gradient reads it: the rounded copy, the gathered one, or gh.
       if (split) w.held += gh_half > 0 ? gh_half : s.sp ? g_full : gh;
       if (!split) drop(gh_half + g_full);  // gy
@@ -464,6 +485,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       drop(scratch + go + rows * 3 * s.dt * e + probs);  // and qkv, probs
       hold(rows * s.dt * e);                             // o: proj's weight gradient reads it
       add(col);                                          // qkv's backward
+      touch(up_bwd(d, 3 * s.dt));
       drop(col - ga);
       hold(gq + (again > 0 ? again : kept));
       drop(again > 0 ? kept : 0);
@@ -475,6 +497,8 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     const Walk w = walk(true);
     bwd_split = w.peak;
     p.weight_held = w.held;
+    // The BackwardWeight's GEMMs, one at a time.
+    p.weight_extra = std::max(up_weight(s.hid, d), up_weight(d, 3 * s.dt));
   }
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest
