@@ -402,6 +402,14 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     auto up_weight = [&](int64_t k, int64_t o) {  // ops::linear_bwd_weight: x, dy
       return cpu_half ? (rows * k + rows * o) * 4 : 0;
     };
+    // ops::gelu_bwd_bias: the input and dy up, the fp32 gradient; ops::gelu_fwd (the output
+    // made again): the input up, the fp32 output, and the half one it replaces.
+    const int64_t up_gelu_bwd = cpu_half ? 3 * rows * s.hid * 4 : 0;
+    const int64_t up_gelu_fwd = cpu_half ? 2 * rows * s.hid * 4 + rows * s.hid * e : 0;
+    // ops::attention_bwd: qkv, the probabilities and dout up, the fp32 dqkv, and the half one it
+    // replaces.
+    const int64_t up_attn =
+        cpu_half ? (2 * rows * 3 * s.dt + b * s.heads * n * n + rows * s.dt) * 4 + gq : 0;
     struct Walk {
       int64_t peak = 0, held = 0;
     };
@@ -444,7 +452,10 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       if (recompute_m) {
         add(gm);  // fc2's input gradient
         touch(up_input(s.hid, d));
-        add(gf + m_bytes);   // the GELU's backward: gf, and m made again
+        add(gf);  // the GELU's backward: gf, and m made again
+        touch(up_gelu_bwd);
+        add(m_bytes);
+        touch(up_gelu_fwd);
         drop(gm + f_bytes);  // gm, the Cache's f
         if (!split) touch(up_weight(s.hid, d));
         hold(m_bytes);  // fc2's weight gradient reads m
@@ -457,6 +468,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
         touch(up_bwd(s.hid, d));
         hold(m_bytes);  // the Cache's m, after fc2's GEMMs
         add(gf);
+        touch(up_gelu_bwd);
         drop(gm + f_bytes);
       }
       // g is done with (unless fc2's weight gradient keeps it).
@@ -482,6 +494,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       if (!split) drop(gh_half + g_full);  // gy
       if (s.fused) partial(3 * s.dt);      // qkv's bias gradient from the fused attention backward
       add(gq + scratch);                   // the attention backward
+      touch(up_attn);
       drop(scratch + go + rows * 3 * s.dt * e + probs);  // and qkv, probs
       hold(rows * s.dt * e);                             // o: proj's weight gradient reads it
       add(col);                                          // qkv's backward
