@@ -214,7 +214,7 @@ void add_elementwise(LayerPlan& p, const std::string& op, int64_t elems, double 
   p.ops.push_back({p.name, op, Phase::Backward, 2 * flops_per * elems, 2 * elems * e, elems * e});
 }
 
-LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
+LayerPlan embedding_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s) {
   LayerPlan p;
   p.name = "embedding";
   const int64_t b = s.b, e = s.e;
@@ -230,6 +230,8 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
   // before the rank's tokens are cut.
   p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
   p.backward_extra = (s.sp ? b * s.n * s.d * 4 : 0) + b * s.np * s.d * e;
+  // On the CPU a half weight GEMM (ops::linear_bwd_weight) takes the patches and dt up to fp32.
+  if (!l.gpu && l.precision != DType::F32) p.backward_extra += b * s.np * (s.patch + s.d) * 4;
   if (s.sp) {
     // TensorParallel::slice_tokens keeps this rank's tokens (a copy); pad_tokens puts their
     // gradient into a zeroed whole sequence.
@@ -792,7 +794,7 @@ std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int6
   const bool vit = l.body == Body::ViT;
   if (!vit) numels = {numels.begin() + 1, numels.end() - 1};  // the blocks'
   std::vector<LayerPlan> out;
-  if (vit) out.push_back(embedding_plan(c, s));
+  if (vit) out.push_back(embedding_plan(c, l, s));
   for (int64_t i = 0; i < c.depth; ++i) out.push_back(block_plan(c, l, s, i));
   if (vit) out.push_back(head_plan(s));
   if (l.nd()) {
