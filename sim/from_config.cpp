@@ -187,9 +187,9 @@ class ConfigProgram {
   // The ops of a Forward or Backward of virtual stage `vstage` for micro-batch `mb` on sim rank
   // `rank`; groups are registered in `w` (one Workload per ConfigProgram: the ids are cached).
   // A split backward (part Input, then Weight): the linears' GEMMs in halves, dx in the
-  // BackwardInput, dw in the BackwardWeight; a layer with linears keeps its cache and its output
-  // gradient until its BackwardWeight (as the plan's memory replay counts); the gradient buckets
-  // complete in the BackwardWeight.
+  // BackwardInput, dw in the BackwardWeight; a layer with linears keeps what its weight-gradient
+  // steps captured until its BackwardWeight (LayerPlan::weight_held, as the plan's memory replay
+  // counts); the gradient buckets complete in the BackwardWeight.
   std::vector<Op> ops(bool fwd, int mb, int rank, int vstage, Workload& w, int base = 0,
                       Part part = Part::Whole) {
     const bool input_only = !fwd && part == Part::Input;
@@ -374,18 +374,21 @@ class ConfigProgram {
         // working tensors (the input gradient included) on top of it; the working tensors, the
         // output and its gradient are counted while the layer's ops run (the plan's peak is
         // inside a layer), the cache until its backward ends.
-        const int64_t work = fwd ? lp.forward_extra + lp.output : lp.backward_extra + lp.output;
-        // Split: what the weight-gradient GEMMs read stays from the BackwardInput to the
-        // BackwardWeight (the cache and the output gradient).
-        const int64_t held = has_w && (input_only || weight_only) ? lp.saved + lp.output : 0;
+        // Split: the BackwardInput's working tensors (LayerPlan::split_backward_extra), and what
+        // the weight-gradient steps captured stays to the BackwardWeight (weight_held, in place
+        // of the cache and the output gradient), whose own working tensors are weight_extra.
+        const int64_t work = fwd           ? lp.forward_extra + lp.output
+                             : weight_only ? lp.weight_extra
+                             : input_only  ? lp.split_backward_extra + lp.output
+                                           : lp.backward_extra + lp.output;
+        const int64_t held = has_w && (input_only || weight_only) ? lp.weight_held : 0;
         const int64_t release = fwd           ? work
-                                : weight_only ? held
+                                : weight_only ? held + work
                                 : input_only  ? work + lp.saved - held
                                               : work + lp.saved;
         if (fwd && lp.saved + work > 0)
           ops[first_op].mem_start.push_back({MemKind::Activations, lp.saved + work});
-        if (!fwd && !weight_only && work > 0)
-          ops[first_op].mem_start.push_back({MemKind::Activations, work});
+        if (!fwd && work > 0) ops[first_op].mem_start.push_back({MemKind::Activations, work});
         if (release > 0) ops.back().mem_end.push_back({MemKind::Activations, -release});
         if (dp && !fwd && !weight_only && layout_.zero_stage >= 2 && dp->layer_numel[pos] > 0)
           ops[first_op].mem_start.push_back({MemKind::Gradients, 4 * dp->layer_numel[pos]});

@@ -282,6 +282,42 @@ TEST(Plan, ZeroBubbleHoldsWeightInputsAndPlacesChunksInAV) {
   }
 }
 
+// What a split backward's BackwardInput leaves for the BackwardWeight (nn::Block::backward with
+// WeightGrads deferred): each linear's input and output gradient as its weight-gradient step
+// captured them, and the fp32 partial sums of the fused passes; not the rest of the cache or dy.
+TEST(Plan, SplitBackwardHoldsWhatTheWeightStepsCaptured) {
+  const nn::ViTConfig c = tiny();  // d 8, MLP 32, 5 tokens, attention not fused (head dim 4)
+  plan::Layout l;
+  l.batch = 2;
+  const int64_t R = 2 * 5, d = 8, h = 32;
+  const auto cpu = plan::make_plan(c, l);
+  // fp32: fc2's g is dy itself, proj's gy is gh; m (made again by the GELU's backward), b, gf,
+  // o, a, gq; the LayerNorms', fc1's and proj's bias partial sums.
+  const int64_t partials = 4 * (4 * d + h + d);
+  for (const char* name : {"blocks.0", "blocks.1"})
+    EXPECT_EQ(layer(cpu.stages[0], name).weight_held,
+              4 * (R * h + R * d + R * d + R * h + R * d + R * d + R * d + 3 * R * d) + partials)
+        << name;
+  EXPECT_EQ(layer(cpu.stages[0], "head").weight_held, 2 * d * 4 + 2 * d * 4);  // z, partials
+  const auto& emb = layer(cpu.stages[0], "embedding");
+  EXPECT_EQ(emb.weight_held, emb.saved + emb.output);  // the patches and dy: all of it in W
+  EXPECT_EQ(emb.split_backward_extra, 0);
+  // bf16 on a GPU: g is the next block's rounded copy (blocks.0) or dy rounded once (blocks.1),
+  // gy proj's rounded copy of gh: all in bf16.
+  l.gpu = true;
+  l.precision = DType::BF16;
+  const auto gpu = plan::make_plan(c, l);
+  for (const char* name : {"blocks.0", "blocks.1"}) {
+    const auto& b = layer(gpu.stages[0], name);
+    EXPECT_EQ(b.weight_held,
+              2 * (R * h + R * d + R * d + R * h + R * d + R * d + R * d + 3 * R * d) + partials)
+        << name;
+    // Less than the cache and dy the BackwardInput releases (the weight copies included).
+    EXPECT_LT(b.weight_held, b.saved + b.output) << name;
+    EXPECT_GE(b.split_backward_extra, b.backward_extra) << name;
+  }
+}
+
 TEST(Plan, CollectivesOfATensorParallelBlock) {
   const nn::ViTConfig c = tiny();
   plan::Layout l;

@@ -214,7 +214,7 @@ void add_elementwise(LayerPlan& p, const std::string& op, int64_t elems, double 
   p.ops.push_back({p.name, op, Phase::Backward, 2 * flops_per * elems, 2 * elems * e, elems * e});
 }
 
-LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
+LayerPlan embedding_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s) {
   LayerPlan p;
   p.name = "embedding";
   const int64_t b = s.b, e = s.e;
@@ -230,6 +230,8 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
   // before the rank's tokens are cut.
   p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
   p.backward_extra = (s.sp ? b * s.n * s.d * 4 : 0) + b * s.np * s.d * e;
+  // On the CPU a half weight GEMM (ops::linear_bwd_weight) takes the patches and dt up to fp32.
+  if (!l.gpu && l.precision != DType::F32) p.backward_extra += b * s.np * (s.patch + s.d) * 4;
   if (s.sp) {
     // TensorParallel::slice_tokens keeps this rank's tokens (a copy); pad_tokens puts their
     // gradient into a zeroed whole sequence.
@@ -240,6 +242,17 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Shapes& s) {
     p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, numel * 4, p.name,
                              "parameter gradients", Phase::Backward});
     p.backward_extra += numel * 4;
+  }
+  // Split (nn::Embedding::backward, WeightGrads deferred): without sequence parallelism nothing
+  // runs in the BackwardInput; the BackwardWeight makes the parameter gradients from the patches
+  // and dy it kept. Sequence parallel: they are made and summed in the BackwardInput, the
+  // BackwardWeight adds the summed buffer.
+  if (s.sp) {
+    p.split_backward_extra = p.backward_extra;
+    p.weight_held = (s.d + s.n * s.d + s.d * s.patch + s.d) * 4;
+  } else {
+    p.weight_held = p.saved + p.output;
+    p.weight_extra = p.backward_extra;
   }
   return p;
 }
@@ -351,7 +364,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   const bool sends_half = half && !l.nd() && !s.sp && index > 0 && !c.block_masked(index - 1);
   // The fused attention backward's scratch: D [b·heads, n] and dSᵀ.
   const int64_t scratch = s.fused ? dst + b * s.heads * n * 4 : 0;
-  int64_t bwd = 0;
+  int64_t bwd = 0, bwd_split = 0;
   if (l.nd()) {
     // 2d/2.5d/3d (Block::backward_nd): function-scope gradients accumulate until the end.
     const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0) + again;
@@ -362,66 +375,151 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
         before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
     const int64_t at_attn = before_qkv + again + scratch;
     bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
+    bwd_split = bwd;  // split: all of it in the BackwardInput, nothing held
   } else {
     // Block::backward's order: each working tensor and each part of the Cache released where
-    // the executor releases it; the peak above the saved tensors and dy (a deferred weight
-    // gradient's holds are the replay's: Replay::backward).
-    int64_t live = 0;
-    auto add = [&](int64_t bytes) { bwd = std::max(bwd, live += bytes); };
-    auto drop = [&](int64_t bytes) { live -= bytes; };
+    // the executor releases it; the peak above the saved tensors and dy. Split (a BackwardInput,
+    // WeightGrads deferred): what a weight-gradient step captures stays (`hold`, counted in
+    // weight_held) and the partial sums WeightGrads::into hands out are made; the rest of the
+    // Cache and dy go when the cache is reset (WeightGrads::finish).
     // The Cache's parts as this backward sees them (a checkpointed block's recompute: a and b
     // whole under sequence parallelism).
     const int64_t kept = c.checkpoint && s.sp ? rows * d * e : kept_ab;
     const int64_t m_bytes = rows * s.hid * e, f_bytes = rows * s.hid * e;
     const int64_t half_g = takes_half ? b * nr * d * e : 0;
-    add(half_g);  // g: the next block's rounded copy of dy
-    add(g_full);  // g gathered whole (sequence parallel)
-    add(again);   // fc1's input gathered again, beside fc2's backward
     // g in the compute dtype when it comes in fp32 (recompute: rounded once for fc2's GEMMs).
     const int64_t g_cvt = recompute_m && half && !takes_half ? rows * d * e : 0;
-    add(g_cvt);
-    drop(recompute_m ? g_full : 0);
-    if (recompute_m) {
-      add(gm);             // fc2's input gradient
-      add(gf + m_bytes);   // the GELU's backward: gf, and m made again
-      drop(gm + f_bytes);  // gm, the Cache's f
-      drop(m_bytes);       // after fc2's weight gradient
-    } else if (c.act == "gelu_tanh" && !c.block_masked(index)) {
-      add(gf);  // the DGELU epilogue's gf
-      drop(m_bytes + f_bytes);
-    } else {
-      add(gm);
-      drop(m_bytes);  // the Cache's m, after fc2's GEMMs
-      add(gf);
-      drop(gm + f_bytes);
-    }
-    drop(half_g + g_cvt + (recompute_m ? 0 : g_full));  // g
-    // fc1's backward (column-parallel): the input gradient before its reduction (and the
-    // reduce-scatter's staging) beside gf; then gf, its input and the re-gathered copy go.
-    const int64_t col = s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e;
-    add(col);
-    drop(col - gb);
-    drop(gf + kept + again);
-    // norm2's backward: gh (fp32) and proj's copy of it in the compute dtype.
+    const bool dgelu = !recompute_m && c.act == "gelu_tanh" && !c.block_masked(index);
     const int64_t gh_half = half && !s.sp && !c.block_masked(index) ? b * nr * d * e : 0;
-    add(gh + gh_half);
-    drop(gb + x + stats);  // gb, the Cache's h, mean2, rstd2
-    add(g_full);           // gy gathered whole (sequence parallel)
-    add(again);            // qkv's input gathered again, beside proj's and attention's backward
-    add(go);
-    drop(gh_half + g_full);                                              // gy
-    add(gq + scratch);                                                   // the attention backward
-    drop(scratch + go + rows * 3 * s.dt * e + rows * s.dt * e + probs);  // and qkv, o, probs
-    add(col);                                                            // qkv's backward
-    drop(col - ga);
-    drop(gq + kept + again);
-    add(gx + (sends_half ? b * nr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward
+    const int64_t col = s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e;
+    // On the CPU a half GEMM runs in fp32 (ops::linear_bwd and friends): copies of its operands
+    // up to fp32 and the fp32 result, transient. k: the linear's inputs, o: its outputs.
+    const bool cpu_half = half && !l.gpu && !s.tp;
+    auto up_bwd = [&](int64_t k, int64_t o) {  // ops::linear_bwd: x, w, dy, dx
+      return cpu_half ? (2 * rows * k + o * k + rows * o) * 4 : 0;
+    };
+    auto up_input = [&](int64_t k, int64_t o) {  // ops::linear_bwd_input: w, dy, dx
+      return cpu_half ? (o * k + rows * o + rows * k) * 4 : 0;
+    };
+    auto up_weight = [&](int64_t k, int64_t o) {  // ops::linear_bwd_weight: x, dy
+      return cpu_half ? (rows * k + rows * o) * 4 : 0;
+    };
+    // ops::gelu_bwd_bias: the input and dy up, the fp32 gradient; ops::gelu_fwd (the output
+    // made again): the input up, the fp32 output, and the half one it replaces.
+    const int64_t up_gelu_bwd = cpu_half ? 3 * rows * s.hid * 4 : 0;
+    const int64_t up_gelu_fwd = cpu_half ? 2 * rows * s.hid * 4 + rows * s.hid * e : 0;
+    // ops::attention_bwd: qkv, the probabilities and dout up, the fp32 dqkv, and the half one it
+    // replaces.
+    const int64_t up_attn =
+        cpu_half ? (2 * rows * 3 * s.dt + b * s.heads * n * n + rows * s.dt) * 4 + gq : 0;
+    struct Walk {
+      int64_t peak = 0, held = 0;
+    };
+    auto walk = [&](bool split) {
+      Walk w;
+      int64_t live = 0;
+      auto add = [&](int64_t bytes) { w.peak = std::max(w.peak, live += bytes); };
+      auto drop = [&](int64_t bytes) { live -= bytes; };
+      auto touch = [&](int64_t bytes) {
+        add(bytes);
+        drop(bytes);
+      };
+      // Kept for the BackwardWeight (split) or released now.
+      auto hold = [&](int64_t bytes) {
+        if (split)
+          w.held += bytes;
+        else
+          drop(bytes);
+      };
+      auto partial = [&](int64_t numel) {  // WeightGrads::into: a zeroed fp32 partial sum
+        if (!split) return;
+        add(numel * 4);
+        w.held += numel * 4;
+      };
+      partial(s.sp ? 0 : 4 * d);  // the LayerNorms' (sequence parallel: ln_flat, below)
+      add(half_g);                // g: the next block's rounded copy of dy
+      add(g_full);                // g gathered whole (sequence parallel)
+      add(again);                 // fc1's input gathered again, beside fc2's backward
+      add(g_cvt);
+      int64_t g_alive = half_g + g_full + g_cvt;
+      // fc2's output gradient as its weight gradient reads it: the rounded copy, the converted
+      // one, the gathered one or dy itself (x's bytes; not the walk's).
+      const int64_t g_kept = takes_half ? half_g : g_cvt > 0 ? g_cvt : s.sp ? g_full : 0;
+      if (split) w.held += g_kept > 0 ? g_kept : x;
+      if (recompute_m && !(split && g_kept == g_full)) {
+        drop(g_full);  // gathered g, once rounded
+        g_alive -= g_full;
+      }
+      if (!dgelu) partial(s.hid);  // fc1's bias gradient from the GELU's backward pass
+      if (recompute_m) {
+        add(gm);  // fc2's input gradient
+        touch(up_input(s.hid, d));
+        add(gf);  // the GELU's backward: gf, and m made again
+        touch(up_gelu_bwd);
+        add(m_bytes);
+        touch(up_gelu_fwd);
+        drop(gm + f_bytes);  // gm, the Cache's f
+        if (!split) touch(up_weight(s.hid, d));
+        hold(m_bytes);  // fc2's weight gradient reads m
+      } else if (dgelu) {
+        add(gf);  // the DGELU epilogue's gf
+        drop(f_bytes);
+        hold(m_bytes);
+      } else {
+        add(gm);
+        touch(up_bwd(s.hid, d));
+        hold(m_bytes);  // the Cache's m, after fc2's GEMMs
+        add(gf);
+        touch(up_gelu_bwd);
+        drop(gm + f_bytes);
+      }
+      // g is done with (unless fc2's weight gradient keeps it).
+      drop(g_alive - (split ? g_kept : 0));
+      // fc1's backward (column-parallel): the input gradient before its reduction (and the
+      // reduce-scatter's staging) beside gf; then gf, its input and the re-gathered copy go
+      // (split: gf and the input fc1's weight gradient reads stay).
+      add(col);
+      touch(up_bwd(d, s.hid));
+      drop(col - gb);
+      hold(gf + (again > 0 ? again : kept));
+      drop(again > 0 ? kept : 0);
+      // norm2's backward: gh (fp32) and proj's copy of it in the compute dtype.
+      partial(!s.sp && !c.block_masked(index) ? d : 0);  // proj's bias gradient, from that pass
+      add(gh + gh_half);
+      drop(gb + x + stats);  // gb, the Cache's h, mean2, rstd2
+      add(g_full);           // gy gathered whole (sequence parallel)
+      add(again);            // qkv's input gathered again, beside proj's and attention's backward
+      add(go);
+      touch(up_bwd(s.dt, d));
+      // gy as proj's weight gradient reads it: the rounded copy, the gathered one, or gh.
+      if (split) w.held += gh_half > 0 ? gh_half : s.sp ? g_full : gh;
+      if (!split) drop(gh_half + g_full);  // gy
+      if (s.fused) partial(3 * s.dt);      // qkv's bias gradient from the fused attention backward
+      add(gq + scratch);                   // the attention backward
+      touch(up_attn);
+      drop(scratch + go + rows * 3 * s.dt * e + probs);  // and qkv, probs
+      hold(rows * s.dt * e);                             // o: proj's weight gradient reads it
+      add(col);                                          // qkv's backward
+      touch(up_bwd(d, 3 * s.dt));
+      drop(col - ga);
+      hold(gq + (again > 0 ? again : kept));
+      drop(again > 0 ? kept : 0);
+      add(gx + (sends_half ? b * nr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward
+      if (split && s.sp) w.held += 4 * d * 4;  // ln_flat summed, added by the BackwardWeight
+      return w;
+    };
+    bwd = walk(false).peak;
+    const Walk w = walk(true);
+    bwd_split = w.peak;
+    p.weight_held = w.held;
+    // The BackwardWeight's GEMMs, one at a time.
+    p.weight_extra = std::max(up_weight(s.hid, d), up_weight(d, 3 * s.dt));
   }
-  p.weight_hold_extra = 2 * again;
   if (c.checkpoint) {
     p.saved = x;  // only the input; backward recomputes the rest
     p.forward_extra = (full - x) + y_out;
     p.backward_extra = (full_recomputed - x) + bwd;
+    p.split_backward_extra = (full_recomputed - x) + bwd_split;
     // Block::backward recomputes run_forward: everything up to fc2's input (not fc2).
     for (const OpCost& o : std::vector<OpCost>(p.ops))
       if (o.phase == Phase::Forward && o.op.rfind("mlp.fc2", 0) != 0 && o.op != kSpTokensCopyOut) {
@@ -439,6 +537,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     p.saved = full;
     p.forward_extra = y_out;
     p.backward_extra = bwd;
+    p.split_backward_extra = bwd_split;
   }
   // nn::ComputeCopies: the block's weights and biases in the compute dtype through its forward
   // and its backward (1d and no tensor parallelism); kept from the forward for the backward
@@ -451,6 +550,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     } else {
       p.forward_extra += copies;
       p.backward_extra += copies;
+      p.split_backward_extra += copies;
     }
   }
   return p;
@@ -469,6 +569,10 @@ LayerPlan head_plan(const Shapes& s) {
   p.forward_extra = s.tp ? b * d * e : 0;  // z before it is sliced
   p.grad_input = b * s.nr * d * 4;
   p.backward_extra = b * s.dt * e + (s.tp ? 2 * b * d * e : 0) + b * d * 4 + p.grad_input;
+  // Split (nn::Head::backward, WeightGrads deferred): the classifier's weight gradient keeps z
+  // (and dlogits, the caller's); the norm's gradients are fp32 partial sums.
+  p.split_backward_extra = p.backward_extra + 2 * d * 4;
+  p.weight_held = b * s.dt * e + 2 * d * 4;
   if (s.tp) {
     if (s.sp)
       p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, b * d * 4, p.name,
@@ -690,12 +794,17 @@ std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int6
   const bool vit = l.body == Body::ViT;
   if (!vit) numels = {numels.begin() + 1, numels.end() - 1};  // the blocks'
   std::vector<LayerPlan> out;
-  if (vit) out.push_back(embedding_plan(c, s));
+  if (vit) out.push_back(embedding_plan(c, l, s));
   for (int64_t i = 0; i < c.depth; ++i) out.push_back(block_plan(c, l, s, i));
   if (vit) out.push_back(head_plan(s));
   if (l.nd()) {
     add_nd(out, c, l, s);
     if (vit) out.back().output = rows * s.k * 4;  // every rank gets the whole batch's logits
+    // 2d/2.5d/3d: a split backward does all of it in the BackwardInput.
+    for (LayerPlan& p : out) {
+      p.split_backward_extra = p.backward_extra;
+      p.weight_held = p.weight_extra = 0;
+    }
   }
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].parameter_numels = numels[i];

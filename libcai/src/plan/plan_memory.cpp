@@ -229,44 +229,52 @@ struct Replay {
     }
   }
 
-  // What a BackwardInput leaves alive for its BackwardWeight (bytes; of which activations).
+  // What a BackwardInput leaves alive for its BackwardWeight: per layer in backward order, the
+  // bytes its weight-gradient steps hold (counted as activations) and their transient bytes;
+  // `extra` (the loss stage's dlogits) goes with the last.
   struct Held {
-    int64_t live = 0, act = 0;
+    std::vector<std::pair<int64_t, int64_t>> layers;  // (weight_held, weight_extra)
+    int64_t extra = 0;
   };
 
   // One micro-batch's backward; dy of the last layer alive on entry; returns with the first
-  // layer's input gradient alive (0 for the embedding). hold_for_weight (a BackwardInput): every
-  // layer's saved tensors and its output gradient stay alive for the BackwardWeight, returned as
-  // Held (an upper bound: a linear's weight gradient needs its input and its output gradient,
-  // which the Cache and dy hold; the rest of the Cache could go earlier).
+  // layer's input gradient alive (0 for the embedding). hold_for_weight (a BackwardInput, the
+  // weight gradients deferred): each layer's Cache and dy go at its end (WeightGrads::finish)
+  // but for what its weight-gradient steps captured (LayerPlan::weight_held), returned as Held.
   Held backward(int first, int last, const std::string& tag, bool hold_for_weight = false) {
     Held held;
     for (int pos = last; pos >= first; --pos) {
       const LayerPlan& lp = rank.layer_plans[pos];
       const std::string where = tag + " " + lp.name;
       before_backward(pos, where);
-      t.add(lp.backward_extra, where);  // the input gradient included
-      t.live -= lp.backward_extra - lp.grad_input;
+      const int64_t extra = hold_for_weight ? lp.split_backward_extra : lp.backward_extra;
+      t.add(extra, where);  // the input gradient included
+      t.live -= extra - lp.grad_input;
       const int64_t act = lp.saved - (lp.keeps_input ? lp.input : 0);
       const int64_t dy = pos == static_cast<int>(rank.layer_plans.size()) - 1 &&
                                  rank.layers[pos] == plan.model.depth + 1
                              ? 0
                              : lp.output;  // dy (the head's dlogits are the caller's)
+      t.live -= lp.saved + dy;
+      t.act -= act;
       if (hold_for_weight) {
-        t.add(lp.weight_hold_extra, where + " held for W");
-        held.live += lp.saved + dy + lp.weight_hold_extra;
-        held.act += act;
-      } else {
-        t.live -= lp.saved + dy;
-        t.act -= act;
+        t.act += lp.weight_held;
+        t.add(lp.weight_held, where + " held for W");
+        held.layers.push_back({lp.weight_held, lp.weight_extra});
       }
       after_backward(pos, where);
     }
     return held;
   }
-  void release(const Held& h) {
-    t.live -= h.live;
-    t.act -= h.act;
+  // The BackwardWeight: layer by layer in backward order, its steps run (their transient bytes)
+  // and its hold is released (Layer::backward_weight).
+  void weight(const Held& h, const std::string& tag) {
+    for (const auto& [bytes, extra] : h.layers) {
+      t.touch(extra, tag);
+      t.live -= bytes;
+      t.act -= bytes;
+    }
+    t.live -= h.extra;
   }
 };
 
@@ -396,14 +404,14 @@ void replay(const StepPlan& plan, RankPlan& r) {
           // The weight gradients wait for the BackwardWeight: what they read stays (the loss
           // stage's dlogits included, the head's output gradient).
           Replay::Held h = rp.backward(first, last, tag, true);
-          if (in.first_layer + in.num_layers - 1 == last_layer) h.live += logits;
+          if (in.first_layer + in.num_layers - 1 == last_layer) h.extra += logits;
           held_for_weight[{in.mb, in.chunk}] = h;
           break;
         }
         case Op::BackwardWeight: {
           const auto it = held_for_weight.find({in.mb, in.chunk});
           CAI_CHECK(it != held_for_weight.end(), "[plan] {} without its BackwardInput", tag);
-          rp.release(it->second);
+          rp.weight(it->second, tag);
           held_for_weight.erase(it);
           --t.in_flight;
           break;

@@ -141,10 +141,12 @@ struct LayerPlan {
   // in backward (the input gradient, which the backward returns, included), the input gradient.
   int64_t saved = 0, input = 0, output = 0, forward_extra = 0, backward_extra = 0, grad_input = 0;
   bool keeps_input = false;
-  // A split backward (BackwardInput): bytes its BackwardWeight holds beyond `saved` and the
-  // output gradient (sequence parallel: the GEMM inputs gathered whole again, where the Cache
-  // keeps this rank's tokens).
-  int64_t weight_hold_extra = 0;
+  // A split backward (BackwardInput, then BackwardWeight; nn::WeightGrads deferred): the
+  // BackwardInput's peak above `saved` and the output gradient (the input gradient included);
+  // what it leaves alive for the BackwardWeight in place of the Cache and the output gradient
+  // (the tensors the weight-gradient steps captured: GEMM inputs, output gradients, fp32 partial
+  // sums); and the BackwardWeight's transient bytes on top of that.
+  int64_t split_backward_extra = 0, weight_held = 0, weight_extra = 0;
 };
 
 struct Memory {
