@@ -24,8 +24,13 @@
 #define STBI_NO_HDR
 #define STBI_NO_LINEAR
 // Every stb decoder refuses a side beyond this before allocating (some formats' headers are not
-// readable by stbi_info, so the pixel-count check below cannot see them first).
-#define STBI_MAX_DIMENSIONS 8192
+// readable by stbi_info, so the pixel-count check below cannot see them first). stb only compares
+// sides with it at run time, so it is the calling thread's ImageLimits::max_side (8192 by
+// default), set by get() around its stb calls.
+namespace {
+thread_local int stbi_max_side = cai::data::ImageLimits{}.max_side;
+}
+#define STBI_MAX_DIMENSIONS stbi_max_side
 #include <stb_image.h>
 #pragma GCC diagnostic pop
 
@@ -34,7 +39,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxPixels = int64_t{1} << 24;  // 4096x4096
+// Sets the calling thread's stb side limit for one get() and restores it after.
+class MaxSideScope {
+ public:
+  explicit MaxSideScope(int side) : saved_(stbi_max_side) { stbi_max_side = side; }
+  ~MaxSideScope() { stbi_max_side = saved_; }
+  MaxSideScope(const MaxSideScope&) = delete;
+  MaxSideScope& operator=(const MaxSideScope&) = delete;
+
+ private:
+  int saved_;
+};
 
 // PNG: every chunk's length must fit in what is left of the file (stb grows its buffer to the
 // declared IDAT length before reading it: a 101-byte file could ask for 2 GB).
@@ -113,8 +128,12 @@ void check_pnm_header(const std::string& path, const std::vector<unsigned char>&
 // 16 code counts without that check and writes one size per code into a 257-entry array
 // (libFuzzer + UBSan: a 3.5 kB JPEG with counts summing to 300 wrote past it).
 void check_jpeg_huffman_tables(const std::string& path, const std::vector<unsigned char>& d) {
-  if (d.size() < 4 || d[0] != 0xFF || d[1] != 0xD8) return;  // not a JPEG
-  size_t pos = 2;
+  // stb finds the start-of-image marker after any number of 0xFF fill bytes (FF FF FF D8 is a
+  // JPEG to it: libFuzzer + UBSan found the same overflow behind such a start).
+  size_t pos = 0;
+  while (pos < d.size() && d[pos] == 0xFF) ++pos;
+  if (pos == 0 || pos >= d.size() || d[pos] != 0xD8) return;  // not a JPEG
+  ++pos;
   while (pos + 4 <= d.size()) {
     const unsigned m = d[pos + 1];
     if (d[pos] != 0xFF || m == 0xFF) {  // entropy-coded data, fill bytes
@@ -150,10 +169,12 @@ bool is_image_file(const fs::path& p) {
 
 class ImageFolderDataset final : public Dataset {
  public:
-  ImageFolderDataset(std::string dir, int64_t image_size, std::vector<std::string> classes,
-                     std::vector<std::string> files, std::vector<int32_t> labels)
+  ImageFolderDataset(std::string dir, int64_t image_size, ImageLimits limits,
+                     std::vector<std::string> classes, std::vector<std::string> files,
+                     std::vector<int32_t> labels)
       : dir_(std::move(dir)),
         size_(image_size),
+        limits_(limits),
         classes_(std::move(classes)),
         files_(std::move(files)),
         labels_(std::move(labels)) {}
@@ -173,9 +194,10 @@ class ImageFolderDataset final : public Dataset {
       check_jpeg_huffman_tables(path, bytes);
       check_pnm_header(path, bytes);
     }
-    if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
-      fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
-           w, h, kMaxPixels);
+    const MaxSideScope side(limits_.max_side);
+    if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > limits_.max_pixels)
+      fail("[image_folder] {}: {}x{} pixels is more than the {} this loader decodes", path, w, h,
+           limits_.max_pixels);
     check_png_chunks(path);
     // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
     stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
@@ -199,6 +221,7 @@ class ImageFolderDataset final : public Dataset {
  private:
   std::string dir_;
   int64_t size_;
+  ImageLimits limits_;
   std::vector<std::string> classes_;
   std::vector<std::string> files_;
   std::vector<int32_t> labels_;
@@ -206,8 +229,15 @@ class ImageFolderDataset final : public Dataset {
 
 }  // namespace
 
-std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size) {
+std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size,
+                                           const ImageLimits& limits) {
   CAI_CHECK(image_size > 0, "[image_folder] image_size = {} must be > 0", image_size);
+  const ImageLimits defaults;
+  CAI_CHECK(limits.max_pixels > 0 && limits.max_pixels <= defaults.max_pixels,
+            "[image_folder] max_pixels = {} must be in [1, {}]", limits.max_pixels,
+            defaults.max_pixels);
+  CAI_CHECK(limits.max_side > 0 && limits.max_side <= defaults.max_side,
+            "[image_folder] max_side = {} must be in [1, {}]", limits.max_side, defaults.max_side);
   std::error_code ec;
   CAI_CHECK(fs::is_directory(dir, ec), "[image_folder] {} is not a directory", dir);
   std::vector<std::string> classes;
@@ -237,8 +267,8 @@ std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image
   CAI_CHECK(!files.empty(),
             "[image_folder] {}: no images (.png, .jpg, .jpeg or .bmp) in its {} class folder(s)",
             dir, classes.size());
-  return std::make_shared<ImageFolderDataset>(dir, image_size, std::move(classes), std::move(files),
-                                              std::move(labels));
+  return std::make_shared<ImageFolderDataset>(dir, image_size, limits, std::move(classes),
+                                              std::move(files), std::move(labels));
 }
 
 }  // namespace cai::data
