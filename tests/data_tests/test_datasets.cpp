@@ -519,6 +519,30 @@ TEST(ImageFolder, JpegHuffmanCheckSkipsFillBytesBeforeTheStart) {
       << msg;
 }
 
+TEST(ImageFolder, StbSeesTheFilesBytesAfterLongFill) {
+  // libFuzzer + UBSan (input 874,256): a JPEG start behind 176 0xFF fill bytes. stb's FILE reader
+  // rewinds only within its first 128-byte buffer, so after its JPEG test it decoded other bytes
+  // than the file's (stale 0xFF counts: a Huffman table of over 256 codes the check never saw).
+  // The loader now hands stb the file's bytes from memory: the table is the file's, 38 codes, and
+  // the image is refused by stb as corrupt, not decoded out of bounds.
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::string jpg(176, '\xFF');
+  jpg += {'\xD8', '\xFF', '\xE0', '\x00', '\x10', '\x4A', '\x00', '\x35', '\xFF'};
+  jpg += std::string(29, '\x14');
+  jpg += {'\xFF', '\xC0', '\x00', '\x11', '\x08', '\x00', '\x04', '\x00', '\x05', '\x03',
+          '\x01', '\x22', '\x00', '\x02', '\x11', '\x01', '\x03', '\x11', '\x01', '\xFF',
+          '\xC4', '\x01', '\xA2', '\x00', '\x00', '\x01', '\x05', '\x01', '\x01', '\x05',
+          '\x01', '\x00', '\x02', '\x04', '\x04', '\x03', '\x04', '\x07'};
+  ASSERT_EQ(jpg.size(), 252u);
+  std::ofstream(d / "a/x.png", std::ios::binary).write(jpg.data(), std::ssize(jpg));
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("cannot decode"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "a/x.png"), std::string::npos) << msg;
+}
+
 TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
   // libFuzzer + UBSan: stb_image's PNM header reader overflowed an int on "P6\n9999999999...".
   TempDir d;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -53,41 +54,35 @@ class MaxSideScope {
 
 // PNG: every chunk's length must fit in what is left of the file (stb grows its buffer to the
 // declared IDAT length before reading it: a 101-byte file could ask for 2 GB).
-void check_png_chunks(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return;  // stb reports it
-  unsigned char sig[8];
-  const bool png = std::fread(sig, 1, 8, f) == 8 && sig[0] == 0x89 && sig[1] == 'P' &&
-                   sig[2] == 'N' && sig[3] == 'G';
-  std::fseek(f, 0, SEEK_END);
-  const long total = std::ftell(f);
-  long pos = 8;
-  std::string error;
-  while (png && pos + 8 <= total) {
-    unsigned char h[8];
-    std::fseek(f, pos, SEEK_SET);
-    if (std::fread(h, 1, 8, f) != 8) break;
-    const uint64_t len =
-        (uint64_t{h[0]} << 24) | (uint64_t{h[1]} << 16) | (uint64_t{h[2]} << 8) | h[3];
-    if (static_cast<int64_t>(len) > total - pos - 12) {
-      error = fmt::format("PNG chunk at byte {} declares {} bytes, but the file has {} left", pos,
-                          len, total - pos - 12);
-      break;
-    }
-    pos += 12 + static_cast<long>(len);
+void check_png_chunks(const std::string& path, const std::vector<unsigned char>& d) {
+  if (d.size() < 8 || d[0] != 0x89 || d[1] != 'P' || d[2] != 'N' || d[3] != 'G') return;
+  const int64_t total = static_cast<int64_t>(d.size());
+  for (int64_t pos = 8; pos + 8 <= total;) {
+    const unsigned char* h = d.data() + pos;
+    const int64_t len =
+        (int64_t{h[0]} << 24) | (int64_t{h[1]} << 16) | (int64_t{h[2]} << 8) | int64_t{h[3]};
+    if (len > total - pos - 12)
+      fail("[image_folder] {}: PNG chunk at byte {} declares {} bytes, but the file has {} left",
+           path, pos, len, total - pos - 12);
+    pos += 12 + len;
   }
-  std::fclose(f);
-  if (!error.empty()) fail("[image_folder] {}: {}", path, error);
 }
 
+// The whole file: stb decodes it from memory. Its FILE reader rewinds only within its first
+// 128-byte buffer: after a format test that read further (a JPEG start behind 176 0xFF fill
+// bytes), stb went on decoding other bytes than the file's (libFuzzer + UBSan), so the checks
+// here and stb must see the same bytes.
 std::vector<unsigned char> read_all(const std::string& path) {
   std::vector<unsigned char> d;
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return d;  // stb reports it
+  if (!f) fail("[image_folder] cannot open {}", path);
   unsigned char buf[65536];
   for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;)
     d.insert(d.end(), buf, buf + got);
   std::fclose(f);
+  if (d.size() > static_cast<size_t>(INT_MAX))
+    fail("[image_folder] {}: {} bytes is more than the {} stb_image reads", path, d.size(),
+         INT_MAX);
   return d;
 }
 
@@ -189,18 +184,18 @@ class ImageFolderDataset final : public Dataset {
     int w = 0, h = 0, comp = 0;
     // The header's size first: a few bytes can announce 30000x30000, which stb would allocate
     // (and spend seconds on) before finding the data missing.
-    {  // before stbi_info, which reads these headers too
-      const std::vector<unsigned char> bytes = read_all(path);
-      check_jpeg_huffman_tables(path, bytes);
-      check_pnm_header(path, bytes);
-    }
+    const std::vector<unsigned char> bytes = read_all(path);
+    check_jpeg_huffman_tables(path, bytes);  // before stbi_info, which reads these headers too
+    check_pnm_header(path, bytes);
+    const int len = static_cast<int>(bytes.size());
     const MaxSideScope side(limits_.max_side);
-    if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > limits_.max_pixels)
+    if (stbi_info_from_memory(bytes.data(), len, &w, &h, &comp) &&
+        int64_t{w} * h > limits_.max_pixels)
       fail("[image_folder] {}: {}x{} pixels is more than the {} this loader decodes", path, w, h,
            limits_.max_pixels);
-    check_png_chunks(path);
+    check_png_chunks(path, bytes);
     // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
-    stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
+    stbi_uc* px = stbi_load_from_memory(bytes.data(), len, &w, &h, &comp, 3);
     if (!px) fail("[image_folder] cannot decode {}: {}", path, stbi_failure_reason());
     std::vector<float> chw(static_cast<size_t>(3) * w * h);
     const size_t plane = static_cast<size_t>(w) * h;
