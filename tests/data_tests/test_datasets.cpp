@@ -500,6 +500,49 @@ TEST(ImageFolder, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
       << msg2;
 }
 
+TEST(ImageFolder, JpegHuffmanCheckSkipsFillBytesBeforeTheStart) {
+  // libFuzzer + UBSan (the image target with its fuzz limits): the same DHT overflow as above,
+  // behind FF FF FF D8. stb skips 0xFF fill bytes before every marker, the start-of-image one
+  // too, so the file is a JPEG to stb; the check took only FF D8 at byte 0 for one.
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::string jpg = {'\xFF', '\xFF', '\xFF', '\xD8', '\xFF', '\xC4', '\x00', '\x15', '\x00'};
+  jpg += std::string(16, '\x13');  // 16 x 19 = 304 codes
+  jpg += std::string(304, '\x01');
+  jpg += {'\xFF', '\xD9'};
+  std::ofstream(d / "a/x.png", std::ios::binary).write(jpg.data(), std::ssize(jpg));
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("JPEG Huffman table at byte 8 declares 304 codes (at most 256)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ImageFolder, StbSeesTheFilesBytesAfterLongFill) {
+  // libFuzzer + UBSan (input 874,256): a JPEG start behind 176 0xFF fill bytes. stb's FILE reader
+  // rewinds only within its first 128-byte buffer, so after its JPEG test it decoded other bytes
+  // than the file's (stale 0xFF counts: a Huffman table of over 256 codes the check never saw).
+  // The loader now hands stb the file's bytes from memory: the table is the file's, 38 codes, and
+  // the image is refused by stb as corrupt, not decoded out of bounds.
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::string jpg(176, '\xFF');
+  jpg += {'\xD8', '\xFF', '\xE0', '\x00', '\x10', '\x4A', '\x00', '\x35', '\xFF'};
+  jpg += std::string(29, '\x14');
+  jpg += {'\xFF', '\xC0', '\x00', '\x11', '\x08', '\x00', '\x04', '\x00', '\x05', '\x03',
+          '\x01', '\x22', '\x00', '\x02', '\x11', '\x01', '\x03', '\x11', '\x01', '\xFF',
+          '\xC4', '\x01', '\xA2', '\x00', '\x00', '\x01', '\x05', '\x01', '\x01', '\x05',
+          '\x01', '\x00', '\x02', '\x04', '\x04', '\x03', '\x04', '\x07'};
+  ASSERT_EQ(jpg.size(), 252u);
+  std::ofstream(d / "a/x.png", std::ios::binary).write(jpg.data(), std::ssize(jpg));
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("cannot decode"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "a/x.png"), std::string::npos) << msg;
+}
+
 TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
   // libFuzzer + UBSan: stb_image's PNM header reader overflowed an int on "P6\n9999999999...".
   TempDir d;
@@ -514,6 +557,66 @@ TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {
   std::ofstream(d / "a/x.png", std::ios::binary) << "P5\n6 \n02\n5560\n \x05\n";
   const std::string msg2 = error_of([&] { ds->get(0, out.data()); });
   EXPECT_NE(msg2.find("PNM maxval 5560 at byte 9: only 8-bit"), std::string::npos) << msg2;
+}
+
+// A P6 (binary PPM) image of w x h pixels, every byte 0x80.
+std::string ppm(int w, int h) {
+  return fmt::format("P6\n{} {}\n255\n", w, h) + std::string(size_t(3) * w * h, '\x80');
+}
+
+TEST(ImageFolder, SidesBeyond8192AreRefusedByStb) {
+  // The product's side limit (STBI_MAX_DIMENSIONS, ImageLimits::max_side = 8192): stb checks it
+  // in every decoder, also for headers stbi_info cannot read. 8193x1 is far below the 2^24-pixel
+  // check, so only the side limit refuses it; 8192x1 decodes.
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/x.png", std::ios::binary) << ppm(8193, 1);
+  auto ds = load_image_folder(d.path.string(), 8);
+  std::vector<float> out(3 * 8 * 8);
+  const std::string msg = error_of([&] { ds->get(0, out.data()); });
+  EXPECT_NE(msg.find("cannot decode"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("too large"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(d / "a/x.png"), std::string::npos) << msg;
+  std::ofstream(d / "a/x.png", std::ios::binary) << ppm(8192, 1);
+  EXPECT_EQ(ds->get(0, out.data()), 0);
+  EXPECT_FLOAT_EQ(out[0], 128.0f / 255.0f);
+}
+
+TEST(ImageFolder, LowerLimitsRefuseSmallerImages) {
+  // What the fuzz harness sets (tests/fuzz/targets.cpp): a 64x64 image is refused by a pixel
+  // limit of 4095 (from the header, before decoding) and by a side limit of 63 (stb's check),
+  // and decodes at 4096 pixels and 64 a side. Each dataset keeps its own limits, and the side
+  // limit of one get() does not leak into the next on the same thread.
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/x.png", std::ios::binary) << ppm(64, 64);
+  std::vector<float> out(3 * 8 * 8);
+  auto few_pixels = load_image_folder(d.path.string(), 8, {.max_pixels = 4095});
+  std::string msg = error_of([&] { few_pixels->get(0, out.data()); });
+  EXPECT_NE(msg.find("64x64 pixels is more than the 4095 this loader decodes"), std::string::npos)
+      << msg;
+  auto short_side = load_image_folder(d.path.string(), 8, {.max_side = 63});
+  msg = error_of([&] { short_side->get(0, out.data()); });
+  EXPECT_NE(msg.find("too large"), std::string::npos) << msg;
+  auto exact = load_image_folder(d.path.string(), 8, {.max_pixels = 4096, .max_side = 64});
+  EXPECT_EQ(exact->get(0, out.data()), 0);
+  EXPECT_FLOAT_EQ(out[5], 128.0f / 255.0f);
+  std::ofstream(d / "a/x.png", std::ios::binary) << ppm(8000, 2);  // > 63, < 8192 a side
+  auto product = load_image_folder(d.path.string(), 8);
+  EXPECT_EQ(product->get(0, out.data()), 0);
+}
+
+TEST(ImageFolder, LimitsAboveTheProductsAreErrors) {
+  TempDir d;
+  fs::create_directories(d.path / "a");
+  std::ofstream(d / "a/x.png", std::ios::binary) << ppm(2, 2);
+  std::string msg = error_of([&] { load_image_folder(d.path.string(), 8, {.max_side = 8193}); });
+  EXPECT_NE(msg.find("max_side = 8193 must be in [1, 8192]"), std::string::npos) << msg;
+  msg = error_of(
+      [&] { load_image_folder(d.path.string(), 8, {.max_pixels = (int64_t{1} << 24) + 1}); });
+  EXPECT_NE(msg.find("max_pixels = 16777217 must be in [1, 16777216]"), std::string::npos) << msg;
+  msg = error_of([&] { load_image_folder(d.path.string(), 8, {.max_pixels = 0}); });
+  EXPECT_NE(msg.find("max_pixels = 0 must be in"), std::string::npos) << msg;
 }
 
 TEST(ImageFolder, EmptyFoldersAreErrors) {

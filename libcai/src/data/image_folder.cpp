@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -24,8 +25,13 @@
 #define STBI_NO_HDR
 #define STBI_NO_LINEAR
 // Every stb decoder refuses a side beyond this before allocating (some formats' headers are not
-// readable by stbi_info, so the pixel-count check below cannot see them first).
-#define STBI_MAX_DIMENSIONS 8192
+// readable by stbi_info, so the pixel-count check below cannot see them first). stb only compares
+// sides with it at run time, so it is the calling thread's ImageLimits::max_side (8192 by
+// default), set by get() around its stb calls.
+namespace {
+thread_local int stbi_max_side = cai::data::ImageLimits{}.max_side;
+}
+#define STBI_MAX_DIMENSIONS stbi_max_side
 #include <stb_image.h>
 #pragma GCC diagnostic pop
 
@@ -34,45 +40,49 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxPixels = int64_t{1} << 24;  // 4096x4096
+// Sets the calling thread's stb side limit for one get() and restores it after.
+class MaxSideScope {
+ public:
+  explicit MaxSideScope(int side) : saved_(stbi_max_side) { stbi_max_side = side; }
+  ~MaxSideScope() { stbi_max_side = saved_; }
+  MaxSideScope(const MaxSideScope&) = delete;
+  MaxSideScope& operator=(const MaxSideScope&) = delete;
+
+ private:
+  int saved_;
+};
 
 // PNG: every chunk's length must fit in what is left of the file (stb grows its buffer to the
 // declared IDAT length before reading it: a 101-byte file could ask for 2 GB).
-void check_png_chunks(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return;  // stb reports it
-  unsigned char sig[8];
-  const bool png = std::fread(sig, 1, 8, f) == 8 && sig[0] == 0x89 && sig[1] == 'P' &&
-                   sig[2] == 'N' && sig[3] == 'G';
-  std::fseek(f, 0, SEEK_END);
-  const long total = std::ftell(f);
-  long pos = 8;
-  std::string error;
-  while (png && pos + 8 <= total) {
-    unsigned char h[8];
-    std::fseek(f, pos, SEEK_SET);
-    if (std::fread(h, 1, 8, f) != 8) break;
-    const uint64_t len =
-        (uint64_t{h[0]} << 24) | (uint64_t{h[1]} << 16) | (uint64_t{h[2]} << 8) | h[3];
-    if (static_cast<int64_t>(len) > total - pos - 12) {
-      error = fmt::format("PNG chunk at byte {} declares {} bytes, but the file has {} left", pos,
-                          len, total - pos - 12);
-      break;
-    }
-    pos += 12 + static_cast<long>(len);
+void check_png_chunks(const std::string& path, const std::vector<unsigned char>& d) {
+  if (d.size() < 8 || d[0] != 0x89 || d[1] != 'P' || d[2] != 'N' || d[3] != 'G') return;
+  const int64_t total = static_cast<int64_t>(d.size());
+  for (int64_t pos = 8; pos + 8 <= total;) {
+    const unsigned char* h = d.data() + pos;
+    const int64_t len =
+        (int64_t{h[0]} << 24) | (int64_t{h[1]} << 16) | (int64_t{h[2]} << 8) | int64_t{h[3]};
+    if (len > total - pos - 12)
+      fail("[image_folder] {}: PNG chunk at byte {} declares {} bytes, but the file has {} left",
+           path, pos, len, total - pos - 12);
+    pos += 12 + len;
   }
-  std::fclose(f);
-  if (!error.empty()) fail("[image_folder] {}: {}", path, error);
 }
 
+// The whole file: stb decodes it from memory. Its FILE reader rewinds only within its first
+// 128-byte buffer: after a format test that read further (a JPEG start behind 176 0xFF fill
+// bytes), stb went on decoding other bytes than the file's (libFuzzer + UBSan), so the checks
+// here and stb must see the same bytes.
 std::vector<unsigned char> read_all(const std::string& path) {
   std::vector<unsigned char> d;
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return d;  // stb reports it
+  if (!f) fail("[image_folder] cannot open {}", path);
   unsigned char buf[65536];
   for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;)
     d.insert(d.end(), buf, buf + got);
   std::fclose(f);
+  if (d.size() > static_cast<size_t>(INT_MAX))
+    fail("[image_folder] {}: {} bytes is more than the {} stb_image reads", path, d.size(),
+         INT_MAX);
   return d;
 }
 
@@ -113,8 +123,12 @@ void check_pnm_header(const std::string& path, const std::vector<unsigned char>&
 // 16 code counts without that check and writes one size per code into a 257-entry array
 // (libFuzzer + UBSan: a 3.5 kB JPEG with counts summing to 300 wrote past it).
 void check_jpeg_huffman_tables(const std::string& path, const std::vector<unsigned char>& d) {
-  if (d.size() < 4 || d[0] != 0xFF || d[1] != 0xD8) return;  // not a JPEG
-  size_t pos = 2;
+  // stb finds the start-of-image marker after any number of 0xFF fill bytes (FF FF FF D8 is a
+  // JPEG to it: libFuzzer + UBSan found the same overflow behind such a start).
+  size_t pos = 0;
+  while (pos < d.size() && d[pos] == 0xFF) ++pos;
+  if (pos == 0 || pos >= d.size() || d[pos] != 0xD8) return;  // not a JPEG
+  ++pos;
   while (pos + 4 <= d.size()) {
     const unsigned m = d[pos + 1];
     if (d[pos] != 0xFF || m == 0xFF) {  // entropy-coded data, fill bytes
@@ -150,10 +164,12 @@ bool is_image_file(const fs::path& p) {
 
 class ImageFolderDataset final : public Dataset {
  public:
-  ImageFolderDataset(std::string dir, int64_t image_size, std::vector<std::string> classes,
-                     std::vector<std::string> files, std::vector<int32_t> labels)
+  ImageFolderDataset(std::string dir, int64_t image_size, ImageLimits limits,
+                     std::vector<std::string> classes, std::vector<std::string> files,
+                     std::vector<int32_t> labels)
       : dir_(std::move(dir)),
         size_(image_size),
+        limits_(limits),
         classes_(std::move(classes)),
         files_(std::move(files)),
         labels_(std::move(labels)) {}
@@ -168,17 +184,18 @@ class ImageFolderDataset final : public Dataset {
     int w = 0, h = 0, comp = 0;
     // The header's size first: a few bytes can announce 30000x30000, which stb would allocate
     // (and spend seconds on) before finding the data missing.
-    {  // before stbi_info, which reads these headers too
-      const std::vector<unsigned char> bytes = read_all(path);
-      check_jpeg_huffman_tables(path, bytes);
-      check_pnm_header(path, bytes);
-    }
-    if (stbi_info(path.c_str(), &w, &h, &comp) && int64_t{w} * h > kMaxPixels)
-      fail("[image_folder] {}: {}x{} pixels is more than the {} (2^24) this loader decodes", path,
-           w, h, kMaxPixels);
-    check_png_chunks(path);
+    const std::vector<unsigned char> bytes = read_all(path);
+    check_jpeg_huffman_tables(path, bytes);  // before stbi_info, which reads these headers too
+    check_pnm_header(path, bytes);
+    const int len = static_cast<int>(bytes.size());
+    const MaxSideScope side(limits_.max_side);
+    if (stbi_info_from_memory(bytes.data(), len, &w, &h, &comp) &&
+        int64_t{w} * h > limits_.max_pixels)
+      fail("[image_folder] {}: {}x{} pixels is more than the {} this loader decodes", path, w, h,
+           limits_.max_pixels);
+    check_png_chunks(path, bytes);
     // stb_image keeps its failure reason thread-local, so concurrent workers are fine.
-    stbi_uc* px = stbi_load(path.c_str(), &w, &h, &comp, 3);
+    stbi_uc* px = stbi_load_from_memory(bytes.data(), len, &w, &h, &comp, 3);
     if (!px) fail("[image_folder] cannot decode {}: {}", path, stbi_failure_reason());
     std::vector<float> chw(static_cast<size_t>(3) * w * h);
     const size_t plane = static_cast<size_t>(w) * h;
@@ -199,6 +216,7 @@ class ImageFolderDataset final : public Dataset {
  private:
   std::string dir_;
   int64_t size_;
+  ImageLimits limits_;
   std::vector<std::string> classes_;
   std::vector<std::string> files_;
   std::vector<int32_t> labels_;
@@ -206,8 +224,15 @@ class ImageFolderDataset final : public Dataset {
 
 }  // namespace
 
-std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size) {
+std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size,
+                                           const ImageLimits& limits) {
   CAI_CHECK(image_size > 0, "[image_folder] image_size = {} must be > 0", image_size);
+  const ImageLimits defaults;
+  CAI_CHECK(limits.max_pixels > 0 && limits.max_pixels <= defaults.max_pixels,
+            "[image_folder] max_pixels = {} must be in [1, {}]", limits.max_pixels,
+            defaults.max_pixels);
+  CAI_CHECK(limits.max_side > 0 && limits.max_side <= defaults.max_side,
+            "[image_folder] max_side = {} must be in [1, {}]", limits.max_side, defaults.max_side);
   std::error_code ec;
   CAI_CHECK(fs::is_directory(dir, ec), "[image_folder] {} is not a directory", dir);
   std::vector<std::string> classes;
@@ -237,8 +262,8 @@ std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image
   CAI_CHECK(!files.empty(),
             "[image_folder] {}: no images (.png, .jpg, .jpeg or .bmp) in its {} class folder(s)",
             dir, classes.size());
-  return std::make_shared<ImageFolderDataset>(dir, image_size, std::move(classes), std::move(files),
-                                              std::move(labels));
+  return std::make_shared<ImageFolderDataset>(dir, image_size, limits, std::move(classes),
+                                              std::move(files), std::move(labels));
 }
 
 }  // namespace cai::data

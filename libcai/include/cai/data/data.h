@@ -38,9 +38,17 @@ std::shared_ptr<Dataset> load_mnist_dir(const std::string& dir, bool train,
                                         const std::string& name = "mnist");
 // CIFAR-10 binary version: dir holds data_batch_1..5.bin (train) and test_batch.bin.
 std::shared_ptr<Dataset> load_cifar10(const std::string& dir, bool train);
+// Size limits on the images load_image_folder decodes; get() refuses a larger image (cai::Error)
+// before decoding it. The defaults are the product's; a smaller limit is for the fuzz harness
+// (tests/fuzz), which would otherwise spend seconds under ASan decoding each huge declared image.
+struct ImageLimits {
+  int64_t max_pixels = int64_t{1} << 24;  // width × height as the header declares (4096x4096)
+  int max_side = 8192;  // either side; also for headers stbi_info cannot read (stb checks it)
+};
 // One sub-folder per class (sorted names are classes 0..k-1), PNG/JPEG/BMP files decoded with stb
-// as RGB and resized (bilinear) to image_size × image_size.
-std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size);
+// as RGB and resized (bilinear) to image_size × image_size. `limits` may only lower the defaults.
+std::shared_ptr<Dataset> load_image_folder(const std::string& dir, int64_t image_size,
+                                           const ImageLimits& limits = {});
 // Random images with fixed labels, for benchmarking the whole training path without I/O: n
 // samples of channels × size × size values uniform in [0, 1), and a label in [0, num_classes):
 // the label and a key from philox(seed, sample index, 0), the values an integer hash of (key,
