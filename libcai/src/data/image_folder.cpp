@@ -1,5 +1,8 @@
 // Image-folder dataset (one sub-folder per class) decoded with stb_image. stb_image is compiled
-// here, static to this translation unit: the library does not link libstb.
+// here, static to this translation unit: the library does not link libstb. The header is
+// stb_image v2.30 beside this file (nothings/stb, public domain), not Debian's 2.27: 2.30 stops
+// its JPEG entropy decoder when a block asks for more bits than the stream has (2.27 shifted by
+// more than 31 there: libFuzzer + UBSan, docs/FUZZING.md fix 19).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -32,7 +35,7 @@ namespace {
 thread_local int stbi_max_side = cai::data::ImageLimits{}.max_side;
 }
 #define STBI_MAX_DIMENSIONS stbi_max_side
-#include <stb_image.h>
+#include "stb_image.h"
 #pragma GCC diagnostic pop
 
 namespace cai::data {
