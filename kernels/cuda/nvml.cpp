@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
 
 #include "kernels/device.h"
@@ -45,15 +46,28 @@ const Nvml& nvml() {
   return n;
 }
 
+// The NVML handle of CUDA device `device`, looked up once (not at every read).
+nvmlDevice handle_of(const Nvml& n, int device) {
+  static std::mutex m;
+  static std::map<int, nvmlDevice> handles;
+  std::lock_guard<std::mutex> lock(m);
+  const auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  char bus[32] = {};
+  nvmlDevice d = nullptr;
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess || n.by_pci(bus, &d) != 0)
+    d = nullptr;
+  handles[device] = d;
+  return d;
+}
+
 }  // namespace
 
 bool read_sensors(int device, GpuSensors* out) {
   const Nvml& n = nvml();
   if (!n.ok || !out) return false;
-  char bus[32] = {};
-  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return false;
-  nvmlDevice d = nullptr;
-  if (n.by_pci(bus, &d) != 0) return false;
+  const nvmlDevice d = handle_of(n, device);
+  if (!d) return false;
   unsigned long long mj = 0;
   unsigned int mhz = 0, mw = 0;
   if (n.energy(d, &mj) != 0 || n.clock(d, 1, &mhz) != 0 || n.power(d, &mw) != 0) return false;

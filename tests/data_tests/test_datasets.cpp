@@ -523,8 +523,11 @@ TEST(ImageFolder, StbSeesTheFilesBytesAfterLongFill) {
   // libFuzzer + UBSan (input 874,256): a JPEG start behind 176 0xFF fill bytes. stb's FILE reader
   // rewinds only within its first 128-byte buffer, so after its JPEG test it decoded other bytes
   // than the file's (stale 0xFF counts: a Huffman table of over 256 codes the check never saw).
-  // The loader now hands stb the file's bytes from memory: the table is the file's, 38 codes, and
-  // the image is refused by stb as corrupt, not decoded out of bounds.
+  // The loader now hands stb the file's bytes from memory: the table is the file's, 38 codes.
+  // Debian's stb 2.27 then refused the image as corrupt; the vendored 2.30 decodes it (its
+  // entropy decoder yields zeros once the stream runs out of bits). Either way nothing is read
+  // out of bounds (this test under ASan + UBSan, and the fuzz target): an error names the file,
+  // or the pixels are finite values of the image's size.
   TempDir d;
   fs::create_directories(d.path / "a");
   std::string jpg(176, '\xFF');
@@ -538,9 +541,13 @@ TEST(ImageFolder, StbSeesTheFilesBytesAfterLongFill) {
   std::ofstream(d / "a/x.png", std::ios::binary).write(jpg.data(), std::ssize(jpg));
   auto ds = load_image_folder(d.path.string(), 8);
   std::vector<float> out(3 * 8 * 8);
+  std::fill(out.begin(), out.end(), NAN);
   const std::string msg = error_of([&] { ds->get(0, out.data()); });
-  EXPECT_NE(msg.find("cannot decode"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(d / "a/x.png"), std::string::npos) << msg;
+  if (!msg.empty()) {
+    EXPECT_NE(msg.find(d / "a/x.png"), std::string::npos) << msg;
+  } else {
+    for (float v : out) ASSERT_TRUE(std::isfinite(v)) << "a pixel the decode did not write";
+  }
 }
 
 TEST(ImageFolder, PnmHeaderNumberOfTenDigitsIsRefused) {

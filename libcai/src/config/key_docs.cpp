@@ -47,7 +47,7 @@ const char* key_doc(const std::string& key) {
       {"model.checkpoint", "activation checkpointing of every block"},
       {"model.act", "MLP activation: exact GELU or tanh approximation"},
       {"model.recompute_gelu",
-       "exact GELU: make its output again in backward instead of keeping it (less memory)"},
+       "lean backward: the GELU's output made again, tensors released once consumed (less memory)"},
       {"parallel.pipeline", "pipeline stages"},
       {"parallel.num_microbatches", "micro-batches per step (0: unset; not with microbatch_size)"},
       {"parallel.microbatch_size", "samples per micro-batch (0: unset; not with num_microbatches)"},

@@ -428,9 +428,13 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   std::optional<TensorParallel::TokenGather> b_whole;
   if (regather) b_whole = tp_->gather_tokens_start(a.b, n);
   const bool tanh = c_.act == "gelu_tanh";
-  // Every tensor below is released as soon as nothing later reads it (the Cache's included), so
-  // a block's backward holds a few of its working tensors at a time, not all of them (the plan's
-  // block_plan follows this order). A deferred weight gradient keeps what it reads by itself.
+  const bool lean = c_.recompute_gelu;
+  // With model.recompute_gelu (`lean`), every tensor below is released as soon as nothing later
+  // reads it (the Cache's included), so a block's backward holds a few of its working tensors at
+  // a time, not all of them; without it they live to the end of the backward, as before (on 2
+  // H200 the releases cost data parallelism about 5% of its img/s, not yet understood:
+  // docs/bench/h200x2-dp-lean-backward.jsonl). The plan's block_plan follows either. A deferred
+  // weight gradient keeps what it reads by itself.
   Tensor gf;
   bool fc1_bias_done = false;
   if (!a.m.defined()) {
@@ -442,8 +446,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     Tensor m;
     gf = ops::gelu_bwd_bias(a.f, gm, ops::Gelu::Exact, &fc1_db, &m);
     fc1_bias_done = true;
-    gm = Tensor();
-    a.f = Tensor();
+    if (lean) gm = Tensor();
+    if (lean) a.f = Tensor();
     wg.run([this, m, g, fc2_db] {
       ops::linear_bwd_weight(m, g, &fc2.weight.grad, fc2_db ? &fc2_db->grad : nullptr);
     });
@@ -457,25 +461,25 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
       gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad,
                                  fc2_db ? &fc2_db->grad : nullptr);
     }
-    a.m = a.f = Tensor();
+    if (lean) a.m = a.f = Tensor();
   } else {
     Tensor gm = linear_bwd(wg, a.m, fc2.w(), g, &fc2.weight, fc2_db);
-    a.m = Tensor();
+    if (lean) a.m = Tensor();
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
     Tensor fc1_db = wg.into(fc1.bias);
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1_db);
     fc1_bias_done = true;
-    a.f = Tensor();
+    if (lean) a.f = Tensor();
   }
   if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
   // A re-gathered input is waited for after fc1's input-gradient GEMM, at its weight GEMM.
   Tensor gb = column_linear_bwd(tp_, regather ? Tensor() : a.b, fc1, gf, !fc1_bias_done, &wg,
                                 regather ? &*b_whole : nullptr);
-  gf = Tensor();
-  a.b = Tensor();
-  b_whole.reset();
+  if (lean) gf = Tensor();
+  if (lean) a.b = Tensor();
+  if (lean) b_whole.reset();
   // The residual stream's gradient gh = norm2'(gb) + dy in one pass; when proj's backward reads
   // it unchanged (no drop-path, dropout or gather between), the same pass also writes the copy in
   // the compute dtype that proj's GEMMs take, and proj's bias gradient (the column sums of what
@@ -488,12 +492,12 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
                                      &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr,
                                      gy_as_is ? &proj_db : nullptr);
-  gb = Tensor();
-  a.h = a.mean2 = a.rstd2 = Tensor();
+  if (lean) gb = Tensor();
+  if (lean) a.h = a.mean2 = a.rstd2 = Tensor();
 
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
   Tensor gy = half_gy ? gh_half : gh;
-  gh_half = Tensor();
+  if (lean) gh_half = Tensor();
   if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
   if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
   if (sp()) gy = tp_->gather_tokens(gy, n);
@@ -502,7 +506,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   std::optional<TensorParallel::TokenGather> a_whole;
   if (regather_a) a_whole = tp_->gather_tokens_start(a.a, n);
   Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
-  gy = Tensor();
+  if (lean) gy = Tensor();
   if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
   // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
   // pass; k: 0, v: dout's column sums, by the softmax's identities: flash_attention.cu).
@@ -510,13 +514,13 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor qkv_db = qkv_fused_db ? wg.into(qkv.bias) : Tensor();
   const DType out_dtype = a.o.dtype();
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
-  go = Tensor();
-  a.qkv = a.o = a.probs = Tensor();
+  if (lean) go = Tensor();
+  if (lean) a.qkv = a.o = a.probs = Tensor();
   Tensor ga = column_linear_bwd(tp_, regather_a ? Tensor() : a.a, qkv, gq, !qkv_fused_db, &wg,
                                 regather_a ? &*a_whole : nullptr);
-  gq = Tensor();
-  a.a = Tensor();
-  a_whole.reset();
+  if (lean) gq = Tensor();
+  if (lean) a.a = Tensor();
+  if (lean) a_whole.reset();
   // The block before this one takes gx rounded: from the same pass.
   const bool send = send_half_dx_ && half && !sp();
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);
@@ -525,8 +529,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gx = ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2],
                                      &ln[3], out_dtype, send ? &gx_half : nullptr,
                                      send_sum ? &gx_sum : nullptr, false);
-  ga = gh = Tensor();
-  a.x = a.mean1 = a.rstd1 = Tensor();
+  if (lean) ga = gh = Tensor();
+  if (lean) a.x = a.mean1 = a.rstd1 = Tensor();
   if (send || send_sum) dx_ = gx, dx_half_ = gx_half, dx_sum_ = gx_sum;
   if (sp()) {
     ln_flat = sum_grad_buffer(*tp_, ln_flat, std::nullopt);

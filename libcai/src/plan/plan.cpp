@@ -415,14 +415,20 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     struct Walk {
       int64_t peak = 0, held = 0;
     };
+    // Without model.recompute_gelu the block's tensors live to the end of its backward
+    // (Block::backward's `lean`): only g, gm and the ops' own temporaries go earlier.
+    const bool lean = c.recompute_gelu;
     auto walk = [&](bool split) {
       Walk w;
       int64_t live = 0;
       auto add = [&](int64_t bytes) { w.peak = std::max(w.peak, live += bytes); };
-      auto drop = [&](int64_t bytes) { live -= bytes; };
+      auto free_now = [&](int64_t bytes) { live -= bytes; };
+      auto drop = [&](int64_t bytes) {
+        if (lean) live -= bytes;
+      };
       auto touch = [&](int64_t bytes) {
         add(bytes);
-        drop(bytes);
+        free_now(bytes);
       };
       // Kept for the BackwardWeight (split) or released now.
       auto hold = [&](int64_t bytes) {
@@ -471,16 +477,17 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
         hold(m_bytes);  // the Cache's m, after fc2's GEMMs
         add(gf);
         touch(up_gelu_bwd);
-        drop(gm + f_bytes);
+        free_now(gm);  // its scope ends
+        drop(f_bytes);
       }
       // g is done with (unless fc2's weight gradient keeps it).
-      drop(g_alive - (split ? g_kept : 0));
+      free_now(g_alive - (split ? g_kept : 0));
       // fc1's backward (column-parallel): the input gradient before its reduction (and the
       // reduce-scatter's staging) beside gf; then gf, its input and the re-gathered copy go
       // (split: gf and the input fc1's weight gradient reads stay).
       add(col);
       touch(up_bwd(d, s.hid));
-      drop(col - gb);
+      free_now(col - gb);
       hold(gf + (again > 0 ? again : kept));
       drop(again > 0 ? kept : 0);
       // norm2's backward: gh (fp32) and proj's copy of it in the compute dtype.
@@ -497,11 +504,12 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       if (s.fused) partial(3 * s.dt);      // qkv's bias gradient from the fused attention backward
       add(gq + scratch);                   // the attention backward
       touch(up_attn);
-      drop(scratch + go + rows * 3 * s.dt * e + probs);  // and qkv, probs
-      hold(rows * s.dt * e);                             // o: proj's weight gradient reads it
-      add(col);                                          // qkv's backward
+      free_now(scratch);
+      drop(go + rows * 3 * s.dt * e + probs);  // and qkv, probs
+      hold(rows * s.dt * e);                   // o: proj's weight gradient reads it
+      add(col);                                // qkv's backward
       touch(up_bwd(d, 3 * s.dt));
-      drop(col - ga);
+      free_now(col - ga);
       hold(gq + (again > 0 ? again : kept));
       drop(again > 0 ? kept : 0);
       add(gx + (sends_half ? b * nr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward

@@ -423,9 +423,11 @@ void Trainer::fit(int64_t start_epoch) {
   const int64_t steps = steps_per_epoch();
   const Device device = model_.device();
   BatchPrefetcher prefetch(device);
-  // The GPU's energy counter where training begins (StepInfo::energy_j counts from it).
+  // Rank 0's GPU's energy counter where training begins (StepInfo::energy_j counts from it;
+  // the metrics file is rank 0's, and the other ranks skip the reads).
   kernels::cuda::GpuSensors sensors0;
-  const bool sensors = device.is_cuda() && kernels::cuda::read_sensors(device.index, &sensors0);
+  const bool sensors = device.is_cuda() && plugin_->rank() == 0 &&
+                       kernels::cuda::read_sensors(device.index, &sensors0);
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
     train_.start_epoch(epoch);

@@ -33,8 +33,10 @@ struct ViTConfig {
   std::string act = "gelu";
   // Keep only fc1's output from the forward and make the GELU's output again in the backward
   // (fused into the GELU's backward pass), as torch.compile's partitioner does: the MLP's
-  // largest activation (4·D per token) is not kept, for one extra write of it in the backward.
-  bool recompute_gelu = true;
+  // largest activation (4·D per token) is not kept, for one extra write of it in the backward;
+  // and release each of a block's backward tensors once consumed. Off by default: on 2 H200 it
+  // cost data parallelism about 5% of its img/s (one GPU: 1%), not yet understood.
+  bool recompute_gelu = false;
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   int64_t mlp_hidden() const { return static_cast<int64_t>(embed_dim * mlp_ratio); }
