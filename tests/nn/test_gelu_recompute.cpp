@@ -2,8 +2,9 @@
 // the forward: the same logits, input gradients and parameter gradients bit for bit (CPU, fp32
 // and bf16), a forward that keeps exactly depth × rows × hidden fewer values, and a step whose peak
 // is lower by at least (depth − 2) × rows × hidden values (the first block's backward holds fc2's
-// input gradient, the GELU's and the output made again at once: two more than keeping it). Where it does not apply (MLP
-// dropout, checkpointing, gelu_tanh) the forward keeps the same bytes either way.
+// input gradient, the GELU's and the output made again at once: two more than keeping it). Where it
+// does not apply (MLP dropout, checkpointing, gelu_tanh) the forward keeps the same bytes either
+// way.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,9 +13,11 @@
 #include "cai/core/tensor.h"
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
+#include "vit_test_inputs.h"
 
 using namespace cai;
 using namespace cai::nn;
+using namespace cai::nn::vit_inputs;
 
 namespace {
 
@@ -24,24 +27,6 @@ ViTConfig tiny(bool recompute) {
   c.depth = 4, c.num_heads = 2, c.mlp_ratio = 4.0;
   c.recompute_gelu = recompute;
   return c;
-}
-
-Tensor images(const ViTConfig& c, int64_t b) {
-  std::vector<float> v(b * c.in_chans * c.img_size * c.img_size);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i + 1));
-  return Tensor::from_vector(v, {b, c.in_chans, c.img_size, c.img_size});
-}
-
-Tensor labels(int64_t b) {
-  std::vector<int32_t> v(b);
-  for (int64_t i = 0; i < b; ++i) v[i] = static_cast<int32_t>((i * 3) % 5);
-  return Tensor::from_vector(v, {b});
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape()) return false;
-  const auto x = a.to_vector(), y = b.to_vector();
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 struct Step {
@@ -56,7 +41,7 @@ Step run(const ViTConfig& c, DType t, int64_t b) {
   m.init(7);
   m.set_compute_dtype(t);
   const ForwardCtx ctx{true, 3, 1, 0};
-  const Tensor img = images(c, b), y = labels(b);
+  const Tensor img = images(c, b, 0.37f), y = labels(b);
   Step s;
   std::vector<std::unique_ptr<Cache>> caches;
   const int64_t before = memory_in_use(DeviceType::CPU);

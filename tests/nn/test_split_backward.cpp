@@ -11,9 +11,11 @@
 #include "cai/nn/tensor_parallel.h"
 #include "cai/nn/vit.h"
 #include "cai/ops/ops.h"
+#include "vit_test_inputs.h"
 
 using namespace cai;
 using namespace cai::nn;
+using namespace cai::nn::vit_inputs;
 
 namespace {
 
@@ -31,24 +33,6 @@ ViTConfig config_of(const Variant& v) {
   c.depth = 3, c.num_heads = 2, c.mlp_ratio = 2.0;
   c.act = v.act, c.drop_rate = v.drop, c.drop_path_rate = v.drop_path, c.checkpoint = v.checkpoint;
   return c;
-}
-
-Tensor images(const ViTConfig& c, int64_t b, float phase) {
-  std::vector<float> v(b * c.in_chans * c.img_size * c.img_size);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(phase * static_cast<float>(i + 1));
-  return Tensor::from_vector(v, {b, c.in_chans, c.img_size, c.img_size});
-}
-
-Tensor labels(int64_t b) {
-  std::vector<int32_t> v(b);
-  for (int64_t i = 0; i < b; ++i) v[i] = static_cast<int32_t>((i * 3) % 5);
-  return Tensor::from_vector(v, {b});
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape()) return false;
-  const auto x = a.to_vector(), y = b.to_vector();
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 bool all_zero(const Tensor& t) {
