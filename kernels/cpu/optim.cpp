@@ -2,6 +2,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -141,6 +142,27 @@ void multi_tensor_lamb(int count, float* const* p, const float* const* g, float*
   }
 }
 
+namespace {
+// Elements of x[0, n) that are inf or NaN, over the CPU pool (a ZeRO-Offload shard of a 6.4B
+// model is 1.6e9 elements per rank on one GPU: one thread took seconds).
+int64_t count_nonfinite(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<int64_t> part(blocks, 0);
+  parallel_for(blocks, 1, [&](int64_t s, int64_t e) {
+    for (int64_t b = s; b < e; ++b) {
+      int64_t c = 0;
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+        c += !std::isfinite(x[i]);
+      part[b] = c;
+    }
+  });
+  int64_t total = 0;
+  for (int64_t c : part) total += c;
+  return total;
+}
+}  // namespace
+
 void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
                              float scale, float* out) {
   double sq = 0.0, bad = 0.0;
@@ -149,7 +171,7 @@ void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const
     if (scale != 1.0f) cpu::scale(scale, x[i], n[i]);
     const float w = weight ? weight[i] : 1.0f;
     if (w != 0.0f) sq += static_cast<double>(w) * sum_squares(x[i], n[i]);
-    for (int64_t j = 0; j < n[i]; ++j) bad += !std::isfinite(x[i][j]);
+    bad += static_cast<double>(count_nonfinite(x[i], n[i]));
   }
   out[0] = static_cast<float>(sq);
   out[1] = static_cast<float>(bad);

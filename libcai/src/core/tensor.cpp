@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -79,8 +80,12 @@ void reset_peak_memory(DeviceType t) {
   peak_bytes[static_cast<int>(t)].store(live_bytes[static_cast<int>(t)].load());
 }
 
-Storage::Storage(size_t bytes, Device dev) : bytes_(bytes), device_(dev) {
-  data_ = dev.is_cuda() ? kernels::cuda::alloc(bytes, dev.index) : kernels::cpu::alloc(bytes);
+Storage::Storage(size_t bytes, Device dev, bool pinned)
+    : bytes_(bytes), device_(dev), pinned_(pinned) {
+  CAI_CHECK(!pinned || !dev.is_cuda(), "[tensor] pinned memory is host memory, not {}", dev.str());
+  data_ = dev.is_cuda() ? kernels::cuda::alloc(bytes, dev.index)
+          : pinned      ? kernels::cuda::alloc_pinned(std::max<size_t>(bytes, 1))
+                        : kernels::cpu::alloc(bytes);
   const int d = static_cast<int>(dev.type);
   const int64_t now = live_bytes[d].fetch_add(static_cast<int64_t>(bytes)) + bytes;
   int64_t peak = peak_bytes[d].load();
@@ -92,6 +97,8 @@ Storage::~Storage() {
   live_bytes[static_cast<int>(device_.type)].fetch_sub(static_cast<int64_t>(bytes_));
   if (device_.is_cuda())
     kernels::cuda::free(data_, device_.index);
+  else if (pinned_)
+    kernels::cuda::free_pinned(data_);
   else
     kernels::cpu::free(data_);
 }
@@ -103,6 +110,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
   t.dtype_ = dtype;
   t.device_ = dev;
   t.storage_ = std::make_shared<Storage>(t.nbytes(), dev);
+  t.defined_ = true;
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = Device::cpu();
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), t.device_, true);
   t.defined_ = true;
   return t;
 }

@@ -112,36 +112,47 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     copy_span(p->value, 0, flat, in, p->value.numel());
     in += p->value.numel();
   }
-  if (m.cfg.zero_stage >= 1 && m.offload()) {
-    int64_t mine = 0;
-    for (nn::Parameter* p : m.params) mine += chunk_size(p->value.numel(), m.rank, m.size);
-    m.dev_value = Tensor::empty({mine}, DType::F32, m.device);
-    m.dev_grad = Tensor::zeros({mine}, DType::F32, m.device);
+  if (m.offload()) {
+    CAI_CHECK(m.cfg.offload_dtype == DType::F32 || m.cfg.offload_dtype == DType::BF16 ||
+                  m.cfg.offload_dtype == DType::F16,
+              "[data_parallel] offload dtype {}: expected fp32, bf16 or fp16",
+              dtype_name(m.cfg.offload_dtype));
+    // Host layout: the rounded parameters' chunks first (model order), then the fp32 ones, so
+    // each device part is one contiguous upload.
+    int64_t rounded = 0, mine = 0;
+    for (nn::Parameter* p : m.params) {
+      const int64_t c = chunk_size(p->value.numel(), m.rank, m.size);
+      mine += c;
+      if (Impl::rounded_on_device(*p)) rounded += c;
+    }
+    // The masters in host memory; the device keeps their copy (uploaded once the lane exists,
+    // below) and, stage 1 only, the gradient shard the buckets' sums land in.
+    m.dev_value = Tensor::empty({rounded}, m.cfg.offload_dtype, m.device);
+    m.dev_value32 = Tensor::empty({mine - rounded}, DType::F32, m.device);
+    if (!m.sharded_grads()) m.dev_grad = Tensor::zeros({mine}, DType::F32, m.device);
+    m.host_value = Tensor::empty({mine}, DType::F32, Device::cpu());
     m.host_grad = Tensor::zeros({mine}, DType::F32, Device::cpu());
-    int64_t off = 0;
+    int64_t at_rounded = 0, at_fp32 = rounded;
     for (nn::Parameter* p : m.params) {
       const int64_t n = p->value.numel();
       const int64_t c0 = chunk_begin(n, m.rank, m.size), c = chunk_size(n, m.rank, m.size);
+      const bool r = Impl::rounded_on_device(*p);
+      const int64_t off = r ? at_rounded : at_fp32;
       nn::Parameter s;
       s.name = p->name;
       s.weight_decay = p->weight_decay;
-      s.value = span(m.dev_value, off, c);
-      copy_span(s.value, 0, p->value, c0, c);
-      s.grad = span(m.dev_grad, off, c);
+      s.value = r ? span(m.dev_value, off, c) : span(m.dev_value32, off - rounded, c);
+      if (m.dev_grad.defined()) s.grad = span(m.dev_grad, off, c);  // the host's layout
       m.shards.push_back(std::move(s));
-      off += c;
-    }
-    m.host_value = m.dev_value.to(Device::cpu());
-    off = 0;
-    for (const nn::Parameter& d : m.shards) {
       nn::Parameter h;
-      h.name = d.name;
-      h.weight_decay = d.weight_decay;
-      const int64_t c = d.value.numel();
+      h.name = p->name;
+      h.weight_decay = p->weight_decay;
       h.value = span(m.host_value, off, c);
+      if (c > 0) h.value.copy_from(span(p->value, c0, c));
       h.grad = span(m.host_grad, off, c);
       m.host.push_back(std::move(h));
-      off += c;
+      m.host_offset.push_back(off);
+      (r ? at_rounded : at_fp32) += c;
     }
   } else if (m.cfg.zero_stage >= 1) {
     for (nn::Parameter* p : m.params) {
@@ -158,6 +169,12 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
   }
   m.build_buckets();
   m.build_param_queue();
+  if (m.offload()) {
+    int64_t most = 1;  // the largest reduced chunk: the staging buffers' size
+    for (const Bucket& b : m.buckets) most = std::max(most, b.counts[m.rank]);
+    m.lane = std::make_unique<detail::OffloadLane>(m.device, most);
+    m.upload();
+  }
   if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views()) {
     int64_t most = 0;
     for (const auto& b : m.buckets) most = std::max(most, b.numel);
@@ -277,9 +294,14 @@ void DataParallelPlugin::sync_layer_gradients() {
     }
     cp.run();
   }
-  // Offload: the reduced gradient shard goes to the host, where the optimizer (and the clipping
-  // and the fp16 overflow check before it) reads it.
-  if (m.offload()) m.host_grad.copy_from(m.dev_grad);
+  // Offload: the reduced gradient shard is in host memory, where the optimizer (and the clipping
+  // and the fp16 overflow check before it) reads it: stage 2/3 once the lane's last adds are
+  // done, stage 1 by one copy of its device shard.
+  if (m.streams()) {
+    m.lane->flush();
+  } else if (m.offload()) {
+    m.host_grad.copy_from(m.dev_grad);  // the same layout
+  }
 }
 
 void DataParallelPlugin::finish_gradients(nn::ViT&) {
@@ -323,7 +345,8 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
     m.sum_exchange();
   }
   opt.step();
-  if (m.offload()) m.dev_value.copy_from(m.host_value);  // the updated shard back to the GPU
+  // The updated shard back to the device, in offload_dtype (the compute stream waits for it).
+  if (m.offload()) m.upload();
   // Every rank needs the updated full parameters for the next forward: the first gathers start
   // now, the rest as the next forward reaches them (materialize_parameters for other readers).
   if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
@@ -336,7 +359,7 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   m.end_exchange();
   m.settle_pushes();
   if (m.cfg.zero_stage >= 1 || !m.grad_views()) opt.zero_grad();  // else: the buckets below
-  if (m.offload()) m.dev_grad.zero_();
+  if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
   if (m.all.defined()) {
     m.all.zero_();  // every gradient, one fill
@@ -362,12 +385,15 @@ double DataParallelPlugin::all_reduce_max(double v) {
 void DataParallelPlugin::materialize_parameters() {
   Impl& m = *impl_;
   m.materialize_params();  // ZeRO-1/2: the step's deferred gathers
-  if (m.cfg.zero_stage != 3) return;
+  // Offload with a rounded device copy: the full values from the fp32 masters in host memory
+  // (checkpoints and exports hold them), a layer at a time.
+  const bool master = m.offload() && m.cfg.offload_dtype != DType::F32;
+  if (m.cfg.zero_stage != 3 && !master) return;
   m.drain();
   for (nn::Layer* l : m.layers)
     if (!m.layer_params[l].empty()) {
-      Gather g = m.start_gather(m.layer_params[l]);
-      m.complete(g, true);
+      Gather g = m.start_gather(m.layer_params[l], master);
+      m.complete(g, m.cfg.zero_stage == 3);
     }
 }
 
@@ -387,6 +413,19 @@ int64_t DataParallelPlugin::parameter_bytes() const {
   // (With cpu_offload the host copies of the shards are not counted: host memory.)
   for (const auto& s : impl_->shards) b += static_cast<int64_t>(s.value.nbytes());
   return b;
+}
+
+DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
+  const Impl& m = *impl_;
+  OffloadTraffic t;
+  if (!m.lane) return t;
+  t.shard_elements = m.host_value.numel();
+  t.device_gradient_bytes = m.dev_grad.defined() ? static_cast<int64_t>(m.dev_grad.nbytes()) : 0;
+  t.chunks_down = m.lane->chunks_pushed();
+  t.bytes_down = m.lane->bytes_downloaded();
+  t.bytes_up = m.lane->bytes_uploaded();
+  t.staging_bytes = m.lane->staging_bytes();
+  return t;
 }
 
 std::map<std::string, Tensor> DataParallelPlugin::full_model_state(nn::ViT&) {

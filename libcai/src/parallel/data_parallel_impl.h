@@ -16,6 +16,7 @@
 #include "cai/schedule/buckets.h"
 #include "cai/schedule/param_gathers.h"
 #include "kernels/device.h"
+#include "offload_lane.h"
 
 namespace cai::parallel {
 
@@ -102,13 +103,27 @@ struct DataParallelPlugin::Impl {
   Device device;                       // where the parameters, gradients, buckets and shards live
   std::vector<nn::Parameter*> params;  // model parameters, model order
   std::vector<nn::Parameter> shards;   // ZeRO: this rank's chunk of each parameter
-  // cpu_offload with GPU parameters (ZeRO-Offload): `shards` are views into dev_value/dev_grad
-  // (the reduction and the all-gather work on them, on the GPU), and the optimizer steps `host`,
-  // the same chunks in host memory (views into host_value/host_grad): one device→host copy of
-  // the gradient shard after the reduction, one host→device copy of the updated values after the
-  // step.
+  // cpu_offload (ZeRO-Offload): the optimizer steps `host`, this rank's chunks in host memory
+  // (views into host_value/host_grad, fp32; host_offset: where each parameter's chunk starts:
+  // the rounded parameters first, then the rest). `shards` are the device copy the gathers read:
+  // views into dev_value (cfg.offload_dtype) for the parameters rounded_on_device, into
+  // dev_value32 (fp32) for the rest, and, stage 1 only, into dev_grad (fp32, the host's layout:
+  // the buckets' sums land there). Stage 2/3 stream each bucket's reduced chunk
+  // into host_grad through `lane` (no device gradient shard); stage 1 copies dev_grad over once
+  // in sync_gradients. After the step the lane uploads host_value into both device parts.
   std::vector<nn::Parameter> host;
-  Tensor dev_value, dev_grad, host_value, host_grad;
+  Tensor dev_value, dev_value32, dev_grad, host_value, host_grad;
+  std::vector<int64_t> host_offset;
+  std::unique_ptr<detail::OffloadLane> lane;
+  // Whether the device copy of p holds it in cfg.offload_dtype: the weights that decay (timm's
+  // split: the GEMM weights, which the forward rounds to the compute dtype anyway); biases,
+  // norms, tokens and the position embedding stay fp32, as the forward reads them.
+  static bool rounded_on_device(const nn::Parameter& p) { return p.weight_decay; }
+  void upload() {
+    const int64_t r = dev_value.numel();
+    lane->upload(host_value, 0, dev_value, 0, r);
+    lane->upload(host_value, r, dev_value32, 0, dev_value32.numel());
+  }
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   // Finished reductions the compute stream waits for (finish()), until the host sees them done.
@@ -164,6 +179,7 @@ struct DataParallelPlugin::Impl {
       for (auto& w : pushing) w->wait();
       for (auto& e : param_gathers) e.second.work->wait();
       settling.drain();
+      if (lane) lane->flush();
     } catch (...) {
     }
   }
@@ -175,7 +191,10 @@ struct DataParallelPlugin::Impl {
   // The buckets go through the copy-engine gradient exchange (cfg.copy_engine_exchange, where
   // the communicator could enable it).
   bool exchange = false;
-  bool offload() const { return cfg.cpu_offload && device.is_cuda(); }
+  bool offload() const { return cfg.cpu_offload && cfg.zero_stage >= 1; }
+  // Stage 2/3 offload: the reduced chunks go to the host as each bucket completes.
+  bool streams() const { return offload() && sharded_grads(); }
+
   // The copy-engine exchange asked for: every bucket a view of one allocation (`all`), so that
   // each rank's received copy of a gradient lies a fixed distance from it (replica_delta).
   bool one_allocation() const {
@@ -362,14 +381,27 @@ struct DataParallelPlugin::Impl {
       cp.run();
     } else {
       int64_t in = 0;
-      Copies adds;  // one launch for the bucket
-      for (nn::Parameter* p : b.params) {
-        nn::Parameter& s = shards[index[p]];
-        const int64_t c = s.grad.numel();
-        adds.add(s.grad, 0, b.recv, in, c);
-        in += c;
+      if (streams()) {
+        // Into the host gradient shard, off the compute stream (the lane holds b.recv until
+        // its copy has left the device).
+        std::vector<detail::OffloadLane::Add> to_host;
+        for (nn::Parameter* p : b.params) {
+          const size_t k = index[p];
+          const int64_t c = host[k].grad.numel();
+          if (c > 0) to_host.push_back({host_grad, host_offset[k], in, c});
+          in += c;
+        }
+        lane->push(b.recv, std::move(to_host));
+      } else {
+        Copies adds;  // one launch for the bucket
+        for (nn::Parameter* p : b.params) {
+          nn::Parameter& s = shards[index[p]];
+          const int64_t c = s.grad.numel();
+          adds.add(s.grad, 0, b.recv, in, c);
+          in += c;
+        }
+        adds.run_add();
       }
-      adds.run_add();
       b.flat = Tensor();
       b.recv = Tensor();
       inflight.finish(static_cast<int>(i));
@@ -459,20 +491,25 @@ struct DataParallelPlugin::Impl {
   schedule::GatherWindow window;
   std::map<int, Gather> pending;
 
-  // Starts the all-gather of the shards of `ps`.
-  Gather start_gather(const std::vector<nn::Parameter*>& ps) {
+  // Starts the all-gather of the shards of `ps` (fp32). master: of the fp32 master values in
+  // host memory instead of the device copy (offload: what a checkpoint must hold).
+  Gather start_gather(const std::vector<nn::Parameter*>& ps, bool master = false) {
     Gather g;
     g.params = ps;
     std::vector<int64_t> counts(size, 0);
     for (nn::Parameter* p : ps)
       for (int r = 0; r < size; ++r)
         counts[r] += chunk_size(shape_numel(shapes[index[p]]), r, size);
+    // fp32 whatever the shards' dtype (offload's rounded device copy is widened by the pack).
     g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
     int64_t o = 0;
     Copies cp;
     for (nn::Parameter* p : ps) {
-      const Tensor& v = shards[index[p]].value;
-      cp.add(g.mine, o, v, 0, v.numel());
+      const Tensor& v = master ? host[index[p]].value : shards[index[p]].value;
+      if (master)
+        span(g.mine, o, v.numel()).copy_from(v);
+      else
+        cp.add(g.mine, o, v, 0, v.numel());
       o += v.numel();
     }
     cp.run();

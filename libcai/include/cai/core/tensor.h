@@ -32,18 +32,22 @@ int64_t shape_numel(const Shape& s);
 // Owns one allocation on one device; freed when the last Tensor referring to it goes.
 class Storage {
  public:
-  Storage(size_t bytes, Device dev);
+  // pinned: page-locked host memory (dev must be the CPU; needs a CUDA build and driver), for
+  // asynchronous copies to and from GPUs.
+  Storage(size_t bytes, Device dev, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  bool pinned_ = false;
 };
 
 class Tensor {
@@ -51,6 +55,9 @@ class Tensor {
   Tensor() = default;  // undefined: defined() is false
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device dev = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device dev = Device::cpu());
+  // A host tensor in page-locked memory (kernels::cuda::alloc_pinned): asynchronous copies to and
+  // from GPUs run on the copy engines while the host goes on. Needs a CUDA build and driver.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::F32);
   static Tensor full(const Shape& shape, float value, Device dev = Device::cpu());
   static Tensor from_vector(const std::vector<float>& v, const Shape& shape,
                             Device dev = Device::cpu());

@@ -45,12 +45,19 @@
 // gather's buffers are dropped only after its Work's wait() or test() has reported completion
 // (the caching allocator knows no streams); gradients packed into a bucket are freed at launch,
 // which the compute stream orders after the pack.
-// cpu_offload (ZeRO-Offload, stage >= 1; an error with stage 0): with GPU parameters each rank's
-// fp32 master shard and its optimizer state live in host memory: optimizer_parameters() returns
-// CPU shards, the reduced gradient shard is copied device→host in sync_gradients, the optimizer
-// (HybridAdam: the vectorised CPU Adam) steps on the host, and the updated shard is copied
-// host→device before the all-gather (stage 1/2) or the next gather (stage 3). GPU optimizer
-// state is then 0 bytes. With CPU parameters it changes nothing.
+// cpu_offload (ZeRO-Offload, stage >= 1; an error with stage 0): each rank's fp32 master shard,
+// its gradient shard and its optimizer state live in host memory (optimizer_parameters() returns
+// host shards; HybridAdam steps them with the vectorised multi-threaded CPU Adam), and the
+// parameters' device keeps only a copy of the shard in offload_dtype (bf16 under bf16 mixed
+// precision), from which the gathers work (in that dtype; the full parameters they fill are
+// fp32). Stage 2/3 stream the gradients: each bucket's reduced chunk is copied into page-locked
+// host memory on a copy stream as soon as the bucket completes (every micro-batch) and added into
+// the host gradient shard by a host thread while the backward goes on; the device chunk is freed
+// once copied, so no gradient shard of the model is kept on the device. Stage 1 keeps its device
+// gradient shard and copies it to the host once, in sync_gradients. After the host step the
+// updated values are cast and copied back chunk by chunk (the compute stream waits for them
+// before the gathers). See offload_lane.h. With CPU parameters the same path runs with host
+// memory on both sides (no saving: it makes the path testable anywhere).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -68,6 +75,9 @@ struct DataParallelConfig {
   double ddp_bucket_cap_mb = 25.0;      // stage 0 and 1 buckets
   double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
   bool cpu_offload = false;
+  // cpu_offload: the dtype of the shard copy kept on the parameters' device (fp32, bf16, fp16):
+  // the model's compute dtype (vit_train sets it from train.precision).
+  DType offload_dtype = DType::F32;
   // Start reductions during backward (else all at sync_gradients). On a GPU the first step's
   // stage 0/1 reductions wait for sync_gradients even so: its backward times the GEMM algorithms
   // (kernels::cuda::gemm_timing), which NCCL's kernels running beside would mislead.
@@ -168,6 +178,15 @@ class DataParallelPlugin : public train::Plugin {
   std::vector<schedule::ParamGatherQueue::Action> take_param_gather_log();
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
+  // cpu_offload: this rank's shard (elements), the gradient bytes kept on the parameters' device
+  // for it (stage 1: its fp32 shard; stage 2/3: 0, streamed), and the lane's traffic since setup:
+  // reduced chunks copied to the host, their bytes, bytes uploaded after the steps (and at setup),
+  // and its staging buffers' host bytes. All 0 without offload.
+  struct OffloadTraffic {
+    int64_t shard_elements = 0, device_gradient_bytes = 0;
+    int64_t chunks_down = 0, bytes_down = 0, bytes_up = 0, staging_bytes = 0;
+  };
+  OffloadTraffic offload_traffic() const;
   int num_buckets() const;
   // Whether the buckets go through the copy-engine all-reduce (asked for with
   // copy_engine_all_reduce, and the communicator could enable it).
