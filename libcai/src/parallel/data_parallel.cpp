@@ -97,20 +97,40 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     m.layer_params[l] = ps;
   }
   m.window = schedule::GatherWindow(has_params, m.cfg.zero3_prefetch);
-  // Every rank starts from rank 0's parameters.
-  int64_t total = 0;
-  for (nn::Parameter* p : m.params) total += p->value.numel();
-  Tensor flat = Tensor::empty({total}, DType::F32, m.device);
-  int64_t o = 0;
-  for (nn::Parameter* p : m.params) {
-    copy_span(flat, o, p->value, 0, p->value.numel());
-    o += p->value.numel();
-  }
-  m.dp.broadcast(flat, 0);
-  int64_t in = 0;
-  for (nn::Parameter* p : m.params) {
-    copy_span(p->value, 0, flat, in, p->value.numel());
-    in += p->value.numel();
+  // Every rank starts from rank 0's parameters: broadcast through a staging buffer of at most
+  // kBroadcastElements (64M, 256 MiB; a 6.4B model's parameters are 26 GB), parameters packed
+  // whole or split across fills.
+  if (m.size > 1) {
+    constexpr int64_t kBroadcastElements = int64_t{1} << 26;
+    int64_t total = 0;
+    for (nn::Parameter* p : m.params) total += p->value.numel();
+    Tensor flat = Tensor::empty({std::min(total, kBroadcastElements)}, DType::F32, m.device);
+    size_t i = 0;
+    int64_t at = 0;  // elements of params[i] already sent
+    while (i < m.params.size()) {
+      struct Piece {
+        nn::Parameter* p;
+        int64_t from, n, to;
+      };
+      std::vector<Piece> pieces;
+      int64_t fill = 0;
+      Copies in;
+      while (i < m.params.size() && fill < flat.numel()) {
+        nn::Parameter* p = m.params[i];
+        const int64_t n = std::min(p->value.numel() - at, flat.numel() - fill);
+        in.add(flat, fill, p->value, at, n);
+        pieces.push_back({p, at, n, fill});
+        fill += n;
+        at += n;
+        if (at == p->value.numel()) ++i, at = 0;
+      }
+      in.run();
+      Tensor part = flat.narrow(0, fill);
+      m.dp.broadcast(part, 0);
+      Copies out;
+      for (const Piece& pc : pieces) out.add(pc.p->value, pc.from, flat, pc.to, pc.n);
+      out.run();
+    }
   }
   if (m.offload()) {
     CAI_CHECK(m.cfg.offload_dtype == DType::F32 || m.cfg.offload_dtype == DType::BF16 ||
@@ -125,25 +145,15 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       mine += c;
       if (Impl::rounded_on_device(*p)) rounded += c;
     }
-    // The masters in host memory; the device keeps their copy (uploaded once the lane exists,
-    // below) and, stage 1 only, the gradient shard the buckets' sums land in.
-    m.dev_value = Tensor::empty({rounded}, m.cfg.offload_dtype, m.device);
-    m.dev_value32 = Tensor::empty({mine - rounded}, DType::F32, m.device);
-    if (!m.sharded_grads()) m.dev_grad = Tensor::zeros({mine}, DType::F32, m.device);
+    // The masters in host memory first; stage 3 then frees the full values before the device
+    // copy is made (setup's peak: the full values, not the full values and the copy).
     m.host_value = Tensor::empty({mine}, DType::F32, Device::cpu());
     m.host_grad = Tensor::zeros({mine}, DType::F32, Device::cpu());
     int64_t at_rounded = 0, at_fp32 = rounded;
     for (nn::Parameter* p : m.params) {
       const int64_t n = p->value.numel();
       const int64_t c0 = chunk_begin(n, m.rank, m.size), c = chunk_size(n, m.rank, m.size);
-      const bool r = Impl::rounded_on_device(*p);
-      const int64_t off = r ? at_rounded : at_fp32;
-      nn::Parameter s;
-      s.name = p->name;
-      s.weight_decay = p->weight_decay;
-      s.value = r ? span(m.dev_value, off, c) : span(m.dev_value32, off - rounded, c);
-      if (m.dev_grad.defined()) s.grad = span(m.dev_grad, off, c);  // the host's layout
-      m.shards.push_back(std::move(s));
+      const int64_t off = Impl::rounded_on_device(*p) ? at_rounded : at_fp32;
       nn::Parameter h;
       h.name = p->name;
       h.weight_decay = p->weight_decay;
@@ -152,7 +162,24 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       h.grad = span(m.host_grad, off, c);
       m.host.push_back(std::move(h));
       m.host_offset.push_back(off);
-      (r ? at_rounded : at_fp32) += c;
+      (Impl::rounded_on_device(*p) ? at_rounded : at_fp32) += c;
+      if (m.cfg.zero_stage == 3) p->value = m.released();
+    }
+    // The device copy (uploaded once the lane exists, below) and, stage 1 only, the gradient
+    // shard the buckets' sums land in (the host's layout).
+    m.dev_value = Tensor::empty({rounded}, m.cfg.offload_dtype, m.device);
+    m.dev_value32 = Tensor::empty({mine - rounded}, DType::F32, m.device);
+    if (!m.sharded_grads()) m.dev_grad = Tensor::zeros({mine}, DType::F32, m.device);
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      const nn::Parameter& h = m.host[i];
+      const int64_t off = m.host_offset[i], c = h.value.numel();
+      nn::Parameter s;
+      s.name = h.name;
+      s.weight_decay = h.weight_decay;
+      s.value = Impl::rounded_on_device(*m.params[i]) ? span(m.dev_value, off, c)
+                                                      : span(m.dev_value32, off - rounded, c);
+      if (m.dev_grad.defined()) s.grad = span(m.dev_grad, off, c);
+      m.shards.push_back(std::move(s));
     }
   } else if (m.cfg.zero_stage >= 1) {
     for (nn::Parameter* p : m.params) {

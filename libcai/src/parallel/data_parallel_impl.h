@@ -254,7 +254,7 @@ struct DataParallelPlugin::Impl {
     std::vector<int> layer_of;
     for (size_t l = 0; l < layers.size(); ++l)
       for (size_t k = 0; k < layer_params[layers[l]].size(); ++k) {
-        numels.push_back(layer_params[layers[l]][k]->value.numel());
+        numels.push_back(shape_numel(shapes[index[layer_params[layers[l]][k]]]));
         layer_of.push_back(static_cast<int>(l));
       }
     CAI_CHECK(numels.size() == params.size(),
