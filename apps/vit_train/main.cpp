@@ -477,11 +477,13 @@ int main(int argc, char** argv) {
     // This process's peak: the bytes of live tensors on its device (what the plan predicts) and,
     // on a GPU, what the caching allocator held.
     const int64_t tensors = peak_memory(device.type);
+    // On a GPU also the host tensors' peak (ZeRO-Offload's shards and optimizer state).
     log::info("peak memory of this process: {} bytes of tensors ({:.1f} MiB){}", tensors,
               tensors / 1048576.0,
               device.is_cuda()
-                  ? fmt::format(", device allocator {:.1f} MiB",
-                                kernels::cuda::allocator_stats(device.index).peak / 1048576.0)
+                  ? fmt::format(", device allocator {:.1f} MiB; host tensors {:.1f} MiB",
+                                kernels::cuda::allocator_stats(device.index).peak / 1048576.0,
+                                peak_memory(DeviceType::CPU) / 1048576.0)
                   : std::string());
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);
