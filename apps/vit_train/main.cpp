@@ -349,6 +349,10 @@ int main(int argc, char** argv) {
       checkpoint::load_model_state(model, w, skip, false, init_from);
       log::info("[checkpoint] initialised from {} ({} tensors)", init_from, w.size());
     }
+    // ZeRO-2/3 make each layer's gradients in its backward: none to move to the device here
+    // (the 6.4B ViT's would be 26 GB on the GPU beside its 26 GB of values until setup).
+    if (cfg.zero_stage >= 2)
+      for (nn::Parameter* p : model.parameters()) p->grad = Tensor();
     if (device.is_cuda()) model.to(device);
     plugin->setup(model);
     optim::OptimizerOptions oo;
@@ -485,6 +489,15 @@ int main(int argc, char** argv) {
                                 kernels::cuda::allocator_stats(device.index).peak / 1048576.0,
                                 peak_memory(DeviceType::CPU) / 1048576.0)
                   : std::string());
+    if (auto* dpp = hybrid ? hybrid->data_parallel() : nullptr; dpp && cfg.cpu_offload) {
+      const auto t = dpp->offload_traffic();
+      log::info(
+          "[offload] shard {} elements; gradients to the host {:.2f} GB in {} chunks, values back "
+          "{:.2f} GB; host ms: waiting for the gradients {:.0f}, optimizer step {:.0f}, upload "
+          "{:.0f}; staging {:.1f} MiB",
+          t.shard_elements, t.bytes_down / 1e9, t.chunks_down, t.bytes_up / 1e9, t.flush_ms,
+          t.step_ms, t.upload_ms, t.staging_bytes / 1048576.0);
+    }
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);
       const int m = pipe->micro_batches_for(cfg.batch_size);

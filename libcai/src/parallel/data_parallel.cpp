@@ -1,6 +1,7 @@
 #include "cai/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <utility>
 
@@ -11,6 +12,12 @@
 #include "kernels/device.h"
 
 namespace cai::parallel {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 DataParallelPlugin::DataParallelPlugin(dist::Communicator& dp, DataParallelConfig cfg)
     : impl_(std::make_unique<Impl>(dp, cfg)) {}
@@ -200,6 +207,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     int64_t most = 1;  // the largest reduced chunk: the staging buffers' size
     for (const Bucket& b : m.buckets) most = std::max(most, b.counts[m.rank]);
     m.lane = std::make_unique<detail::OffloadLane>(m.device, most);
+    m.host_stale.assign(m.buckets.size(), 1);
     m.upload();
   }
   if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views()) {
@@ -325,7 +333,16 @@ void DataParallelPlugin::sync_layer_gradients() {
   // and the fp16 overflow check before it) reads it: stage 2/3 once the lane's last adds are
   // done, stage 1 by one copy of its device shard.
   if (m.streams()) {
+    const auto t0 = std::chrono::steady_clock::now();
     m.lane->flush();
+    // Buckets that streamed nothing this step (no layer of theirs ran): zeros, as zero_grad's
+    // would have been.
+    for (size_t i = 0; i < m.buckets.size(); ++i) {
+      if (!m.host_stale[i]) continue;
+      for (nn::Parameter* p : m.buckets[i].params) m.host[m.index[p]].grad.zero_();
+      m.host_stale[i] = 0;
+    }
+    m.flush_ms += ms_since(t0);
   } else if (m.offload()) {
     m.host_grad.copy_from(m.dev_grad);  // the same layout
   }
@@ -371,9 +388,15 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
     }
     m.sum_exchange();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   opt.step();
-  // The updated shard back to the device, in offload_dtype (the compute stream waits for it).
-  if (m.offload()) m.upload();
+  if (m.offload()) {
+    m.step_ms += ms_since(t0);
+    // The updated shard back to the device, in offload_dtype (the compute stream waits for it).
+    const auto t1 = std::chrono::steady_clock::now();
+    m.upload();
+    m.upload_ms += ms_since(t1);
+  }
   // Every rank needs the updated full parameters for the next forward: the first gathers start
   // now, the rest as the next forward reaches them (materialize_parameters for other readers).
   if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
@@ -385,7 +408,10 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   // buckets before they are zeroed.
   m.end_exchange();
   m.settle_pushes();
-  if (m.cfg.zero_stage >= 1 || !m.grad_views()) opt.zero_grad();  // else: the buckets below
+  if (m.streams())  // the host gradients: overwritten by the next step's first chunks instead
+    std::fill(m.host_stale.begin(), m.host_stale.end(), 1);
+  else if (m.cfg.zero_stage >= 1 || !m.grad_views())
+    opt.zero_grad();  // else: the buckets below
   if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
   if (m.all.defined()) {
@@ -452,6 +478,9 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   t.bytes_down = m.lane->bytes_downloaded();
   t.bytes_up = m.lane->bytes_uploaded();
   t.staging_bytes = m.lane->staging_bytes();
+  t.flush_ms = m.flush_ms;
+  t.step_ms = m.step_ms;
+  t.upload_ms = m.upload_ms;
   return t;
 }
 

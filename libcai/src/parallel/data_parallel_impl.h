@@ -115,6 +115,12 @@ struct DataParallelPlugin::Impl {
   Tensor dev_value, dev_value32, dev_grad, host_value, host_grad;
   std::vector<int64_t> host_offset;
   std::unique_ptr<detail::OffloadLane> lane;
+  // Stage 2/3 offload, per bucket: its host gradients hold nothing of this step yet (zero_grad
+  // sets it instead of zeroing them): its first chunk is copied in, not added.
+  std::vector<char> host_stale;
+  // Host milliseconds: waiting for the streamed gradients in sync_gradients, the host optimizer
+  // step, the upload (offload_traffic()).
+  double flush_ms = 0, step_ms = 0, upload_ms = 0;
   // Whether the device copy of p holds it in cfg.offload_dtype: the weights that decay (timm's
   // split: the GEMM weights, which the forward rounds to the compute dtype anyway); biases,
   // norms, tokens and the position embedding stay fp32, as the forward reads them.
@@ -388,9 +394,10 @@ struct DataParallelPlugin::Impl {
         for (nn::Parameter* p : b.params) {
           const size_t k = index[p];
           const int64_t c = host[k].grad.numel();
-          if (c > 0) to_host.push_back({host_grad, host_offset[k], in, c});
+          if (c > 0) to_host.push_back({host_grad, host_offset[k], in, c, host_stale[i] != 0});
           in += c;
         }
+        host_stale[i] = 0;
         lane->push(b.recv, std::move(to_host));
       } else {
         Copies adds;  // one launch for the bucket

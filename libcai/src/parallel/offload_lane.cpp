@@ -93,7 +93,10 @@ void OffloadLane::worker() {
         float* y = a.dst.data<float>() + a.dst_offset;
         const float* xs = x + a.src_offset;
         kernels::cpu::parallel_for(a.n, kGrain, [&](int64_t b, int64_t e) {
-          for (int64_t k = b; k < e; ++k) y[k] += xs[k];
+          if (a.assign)
+            std::memcpy(y + b, xs + b, static_cast<size_t>(e - b) * sizeof(float));
+          else
+            for (int64_t k = b; k < e; ++k) y[k] += xs[k];
         });
       }
     } catch (...) {

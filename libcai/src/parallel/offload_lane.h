@@ -34,12 +34,14 @@ namespace cai::parallel::detail {
 class OffloadLane {
  public:
   // An add of `n` elements from offset `src_offset` of a pushed chunk into host tensor `dst`
-  // (fp32) from element `dst_offset`.
+  // (fp32) from element `dst_offset`; assign: a copy instead (the first chunk of a step: no
+  // zeroing pass over the host gradients).
   struct Add {
     Tensor dst;
     int64_t dst_offset = 0;
     int64_t src_offset = 0;
     int64_t n = 0;
+    bool assign = false;
   };
   // device: where the chunks come from and the uploads go; max_elements: the largest chunk (the
   // staging buffers' size).

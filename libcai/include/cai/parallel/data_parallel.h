@@ -181,10 +181,13 @@ class DataParallelPlugin : public train::Plugin {
   // cpu_offload: this rank's shard (elements), the gradient bytes kept on the parameters' device
   // for it (stage 1: its fp32 shard; stage 2/3: 0, streamed), and the lane's traffic since setup:
   // reduced chunks copied to the host, their bytes, bytes uploaded after the steps (and at setup),
-  // and its staging buffers' host bytes. All 0 without offload.
+  // its staging buffers' host bytes, and the host's milliseconds waiting for the streamed
+  // gradients (sync_gradients: also the device's backward still running), in the host optimizer
+  // step and in the upload. All 0 without offload.
   struct OffloadTraffic {
     int64_t shard_elements = 0, device_gradient_bytes = 0;
     int64_t chunks_down = 0, bytes_down = 0, bytes_up = 0, staging_bytes = 0;
+    double flush_ms = 0, step_ms = 0, upload_ms = 0;
   };
   OffloadTraffic offload_traffic() const;
   int num_buckets() const;
