@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <utility>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -60,6 +62,21 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
     const __m256 vstep = _mm256_set1_ps(step_size), vwd = _mm256_set1_ps(weight_decay);
     const __m256 vdecay = _mm256_set1_ps(1.0f - lr * weight_decay);
     const bool l2 = !decoupled && weight_decay != 0.0f;
+    // Where p, m and v are 32-byte aligned together (ZeRO-Offload's host shards are laid out so),
+    // the results are stored past the caches (non-temporal): a multi-gigabyte step reads p, m, v
+    // and the gradient once and writes p, m, v once, without reading the written lines first.
+    auto aligned = [&](int64_t k) {
+      return ((reinterpret_cast<uintptr_t>(p + k) | reinterpret_cast<uintptr_t>(m + k) |
+               reinterpret_cast<uintptr_t>(v + k)) &
+              31) == 0;
+    };
+    const int64_t first =
+        s + static_cast<int64_t>((32 - (reinterpret_cast<uintptr_t>(p + s) & 31)) % 32 / 4);
+    const bool stream = e - first >= 4096 && aligned(first);
+    if (stream)
+      for (; i < e && !aligned(i); ++i)
+        adam_element(p[i], grad[i], m[i], v[i], beta1, beta2, eps, weight_decay, lr, bc2_sqrt,
+                     step_size, decoupled);
     for (; i + 8 <= e; i += 8) {
       __m256 vp = _mm256_loadu_ps(p + i), g = _mm256_loadu_ps(grad + i);
       if (decoupled)
@@ -71,10 +88,17 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
                                 _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
       const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), vbc2), veps);
       vp = _mm256_sub_ps(vp, _mm256_mul_ps(vstep, _mm256_div_ps(vm, denom)));
-      _mm256_storeu_ps(m + i, vm);
-      _mm256_storeu_ps(v + i, vv);
-      _mm256_storeu_ps(p + i, vp);
+      if (stream) {
+        _mm256_stream_ps(m + i, vm);
+        _mm256_stream_ps(v + i, vv);
+        _mm256_stream_ps(p + i, vp);
+      } else {
+        _mm256_storeu_ps(m + i, vm);
+        _mm256_storeu_ps(v + i, vv);
+        _mm256_storeu_ps(p + i, vp);
+      }
     }
+    if (stream) _mm_sfence();  // the streamed stores are visible before the block ends
 #endif
     for (; i < e; ++i)
       adam_element(p[i], grad[i], m[i], v[i], beta1, beta2, eps, weight_decay, lr, bc2_sqrt,
@@ -143,23 +167,30 @@ void multi_tensor_lamb(int count, float* const* p, const float* const* g, float*
 }
 
 namespace {
-// Elements of x[0, n) that are inf or NaN, over the CPU pool (a ZeRO-Offload shard of a 6.4B
-// model is 1.6e9 elements per rank on one GPU: one thread took seconds).
-int64_t count_nonfinite(const float* x, int64_t n) {
-  constexpr int64_t kBlock = 1 << 16;
+// The sum of squares of x[0, n) (as sum_squares: fixed blocks, so the result does not depend on
+// the thread count) and how many elements are inf or NaN, in one pass over the CPU pool (a
+// ZeRO-Offload shard of a 6.4B model is 6.4e9 elements on one GPU: one thread took seconds).
+std::pair<double, int64_t> squares_and_nonfinite(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 65536;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<int64_t> part(blocks, 0);
+  std::vector<double> sq(blocks, 0.0);
+  std::vector<int64_t> bad(blocks, 0);
   parallel_for(blocks, 1, [&](int64_t s, int64_t e) {
     for (int64_t b = s; b < e; ++b) {
+      double acc = 0.0;
       int64_t c = 0;
-      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        acc += static_cast<double>(x[i]) * x[i];
         c += !std::isfinite(x[i]);
-      part[b] = c;
+      }
+      sq[b] = acc;
+      bad[b] = c;
     }
   });
-  int64_t total = 0;
-  for (int64_t c : part) total += c;
-  return total;
+  double total = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < blocks; ++b) total += sq[b], count += bad[b];
+  return {total, count};
 }
 }  // namespace
 
@@ -170,8 +201,9 @@ void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const
     if (n[i] <= 0) continue;
     if (scale != 1.0f) cpu::scale(scale, x[i], n[i]);
     const float w = weight ? weight[i] : 1.0f;
-    if (w != 0.0f) sq += static_cast<double>(w) * sum_squares(x[i], n[i]);
-    bad += static_cast<double>(count_nonfinite(x[i], n[i]));
+    const auto [part_sq, part_bad] = squares_and_nonfinite(x[i], n[i]);
+    if (w != 0.0f) sq += static_cast<double>(w) * part_sq;
+    bad += static_cast<double>(part_bad);
   }
   out[0] = static_cast<float>(sq);
   out[1] = static_cast<float>(bad);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -75,6 +76,40 @@ TEST_P(AdamStepSizes, VectorisedKernelMatchesScalarFormula) {
 INSTANTIATE_TEST_SUITE_P(OddSizes, AdamStepSizes,
                          ::testing::Values(int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9},
                                            int64_t{1000}, int64_t{70001}));
+
+// p, m and v 32-byte aligned alike (ZeRO-Offload's host shards): the kernel stores past the caches
+// (non-temporal) after a scalar head; the results equal those of buffers misaligned against each
+// other (ordinary stores) bit for bit, head, body and tail.
+TEST(AdamStep, StreamedStoresEqualOrdinaryStores) {
+  const int64_t n = 100003;
+  auto* buf = static_cast<float*>(std::aligned_alloc(64, 3 * (n + 64) * sizeof(float)));
+  ASSERT_NE(buf, nullptr);
+  for (int64_t shift : {0, 3}) {  // the same misalignment for all three: streamed after a head
+    float* p = buf + shift;
+    float* m = buf + (n + 64) + shift;
+    float* v = buf + 2 * (n + 64) + shift;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> rp(n), rm(n, 0.0f), rv(n, 0.0f), g(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = rp[i] = dist(rng), m[i] = v[i] = 0.0f;
+    // The reference's p one element off its m and v: never aligned alike, ordinary stores.
+    std::vector<float> rp_shifted(n + 1);
+    for (int64_t step = 1; step <= 2; ++step) {
+      for (float& x : g) x = dist(rng);
+      kernels::cpu::adam_step(p, g.data(), m, v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, step, true);
+      std::copy(rp.begin(), rp.end(), rp_shifted.begin() + 1);
+      kernels::cpu::adam_step(rp_shifted.data() + 1, g.data(), rm.data(), rv.data(), n, 1e-2f, 0.9f,
+                              0.999f, 1e-8f, 0.05f, step, true);
+      std::copy(rp_shifted.begin() + 1, rp_shifted.end(), rp.begin());
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(p[i], rp[i]) << "shift " << shift << " element " << i;
+      ASSERT_EQ(m[i], rm[i]) << "shift " << shift << " element " << i;
+      ASSERT_EQ(v[i], rv[i]) << "shift " << shift << " element " << i;
+    }
+  }
+  std::free(buf);
+}
 
 TEST(HybridAdam, EqualsAdamWBitForBitOnCpuParameters) {
   auto make_params = [] {

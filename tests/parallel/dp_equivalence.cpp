@@ -264,14 +264,16 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     const auto t = dpp->offload_traffic();
     const int64_t S = t.shard_elements;
     const bool streamed = zero >= 2;
-    CAI_CHECK(S > 0 && t.device_gradient_bytes == (streamed ? 0 : 4 * S) &&
-                  t.bytes_down == (streamed ? int64_t{4} * S * steps * accum : 0) &&
-                  (t.chunks_down > 0) == streamed && t.bytes_up >= 2 * S * (steps + 1) &&
-                  t.bytes_up <= 4 * S * (steps + 1),
-              "--cpu-offload zero {}: shard {} elements, {} device gradient bytes, {} chunks "
-              "({} B) to the host and {} B back over {} steps of {} micro-batches",
-              zero, S, t.device_gradient_bytes, t.chunks_down, t.bytes_down, t.bytes_up, steps,
-              accum);
+    CAI_CHECK(
+        S > 0 &&
+            (streamed ? t.device_gradient_bytes == 0
+                      : t.device_gradient_bytes >= 4 * S && t.device_gradient_bytes <= 5 * S) &&
+            t.bytes_down == (streamed ? int64_t{4} * S * steps * accum : 0) &&
+            (t.chunks_down > 0) == streamed && t.bytes_up >= 2 * S * (steps + 1) &&
+            t.bytes_up <= 5 * S * (steps + 1),  // (the host layout's line padding)
+        "--cpu-offload zero {}: shard {} elements, {} device gradient bytes, {} chunks "
+        "({} B) to the host and {} B back over {} steps of {} micro-batches",
+        zero, S, t.device_gradient_bytes, t.chunks_down, t.bytes_down, t.bytes_up, steps, accum);
   }
   // --split-backward: the steps ran programs of BackwardInput and BackwardWeight (a run of whole
   // Backwards would pass the comparison without testing the split). The reference is whole.

@@ -145,16 +145,21 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
               "[data_parallel] offload dtype {}: expected fp32, bf16 or fp16",
               dtype_name(m.cfg.offload_dtype));
     // Host layout: the rounded parameters' chunks first (model order), then the fp32 ones, so
-    // each device part is one contiguous upload.
+    // each device part is one contiguous upload; every chunk starts on a 64-byte line (the CPU
+    // Adam's streamed stores need p, m and v aligned alike).
+    constexpr int64_t kAlign = 16;
+    auto padded = [](int64_t c) { return (c + kAlign - 1) / kAlign * kAlign; };
     int64_t rounded = 0, mine = 0;
+    m.shard_elements = 0;
     for (nn::Parameter* p : m.params) {
       const int64_t c = chunk_size(p->value.numel(), m.rank, m.size);
-      mine += c;
-      if (Impl::rounded_on_device(*p)) rounded += c;
+      m.shard_elements += c;
+      mine += padded(c);
+      if (Impl::rounded_on_device(*p)) rounded += padded(c);
     }
     // The masters in host memory first; stage 3 then frees the full values before the device
     // copy is made (setup's peak: the full values, not the full values and the copy).
-    m.host_value = Tensor::empty({mine}, DType::F32, Device::cpu());
+    m.host_value = Tensor::zeros({mine}, DType::F32, Device::cpu());
     m.host_grad = Tensor::zeros({mine}, DType::F32, Device::cpu());
     int64_t at_rounded = 0, at_fp32 = rounded;
     for (nn::Parameter* p : m.params) {
@@ -169,7 +174,7 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       h.grad = span(m.host_grad, off, c);
       m.host.push_back(std::move(h));
       m.host_offset.push_back(off);
-      (Impl::rounded_on_device(*p) ? at_rounded : at_fp32) += c;
+      (Impl::rounded_on_device(*p) ? at_rounded : at_fp32) += padded(c);
       if (m.cfg.zero_stage == 3) p->value = m.released();
     }
     // The device copy (uploaded once the lane exists, below) and, stage 1 only, the gradient
@@ -472,7 +477,7 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   const Impl& m = *impl_;
   OffloadTraffic t;
   if (!m.lane) return t;
-  t.shard_elements = m.host_value.numel();
+  t.shard_elements = m.shard_elements;
   t.device_gradient_bytes = m.dev_grad.defined() ? static_cast<int64_t>(m.dev_grad.nbytes()) : 0;
   t.chunks_down = m.lane->chunks_pushed();
   t.bytes_down = m.lane->bytes_downloaded();

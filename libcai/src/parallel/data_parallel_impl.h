@@ -114,6 +114,7 @@ struct DataParallelPlugin::Impl {
   std::vector<nn::Parameter> host;
   Tensor dev_value, dev_value32, dev_grad, host_value, host_grad;
   std::vector<int64_t> host_offset;
+  int64_t shard_elements = 0;  // this rank's chunks (host_value adds alignment padding)
   std::unique_ptr<detail::OffloadLane> lane;
   // Stage 2/3 offload, per bucket: its host gradients hold nothing of this step yet (zero_grad
   // sets it instead of zeroing them): its first chunk is copied in, not added.
