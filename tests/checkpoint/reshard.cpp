@@ -6,6 +6,7 @@
 //     style: the pipeline schedule (1f1b, the default; zbv: 2 chunks per rank in a V, zbh1,
 //     interleaved: 2 chunks)
 //     [--per-rank]   every rank writes its own shards (else the consolidated format)
+//     [--offload-save] [--offload-load]   that side runs ZeRO-Offload (its zero stage >= 1)
 //     --save single / --load single: that side is one process (rank 0, no communicator)
 #include <cmath>
 #include <cstdio>
@@ -30,10 +31,11 @@ struct Layout {
   int tp = 1, pp = 1, zero = 0, sp = 0;
   std::string mode = "1d";     // tensor-parallel mode (1d, 2d, 2.5d, 3d)
   std::string style = "1f1b";  // pipeline schedule
+  bool offload = false;        // ZeRO-Offload (--offload-save / --offload-load)
   int chunks() const { return style == "zbv" || style == "interleaved" ? 2 : 1; }
   std::string str() const {
-    return fmt::format("tp {} ({}){} pp {} ({}) zero {}", tp, mode, sp ? " (sp)" : "", pp, style,
-                       zero);
+    return fmt::format("tp {} ({}){} pp {} ({}) zero {}{}", tp, mode, sp ? " (sp)" : "", pp, style,
+                       zero, offload ? " (cpu offload)" : "");
   }
 };
 
@@ -78,6 +80,7 @@ Result run(dist::Communicator* comm, const Layout& l, const std::string& save_di
     hc.pipeline.style = l.style;
     hc.pipeline.chunks = l.chunks();
     hc.dp.zero_stage = l.zero;
+    hc.dp.cpu_offload = l.offload;
     hc.dp.ddp_bucket_cap_mb = 0.01;
     hc.dp.zero_bucket_size_in_m = 0.003;
     hybrid = std::make_shared<parallel::HybridParallelPlugin>(*comm, hc);
@@ -154,9 +157,13 @@ int main(int argc, char** argv) {
   dist::MpiEnvironment env(&argc, &argv);
   std::string dir = "/tmp/cai_reshard";
   Layout save, load;
-  bool save_single = false, load_single = false, per_rank = false;
+  bool save_single = false, load_single = false, per_rank = false, offload[2] = {false, false};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--offload-save" || a == "--offload-load") {
+      offload[a == "--offload-load"] = true;
+      continue;
+    }
     if (a == "--per-rank") {
       per_rank = true;
       continue;
@@ -181,6 +188,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  save.offload = offload[0];
+  load.offload = offload[1];
   try {
     auto world = env.world(60.0);
     const bool root = world->rank() == 0;
