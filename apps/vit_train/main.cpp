@@ -295,7 +295,6 @@ int main(int argc, char** argv) {
     dc.zero_max_inflight_buckets = static_cast<int>(cfg.zero_max_inflight_buckets);
     dc.cpu_offload = cfg.cpu_offload;
     dc.offload_dtype = dtype_from_name(cfg.precision);  // the device copy in the compute dtype
-    dc.offload_async = true;  // the host step beside the next forward (not with pipelines)
     parallel::PipelineConfig pc;
     pc.style = cfg.pp_style;
     pc.num_microbatches = static_cast<int>(cfg.num_microbatches);

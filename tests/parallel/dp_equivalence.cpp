@@ -21,9 +21,7 @@
 // each rank's own part of every sharded parameter against the single run's slice (a replica of a
 // part is not in the gathered state). A gradient scaled by 1.01 on one rank's shard, or a zeroed
 // shard, fails it (checked once by hand: docs/TENSOR_PARALLEL.md).
-// --cpu-offload (ZeRO >= 1): ZeRO-Offload (the host step on the offload lane's thread beside the
-// next forward, as vit_train runs it; --offload-sync: on the calling thread); the distributed run
-// steps its host shards with
+// --cpu-offload (ZeRO >= 1): ZeRO-Offload; the distributed run steps its host shards with
 // HybridAdam (for --optimizer adamw, the default) and must keep no optimizer state on the GPU
 // and 1/dp of the single run's state in host memory.
 // --device cuda: one GPU per rank (local rank), the ranks talk over NCCL, and the reference is
@@ -94,7 +92,6 @@ struct PipeArgs {
   bool copy_engine = false;           // --copy-engine: the buckets' all-reduce on the copy engines
   bool exchange = false;              // --exchange: the copy-engine gradient exchange
   double bucket_hold = 0;             // --bucket-hold F: DataParallelConfig::bucket_hold
-  bool offload_async = true;          // --offload-sync: the host step on the calling thread
   // --grad-check: one step of plain SGD (no momentum, no weight decay, no clipping), so each
   // parameter's change is -lr × its gradient, compared per parameter: a gradient scaled by a
   // constant, or one tensor's wrong, cannot hide in the global error after AdamW and clipping.
@@ -152,7 +149,6 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     hc.dp.zero_bucket_size_in_m = 0.003;
     hc.dp.cpu_offload = cpu_offload;
     hc.dp.offload_dtype = dtype_from_name(pa.precision);
-    hc.dp.offload_async = pa.offload_async;
     hc.dp.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     hybrid = std::make_shared<parallel::HybridParallelPlugin>(*comm, hc);
   }
@@ -188,7 +184,6 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
     dc.zero_bucket_size_in_m = 0.003;
     dc.cpu_offload = cpu_offload;
     dc.offload_dtype = dtype_from_name(pa.precision);
-    dc.offload_async = pa.offload_async;
     dc.bucket_dtype = dtype_from_name(pa.bucket_dtype);
     dc.copy_engine_all_reduce = pa.copy_engine;
     dc.copy_engine_exchange = pa.exchange;
@@ -393,8 +388,6 @@ int main(int argc, char** argv) {
       pa.split_backward = true;
     else if (a == "--grad-check")
       pa.grad_check = true, steps = 1;
-    else if (a == "--offload-sync")
-      pa.offload_async = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;

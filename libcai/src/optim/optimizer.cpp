@@ -117,47 +117,6 @@ void Optimizer::step() {
   replicas_.clear();
 }
 
-bool Optimizer::steps_each() const {
-  if (step_ == 0 || clip_sq_.defined() || !replicas_.empty()) return false;
-  for (const auto& g : groups_)
-    for (const nn::Parameter* p : g.params)
-      if (p->value.is_cuda() || p->grad.is_cuda()) return false;
-  return true;
-}
-
-std::vector<ParamGroup> Optimizer::begin_step() {
-  CAI_CHECK(steps_each(),
-            "[optimizer] {}: a step split over threads needs every parameter in host memory, an "
-            "earlier step and no deferred clip",
-            name());
-  ++step_;
-  return groups_;
-}
-
-void Optimizer::step_each(const std::vector<ParamGroup>& hyper,
-                          const std::vector<nn::Parameter*>& order,
-                          const std::function<void(size_t)>& done) {
-  CAI_CHECK(hyper.size() == groups_.size(),
-            "[optimizer] step_each: {} groups of hyper-parameters for {} groups", hyper.size(),
-            groups_.size());
-  std::map<const nn::Parameter*, size_t> group_of;
-  for (size_t g = 0; g < groups_.size(); ++g)
-    for (const nn::Parameter* p : groups_[g].params) group_of[p] = g;
-  CAI_CHECK(order.size() == group_of.size(),
-            "[optimizer] step_each: {} parameters in the order, {} in the groups", order.size(),
-            group_of.size());
-  ParamGroup h;  // one group's values; update() reads lr and weight_decay
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto it = group_of.find(order[i]);
-    CAI_CHECK(it != group_of.end(), "[optimizer] step_each: {} is in no group", order[i]->name);
-    h.lr = hyper[it->second].lr;
-    h.weight_decay = hyper[it->second].weight_decay;
-    h.base_lr = hyper[it->second].base_lr;
-    update(h, *order[i]);
-    if (done) done(i);
-  }
-}
-
 void Optimizer::sum_replicas(const std::vector<int64_t>& delta) {
   for (const auto& g : groups_)
     CAI_CHECK(fuses_replicas(g),

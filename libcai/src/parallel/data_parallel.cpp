@@ -177,37 +177,6 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       (Impl::rounded_on_device(*p) ? at_rounded : at_fp32) += padded(c);
       if (m.cfg.zero_stage == 3) p->value = m.released();
     }
-    // Each layer's two host ranges (its parameters are consecutive in model order within each
-    // part) for the asynchronous step's per-layer uploads.
-    m.layer_range.assign(m.layers.size(), Impl::LayerRange{0, 0, rounded, rounded});
-    m.completes_layer.assign(m.params.size(), -1);
-    m.layer_index_of.assign(m.params.size(), 0);
-    for (size_t k = 0; k < m.layers.size(); ++k) {
-      Impl::LayerRange& r = m.layer_range[k];
-      bool any_r = false, any_f = false;
-      for (nn::Parameter* p : m.layer_params[m.layers[k]]) {
-        const size_t i = m.index[p];
-        const int64_t a = m.host_offset[i], b = a + padded(m.host[i].value.numel());
-        m.layer_index_of[i] = static_cast<int>(k);
-        m.completes_layer[i] = static_cast<int>(k);  // the last one keeps it (reset below)
-        if (Impl::rounded_on_device(*p)) {
-          r.r0 = any_r ? std::min(r.r0, a) : a;
-          r.r1 = any_r ? std::max(r.r1, b) : b;
-          any_r = true;
-        } else {
-          r.f0 = any_f ? std::min(r.f0, a) : a;
-          r.f1 = any_f ? std::max(r.f1, b) : b;
-          any_f = true;
-        }
-      }
-      const auto& ps = m.layer_params[m.layers[k]];
-      for (size_t j = 0; j + 1 < ps.size(); ++j) m.completes_layer[m.index[ps[j]]] = -1;
-    }
-    m.ready_gen.assign(m.layers.size(), 0);
-    m.waited_gen.assign(m.layers.size(), 0);
-    if (m.device.is_cuda())
-      for (size_t k = 0; k < m.layers.size(); ++k)
-        m.layer_event.push_back(kernels::cuda::event_create());
     // The device copy (uploaded once the lane exists, below) and, stage 1 only, the gradient
     // shard the buckets' sums land in (the host's layout).
     m.dev_value = Tensor::empty({rounded}, m.cfg.offload_dtype, m.device);
@@ -370,7 +339,6 @@ void DataParallelPlugin::sync_layer_gradients() {
   // done, stage 1 by one copy of its device shard.
   if (m.streams()) {
     const auto t0 = std::chrono::steady_clock::now();
-    m.settle();
     m.lane->flush();
     // Buckets that streamed nothing this step (no layer of theirs ran): zeros, as zero_grad's
     // would have been.
@@ -381,7 +349,6 @@ void DataParallelPlugin::sync_layer_gradients() {
     }
     m.flush_ms += ms_since(t0);
   } else if (m.offload()) {
-    m.settle();                         // the last step has read host_grad
     m.host_grad.copy_from(m.dev_grad);  // the same layout
   }
 }
@@ -426,46 +393,6 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
     }
     m.sum_exchange();
   }
-  if (m.offload() && m.cfg.offload_async && opt.steps_each()) {
-    // On the lane's host thread, layer by layer in model order, each layer uploaded as soon as
-    // it is stepped; the next forward's gathers wait for their own layers (wait_layer).
-    m.settle();
-    std::vector<optim::ParamGroup> hyper = opt.begin_step();
-    const int64_t gen = ++m.gen;
-    m.step_pending = true;
-    m.lane->order_after_compute();  // the uploads follow the reads issued so far
-    m.lane->run([&m, &opt, hyper = std::move(hyper), gen] {
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<nn::Parameter*> order;
-      for (nn::Parameter& h : m.host) order.push_back(&h);
-      try {
-        double up = 0;
-        opt.step_each(hyper, order, [&](size_t i) {
-          const int k = m.completes_layer[i];
-          if (k < 0) return;
-          const auto t1 = std::chrono::steady_clock::now();
-          m.upload_layer(k);
-          up += ms_since(t1);
-          {
-            std::lock_guard<std::mutex> l(m.ready_m);
-            m.ready_gen[k] = gen;
-          }
-          m.ready_cv.notify_all();
-        });
-        m.upload_ms += up;
-        m.step_ms += ms_since(t0) - up;
-      } catch (...) {
-        {
-          std::lock_guard<std::mutex> l(m.ready_m);
-          m.async_failed = true;
-        }
-        m.ready_cv.notify_all();
-        throw;
-      }
-    });
-    if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
-    return;
-  }
   const auto t0 = std::chrono::steady_clock::now();
   opt.step();
   if (m.offload()) {
@@ -486,13 +413,10 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   // buckets before they are zeroed.
   m.end_exchange();
   m.settle_pushes();
-  // Offload: the host gradients are overwritten instead (stage 2/3: the next step's first
-  // chunks; stage 1: the copy in sync_gradients), while an asynchronous step may still read them.
-  if (m.streams()) {
+  if (m.streams())  // the host gradients: overwritten by the next step's first chunks instead
     std::fill(m.host_stale.begin(), m.host_stale.end(), 1);
-  } else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views())) {
+  else if (m.cfg.zero_stage >= 1 || !m.grad_views())
     opt.zero_grad();  // else: the buckets below
-  }
   if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
   if (m.all.defined()) {
@@ -516,13 +440,8 @@ double DataParallelPlugin::all_reduce_max(double v) {
   return impl_->dp.all_reduce_scalar(v, dist::ReduceOp::Max);
 }
 
-void DataParallelPlugin::settle() {
-  impl_->settle();
-}
-
 void DataParallelPlugin::materialize_parameters() {
   Impl& m = *impl_;
-  m.settle();
   m.materialize_params();  // ZeRO-1/2: the step's deferred gathers
   // Offload with a rounded device copy: the full values from the fp32 masters in host memory
   // (checkpoints and exports hold them), a layer at a time.

@@ -4,10 +4,8 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -124,52 +122,6 @@ struct DataParallelPlugin::Impl {
   // Host milliseconds: waiting for the streamed gradients in sync_gradients, the host optimizer
   // step, the upload (offload_traffic()).
   double flush_ms = 0, step_ms = 0, upload_ms = 0;
-  // The asynchronous host step (cfg.offload_async): the lane's host thread steps `host` in model
-  // order; after the last parameter of layer k (completes_layer) it uploads the layer's two host
-  // ranges (layer_range: rounded [r0, r1) and fp32 [f0, f1) of host_value) and records
-  // layer_event[k] after the copies, then marks ready_gen[k] = gen. A gather reading layer k waits
-  // for that (host) and the event (compute stream) once per step (waited_gen).
-  struct LayerRange {
-    int64_t r0 = 0, r1 = 0, f0 = 0, f1 = 0;
-  };
-  std::vector<LayerRange> layer_range;  // by position in `layers`
-  std::vector<int> completes_layer;     // by parameter index: the layer it completes, or -1
-  std::vector<int> layer_index_of;      // by parameter index: its layer's position
-  std::vector<void*> layer_event;       // GPU
-  std::vector<int64_t> ready_gen, waited_gen;
-  int64_t gen = 0;
-  bool step_pending = false, async_failed = false;
-  std::mutex ready_m;
-  std::condition_variable ready_cv;
-
-  void upload_layer(int k) {
-    const LayerRange& r = layer_range[k];
-    const int64_t rounded = dev_value.numel();
-    lane->upload_async(host_value, r.r0, dev_value, r.r0, r.r1 - r.r0);
-    lane->upload_async(host_value, r.f0, dev_value32, r.f0 - rounded, r.f1 - r.f0);
-    if (device.is_cuda()) lane->record(layer_event[k]);
-  }
-  // Before a gather reads layer k's device copy.
-  void wait_layer(int k) {
-    if (!step_pending || waited_gen[k] == gen) return;
-    {
-      std::unique_lock<std::mutex> l(ready_m);
-      ready_cv.wait(l, [&] { return ready_gen[k] == gen || async_failed; });
-    }
-    if (async_failed) settle();  // rethrows the host thread's error
-    if (device.is_cuda()) kernels::cuda::stream_wait_event(nullptr, layer_event[k]);
-    waited_gen[k] = gen;
-  }
-  // The asynchronous step done, every layer's upload waited for by the compute stream.
-  void settle() {
-    if (!step_pending) return;
-    step_pending = false;
-    lane->flush();
-    for (size_t k = 0; k < layer_range.size(); ++k)
-      if (waited_gen[k] != gen && device.is_cuda())
-        kernels::cuda::stream_wait_event(nullptr, layer_event[k]);
-    std::fill(waited_gen.begin(), waited_gen.end(), gen);
-  }
   // Whether the device copy of p holds it in cfg.offload_dtype: the weights that decay (timm's
   // split: the GEMM weights, which the forward rounds to the compute dtype anyway); biases,
   // norms, tokens and the position embedding stay fp32, as the forward reads them.
@@ -235,7 +187,6 @@ struct DataParallelPlugin::Impl {
       for (auto& e : param_gathers) e.second.work->wait();
       settling.drain();
       if (lane) lane->flush();
-      for (void* e : layer_event) kernels::cuda::event_destroy(e);
     } catch (...) {
     }
   }
@@ -561,8 +512,6 @@ struct DataParallelPlugin::Impl {
     g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
     int64_t o = 0;
     Copies cp;
-    if (step_pending && !master)
-      for (nn::Parameter* p : ps) wait_layer(layer_index_of[index[p]]);
     for (nn::Parameter* p : ps) {
       const Tensor& v = master ? host[index[p]].value : shards[index[p]].value;
       if (master)

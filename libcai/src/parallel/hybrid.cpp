@@ -46,7 +46,6 @@ struct HybridParallelPlugin::Impl {
     if (cfg.pp_size > 1 || cfg.pipeline_executor) {
       PipelineConfig pc = cfg.pipeline;
       pc.dp = cfg.dp;
-      pc.dp.offload_async = false;  // the stages' plugins are not settled here
       pipe = std::make_unique<PipelinePlugin>(world, mesh, pc);
       inner = pipe.get();
     } else {
@@ -232,10 +231,6 @@ void HybridParallelPlugin::barrier() {
   impl_->world.barrier();
 }
 
-void HybridParallelPlugin::settle() {
-  if (impl_->dp) impl_->dp->settle();
-}
-
 namespace {
 // Part `r` of `size` (ZeRO's cut) of n elements.
 int64_t zero_count(int64_t n, int r, int size) {
@@ -247,7 +242,6 @@ int64_t zero_count(int64_t n, int r, int size) {
 std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT& model,
                                                                          optim::Optimizer& opt) {
   Impl& m = *impl_;
-  settle();  // an asynchronous offload step done before the state is read or written
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, Tensor> local;
@@ -298,7 +292,6 @@ std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT
 void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                                                 const std::map<std::string, Tensor>& full) {
   Impl& m = *impl_;
-  settle();  // an asynchronous offload step done before the state is read or written
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, const nn::Parameter*> by_name;
@@ -333,7 +326,6 @@ void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer
 std::vector<train::OwnedSlice> HybridParallelPlugin::owned_state(nn::ViT& model,
                                                                  optim::Optimizer& opt) {
   Impl& m = *impl_;
-  settle();  // an asynchronous offload step done before the state is read or written
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, const nn::Parameter*> by_name;

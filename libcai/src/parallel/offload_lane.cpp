@@ -85,20 +85,6 @@ void OffloadLane::worker() {
       if (queue_.empty()) return;  // stopping, nothing left
       t = queue_.front();
     }
-    if (t.slot < 0) {
-      try {
-        t.fn();
-      } catch (...) {
-        std::lock_guard<std::mutex> l(m_);
-        if (!error_) error_ = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> l(m_);
-        queue_.pop_front();
-      }
-      cv_.notify_all();
-      continue;
-    }
     Slot& s = slots_[t.slot];
     try {
       if (device_.is_cuda()) kernels::cuda::event_synchronize(s.copied);
@@ -168,34 +154,9 @@ void OffloadLane::push(const Tensor& chunk, std::vector<Add> adds) {
   {
     std::lock_guard<std::mutex> l(m_);
     s.busy = true;
-    queue_.push_back(Task{idx, std::move(adds), nullptr});
+    queue_.push_back(Task{idx, std::move(adds)});
   }
   cv_.notify_all();
-}
-
-void OffloadLane::run(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> l(m_);
-    Task t;
-    t.fn = std::move(fn);
-    queue_.push_back(std::move(t));
-  }
-  cv_.notify_all();
-}
-
-void OffloadLane::order_after_compute() {
-  if (!device_.is_cuda()) return;
-  kernels::cuda::event_record(ordered_, nullptr);
-  kernels::cuda::stream_wait_event(stream_, ordered_);
-}
-
-void OffloadLane::record(void* event) {
-  if (device_.is_cuda()) kernels::cuda::event_record(event, stream_);
-}
-
-void OffloadLane::upload_async(const Tensor& src, int64_t src_offset, const Tensor& dst,
-                               int64_t dst_offset, int64_t n) {
-  upload_chunks(src, src_offset, dst, dst_offset, n, false);
 }
 
 void OffloadLane::flush() {
@@ -214,13 +175,6 @@ void OffloadLane::flush() {
 
 void OffloadLane::upload(const Tensor& src, int64_t src_offset, const Tensor& dst,
                          int64_t dst_offset, int64_t n) {
-  // The copies overwrite what the compute stream may still read (the last gathers' packs).
-  order_after_compute();
-  upload_chunks(src, src_offset, dst, dst_offset, n, true);
-}
-
-void OffloadLane::upload_chunks(const Tensor& src, int64_t src_offset, const Tensor& dst,
-                                int64_t dst_offset, int64_t n, bool compute_waits) {
   CAI_CHECK(src.defined() && !src.is_cuda() && src.dtype() == DType::F32 && dst.defined() &&
                 dst.device() == device_ && dst.dtype() != DType::I32 && n >= 0 && src_offset >= 0 &&
                 src_offset + n <= src.numel() && dst_offset >= 0 && dst_offset + n <= dst.numel(),
@@ -237,6 +191,9 @@ void OffloadLane::upload_chunks(const Tensor& src, int64_t src_offset, const Ten
     up_bytes_ += n * static_cast<int64_t>(es);
     return;
   }
+  // The copies overwrite what the compute stream may still read (the last gathers' packs).
+  kernels::cuda::event_record(ordered_, nullptr);
+  kernels::cuda::stream_wait_event(stream_, ordered_);
   for (int64_t off = 0; off < n; off += max_) {
     const int64_t c = std::min(max_, n - off);
     const int k = up_next_;
@@ -246,7 +203,7 @@ void OffloadLane::upload_chunks(const Tensor& src, int64_t src_offset, const Ten
     kernels::cuda::copy_h2d_async(to + static_cast<size_t>(off) * es, up_staging_[k].raw(),
                                   static_cast<size_t>(c) * es, stream_);
     kernels::cuda::event_record(up_done_[k], stream_);
-    if (compute_waits) kernels::cuda::stream_wait_event(nullptr, up_done_[k]);  // reads after it
+    kernels::cuda::stream_wait_event(nullptr, up_done_[k]);  // later compute reads after it
     up_used_[k] = true;
     up_bytes_ += c * static_cast<int64_t>(es);
   }

@@ -19,12 +19,10 @@
 // host reference, so results equal the plugin's path without offload bit for bit.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -57,11 +55,7 @@ class OffloadLane {
   // reference at once. Its producer must be ordered before the copy on the compute stream (GPU:
   // the copy stream waits for the compute stream's work issued so far).
   void push(const Tensor& chunk, std::vector<Add> adds);
-  // Queues fn for the host thread, after everything queued before it (errors are kept for
-  // flush()).
-  void run(std::function<void()> fn);
-  // Returns once every queued chunk's adds and every run() task are done (and rethrows the host
-  // thread's first error).
+  // Returns once every pushed chunk's adds are done (and rethrows the host thread's error).
   void flush();
   // dst[dst_offset, + n) = src[src_offset, + n) cast to dst's dtype (fp32, bf16 or fp16; round
   // to nearest even, as Tensor::to), in chunks of at most
@@ -69,13 +63,6 @@ class OffloadLane {
   // stream waits for each chunk before its later work.
   void upload(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
               int64_t n);
-  // The asynchronous form, for the host thread (a run() task): the copies follow what the
-  // compute stream had issued at the last order_after_compute() (not what it has now), and
-  // nothing waits for them: record() an event after them and have the readers wait for it.
-  void order_after_compute();
-  void upload_async(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
-                    int64_t n);
-  void record(void* event);  // GPU: `event` after the copies queued so far
 
   // Counters for tests and reports.
   int64_t chunks_pushed() const { return pushed_; }
@@ -92,12 +79,9 @@ class OffloadLane {
     bool busy = false;       // queued for the host thread
   };
   struct Task {
-    int slot = -1;  // a chunk's adds, or (-1) fn
+    int slot = 0;
     std::vector<Add> adds;
-    std::function<void()> fn;
   };
-  void upload_chunks(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
-                     int64_t n, bool compute_waits);
   void worker();
   Slot& acquire();  // the next slot in turn, once the host thread is done with it
 
@@ -120,7 +104,7 @@ class OffloadLane {
   std::exception_ptr error_;
   std::thread thread_;
 
-  std::atomic<int64_t> pushed_{0}, down_bytes_{0}, up_bytes_{0};
+  int64_t pushed_ = 0, down_bytes_ = 0, up_bytes_ = 0;
 };
 
 }  // namespace cai::parallel::detail

@@ -417,17 +417,6 @@ int64_t Trainer::steps_left() const {
 }
 
 void Trainer::fit(int64_t start_epoch) {
-  // Whatever the plugin leaves running past a step (ZeRO-Offload's asynchronous host step) ends
-  // before fit() does, also when it returns early or throws (the optimizer may go right after).
-  struct Settle {
-    Plugin* p;
-    ~Settle() {
-      try {
-        p->settle();
-      } catch (...) {
-      }
-    }
-  } settle_at_exit{plugin_.get()};
   if (resume_epoch_ >= 0) start_epoch = resume_epoch_;
   for (auto& h : hooks_) h->before_train(*this);
   plugin_->zero_grad(model_, opt_);
@@ -584,7 +573,6 @@ void Trainer::fit(int64_t start_epoch) {
     for (auto& h : hooks_) h->after_epoch(*this, e);
     if (epoch + 1 < cfg_.num_epochs && stop_here(epoch + 1, 0, true)) return;
   }
-  plugin_->settle();  // (its errors reach the caller here)
   for (auto& h : hooks_) h->after_train(*this);
 }
 

@@ -31,18 +31,6 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update from the parameters' gradients.
   void step();
-  // The same update split for a step run on another thread (ZeRO-Offload's host step beside the
-  // next forward): begin_step() advances the step count and returns the groups' hyper-parameters
-  // as they are now (a copy: a scheduler may change the groups' lr meanwhile); step_each() then
-  // updates each parameter of `order` (every parameter of the groups, each once, any order) with
-  // its group's values from `hyper`, calling done(i) after order[i]. Nothing else may touch the
-  // optimizer until step_each returns. Only where steps_each() holds: every parameter in host
-  // memory (each updates by itself), no deferred clip or summed replicas pending, and the state
-  // made by an earlier step (the slots are created on first use, which step_each does not do).
-  bool steps_each() const;
-  std::vector<ParamGroup> begin_step();
-  void step_each(const std::vector<ParamGroup>& hyper, const std::vector<nn::Parameter*>& order,
-                 const std::function<void(size_t)>& done);
   void zero_grad();
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }

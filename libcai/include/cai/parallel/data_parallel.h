@@ -78,14 +78,6 @@ struct DataParallelConfig {
   // cpu_offload: the dtype of the shard copy kept on the parameters' device (fp32, bf16, fp16):
   // the model's compute dtype (vit_train sets it from train.precision).
   DType offload_dtype = DType::F32;
-  // cpu_offload: the host optimizer step runs on the offload lane's host thread, layer by layer
-  // in forward order, each layer's values uploaded as soon as it is stepped, while the host goes
-  // on into the next step: the next forward's gathers wait (host and compute stream) for their
-  // own layer only, so the step and the upload overlap the next forward. Whoever reads the
-  // optimizer state or the host shards otherwise calls settle() first (the trainer at the end
-  // of fit(), HybridParallelPlugin's checkpoint paths). From the second step on (the first makes
-  // the optimizer's state), with an optimizer whose parameters all step one by one on the host.
-  bool offload_async = false;
   // Start reductions during backward (else all at sync_gradients). On a GPU the first step's
   // stage 0/1 reductions wait for sync_gradients even so: its backward times the GEMM algorithms
   // (kernels::cuda::gemm_timing), which NCCL's kernels running beside would mislead.
@@ -179,8 +171,6 @@ class DataParallelPlugin : public train::Plugin {
   // all-gathers (the next forward would complete them layer by layer); ZeRO-3: gathers every
   // parameter (the next forward frees them again). A no-op for DDP.
   void materialize_parameters();
-  // Waits for an asynchronous offload step (offload_async) to finish, its uploads included.
-  void settle() override;
   // ZeRO-1/2: whether some parameters' full values still wait for the step's deferred gather.
   bool parameters_stale() const;
   // ZeRO-1/2: the parameter-gather actions (issue or complete, bucket) since the last call, in

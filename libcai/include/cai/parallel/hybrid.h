@@ -84,7 +84,6 @@ class HybridParallelPlugin : public train::Plugin {
   // so every rank writes about 1/world of the bytes. "step" is world rank 0's.
   std::vector<train::OwnedSlice> owned_state(nn::ViT& model, optim::Optimizer& opt) override;
   void barrier() override;
-  void settle() override;
 
  private:
   struct Impl;

@@ -191,10 +191,6 @@ class Plugin {
   // default (one process) owns everything whole.
   virtual std::vector<OwnedSlice> owned_state(nn::ViT& model, optim::Optimizer& opt);
   virtual void barrier() {}
-  // Finishes work the plugin left running past optimizer_step (an asynchronous host step of
-  // ZeRO-Offload) before the optimizer's state is read or the optimizer goes away. The trainer
-  // calls it at the end of fit().
-  virtual void settle() {}
 };
 
 struct TrainerConfig {
