@@ -134,6 +134,9 @@ struct LayerPlan {
   std::string name;                       // "embedding", "blocks.i", "head"
   int64_t parameters = 0;                 // elements held by this rank (tensor-parallel shard)
   std::vector<int64_t> parameter_numels;  // per parameter, in collect() order
+  // Per parameter: whether it decays (the linear weights; nn::Parameter::weight_decay), which
+  // ZeRO-Offload keeps on the device in the compute dtype (cai/schedule/offload.h).
+  std::vector<char> parameter_decays;
   std::vector<OpCost> ops;
   std::vector<Collective> collectives;  // tensor-parallel, per micro-batch
   // Memory of one micro-batch: what the Cache keeps from forward to backward (a block's input
