@@ -12,6 +12,10 @@
 
 namespace cai::sim {
 
+// The plugin's streams in a rank's program: the data-parallel collectives (3), and ZeRO-Offload's
+// copies between the GPU and pinned host memory (4) and its host thread's adds (5).
+constexpr int kDpStream = 3, kOffloadCopyStream = 4, kHostStream = 5;
+
 // A copy of the plugin (pack, unpack, cast, shard add): `bytes` moved in `calls` launches.
 Op dp_copy(std::string name, int64_t bytes, int64_t calls);
 // A dependency of an op in a list that starts at program index `base` on program op `abs`

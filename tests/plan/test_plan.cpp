@@ -218,6 +218,7 @@ TEST(Plan, OffloadTransfers) {
   EXPECT_EQ(o2.bucket_download, (std::vector<int64_t>{4 * 307, 4 * 110}));
   EXPECT_EQ(o2.step_download, 0);
   EXPECT_EQ(o2.upload, (std::vector<int64_t>{2 * 307, 2 * 93, 4 * 17}));
+  EXPECT_EQ(o2.upload_numel, (std::vector<int64_t>{307, 93, 17}));
   EXPECT_EQ(o2.device_value_bytes, 2 * 400 + 4 * 17);
   EXPECT_EQ(o2.device_grad_bytes, 0);
   EXPECT_EQ(o2.host_bytes(), 16 * 417 + 16 * 307);

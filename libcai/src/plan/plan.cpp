@@ -916,6 +916,10 @@ StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
   return p;
 }
 
+int optimizer_slots(const Layout& l) {
+  return detail::optimizer_slots(l);
+}
+
 double flops(const RankPlan& r) {
   double f = 0;
   for (const LayerPlan& l : r.layer_plans)

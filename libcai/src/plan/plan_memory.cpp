@@ -318,7 +318,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
     S += schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d);
   }
   const bool vit = l.body == Body::ViT;
-  const int slots = vit ? optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
+  const int slots = vit ? detail::optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
   // ZeRO-Offload (schedule/offload.h): the device keeps the shard's values (the weights in the
   // compute dtype) and, stage 1 only, its fp32 gradients; the host the fp32 values, gradients,
   // optimizer slots and the lane's staging.

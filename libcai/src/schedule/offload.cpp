@@ -49,7 +49,10 @@ OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vect
   o.step_download = zero_stage == 1 ? 4 * o.shard : 0;
   // The upload: the rounded part, then the fp32 part, each in copies of at most `most` elements.
   auto cut = [&](int64_t n, int64_t e) {
-    for (int64_t off = 0; off < n; off += most) o.upload.push_back(std::min(most, n - off) * e);
+    for (int64_t off = 0; off < n; off += most) {
+      o.upload_numel.push_back(std::min(most, n - off));
+      o.upload.push_back(o.upload_numel.back() * e);
+    }
   };
   cut(o.rounded, compute_bytes);
   cut(o.shard - o.rounded, 4);

@@ -198,6 +198,9 @@ struct StepPlan {
 StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout);
 // Any rank of the world (ZeRO chunks, token splits and stages differ by rank).
 RankPlan plan_rank(const StepPlan& plan, int rank);
+// Optimizer slots per stepped element (AdamW 2, SGD with momentum 1); throws on an unknown
+// optimizer.
+int optimizer_slots(const Layout& l);
 // Forward + backward FLOPs of one micro-batch over the layers a rank holds.
 double flops(const RankPlan& r);
 // Human summary: per stage (or one line when stages are alike) memory by kind and the peak.

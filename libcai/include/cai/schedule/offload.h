@@ -31,6 +31,7 @@ struct OffloadLayout {
   std::vector<int64_t> bucket_download;  // per bucket: bytes copied to the host per micro-batch
   int64_t step_download = 0;             // stage 1: bytes copied once after the backward
   std::vector<int64_t> upload;           // the upload's copies in order, bytes each
+  std::vector<int64_t> upload_numel;     // and their elements
   int64_t host_state_bytes = 0;          // values, gradients and optimizer slots: 4 (2 + slots) S
   int64_t staging_bytes = 0;             // page-locked: 4 slots × largest chunk × 4
   int64_t host_bytes() const { return host_state_bytes + staging_bytes; }
