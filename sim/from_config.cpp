@@ -1,7 +1,6 @@
 #include "from_config.h"
 
 #include <algorithm>
-#include <deque>
 #include <map>
 
 #include "cai/core/error.h"
@@ -468,27 +467,18 @@ class ConfigProgram {
           dp->inflight.finish(k);
         }
       }
-      if (dp->offload && layout_.zero_stage >= 2) {
-        // The host waits for the last add (OffloadLane::flush); the lane's chunks go.
-        Op f = Op::compute("offload flush", 0.0, -1, "offload");
-        if (!dp->lane_adds.empty()) f.deps.push_back(dep_on(dp->lane_adds.back(), base));
-        for (int64_t c : dp->lane) f.mem_end.push_back({MemKind::Buffers, -c});
-        dp->lane.clear();
-        ops.push_back(std::move(f));
-      }
+      if (dp->offload && layout_.zero_stage >= 2) dp->lane.flush(base, ops);
       if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
         ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total,
                               static_cast<int64_t>(dp->bucket_numel.size())));  // one per bucket
       if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
         ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, 1));  // one launch
-      if (dp->offload && layout_.zero_stage == 1) {  // the device gradient shard to the host
-        Op c = host_copy("gradient shard to host", dp->off.step_download, false, 0);
-        ops.push_back(std::move(c));
-      }
+      if (dp->offload && layout_.zero_stage == 1)  // the device gradient shard to the host
+        ops.push_back(host_copy("gradient shard to host", dp->lane.off.step_download, false, 0));
       return ops;
     }
     if (in.op != schedule::Op::OptimizerStep) return ops;
-    if (dp->offload) upload(*dp, base, ops);
+    if (dp->offload) dp->lane.upload(base, ops);
     dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
     dp->gather_op.clear();
     if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
@@ -540,12 +530,9 @@ class ConfigProgram {
     std::vector<std::vector<int>> buckets_of_pos;  // per position: buckets holding its parameters
     std::map<int, int> param_gather_op;            // bucket -> program index of its all-gather
     std::vector<int> reduce_op;  // per bucket: program index of its latest reduction
-    // ZeRO-Offload (schedule/offload.h): the shared sizes; stages 2/3: program indices of the
-    // host adds pushed so far and the reduced chunks the lane's two slots hold (bytes).
+    // ZeRO-Offload (schedule/offload.h; dp_ops.h's OffloadLaneOps).
     bool offload = false;
-    schedule::OffloadLayout off;
-    std::vector<int> lane_adds;
-    std::deque<int64_t> lane;
+    OffloadLaneOps lane;
     // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
     // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
     // class-token gradients, a chunk's end).
@@ -565,6 +552,7 @@ class ConfigProgram {
     x.group = w.add_group(ranks, listed_dp_ < D_);
     const plan::RankPlan& r = plan_.stages[s];
     std::vector<int64_t> numels;
+    std::vector<char> decays;  // per parameter: kept in the compute dtype under offload
     std::vector<int> layer_of;
     std::vector<char> has;
     for (size_t i = 0; i < r.layers.size(); ++i) {
@@ -572,6 +560,8 @@ class ConfigProgram {
       x.pos[r.layers[i]] = static_cast<int>(i);
       x.name.push_back(lp.name);
       int64_t n = 0, c = 0;
+      decays.insert(decays.end(), lp.parameter_decays.begin(), lp.parameter_decays.end());
+      decays.resize(numels.size() + lp.parameter_numels.size(), 0);
       for (int64_t v : lp.parameter_numels) {
         numels.push_back(v);
         layer_of.push_back(static_cast<int>(i));
@@ -632,16 +622,10 @@ class ConfigProgram {
     x.reduce_op.assign(buckets.size(), -1);
     if (layout_.cpu_offload && layout_.gpu && layout_.zero_stage >= 1 &&
         layout_.body == plan::Body::ViT) {
-      std::vector<char> decays;
-      for (size_t i = 0; i < r.layers.size(); ++i) {
-        const plan::LayerPlan& lp = r.layer_plans[i];
-        for (size_t k = 0; k < lp.parameter_numels.size(); ++k)
-          decays.push_back(k < lp.parameter_decays.size() ? lp.parameter_decays[k] : 0);
-      }
       x.offload = true;
-      x.off = schedule::offload_layout(numels, decays, buckets, layout_.zero_stage, d, D_,
-                                       static_cast<int64_t>(cai::dtype_size(layout_.precision)),
-                                       plan::optimizer_slots(layout_));
+      x.lane.off = schedule::offload_layout(
+          numels, decays, buckets, layout_.zero_stage, d, D_,
+          static_cast<int64_t>(cai::dtype_size(layout_.precision)), plan::optimizer_slots(layout_));
     }
     return &x;
   }
@@ -655,11 +639,7 @@ class ConfigProgram {
                      dp.param_gather_op, base, ops);
   }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
-  // gradients (the list starts at program index `base`). Offload (OffloadLane::push): it takes
-  // the next of the lane's two slots once the host thread has added the chunk that slot held
-  // (the one pushed two before; its device memory goes), the bucket's packed buffer goes, the
-  // chunk is copied to pinned memory on the copy stream after the compute issued so far, and the
-  // host thread adds it into the host gradients.
+  // gradients (the list starts at program index `base`); offload: pushes it into the lane.
   static void dp_finish(Dp& x, int k, int base, std::vector<Op>& ops) {
     if (!x.offload) {
       Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], 1);
@@ -668,68 +648,7 @@ class ConfigProgram {
       ops.push_back(std::move(o));
       return;
     }
-    Op o = Op::compute(fmt::format("bucket {} to host", k), 0.0, -1, "offload");
-    o.deps.push_back(dep_on(x.reduce_op[k], base));
-    if (x.lane_adds.size() >= 2)
-      o.deps.push_back(dep_on(x.lane_adds[x.lane_adds.size() - 2], base));
-    if (x.lane.size() == 2) {
-      o.mem_end.push_back({MemKind::Buffers, -x.lane.front()});
-      x.lane.pop_front();
-    }
-    o.mem_end.push_back({MemKind::Buffers, -4 * x.bucket_numel[k]});
-    x.lane.push_back(4 * x.bucket_chunk[k]);
-    const int at = base + static_cast<int>(ops.size());
-    ops.push_back(std::move(o));
-    Op c = host_copy(fmt::format("bucket {} to host", k), x.off.bucket_download.at(k), false,
-                     kOffloadCopyStream);
-    c.deps.push_back(dep_on(at, base));
-    ops.push_back(std::move(c));
-    Op h = host_op(fmt::format("bucket {} host add", k), "host_add", x.off.bucket_download.at(k));
-    h.deps.push_back(dep_on(at + 1, base));
-    x.lane_adds.push_back(base + static_cast<int>(ops.size()));
-    ops.push_back(std::move(h));
-  }
-  // After the host step (OffloadLane::upload): per copy, the host threads cast the fp32 values
-  // into one of two pinned staging slots (once that slot's last copy has left) and the copy
-  // stream moves them to the device; the compute stream waits for the last copy. Modelled whole
-  // before the next step: this step's forward starts after it (the replayed step ends with it).
-  static void upload(Dp& x, int base, std::vector<Op>& ops) {
-    std::vector<int> copies;
-    for (size_t k = 0; k < x.off.upload.size(); ++k) {
-      Op cast = host_op(fmt::format("upload {} cast", k), "host_cast", 4 * x.off.upload_numel[k]);
-      cast.category = "optimizer";
-      if (k >= 2) cast.deps.push_back(dep_on(copies[k - 2], base));
-      const int at = base + static_cast<int>(ops.size());
-      ops.push_back(std::move(cast));
-      Op c = host_copy(fmt::format("upload {}", k), x.off.upload[k], true, kOffloadCopyStream);
-      c.category = "optimizer";
-      c.deps.push_back(dep_on(at, base));
-      copies.push_back(base + static_cast<int>(ops.size()));
-      ops.push_back(std::move(c));
-    }
-    Op done = Op::compute("upload done", 0.0, -1, "optimizer");
-    if (!copies.empty()) done.deps.push_back(dep_on(copies.back(), base));
-    ops.push_back(std::move(done));
-  }
-  static Op host_copy(std::string name, int64_t bytes, bool to_device, int stream) {
-    Op o;
-    o.kind = OpKind::HostCopy;
-    o.name = std::move(name);
-    o.category = "offload";
-    o.bytes = bytes;
-    o.to_device = to_device;
-    o.stream = stream;
-    return o;
-  }
-  static Op host_op(std::string name, std::string kind, int64_t bytes) {
-    Op o;
-    o.kind = OpKind::Host;
-    o.name = std::move(name);
-    o.category = "offload";
-    o.op_kind = std::move(kind);
-    o.bytes = bytes;
-    o.stream = kHostStream;
-    return o;
+    x.lane.push(k, x.reduce_op[k], 4 * x.bucket_numel[k], 4 * x.bucket_chunk[k], base, ops);
   }
   plan::Layout layout_;
   plan::StepPlan plan_;

@@ -153,14 +153,14 @@ struct LayerPlan {
 };
 
 struct Memory {
-  int64_t parameters = 0;       // full (tp-sharded) values held through the step (not ZeRO-3)
-  int64_t gradients = 0;        // full gradients (stage 0/1) held through the step
-  int64_t shards = 0;           // ZeRO: this rank's chunk of values and gradients
+  int64_t parameters = 0;  // full (tp-sharded) values held through the step (not ZeRO-3)
+  int64_t gradients = 0;   // full gradients (stage 0/1) held through the step
+  int64_t shards = 0;  // ZeRO: this rank's chunk of values and gradients (offload: on the device)
   int64_t optimizer_state = 0;  // slots × what the optimizer steps (on the device)
   int64_t buffers = 0;          // DDP / ZeRO-1 persistent flat buckets
-  int64_t host = 0;             // cpu_offload: master shard, its gradient and optimizer state
-  int64_t data = 0;             // the trainer's input batches on the device (Layout::input_batches)
-  int64_t activations = 0;      // saved activations of the micro-batches in flight at the peak
+  int64_t host = 0;  // cpu_offload (GPU): fp32 values, gradients, optimizer state, pinned staging
+  int64_t data = 0;  // the trainer's input batches on the device (Layout::input_batches)
+  int64_t activations = 0;  // saved activations of the micro-batches in flight at the peak
   int micro_batches_in_flight = 0;
   int64_t window = 0;     // communication buffers alive at the peak (buckets, gathers, p2p)
   int64_t transient = 0;  // everything else alive at the peak (working tensors of a layer)
