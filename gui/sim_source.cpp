@@ -56,6 +56,14 @@ std::vector<Span> rank_spans(const sim::RankProgram& prog, const sim::RankResult
       open = nullptr;  // (spans may reallocate)
       continue;
     }
+    // ZeRO-Offload's host step on stream 0 (the host Adam): the optimizer's span.
+    if (op.kind == sim::OpKind::Host) {
+      s.name = op.name;
+      s.category = Category::Optimizer;
+      spans.push_back(std::move(s));
+      open = nullptr;
+      continue;
+    }
     if (op.kind == sim::OpKind::Compute) {
       if (open && open_instr == op.instr && a - open->end < 1e-6) {  // contiguous (1 ns)
         open->end = std::max(open->end, b);

@@ -232,9 +232,15 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   }
 
   Section h = top.table("host_link");
-  h.accepts({"bandwidth_gbytes_per_s", "latency_us"});
+  h.accepts({"bandwidth_gbytes_per_s", "latency_us", "memory_gib_per_gpu"});
   c.host.bandwidth = h.number("bandwidth_gbytes_per_s", "GB/s per GPU per direction", 0) * kGiga;
   c.host.latency = h.number("latency_us", "microseconds", 0, false) * kMicro;
+  if (h.has("memory_gib_per_gpu")) {
+    const double gib = h.number("memory_gib_per_gpu", "host GiB per GPU", 0);
+    if (gib > 1e9)
+      fail("[cluster] {}: host_link.memory_gib_per_gpu = {} must be <= 1e9", origin, gib);
+    c.host.memory_bytes = static_cast<int64_t>(gib * kGiB);
+  }
   h.finish();
   top.finish();
   return c;
@@ -405,6 +411,22 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
       };
       for (auto& [key, list] : c.collectives) std::sort(list.begin(), list.end(), by_bytes);
       for (auto& [key, list] : c.collective_layouts) std::sort(list.begin(), list.end(), by_bytes);
+    } else if (k == "host") {
+      const char* form =
+          "{\"h2d_bytes_per_s\", \"d2h_bytes_per_s\", \"adam_elements_per_s\", "
+          "\"add_bytes_per_s\"} (each optional)";
+      CAI_CHECK(v.is_object(), "[calibration] {}: host is not an object {}", origin, form);
+      for (auto& [key, x] : v.items()) {
+        double* to = key == "h2d_bytes_per_s"       ? &c.h2d_bytes_per_s
+                     : key == "d2h_bytes_per_s"     ? &c.d2h_bytes_per_s
+                     : key == "adam_elements_per_s" ? &c.host_adam_elements_per_s
+                     : key == "add_bytes_per_s"     ? &c.host_add_bytes_per_s
+                                                    : nullptr;
+        CAI_CHECK(to, "[calibration] {}: unknown key '{}' in host: expected {}", origin, key, form);
+        CAI_CHECK(x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() > 0,
+                  "[calibration] {}: host.{} = {} is not a number > 0", origin, key, x.dump());
+        *to = x.get<double>();
+      }
     } else if (k == "wake") {
       const char* form = "{\"group\", \"poll_seconds\", \"base_seconds\", \"late_seconds\"}";
       auto num = [&](const char* key) {
@@ -455,7 +477,7 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives, overlap, posted, contention, wake",
+          "layer_scale, collectives, overlap, posted, contention, wake, host",
           origin, k);
     }
   }

@@ -51,6 +51,9 @@ struct InterNode {
 struct HostLink {
   double bandwidth = 0;  // bytes/s
   double latency = 0;    // seconds
+  // Host memory each GPU's process may use (host_link.memory_gib_per_gpu: the host's memory over
+  // its GPUs), which ZeRO-Offload's host state must fit; 0: not given (not checked).
+  int64_t memory_bytes = 0;
 };
 
 struct Cluster {
@@ -154,6 +157,12 @@ struct Calibration {
   // arrived longer before the last than that member's wait polls, and to a receive that waited
   // longer; 0 without the entry (GPUs: NCCL's kernels wait on the device).
   double wake_poll_s = 0, wake_s = 0;
+  // The host side of ZeRO-Offload (the profile's "host" entry; 0: not measured, the replay then
+  // takes the cluster's host link and the placeholders of replay.h): pinned copies of 256 MiB
+  // each way (bytes/s), optim::HybridAdam on host fp32 tensors over the default CPU pool
+  // (elements/s) and y += x over the pool (bytes of x per second).
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  double host_adam_elements_per_s = 0, host_add_bytes_per_s = 0;
 };
 
 // Built-in placeholders until `colossalai benchmark --calibrate` measures them: gemm 0.7/0.85,
@@ -165,7 +174,9 @@ Calibration default_calibration();
 // entry may add "layout": "strided" | "strided_concurrent" | "concurrent"),
 // "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
 // "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t},
-// "wake": {"group": g, "poll_seconds": p, "base_seconds": b, "late_seconds": l}};
+// "wake": {"group": g, "poll_seconds": p, "base_seconds": b, "late_seconds": l},
+// "host": {"h2d_bytes_per_s": b, "d2h_bytes_per_s": b, "adam_elements_per_s": e,
+// "add_bytes_per_s": b} (each optional: a CPU-only build measures no copies)};
 // every efficiency in (0, 1],
 // every sample positive; unknown keys are errors ("[calibration] <origin>: ...").
 Calibration parse_calibration(const std::string& text, const std::string& origin);

@@ -41,4 +41,76 @@ void param_gather_ops(const std::vector<schedule::ParamGatherQueue::Action>& act
   }
 }
 
+Op host_copy(std::string name, int64_t bytes, bool to_device, int stream) {
+  Op o;
+  o.kind = OpKind::HostCopy;
+  o.name = std::move(name);
+  o.category = "offload";
+  o.bytes = bytes;
+  o.to_device = to_device;
+  o.stream = stream;
+  return o;
+}
+
+Op host_op(std::string name, std::string kind, int64_t bytes) {
+  Op o;
+  o.kind = OpKind::Host;
+  o.name = std::move(name);
+  o.category = "offload";
+  o.op_kind = std::move(kind);
+  o.bytes = bytes;
+  o.stream = kHostStream;
+  return o;
+}
+
+void OffloadLaneOps::push(int k, int reduce, int64_t packed, int64_t chunk, int base,
+                          std::vector<Op>& ops) {
+  Op o = Op::compute(fmt::format("bucket {} to host", k), 0.0, -1, "offload");
+  o.deps.push_back(dep_on(reduce, base));
+  if (adds.size() >= 2) o.deps.push_back(dep_on(adds[adds.size() - 2], base));
+  if (held.size() == 2) {
+    o.mem_end.push_back({MemKind::Buffers, -held.front()});
+    held.pop_front();
+  }
+  o.mem_end.push_back({MemKind::Buffers, -packed});
+  held.push_back(chunk);
+  const int at = base + static_cast<int>(ops.size());
+  ops.push_back(std::move(o));
+  const int64_t bytes = off.bucket_download.at(static_cast<size_t>(k));
+  Op c = host_copy(fmt::format("bucket {} to host", k), bytes, false, kOffloadCopyStream);
+  c.deps.push_back(dep_on(at, base));
+  ops.push_back(std::move(c));
+  Op h = host_op(fmt::format("bucket {} host add", k), "host_add", bytes);
+  h.deps.push_back(dep_on(at + 1, base));
+  adds.push_back(base + static_cast<int>(ops.size()));
+  ops.push_back(std::move(h));
+}
+
+void OffloadLaneOps::flush(int base, std::vector<Op>& ops) {
+  Op f = Op::compute("offload flush", 0.0, -1, "offload");
+  if (!adds.empty()) f.deps.push_back(dep_on(adds.back(), base));
+  for (int64_t c : held) f.mem_end.push_back({MemKind::Buffers, -c});
+  held.clear();
+  ops.push_back(std::move(f));
+}
+
+void OffloadLaneOps::upload(int base, std::vector<Op>& ops) const {
+  std::vector<int> copies;
+  for (size_t k = 0; k < off.upload.size(); ++k) {
+    Op cast = host_op(fmt::format("upload {} cast", k), "host_cast", 4 * off.upload_numel[k]);
+    cast.category = "optimizer";
+    if (k >= 2) cast.deps.push_back(dep_on(copies[k - 2], base));
+    const int at = base + static_cast<int>(ops.size());
+    ops.push_back(std::move(cast));
+    Op c = host_copy(fmt::format("upload {}", k), off.upload[k], true, kOffloadCopyStream);
+    c.category = "optimizer";
+    c.deps.push_back(dep_on(at, base));
+    copies.push_back(base + static_cast<int>(ops.size()));
+    ops.push_back(std::move(c));
+  }
+  Op done = Op::compute("upload done", 0.0, -1, "optimizer");
+  if (!copies.empty()) done.deps.push_back(dep_on(copies.back(), base));
+  ops.push_back(std::move(done));
+}
+
 }  // namespace cai::sim

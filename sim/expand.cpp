@@ -225,7 +225,13 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
             break;
           }
           case Op::OptimizerStep:
-            if (!opt.optimizer_elements.empty()) {
+            if (!opt.optimizer_elements.empty() && opt.optimizer_on_host) {
+              sim::Op o = sim::Op::compute("OptStep", -1.0, -1, "optimizer");
+              o.kind = OpKind::Host;
+              o.flops = opt.optimizer_elements.at(st);
+              o.op_kind = "host_adam";
+              push(std::move(o));
+            } else if (!opt.optimizer_elements.empty()) {
               sim::Op o = sim::Op::compute("OptStep", -1.0, -1, "optimizer");
               o.flops = opt.optimizer_elements.at(st);
               o.mem_bytes = opt.optimizer_bytes_per_element * o.flops;

@@ -41,6 +41,9 @@ struct ExpandOptions {
   // g, zero_grad writes it (36); the copy-engine exchange's step also reads every other rank's
   // copy of g in the clip and the update (+8 per other rank).
   double optimizer_bytes_per_element = 36.0;
+  // ZeRO-Offload: the step runs on the host (an OpKind::Host "host_adam" op over
+  // optimizer_elements, clipping included), not on the GPU.
+  bool optimizer_on_host = false;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
   int64_t boundary_bytes = -1;
   int dp = 1;  // pipeline replicas (data parallel)

@@ -6,6 +6,7 @@
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/offload.h"
 #include "cai/schedule/param_gathers.h"
 #include "dp_ops.h"
 #include "expand.h"
@@ -430,7 +431,7 @@ class ConfigProgram {
       } else if (dp && !fwd && reduces) {
         for (int b : dp->launch_at[pos]) {
           const std::string bn = fmt::format("bucket {}", b);
-          for (int k : dp->inflight.launch(b)) ops.push_back(dp_finish(*dp, k, base));
+          for (int k : dp->inflight.launch(b)) dp_finish(*dp, k, base, ops);
           Op pack = dp_copy(bn + " pack", 8 * dp->bucket_numel[b], 1);  // one copy_spans launch
           // The bucket's buffers while the gradients are packed into them, then those go.
           pack.mem_start.push_back(
@@ -462,18 +463,22 @@ class ConfigProgram {
       if (layout_.zero_stage >= 2) {
         const std::vector<int> left = dp->inflight.inflight();
         for (int k : left) {
-          ops.push_back(dp_finish(*dp, k, base));
+          dp_finish(*dp, k, base, ops);
           dp->inflight.finish(k);
         }
       }
+      if (dp->offload && layout_.zero_stage >= 2) dp->lane.flush(base, ops);
       if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
         ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total,
                               static_cast<int64_t>(dp->bucket_numel.size())));  // one per bucket
       if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
         ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, 1));  // one launch
+      if (dp->offload && layout_.zero_stage == 1)  // the device gradient shard to the host
+        ops.push_back(host_copy("gradient shard to host", dp->lane.off.step_download, false, 0));
       return ops;
     }
     if (in.op != schedule::Op::OptimizerStep) return ops;
+    if (dp->offload) dp->lane.upload(base, ops);
     dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
     dp->gather_op.clear();
     if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
@@ -525,6 +530,9 @@ class ConfigProgram {
     std::vector<std::vector<int>> buckets_of_pos;  // per position: buckets holding its parameters
     std::map<int, int> param_gather_op;            // bucket -> program index of its all-gather
     std::vector<int> reduce_op;  // per bucket: program index of its latest reduction
+    // ZeRO-Offload (schedule/offload.h; dp_ops.h's OffloadLaneOps).
+    bool offload = false;
+    OffloadLaneOps lane;
     // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
     // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
     // class-token gradients, a chunk's end).
@@ -533,7 +541,8 @@ class ConfigProgram {
   };
   // The rank's data-parallel state, made on first use; null without data parallelism.
   Dp* data_parallel(int rank, Workload& w) {
-    if (D_ <= 1 || !layout_.data_parallel_plugin) return nullptr;
+    // One process with ZeRO runs the plugin too (its buckets, packs and, with offload, the lane).
+    if ((D_ <= 1 && layout_.zero_stage == 0) || !layout_.data_parallel_plugin) return nullptr;
     auto it = dp_.find(rank);
     if (it != dp_.end()) return &it->second;
     const int P = P_, T = T_, s = rank % P, replica = rank / P, t = replica % T, d = replica / T;
@@ -543,6 +552,7 @@ class ConfigProgram {
     x.group = w.add_group(ranks, listed_dp_ < D_);
     const plan::RankPlan& r = plan_.stages[s];
     std::vector<int64_t> numels;
+    std::vector<char> decays;  // per parameter: kept in the compute dtype under offload
     std::vector<int> layer_of;
     std::vector<char> has;
     for (size_t i = 0; i < r.layers.size(); ++i) {
@@ -550,6 +560,8 @@ class ConfigProgram {
       x.pos[r.layers[i]] = static_cast<int>(i);
       x.name.push_back(lp.name);
       int64_t n = 0, c = 0;
+      decays.insert(decays.end(), lp.parameter_decays.begin(), lp.parameter_decays.end());
+      decays.resize(numels.size() + lp.parameter_numels.size(), 0);
       for (int64_t v : lp.parameter_numels) {
         numels.push_back(v);
         layer_of.push_back(static_cast<int>(i));
@@ -608,6 +620,13 @@ class ConfigProgram {
     x.params = schedule::ParamGatherQueue(schedule::param_gather_order(firsts),
                                           std::max(1, layout_.zero_max_inflight_buckets));
     x.reduce_op.assign(buckets.size(), -1);
+    if (layout_.cpu_offload && layout_.gpu && layout_.zero_stage >= 1 &&
+        layout_.body == plan::Body::ViT) {
+      x.offload = true;
+      x.lane.off = schedule::offload_layout(
+          numels, decays, buckets, layout_.zero_stage, d, D_,
+          static_cast<int64_t>(cai::dtype_size(layout_.precision)), plan::optimizer_slots(layout_));
+    }
     return &x;
   }
   // A device copy of the plugin (packing, unpacking, shard updates): memory-bound elementwise
@@ -620,12 +639,16 @@ class ConfigProgram {
                      dp.param_gather_op, base, ops);
   }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
-  // gradients (the list starts at program index `base`).
-  static Op dp_finish(Dp& x, int k, int base) {
-    Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], 1);  // one launch
-    o.deps.push_back(dep_on(x.reduce_op[k], base));
-    o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
-    return o;
+  // gradients (the list starts at program index `base`); offload: pushes it into the lane.
+  static void dp_finish(Dp& x, int k, int base, std::vector<Op>& ops) {
+    if (!x.offload) {
+      Op o = dp_copy(fmt::format("bucket {} shard add", k), 12 * x.bucket_chunk[k], 1);
+      o.deps.push_back(dep_on(x.reduce_op[k], base));
+      o.mem_end.push_back({MemKind::Buffers, -4 * (x.bucket_numel[k] + x.bucket_chunk[k])});
+      ops.push_back(std::move(o));
+      return;
+    }
+    x.lane.push(k, x.reduce_op[k], 4 * x.bucket_numel[k], 4 * x.bucket_chunk[k], base, ops);
   }
   plan::Layout layout_;
   plan::StepPlan plan_;
@@ -659,10 +682,20 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   eo.dtype = sim_dtype(layout.precision);
   if (layout.ddp_exchange && layout.zero_stage == 0 && layout.gpu && D > 1)
     eo.optimizer_bytes_per_element += 8.0 * (D - 1);
+  // ZeRO-Offload: the host steps this rank's shard (dp rank 0's chunks: S of schedule/offload.h).
+  eo.optimizer_on_host =
+      layout.cpu_offload && layout.gpu && layout.zero_stage >= 1 && layout.body == plan::Body::ViT;
   if (layout.body == plan::Body::ViT)  // Blocks and Linears have no optimizer step
-    for (int s = 0; s < P; ++s)
-      eo.optimizer_elements.push_back(static_cast<double>(sp.stages[s].parameter_elements) /
-                                      (layout.zero_stage >= 1 ? D : 1));
+    for (int s = 0; s < P; ++s) {
+      double shard = 0;
+      for (const plan::LayerPlan& lp : sp.stages[s].layer_plans)
+        for (int64_t n : lp.parameter_numels)
+          shard += static_cast<double>(schedule::zero_chunk_size(n, 0, D));
+      eo.optimizer_elements.push_back(eo.optimizer_on_host
+                                          ? shard
+                                          : static_cast<double>(sp.stages[s].parameter_elements) /
+                                                (layout.zero_stage >= 1 ? D : 1));
+    }
   for (int s = 0; s < P; ++s) {
     const plan::Memory& m = sp.stages[s].memory;
     std::array<int64_t, kMemKinds> mem{};
@@ -739,6 +772,8 @@ double step_lower_bound(const config::TrainConfig& cfg, int nproc, const Cluster
     for (size_t i = 0; i < w.ranks[0].ops.size(); ++i) {
       const Op& o = w.ranks[0].ops[i];
       if ((o.stream == 0) != stream0) continue;
+      // ZeRO-Offload's copies and host adds overlap the reductions: left out of the bound.
+      if (o.kind == OpKind::HostCopy || o.kind == OpKind::Host) continue;
       if (o.kind == OpKind::Compute) {
         t += dur[0][i];
         continue;

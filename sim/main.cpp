@@ -92,10 +92,14 @@ int run(const Options& o) {
     const SearchResult r = search_layouts(cfg, o.nproc, cluster, so);
     std::cout << fmt::format(
         "layout search: {} on {} processes of {}: {} layouts considered, {} refused by "
-        "vit_train's checks, {} over {:.1f} GiB per GPU; {} fit: {} simulated{} ({:.2f} s)\n",
+        "vit_train's checks, {} over {:.1f} GiB per GPU{}; {} fit: {} simulated{} ({:.2f} s)\n",
         o.config, o.nproc, o.cluster, r.considered, r.invalid, r.too_big,
-        static_cast<double>(cluster.gpu.memory_bytes) / double(1ull << 30), r.simulated + r.bounded,
-        r.simulated,
+        static_cast<double>(cluster.gpu.memory_bytes) / double(1ull << 30),
+        r.host_too_big > 0
+            ? fmt::format(", {} over the host's {:.1f} GiB per GPU (offload)", r.host_too_big,
+                          static_cast<double>(cluster.host.memory_bytes) / double(1ull << 30))
+            : "",
+        r.simulated + r.bounded, r.simulated,
         r.bounded > 0 ? fmt::format(", {} left out: their lower bound is not below the {}th best "
                                     "(--exhaustive simulates them)",
                                     r.bounded, so.keep)
@@ -137,6 +141,7 @@ int run(const Options& o) {
                                {"bubble", c.bubble},
                                {"bound_ms", c.bound_ms},
                                {"peak_mem_bytes", c.peak_mem_bytes},
+                               {"host_mem_bytes", c.host_mem_bytes},
                                {"toml", cai::config::to_toml(c.config)}});
       }
       write(o.json, j.dump(1) + "\n");

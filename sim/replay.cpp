@@ -76,6 +76,39 @@ double op_seconds(const Op& o, const Cluster& c, const Calibration& cal, double 
   return std::max({f, o.mem_bytes / (c.gpu.memory_bandwidth * e.bytes),
                    static_cast<double>(o.calls) * per_call});
 }
+
+// A host copy or host work of ZeRO-Offload (workload.h: HostCopy, Host); counted as measured
+// when the profile's "host" entry timed it.
+double host_seconds(const Op& o, const Cluster& c, const Calibration& cal, TimingSources* count) {
+  if (o.seconds >= 0) {
+    if (count) ++count->given;
+    return o.seconds;
+  }
+  double rate = 0, fallback = 0, amount = static_cast<double>(o.bytes), latency = 0;
+  if (o.kind == OpKind::HostCopy) {
+    rate = o.to_device ? cal.h2d_bytes_per_s : cal.d2h_bytes_per_s;
+    fallback = c.host.bandwidth;
+    latency = c.host.latency;
+  } else if (o.op_kind == "host_adam") {
+    rate = cal.host_adam_elements_per_s;
+    fallback = kHostAdamElementsPerS;
+    amount = o.flops;
+  } else {
+    CAI_CHECK(o.op_kind == "host_add" || o.op_kind == "host_cast",
+              "[sim] host op '{}' of kind '{}': expected host_add, host_cast or host_adam", o.name,
+              o.op_kind);
+    rate = cal.host_add_bytes_per_s;
+    fallback = kHostAddBytesPerS;
+    // A cast moves 6 bytes an element (fp32 in, half out), an add 12 (x and y in, y out): half
+    // an add's time for the same fp32 bytes.
+    if (o.op_kind == "host_cast") amount *= 0.5;
+  }
+  if (count) ++(rate > 0 ? count->host_measured : count->host_placeholder);
+  if (rate > 0) return amount / rate;
+  CAI_CHECK(fallback > 0, "[sim] host copy '{}' of {} bytes: cluster '{}' gives no host link",
+            o.name, o.bytes, c.name);
+  return latency + amount / fallback;
+}
 }  // namespace
 
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
@@ -88,6 +121,10 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
     TimingSources* count = r == 0 ? sources : nullptr;
     for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
       const Op& o = w.ranks[r].ops[i];
+      if (o.kind == OpKind::HostCopy || o.kind == OpKind::Host) {
+        out[r][i] = host_seconds(o, c, cal, count);
+        continue;
+      }
       if (o.kind != OpKind::Compute) continue;
       // A split op (Op::share) takes its share of the timed op's duration.
       out[r][i] = o.share * op_seconds(o, c, cal, peak, per_call, count);
@@ -243,8 +280,8 @@ void Replayer::stream(int r, std::vector<int> ops) {
         if (wake > 0 && asleep(r, start[r][i])) sg4::this_actor::sleep_for(wake);
         break;
       case OpKind::HostCopy:
-        sg4::this_actor::sleep_for(c.host.latency +
-                                   static_cast<double>(o.bytes) / c.host.bandwidth);
+      case OpKind::Host:
+        if (dur[r][i] > 0) sg4::this_actor::sleep_for(dur[r][i]);
         break;
       default:
         collective(r, i);
@@ -418,7 +455,8 @@ void measure(const Workload& w, ReplayResult& res) {
     std::vector<Span> comp, comm, both, pipe;
     for (size_t i = 0; i < prog.ops.size(); ++i) {
       const Span& s = rr.spans[i];
-      if (prog.ops[i].kind == OpKind::Compute) {
+      // Host work (ZeRO-Offload's adds and optimizer step) counts as computing.
+      if (prog.ops[i].kind == OpKind::Compute || prog.ops[i].kind == OpKind::Host) {
         comp.push_back(s);
         if (prog.ops[i].category == "compute") pipe.push_back(s);
       } else {

@@ -74,7 +74,16 @@ struct TimingSources {
   // CollectiveModel::Flows: those run as flows over the links fitted to the calibration (counted
   // instead of measured / interpolated).
   int64_t comm_flows = 0;
+  // ZeRO-Offload's host copies and host work (rank 0): timed by the profile's "host" entry, or by
+  // the cluster's host link and the placeholders below.
+  int64_t host_measured = 0, host_placeholder = 0;
 };
+
+// Placeholders for the host side of ZeRO-Offload when the profile has no "host" entry (or lacks
+// a figure): optim::HybridAdam over ~16 cores, memory-bound at 28 bytes an element (p, g, m, v
+// read, p, m, v written) near 30 GB/s; y += x at 10 GB/s of x. The summary's warnings name them.
+constexpr double kHostAdamElementsPerS = 1e9;
+constexpr double kHostAddBytesPerS = 10e9;
 
 struct ReplayResult {
   std::string cluster;
@@ -112,9 +121,10 @@ struct ReplayResult {
 // or ranks share GPUs (max_ranks_per_gpu).
 int replicas_per_copy(const Cluster& c, int ranks_per_replica, int replicas);
 
-// Compute durations in seconds per [rank][op] (0 for non-compute ops): `seconds`, the
+// Compute durations in seconds per [rank][op] (0 for communication): `seconds`, the
 // calibration's samples of the op's cal_key (never below the roofline at full peak), or the
-// roofline with the op kind's efficiency.
+// roofline with the op kind's efficiency; host copies and host work (ZeRO-Offload) at the
+// profile's host rates, else the cluster's host link and the kHost* placeholders.
 std::vector<std::vector<double>> compute_durations(const Workload& w, const Cluster& c,
                                                    const Calibration& cal,
                                                    TimingSources* sources = nullptr);

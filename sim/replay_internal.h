@@ -210,6 +210,7 @@ struct Replayer {
     switch (o.kind) {
       case OpKind::Compute:
       case OpKind::HostCopy:
+      case OpKind::Host:
         return false;
       case OpKind::Send:
       case OpKind::Recv:

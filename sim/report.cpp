@@ -72,7 +72,9 @@ std::string result_json(const Workload& w, const ReplayResult& r) {
              {{"measured", r.timing.comm_measured},
               {"interpolated", r.timing.comm_interpolated},
               {"flows", r.timing.comm_flows},
-              {"network", r.timing.comm_network}}}};
+              {"network", r.timing.comm_network}}},
+            {"host_ops_timed",
+             {{"measured", r.timing.host_measured}, {"placeholder", r.timing.host_placeholder}}}};
   return j.dump(1);
 }
 
@@ -177,6 +179,13 @@ std::vector<std::string> result_warnings(const Workload& w, const ReplayResult& 
         "{} of {} collectives and sends timed by the cluster file's nominal links (no profile "
         "sample of that op and group size)",
         t.comm_network, t.comm_measured + t.comm_interpolated + t.comm_network));
+  if (t.host_placeholder > 0)
+    out.push_back(fmt::format(
+        "{} of {} offload host copies and host ops of rank 0 timed by placeholders (the cluster "
+        "file's host link {:.0f} GB/s, host Adam {:.2g} elements/s, host add {:.0f} GB/s: the "
+        "profile has no \"host\" entry for them; colossalai benchmark --calibrate measures it)",
+        t.host_placeholder, t.host_measured + t.host_placeholder, c.host.bandwidth / 1e9,
+        kHostAdamElementsPerS, kHostAddBytesPerS / 1e9));
   if (!cal.samples.empty() && !cal.device.empty()) {
     const bool cpu_cluster = c.intra.fabric == Fabric::SharedMemory;
     const std::string a = device_family(cal.device, false),

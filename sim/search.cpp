@@ -56,8 +56,13 @@ std::string describe_layout(const config::TrainConfig& c, int64_t dp) {
                               : "";
     pipe = fmt::format(", {}{}{}", c.pp_style, chunks, m);
   }
-  return fmt::format("{}pp {} × tp {}, zero {}{}{}", dp > 0 ? fmt::format("dp {} × ", dp) : "",
-                     c.pipeline, tc.describe(static_cast<int>(c.tensor_size)), c.zero_stage, pipe,
+  const std::string accumulate =
+      c.pipeline == 1 && c.gradient_accumulation > 1
+          ? fmt::format(", accumulation {} × {}", c.gradient_accumulation, c.batch_size)
+          : "";
+  return fmt::format("{}pp {} × tp {}, zero {}{}{}{}{}", dp > 0 ? fmt::format("dp {} × ", dp) : "",
+                     c.pipeline, tc.describe(static_cast<int>(c.tensor_size)), c.zero_stage,
+                     c.cpu_offload && c.zero_stage > 0 ? " (offload)" : "", pipe, accumulate,
                      c.checkpoint ? ", checkpointing" : "");
 }
 
@@ -85,10 +90,10 @@ std::string search_out_header(const SearchResult& r, int nproc, const std::strin
       "# The config's own layout, {}, was the starting point.\n"
       "# This is the whole config: its [parallel] keys, model.checkpoint, train.batch_size and\n"
       "# train.gradient_accumulation are the pick's, every other key is the config's.\n"
-      "# Global batch {} ({}) = batch_size {} × dp {}.\n"
+      "# Global batch {} ({}) = batch_size {} × gradient_accumulation {} × dp {}.\n"
       "# Run: colossalai run --nproc_per_node {} vit_train --config THIS_FILE\n",
       nproc, cluster, best.layout, best.step_ms, best.img_per_s, r.base_layout, r.global_batch,
-      r.global_batch_from, best.config.batch_size, dp, nproc);
+      r.global_batch_from, best.config.batch_size, best.config.gradient_accumulation, dp, nproc);
 }
 
 SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cluster& cluster,
@@ -138,9 +143,17 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
         }
         const int64_t per_dp = global / dp;
         std::vector<int> zeros = pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3};
-        if (dp == 1) zeros = {0};
+        // One replica shards nothing; with offload, ZeRO moves its state to the host.
+        if (dp == 1 && !base.cpu_offload) zeros = {0};
         std::vector<int> mbs = {1};
         if (pp > 1) mbs = {pp, 2 * pp, 4 * pp};
+        // Without a pipeline, gradient accumulation: the per-dp batch in 1, 2, 4, 8 or 16
+        // micro-batches where it divides (the global batch kept); pipelines split it into their
+        // micro-batches instead.
+        std::vector<int64_t> accumulations = {1};
+        if (pp == 1)
+          for (int64_t a : {2, 4, 8, 16})
+            if (per_dp % a == 0) accumulations.push_back(a);
         // Every schedule style: GPipe, 1F1B, interleaved 1F1B with 2 or 4 model chunks per stage
         // (vit_train's checks refuse the chunk counts the layers do not fill), and the
         // zero-bubble ZB-H1 and ZB-V (2 chunks in a V; the executor's split backward runs them).
@@ -150,55 +163,70 @@ SearchResult search_layouts(const config::TrainConfig& base, int nproc, const Cl
                        {"interleaved", 4}, {"zbh1", 1}, {"zbv", 2}};
         for (int zero : zeros)
           for (int m : mbs)
-            for (const auto& [style, chunks] : schedules) {
-              if (m > per_dp) continue;
-              if (chunks * pp > layers) continue;
-              for (int ck = 0; ck <= 1; ++ck) {
-                config::TrainConfig c = base;
-                c.tensor_mode = tc.mode;
-                c.tensor_size = tp;
-                c.tensor_depth = tc.depth;
-                c.sequence_parallel = tc.sp;
-                c.pipeline = pp;
-                c.split_backward = base.split_backward && pp > 1;
-                c.pp_style = style;
-                c.num_model_chunks = chunks;
-                c.num_layers_per_stage.clear();
-                c.num_microbatches = pp > 1 ? m : 0;
-                c.microbatch_size = 0;
-                c.zero_stage = zero;
-                c.checkpoint = ck != 0;
-                c.explicitly_set.insert("model.checkpoint");
-                c.batch_size = per_dp;
-                c.gradient_accumulation = 1;
-                if (c.cpu_offload && zero == 0) c.cpu_offload = false;
-                ++out.considered;
-                Candidate cand;
-                try {
-                  config::validate(c, nproc);
-                  const plan::StepPlan plan =
-                      plan::make_plan(c.vit(), config::plan_layout(c, nproc));
-                  cand.peak_mem_bytes = plan.peak();
-                  if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
-                    ++out.too_big;
-                    if (smallest_too_big == 0 || cand.peak_mem_bytes < smallest_too_big) {
-                      smallest_too_big = cand.peak_mem_bytes;
-                      smallest_too_big_layout = describe_layout(c, dp);
+            for (const auto& [style, chunks] : schedules)
+              for (int64_t acc : accumulations) {
+                if (m > per_dp) continue;
+                if (chunks * pp > layers) continue;
+                for (int ck = 0; ck <= 1; ++ck) {
+                  config::TrainConfig c = base;
+                  c.tensor_mode = tc.mode;
+                  c.tensor_size = tp;
+                  c.tensor_depth = tc.depth;
+                  c.sequence_parallel = tc.sp;
+                  c.pipeline = pp;
+                  c.split_backward = base.split_backward && pp > 1;
+                  c.pp_style = style;
+                  c.num_model_chunks = chunks;
+                  c.num_layers_per_stage.clear();
+                  c.num_microbatches = pp > 1 ? m : 0;
+                  c.microbatch_size = 0;
+                  c.zero_stage = zero;
+                  c.checkpoint = ck != 0;
+                  c.explicitly_set.insert("model.checkpoint");
+                  c.batch_size = per_dp / acc;
+                  c.gradient_accumulation = acc;
+                  c.explicitly_set.insert("train.gradient_accumulation");
+                  if (c.cpu_offload && zero == 0) c.cpu_offload = false;
+                  ++out.considered;
+                  Candidate cand;
+                  try {
+                    config::validate(c, nproc);
+                    const plan::StepPlan plan =
+                        plan::make_plan(c.vit(), config::plan_layout(c, nproc));
+                    cand.peak_mem_bytes = plan.peak();
+                    if (cand.peak_mem_bytes > cluster.gpu.memory_bytes) {
+                      ++out.too_big;
+                      if (smallest_too_big == 0 || cand.peak_mem_bytes < smallest_too_big) {
+                        smallest_too_big = cand.peak_mem_bytes;
+                        smallest_too_big_layout = describe_layout(c, dp);
+                      }
+                      continue;
                     }
+                    // ZeRO-Offload's host state must fit the host's memory per GPU.
+                    for (const plan::RankPlan& st : plan.stages)
+                      cand.host_mem_bytes = std::max(cand.host_mem_bytes, st.memory.host);
+                    if (cluster.host.memory_bytes > 0 &&
+                        cand.host_mem_bytes > cluster.host.memory_bytes) {
+                      ++out.host_too_big;
+                      count_refusal(reasons,
+                                    fmt::format("[search] offload's host state above the {:.1f} "
+                                                "GiB of host memory per GPU",
+                                                static_cast<double>(cluster.host.memory_bytes) /
+                                                    double(1ull << 30)));
+                      continue;
+                    }
+                    cand.bound_ms =
+                        step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
+                  } catch (const Error& e) {
+                    ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
+                    count_refusal(reasons, e.what());
                     continue;
                   }
-                  cand.bound_ms =
-                      step_lower_bound(c, nproc, cluster, opt.replay.calibration, &plan) * 1e3;
-                } catch (const Error& e) {
-                  ++out.invalid;  // a layout vit_train refuses (shapes that do not divide, ...)
-                  count_refusal(reasons, e.what());
-                  continue;
+                  cand.layout = describe_layout(c, dp);
+                  cand.config = std::move(c);
+                  fit.push_back(std::move(cand));
                 }
-                cand.layout = describe_layout(c, dp);
-                cand.config = std::move(c);
-                fit.push_back(std::move(cand));
               }
-            }
       }
   // Best first: simulate in the order of the bounds until no bound can beat the keep-th best.
   std::stable_sort(fit.begin(), fit.end(),

@@ -26,6 +26,7 @@ struct Candidate {
   double step_ms = 0, img_per_s = 0, bubble = 0;
   double bound_ms = 0;         // step_lower_bound
   int64_t peak_mem_bytes = 0;  // the plan's largest predicted peak over the ranks
+  int64_t host_mem_bytes = 0;  // ZeRO-Offload: the plan's largest host memory over the ranks
 };
 
 struct SearchOptions {
@@ -37,6 +38,9 @@ struct SearchOptions {
 struct SearchResult {
   std::vector<Candidate> ranked;  // simulated layouts, fastest first
   int considered = 0, invalid = 0, too_big = 0;
+  // Fit the GPU but not the cluster's host memory per GPU (ZeRO-Offload's host state; counted
+  // among the refusals too).
+  int host_too_big = 0;
   int simulated = 0, bounded = 0;  // bounded: fit but left out by the bound
   double wall_s = 0;
   // Where the search started: the config's own layout ("pp 4 × tp 1d 4, zero 1, 1f1b m 8"), the

@@ -46,6 +46,7 @@ constexpr OpKindRow kOpKinds[] = {
     {OpKind::Send, "send", "p2p"},
     {OpKind::Recv, "recv", ""},
     {OpKind::HostCopy, "host_copy", ""},
+    {OpKind::Host, "host", ""},
 };
 
 const OpKindRow* op_kind_row(OpKind k) {

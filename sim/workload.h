@@ -24,7 +24,14 @@
 //    starts (the receive's buffer is there); a Recv op completes when the data is there (its span
 //    is the wait). Where the receive is posted (Op::posted_after) only decides from when its
 //    kernel holds a share of the GPU.
-//  - HostCopy: `bytes` over the GPU's host link (CPU offload), latency + bytes / bandwidth.
+//  - HostCopy: `bytes` between the GPU and pinned host memory (ZeRO-Offload; `to_device` says
+//    which way), at the calibration's measured bandwidth of that direction, else the cluster's
+//    host link (latency + bytes / bandwidth). It takes no share of the GPU's compute (the copy
+//    engines move it): on a stream other than 0 it overlaps the compute.
+//  - Host: work of the rank's host threads (ZeRO-Offload's gradient adds, host optimizer step,
+//    upload casts), `op_kind` "host_add" / "host_cast" (`bytes` of fp32 read) or "host_adam"
+//    (`flops` = elements), timed by the calibration's host rates or documented placeholders
+//    (replay.h: kHost*); it holds no GPU.
 //  - Copies (Workload::copies > 1): the listed ranks stand for every copy of a job of identical
 //    replicas; collectives over a group spanning the copies count every copy's members.
 //  - Memory: `mem_start` deltas apply when the op starts, `mem_end` when it ends (+ allocates,
@@ -58,6 +65,7 @@ enum class OpKind {
   Send,
   Recv,
   HostCopy,
+  Host,
 };
 const char* op_kind_name(OpKind k);  // "compute", "all_reduce", ...
 // The op a kind's time is measured and modelled as: the calibration's collective samples and the
@@ -101,6 +109,8 @@ struct Op {
   // Moved by the GPUs' copy engines (the copy-engine gradient exchange): no kernel, so it holds
   // no share of the GPU's compute while in flight (Calibration::overlap_share).
   bool copy_engine = false;
+  // HostCopy: host -> device (true) or device -> host.
+  bool to_device = false;
   // Recv: when its receive is posted (NCCL's receive kernel holding a share of the GPU from then
   // until its data is in, Calibration::posted_share): after op `posted_after` of this rank ends,
   // -1 at the rank's start; -2 (unset): the first receive of its kind at the start and each next

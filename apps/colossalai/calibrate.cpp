@@ -493,6 +493,7 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
     samples["optimizer|step"].push_back({double(n), 36.0 * n, time_optimizer(n, dev)});
   samples["optimizer|step"].push_back({double(params), 36.0 * params, time_optimizer(params, dev)});
   samples["copy|call"].push_back({1.0, 8.0 * 64, time_copy_call(dev)});
+  const HostRates host = time_host_offload(dev);
 
   nlohmann::json j;
   nlohmann::json scales = nlohmann::json::object();
@@ -536,15 +537,27 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
                  {"poll_seconds", contention.poll_s},
                  {"base_seconds", contention.base_s},
                  {"late_seconds", contention.late_s}};
+  // ZeRO-Offload's host side (the simulator's host copies and host ops); a CPU has no copies.
+  j["host"] = {{"adam_elements_per_s", host.adam_elements_per_s},
+               {"add_bytes_per_s", host.add_bytes_per_s}};
+  if (host.h2d_bytes_per_s > 0) {
+    j["host"]["h2d_bytes_per_s"] = host.h2d_bytes_per_s;
+    j["host"]["d2h_bytes_per_s"] = host.d2h_bytes_per_s;
+  }
   std::ofstream f(o.calibrate);
   CAI_CHECK(f.good(), "[benchmark] cannot write {}", o.calibrate);
   f << j.dump(1) << "\n";
   std::cout << fmt::format(
       "calibration: {} kernels of {} ({} batch sizes × tp {}), {} optimizer sizes and {} "
-      "collective timings on {} in {:.1f} s -> {}\n",
+      "collective timings on {}; host (offload): Adam {:.3g} elements/s, add {:.3g} GB/s{} in "
+      "{:.1f} s -> {}\n",
       timed, o.config, batches.size(), fmt::join(tps, "/"), samples["optimizer|step"].size(),
-      collectives.size(), name, std::chrono::duration<double>(Clock::now() - t0).count(),
-      o.calibrate);
+      collectives.size(), name, host.adam_elements_per_s, host.add_bytes_per_s / 1e9,
+      host.h2d_bytes_per_s > 0 ? fmt::format(", pinned copies {:.3g} GB/s to the device and {:.3g} "
+                                             "GB/s back",
+                                             host.h2d_bytes_per_s / 1e9, host.d2h_bytes_per_s / 1e9)
+                               : std::string(),
+      std::chrono::duration<double>(Clock::now() - t0).count(), o.calibrate);
   return 0;
 }
 

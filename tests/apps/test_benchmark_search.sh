@@ -45,7 +45,10 @@ for x in r:
     c = tomllib.loads(x["toml"])
     tp, pp = c["parallel"]["tensor"]["size"], c["parallel"]["pipeline"]
     assert tp * pp <= 4 and 4 % (tp * pp) == 0, (x["layout"], tp, pp)
-    assert c["train"]["batch_size"] * (4 // (tp * pp)) == 64, (x["layout"], c["train"])
+    # The global batch kept: per-dp batch × accumulation (tried without a pipeline) × dp.
+    acc = c["train"]["gradient_accumulation"]
+    assert c["train"]["batch_size"] * acc * (4 // (tp * pp)) == 64, (x["layout"], c["train"])
+    assert acc == 1 or pp == 1, (x["layout"], acc)
     assert x["layout"].startswith(f"dp {4 // (tp * pp)} × pp {pp} × tp "), x["layout"]
 # --out: the original config with the pick's layout keys replaced, every other key kept.
 text = open(sys.argv[2]).read()

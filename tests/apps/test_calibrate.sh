@@ -25,6 +25,10 @@ for path in sys.argv[1:]:
     params = j["samples"]["optimizer|step"][-1][0]  # the model's parameter count
     calls = j["samples"]["copy|call"]  # the data-parallel plugin's smallest copy, per call
     assert len(calls) == 1 and calls[0][0] == 1 and 0 < calls[0][2] < 1e-3, calls
+    # ZeRO-Offload's host side: the host Adam and add rates (a CPU build times no pinned copies).
+    host = j["host"]
+    assert set(host) == {"adam_elements_per_s", "add_bytes_per_s"}, host
+    assert 1e6 < host["adam_elements_per_s"] < 1e11 and 1e8 < host["add_bytes_per_s"] < 1e12, host
     coll = j.get("collectives")
     assert coll, f"{path}: no collectives section"
     by = {}

@@ -1,6 +1,9 @@
 // The step model against hand-computed numbers for a tiny ViT, and against the code it models
 // (parameter shapes of the tensor-parallel layers, the executor's buckets).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <numeric>
 
 #include "cai/core/error.h"
@@ -8,6 +11,7 @@
 #include "cai/nn/vit.h"
 #include "cai/plan/plan.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/offload.h"
 
 using namespace cai;
 
@@ -121,6 +125,110 @@ TEST(Plan, ZeroShardsAndMemoryByStage) {
   const auto off = plan::make_plan(c, l).stages[0].memory;
   EXPECT_EQ(off.optimizer_state, 0);
   EXPECT_GT(off.host, 0);
+}
+
+// The plan's parameter list says which parameters decay as the model does (ZeRO-Offload keeps
+// exactly those in the compute dtype on the device).
+TEST(Plan, ParameterDecaysAreTheModels) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  const auto r = plan::make_plan(c, l).stages[0];
+  std::vector<char> planned;
+  for (const auto& lp : r.layer_plans) {
+    ASSERT_EQ(lp.parameter_decays.size(), lp.parameter_numels.size()) << lp.name;
+    planned.insert(planned.end(), lp.parameter_decays.begin(), lp.parameter_decays.end());
+  }
+  std::vector<char> model;
+  for (auto* p : nn::ViT(c).parameters()) model.push_back(p->weight_decay ? 1 : 0);
+  EXPECT_EQ(planned, model);
+  EXPECT_GT(std::count(model.begin(), model.end(), 1), 0);
+}
+
+// ZeRO-Offload (cai/schedule/offload.h, as DataParallelPlugin lays it out): the device keeps
+// the shard's values (the decaying weights in the compute dtype, the rest fp32) and, stage 1
+// only, its fp32 gradients: stages 2/3 have no gradient term of the shard's size on the GPU.
+// The host holds fp32 values, gradients, two Adam slots and four staging slots of the largest
+// bucket chunk.
+TEST(Plan, OffloadDeviceAndHostMemory) {
+  const nn::ViTConfig c = tiny();
+  nn::ViT model(c);
+  std::vector<int64_t> numels;
+  std::vector<int> layer_of;
+  int64_t shard = 0, rounded = 0;  // rank 1 of 2
+  int layer = -1;
+  for (auto* p : model.parameters()) {
+    const int64_t k = schedule::zero_chunk_size(p->value.numel(), 1, 2);
+    shard += k;
+    if (p->weight_decay) rounded += k;
+    numels.push_back(p->value.numel());
+  }
+  const auto r0 = plan::make_plan(c, plan::Layout{}).stages[0];
+  for (const auto& lp : r0.layer_plans) {
+    ++layer;
+    for (size_t k = 0; k < lp.parameter_numels.size(); ++k) layer_of.push_back(layer);
+  }
+  ASSERT_EQ(layer_of.size(), numels.size());
+  for (DType prec : {DType::BF16, DType::F32})
+    for (int z = 1; z <= 3; ++z) {
+      plan::Layout l;
+      l.world = 2, l.gpu = true, l.precision = prec, l.zero_stage = z, l.optimizer = "adamw";
+      l.zero_bucket_size_in_m = 0.0002;  // several buckets (200 elements)
+      l.ddp_bucket_cap_mb = 0.001;
+      const auto base = plan::plan_rank(plan::make_plan(c, l), 1).memory;
+      l.cpu_offload = true;
+      const auto m = plan::plan_rank(plan::make_plan(c, l), 1).memory;
+      const std::string what = fmt::format("zero {} {}", z, dtype_name(prec));
+      const int64_t e = static_cast<int64_t>(dtype_size(prec));
+      const int64_t value = e * rounded + 4 * (shard - rounded);
+      EXPECT_EQ(m.shards, value + (z == 1 ? 4 * shard : 0)) << what;
+      EXPECT_EQ(m.optimizer_state, 0) << what;
+      EXPECT_EQ(m.parameters, base.parameters) << what;
+      EXPECT_EQ(m.gradients, base.gradients) << what;
+      int64_t most = 1;
+      for (const auto& b : schedule::gradient_buckets(numels, layer_of, z, l.ddp_bucket_cap_mb,
+                                                      l.zero_bucket_size_in_m)) {
+        int64_t k = 0;
+        for (int i : b) k += schedule::zero_chunk_size(numels[i], 1, 2);
+        most = std::max(most, k);
+      }
+      EXPECT_GT(most, 1) << what;
+      EXPECT_EQ(m.host, 4 * (2 + 2) * shard + 4 * most * 4) << what;
+      // Without offload the device held 8 S of fp32 values and gradients and 8 S of Adam state;
+      // the lane holds at most two reduced chunks beyond the reduction window.
+      EXPECT_LE(m.peak, base.peak - 16 * shard + m.shards + 8 * most) << what;
+      EXPECT_LT(m.peak, base.peak) << what;
+    }
+  // The CPU keeps everything in one memory: no host figure.
+  plan::Layout cpu;
+  cpu.world = 2, cpu.zero_stage = 2, cpu.cpu_offload = true;
+  EXPECT_EQ(plan::plan_rank(plan::make_plan(c, cpu), 1).memory.host, 0);
+}
+
+// The shared description's transfers: stage 2/3 one download per bucket of its chunk, stage 1
+// one of the whole gradient shard; the upload cut in copies of the largest chunk, the rounded
+// part (compute dtype) first.
+TEST(Plan, OffloadTransfers) {
+  const std::vector<int64_t> numels = {100, 10, 300, 7};
+  const std::vector<char> rounded = {1, 0, 1, 0};
+  const std::vector<std::vector<int>> buckets = {{3, 2}, {1, 0}};
+  const auto o2 = schedule::offload_layout(numels, rounded, buckets, 2, 0, 1, 2, 2);
+  EXPECT_EQ(o2.shard, 417);
+  EXPECT_EQ(o2.rounded, 400);
+  EXPECT_EQ(o2.largest_chunk, 307);
+  EXPECT_EQ(o2.bucket_download, (std::vector<int64_t>{4 * 307, 4 * 110}));
+  EXPECT_EQ(o2.step_download, 0);
+  EXPECT_EQ(o2.upload, (std::vector<int64_t>{2 * 307, 2 * 93, 4 * 17}));
+  EXPECT_EQ(o2.upload_numel, (std::vector<int64_t>{307, 93, 17}));
+  EXPECT_EQ(o2.device_value_bytes, 2 * 400 + 4 * 17);
+  EXPECT_EQ(o2.device_grad_bytes, 0);
+  EXPECT_EQ(o2.host_bytes(), 16 * 417 + 16 * 307);
+  const auto o1 = schedule::offload_layout(numels, rounded, buckets, 1, 1, 2, 4, 2);
+  EXPECT_TRUE(o1.bucket_download.empty());
+  EXPECT_EQ(o1.step_download, 4 * o1.shard);
+  EXPECT_EQ(o1.device_grad_bytes, 4 * o1.shard);
+  EXPECT_EQ(o1.device_value_bytes, 4 * o1.shard);
+  EXPECT_THROW(schedule::offload_layout(numels, {1, 0}, buckets, 2, 0, 1, 2, 2), Error);
+  EXPECT_THROW(schedule::offload_layout(numels, rounded, buckets, 0, 0, 1, 2, 2), Error);
 }
 
 // parallel.ddp_copy_engine: each rank's staging region for the copy-engine all-reduce (256 bytes

@@ -72,7 +72,9 @@ TEST(Search, StartsFromALayoutThatDoesNotFit) {
     const int64_t used = k.config.tensor_size * k.config.pipeline;
     ASSERT_EQ(4 % used, 0) << k.layout;
     const int64_t dp = 4 / used;
-    EXPECT_EQ(k.config.batch_size * dp, 64) << k.layout;  // one replica's batch of 64
+    // One replica's batch of 64 (micro-batches × accumulation without a pipeline).
+    EXPECT_EQ(k.config.batch_size * k.config.gradient_accumulation * dp, 64) << k.layout;
+    if (k.config.pipeline > 1) EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
     EXPECT_EQ(k.layout.rfind(fmt::format("dp {} × pp {} × tp ", dp, k.config.pipeline), 0), 0u)
         << k.layout;
     cai::config::validate(k.config, 4);  // vit_train takes it on 4 processes
@@ -88,20 +90,76 @@ TEST(Search, StartsFromALayoutThatDoesNotFit) {
       << line;
 }
 
-// A layout that fits keeps its global batch on nproc: tensor 1d 2 with batch 32 on 4 processes
-// is dp 2, 64 samples a step, in every candidate; gradient accumulation counts in it.
+// A layout that fits keeps its global batch on nproc: tensor 1d 2 with batch 32 and accumulation
+// 2 on 4 processes is dp 2, 128 samples a step, in every candidate, which splits its per-dp batch
+// into 1, 2, 4, 8 or 16 accumulated micro-batches without a pipeline (the search varies it).
 TEST(Search, KeepsTheGlobalBatchOfAFittingLayout) {
   const auto cfg = fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=2",
                            "train.batch_size=32", "train.gradient_accumulation=2"});
   SearchOptions top;
   top.keep = 3;
   const SearchResult r = search_layouts(cfg, 4, cluster("cpu-2"), top);
-  EXPECT_EQ(r.base_layout, "dp 2 × pp 1 × tp 1d 2, zero 0");
+  EXPECT_EQ(r.base_layout, "dp 2 × pp 1 × tp 1d 2, zero 0, accumulation 2 × 32");
   EXPECT_EQ(r.global_batch, 128);
   for (const Candidate& k : r.ranked) {
-    EXPECT_EQ(k.config.batch_size * (4 / (k.config.tensor_size * k.config.pipeline)), 128)
+    EXPECT_EQ(k.config.batch_size * k.config.gradient_accumulation *
+                  (4 / (k.config.tensor_size * k.config.pipeline)),
+              128)
         << k.layout;
-    EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+    if (k.config.pipeline > 1) EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+  }
+  // Every accumulation is searched (exhaustively: the bound leaves out the slower ones).
+  SearchOptions all;
+  all.exhaustive = true;
+  std::set<int64_t> accumulations;
+  for (const Candidate& k : search_layouts(cfg, 4, cluster("cpu-2"), all).ranked) {
+    accumulations.insert(k.config.gradient_accumulation);
+    if (k.config.gradient_accumulation > 1)
+      EXPECT_NE(k.layout.find(fmt::format(", accumulation {} × {}", k.config.gradient_accumulation,
+                                          k.config.batch_size)),
+                std::string::npos)
+          << k.layout;
+  }
+  EXPECT_EQ(accumulations, (std::set<int64_t>{1, 2, 4, 8, 16}));
+}
+
+// ZeRO-Offload on one GPU (issue #48): the 6.4B ViT fits no layout of one 80 GB GPU without
+// offload; with parallel.cpu_offload = true the search tries ZeRO 1-3 with offload on the one
+// replica and finds layouts that fit, ZeRO-3 with checkpointing at a GPU peak <= 40 GiB by the
+// plan, every one within the host's 128 GiB per GPU; a host with less memory refuses them, with
+// the reason counted.
+TEST(Search, OffloadFitsTheBigViTOnOneGpu) {
+  auto big = cai::config::load_config(std::string(CAI_CONFIG_DIR) + "/vit_6b_imagenet.toml", {});
+  const Cluster h100 = cluster("h100-1");
+  EXPECT_THROW((void)search_layouts(big, 1, h100), cai::Error);
+  big.cpu_offload = true;
+  SearchOptions all;
+  all.exhaustive = true;
+  const SearchResult r = search_layouts(big, 1, h100, all);
+  ASSERT_FALSE(r.ranked.empty());
+  bool small = false;
+  for (const Candidate& k : r.ranked) {
+    EXPECT_GE(k.config.zero_stage, 1) << k.layout;
+    EXPECT_TRUE(k.config.cpu_offload) << k.layout;
+    EXPECT_NE(k.layout.find("(offload)"), std::string::npos) << k.layout;
+    EXPECT_LE(k.peak_mem_bytes, h100.gpu.memory_bytes) << k.layout;
+    EXPECT_GT(k.host_mem_bytes, 0) << k.layout;
+    EXPECT_LE(k.host_mem_bytes, h100.host.memory_bytes) << k.layout;
+    EXPECT_EQ(k.config.batch_size * k.config.gradient_accumulation, 64) << k.layout;
+    cai::config::validate(k.config, 1);  // vit_train takes it on one process
+    if (k.config.zero_stage == 3 && k.config.checkpoint && k.peak_mem_bytes <= (40ll << 30))
+      small = true;
+  }
+  EXPECT_TRUE(small) << "ZeRO-3 + offload + checkpointing under 40 GiB";
+  EXPECT_EQ(r.host_too_big, 0);
+  // A host of 64 GiB per GPU holds no 6.4B ViT's fp32 values, gradients and Adam state (~95 GiB).
+  Cluster tight = h100;
+  tight.host.memory_bytes = 64ll << 30;
+  try {
+    (void)search_layouts(big, 1, tight);
+    FAIL() << "the offloaded 6.4B ViT fits 64 GiB of host memory";
+  } catch (const cai::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host memory per GPU"), std::string::npos) << e.what();
   }
 }
 

@@ -790,6 +790,7 @@ std::vector<LayerPlan> linear_plans(const nn::ViTConfig& c, const Layout& l, con
     p.input = p.saved = p.grad_input = R * in * e;
     p.output = R * o * e;
     for (int64_t v : p.parameter_numels) p.parameters += v;
+    p.parameter_decays = {1, 0};  // the weight decays, the bias does not
     out.push_back(std::move(p));
   }
   return out;
@@ -817,6 +818,12 @@ std::vector<LayerPlan> layer_plans(const nn::ViTConfig& c, const Layout& l, int6
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].parameter_numels = numels[i];
     for (int64_t v : numels[i]) out[i].parameters += v;
+    // The linear (and patch-projection) weights decay (nn/vit.cpp, nn/module.cpp): the
+    // embedding's and the head's third parameter, a block's qkv, proj, fc1 and fc2 weights.
+    const bool block = !vit || (i > 0 && i + 1 < out.size());
+    out[i].parameter_decays.assign(numels[i].size(), 0);
+    for (size_t k : block ? std::vector<size_t>{2, 4, 8, 10} : std::vector<size_t>{2})
+      out[i].parameter_decays.at(k) = 1;
   }
   if (!vit) return out;
   // The loss: cross-entropy forward and backward over the logits (fp32).
@@ -909,6 +916,10 @@ StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
   return p;
 }
 
+int optimizer_slots(const Layout& l) {
+  return detail::optimizer_slots(l);
+}
+
 double flops(const RankPlan& r) {
   double f = 0;
   for (const LayerPlan& l : r.layer_plans)
@@ -951,7 +962,11 @@ std::string summary(const StepPlan& p) {
         who, mib(m.parameters), mib(m.gradients), mib(m.shards), mib(m.optimizer_state),
         mib(m.buffers), mib(m.data), mib(m.activations), m.micro_batches_in_flight, mib(m.window),
         mib(m.transient), mib(m.allocator), mib(m.peak), m.peak_at,
-        m.host ? fmt::format(" (host: {})", mib(m.host)) : std::string(), flops(r) / 1e9);
+        m.host ? fmt::format(" (host memory {}: fp32 values, gradients, optimizer state and pinned "
+                             "staging)",
+                             mib(m.host))
+               : std::string(),
+        flops(r) / 1e9);
   }
   return out;
 }

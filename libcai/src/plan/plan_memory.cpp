@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 
 #include "cai/core/error.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/offload.h"
 #include "cai/schedule/param_gathers.h"
 #include "plan_internal.h"
 
@@ -48,6 +50,7 @@ struct Replay {
   int d = 1, me = 0;  // data-parallel size and rank
   // Data parallelism (parallel/data_parallel.cpp): per held parameter, its layer position.
   std::vector<int64_t> numels;
+  std::vector<char> decays;   // per parameter: kept in the compute dtype under offload
   std::vector<int> layer_of;  // position in rank.layers
   std::vector<std::vector<int>> buckets;
   std::vector<int> bucket_of;
@@ -72,8 +75,10 @@ struct Replay {
     me = r.dp_rank;
     for (size_t i = 0; i < r.layer_plans.size(); ++i) {
       first_param.push_back(static_cast<int>(numels.size()));
-      for (int64_t v : r.layer_plans[i].parameter_numels) {
-        numels.push_back(v);
+      const LayerPlan& lp = r.layer_plans[i];
+      for (size_t k = 0; k < lp.parameter_numels.size(); ++k) {
+        numels.push_back(lp.parameter_numels[k]);
+        decays.push_back(k < lp.parameter_decays.size() ? lp.parameter_decays[k] : 0);
         layer_of.push_back(static_cast<int>(i));
       }
     }
@@ -178,10 +183,32 @@ struct Replay {
     for (int b : buckets_of_pos[pos]) param_actions(params.need(b), where + " all-gather");
   }
 
-  void finish(int b) {
-    const int64_t bytes = inflight_bytes[b];
+  // ZeRO-Offload stages 2/3 (schedule/offload.h): a finished bucket's reduced chunk goes to the
+  // host through one of the lane's two slots, which holds it until the slot is taken again two
+  // chunks later (or the lane is flushed in sync_gradients); its packed buffer goes at once.
+  bool streams = false;
+  std::deque<int64_t> lane;
+  void lane_free(int64_t bytes) {
     t.live -= bytes;
     t.win -= bytes;
+  }
+  void flush_lane() {
+    for (int64_t c : lane) lane_free(c);
+    lane.clear();
+  }
+  void finish(int b) {
+    const int64_t bytes = inflight_bytes[b];
+    if (streams) {
+      const int64_t chunk = 4 * bucket_chunk(b);
+      if (lane.size() == 2) {
+        lane_free(lane.front());
+        lane.pop_front();
+      }
+      lane.push_back(chunk);
+      lane_free(bytes - chunk);
+    } else {
+      lane_free(bytes);
+    }
     inflight_bytes[b] = 0;
     inflight.finish(b);
   }
@@ -291,11 +318,21 @@ void replay(const StepPlan& plan, RankPlan& r) {
     S += schedule::zero_chunk_size(rp.numels[i], r.dp_rank, d);
   }
   const bool vit = l.body == Body::ViT;
-  const int slots = vit ? optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
-  const bool offload = l.cpu_offload && l.gpu && l.zero_stage >= 1;
+  const int slots = vit ? detail::optimizer_slots(l) : 0;  // Blocks, Linears: no optimizer
+  // ZeRO-Offload (schedule/offload.h): the device keeps the shard's values (the weights in the
+  // compute dtype) and, stage 1 only, its fp32 gradients; the host the fp32 values, gradients,
+  // optimizer slots and the lane's staging.
+  const bool offload = l.cpu_offload && l.gpu && l.zero_stage >= 1 && vit;
+  schedule::OffloadLayout off;
+  if (offload)
+    off = schedule::offload_layout(rp.numels, rp.decays, rp.buckets, l.zero_stage, r.dp_rank, d,
+                                   static_cast<int64_t>(dtype_size(l.precision)), slots);
+  rp.streams = offload && l.zero_stage >= 2;
   m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
-  m.shards = l.zero_stage >= 1 ? 8 * S : 0;
+  m.shards = offload             ? off.device_value_bytes + off.device_grad_bytes
+             : l.zero_stage >= 1 ? 8 * S
+                                 : 0;
   m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
   // The stage 0/1 buckets: fp32, the gradients themselves (only the alignment padding is extra);
   // bf16, a half-size copy the gradients are cast into.
@@ -315,7 +352,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
   if (rp.plugin() && rp.grad_views() && l.ddp_exchange && l.zero_stage == 0 && l.gpu && d > 1 &&
       padded > 0)
     m.buffers += schedule::copy_engine_exchange_region_bytes(padded, d);
-  m.host = offload ? 4 * (2 + slots) * S : 0;
+  m.host = offload ? off.host_bytes() : 0;
   // Every rank of a pipeline or tensor group holds the whole batch (the stages take their
   // micro-batches' slices from it; the last one reads the labels).
   if (vit && l.input_batches > 0) {
@@ -430,6 +467,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
   }
   // sync_gradients: the rest of the stage 2/3 buckets complete.
   while (!rp.inflight.inflight().empty()) rp.finish(rp.inflight.inflight().front());
+  rp.flush_lane();  // offload: the host has every chunk
   // The optimizer step: ZeRO-1/2's all-gathers of the stepped shards are deferred to the next
   // forward (the forward above carried the last step's, begun at its first layer, at most
   // zero_max_inflight_buckets buckets' buffers alive); what that forward did not reach completes

@@ -134,6 +134,9 @@ struct LayerPlan {
   std::string name;                       // "embedding", "blocks.i", "head"
   int64_t parameters = 0;                 // elements held by this rank (tensor-parallel shard)
   std::vector<int64_t> parameter_numels;  // per parameter, in collect() order
+  // Per parameter: whether it decays (the linear weights; nn::Parameter::weight_decay), which
+  // ZeRO-Offload keeps on the device in the compute dtype (cai/schedule/offload.h).
+  std::vector<char> parameter_decays;
   std::vector<OpCost> ops;
   std::vector<Collective> collectives;  // tensor-parallel, per micro-batch
   // Memory of one micro-batch: what the Cache keeps from forward to backward (a block's input
@@ -150,14 +153,14 @@ struct LayerPlan {
 };
 
 struct Memory {
-  int64_t parameters = 0;       // full (tp-sharded) values held through the step (not ZeRO-3)
-  int64_t gradients = 0;        // full gradients (stage 0/1) held through the step
-  int64_t shards = 0;           // ZeRO: this rank's chunk of values and gradients
+  int64_t parameters = 0;  // full (tp-sharded) values held through the step (not ZeRO-3)
+  int64_t gradients = 0;   // full gradients (stage 0/1) held through the step
+  int64_t shards = 0;  // ZeRO: this rank's chunk of values and gradients (offload: on the device)
   int64_t optimizer_state = 0;  // slots × what the optimizer steps (on the device)
   int64_t buffers = 0;          // DDP / ZeRO-1 persistent flat buckets
-  int64_t host = 0;             // cpu_offload: master shard, its gradient and optimizer state
-  int64_t data = 0;             // the trainer's input batches on the device (Layout::input_batches)
-  int64_t activations = 0;      // saved activations of the micro-batches in flight at the peak
+  int64_t host = 0;  // cpu_offload (GPU): fp32 values, gradients, optimizer state, pinned staging
+  int64_t data = 0;  // the trainer's input batches on the device (Layout::input_batches)
+  int64_t activations = 0;  // saved activations of the micro-batches in flight at the peak
   int micro_batches_in_flight = 0;
   int64_t window = 0;     // communication buffers alive at the peak (buckets, gathers, p2p)
   int64_t transient = 0;  // everything else alive at the peak (working tensors of a layer)
@@ -195,6 +198,9 @@ struct StepPlan {
 StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout);
 // Any rank of the world (ZeRO chunks, token splits and stages differ by rank).
 RankPlan plan_rank(const StepPlan& plan, int rank);
+// Optimizer slots per stepped element (AdamW 2, SGD with momentum 1); throws on an unknown
+// optimizer.
+int optimizer_slots(const Layout& l);
 // Forward + backward FLOPs of one micro-batch over the layers a rank holds.
 double flops(const RankPlan& r);
 // Human summary: per stage (or one line when stages are alike) memory by kind and the peak.

@@ -1,0 +1,51 @@
+// ZeRO-Offload as data (parallel.cpu_offload with zero_stage >= 1, parameters on a GPU): what
+// DataParallelPlugin (libcai/src/parallel/data_parallel.cpp, offload_lane.{h,cpp}) keeps on the
+// device and in host memory and what it moves between them, per rank and step. The plan's memory
+// model (cai/plan) and the simulator's step program (sim/from_config.cpp) both read it, so they
+// cannot disagree on the offload's sizes.
+//
+// The executor, for this rank's shard of S elements (the sum of its ZeRO chunks):
+//  - device: the shard's values in the compute dtype for the parameters that decay (the weights:
+//    `rounded`), fp32 for the rest (biases, norms, tokens, position embedding); stage 1 also an
+//    fp32 gradient shard (the buckets' sums land there); stages 2/3 none;
+//  - host: fp32 values and gradients (8 S), the optimizer's slots (4 S each), and the lane's
+//    page-locked staging: two download slots and two upload slots of the largest bucket chunk,
+//    all fp32-sized (an upload slot holds either dtype);
+//  - download: stages 2/3 copy each bucket's reduced chunk (fp32) to the host after its
+//    reduction, every micro-batch, and a host thread adds it into the host gradients; stage 1
+//    copies the device gradient shard (4 S) once after the backward;
+//  - upload after the host step: the values cast to the device copy's dtype, in copies of at most
+//    the largest chunk over the rounded part, then over the fp32 part.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace cai::schedule {
+
+struct OffloadLayout {
+  int64_t shard = 0;                     // S: elements of this rank's shard
+  int64_t rounded = 0;                   // of S, held on the device in the compute dtype
+  int64_t largest_chunk = 1;             // elements of the largest bucket chunk (at least 1)
+  int64_t device_value_bytes = 0;        // rounded · e + (S − rounded) · 4
+  int64_t device_grad_bytes = 0;         // stage 1: 4 S; stages 2/3: 0
+  std::vector<int64_t> bucket_download;  // per bucket: bytes copied to the host per micro-batch
+  int64_t step_download = 0;             // stage 1: bytes copied once after the backward
+  std::vector<int64_t> upload;           // the upload's copies in order, bytes each
+  std::vector<int64_t> upload_numel;     // and their elements
+  int64_t host_state_bytes = 0;          // values, gradients and optimizer slots: 4 (2 + slots) S
+  int64_t staging_bytes = 0;             // page-locked: 4 slots × largest chunk × 4
+  int64_t host_bytes() const { return host_state_bytes + staging_bytes; }
+  // Elements the host optimizer steps (clipping reads them too): S.
+  int64_t host_step_elements() const { return shard; }
+};
+
+// The layout for one rank. numels / rounded: per parameter (model order) its elements and
+// whether the device keeps it in the compute dtype (it decays); buckets: schedule::
+// gradient_buckets' lists of parameter indices; dp_rank / dp: this rank's ZeRO chunks;
+// compute_bytes: the compute dtype's element size (4 in fp32 runs, 2 under bf16 / fp16);
+// slots: optimizer slots per element (AdamW 2). Throws "[offload] ..." on bad sizes.
+OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
+                             const std::vector<std::vector<int>>& buckets, int zero_stage,
+                             int dp_rank, int dp, int64_t compute_bytes, int slots);
+
+}  // namespace cai::schedule

@@ -1,0 +1,64 @@
+#include "cai/schedule/offload.h"
+
+#include <algorithm>
+
+#include "cai/core/error.h"
+#include "cai/schedule/buckets.h"
+
+namespace cai::schedule {
+
+namespace {
+// The lane's page-locked buffers (OffloadLane: kSlots download slots and kSlots upload slots,
+// each of the largest chunk in fp32).
+constexpr int kSlots = 2;
+}  // namespace
+
+OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
+                             const std::vector<std::vector<int>>& buckets, int zero_stage,
+                             int dp_rank, int dp, int64_t compute_bytes, int slots) {
+  CAI_CHECK(numels.size() == rounded.size(),
+            "[offload] {} parameter sizes but {} dtype flags: expected one per parameter",
+            numels.size(), rounded.size());
+  CAI_CHECK(zero_stage >= 1 && zero_stage <= 3,
+            "[offload] zero_stage {}: offload needs stage 1, 2 or 3", zero_stage);
+  CAI_CHECK(dp >= 1 && dp_rank >= 0 && dp_rank < dp, "[offload] rank {} of {}: expected 0..{}",
+            dp_rank, dp, dp - 1);
+  CAI_CHECK(compute_bytes == 2 || compute_bytes == 4,
+            "[offload] compute element size {}: expected 2 or 4 bytes", compute_bytes);
+  CAI_CHECK(slots >= 0, "[offload] {} optimizer slots: expected >= 0", slots);
+  OffloadLayout o;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const int64_t c = zero_chunk_size(numels[i], dp_rank, dp);
+    o.shard += c;
+    if (rounded[i]) o.rounded += c;
+  }
+  int64_t most = 1;
+  for (const auto& b : buckets) {
+    int64_t c = 0;
+    for (int i : b) {
+      CAI_CHECK(i >= 0 && i < static_cast<int>(numels.size()),
+                "[offload] bucket parameter {}: expected 0..{}", i, numels.size() - 1);
+      c += zero_chunk_size(numels[i], dp_rank, dp);
+    }
+    most = std::max(most, c);
+    if (zero_stage >= 2) o.bucket_download.push_back(4 * c);
+  }
+  o.largest_chunk = most;
+  o.device_value_bytes = o.rounded * compute_bytes + 4 * (o.shard - o.rounded);
+  o.device_grad_bytes = zero_stage == 1 ? 4 * o.shard : 0;
+  o.step_download = zero_stage == 1 ? 4 * o.shard : 0;
+  // The upload: the rounded part, then the fp32 part, each in copies of at most `most` elements.
+  auto cut = [&](int64_t n, int64_t e) {
+    for (int64_t off = 0; off < n; off += most) {
+      o.upload_numel.push_back(std::min(most, n - off));
+      o.upload.push_back(o.upload_numel.back() * e);
+    }
+  };
+  cut(o.rounded, compute_bytes);
+  cut(o.shard - o.rounded, 4);
+  o.host_state_bytes = 4 * (2 + slots) * o.shard;
+  o.staging_bytes = 2 * kSlots * most * 4;
+  return o;
+}
+
+}  // namespace cai::schedule
