@@ -128,11 +128,13 @@ int main(int argc, char** argv) {
                  "timm-loadable safetensors into this new folder (checkpoint.export_dtype, "
                  "checkpoint.max_shard_mb), then exit");
   std::string trace_path;
-  app.add_option("--trace", trace_path,
-                 "Record every rank's timed instructions and memory; write one Chrome-trace "
-                 "JSON (open in Perfetto) and print the measured bubble fraction per stage "
-                 "(1 - compute time / step time). On GPUs the spans and the bubble are device "
-                 "time (timed CUDA events on the compute stream), on the CPU host time");
+  app.add_option(
+      "--trace", trace_path,
+      "Record every rank's timed instructions and memory; write one Chrome-trace "
+      "JSON (open in Perfetto) and print the measured bubble fraction per stage "
+      "(1 - compute time / step time). On GPUs the spans and the bubble are device "
+      "time (timed CUDA events on the compute stream), on the CPU host time. It runs the "
+      "step through the pipeline executor, which takes parallel.zero_stage 0 or 1");
   CLI11_PARSE(app, argc, argv);
 
   using namespace cai;
@@ -308,7 +310,15 @@ int main(int argc, char** argv) {
         !trace_path.empty()) {
       if (!world) world = dist::make_single();
       parallel::HybridParallelConfig hc;
-      hc.pipeline_executor = !trace_path.empty();  // it records the spans of a trace
+      // The pipeline executor records the spans of a trace; it keeps whole-layer parameters and
+      // gradients per rank, so ZeRO 2/3 cannot be traced.
+      CAI_CHECK(
+          trace_path.empty() || cfg.zero_stage <= 1,
+          "[vit_train] --trace {} with parallel.zero_stage = {}: the trace is recorded by the "
+          "pipeline executor, which runs ZeRO 0 and 1 only; drop --trace or use zero_stage "
+          "0 or 1",
+          trace_path, cfg.zero_stage);
+      hc.pipeline_executor = !trace_path.empty();
       hc.tp_size = static_cast<int>(cfg.tensor_size);
       hc.pp_size = static_cast<int>(cfg.pipeline);
       hc.tp_mode = cfg.tensor_mode;
@@ -436,6 +446,7 @@ int main(int argc, char** argv) {
       info.tensor_mode = cfg.tensor_mode;
       info.zero_stage = static_cast<int>(cfg.zero_stage);
       info.batch_per_process = cfg.batch_size;
+      info.gradient_accumulation = cfg.gradient_accumulation;
       info.model = cfg.model_name.empty() ? "custom ViT" : cfg.model_name;
       info.device = device.is_cuda() ? "cuda" : "cpu";
       info.layout = mesh.describe();

@@ -37,4 +37,24 @@ err=$(DATA=/tmp "$bin" --config "$configs/vit_base_cifar10_pp.toml" --dry-run --
 set -e
 [ $rc -eq 2 ] && grep -q "3 processes are not divisible" <<<"$err" ||
   { echo "pp dry run on 3: $err"; exit 1; }
+# --trace records through the pipeline executor, which runs ZeRO 0/1 only: a ZeRO-3 run asking for
+# a trace is refused up front, naming --trace (not the executor's pipeline message).
+set +e
+err=$("$bin" --config "$configs/fmnist_tiny.toml" --set parallel.zero_stage=3 \
+  --set data.dataset=synthetic --trace "$(mktemp -u).json" 2>&1); rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q -- "--trace .* with parallel.zero_stage = 3" <<<"$err" ||
+  { echo "--trace with ZeRO 3: rc $rc: $err"; exit 1; }
+# The metrics file's run record counts gradient accumulation in the global batch.
+metrics=$(mktemp)
+"$bin" --config "$configs/fmnist_tiny.toml" --set data.dataset=synthetic \
+  --set train.gradient_accumulation=2 --set train.max_steps_per_epoch=1 --set train.num_epochs=1 \
+  --set "train.metrics_file=$metrics" >/dev/null 2>&1
+python3 - "$metrics" <<'PY'
+import json, sys
+run = json.loads(open(sys.argv[1]).readline())
+assert run["type"] == "run" and run["gradient_accumulation"] == 2, run
+assert run["global_batch"] == run["batch_per_process"] * 2 * run["dp"], run
+PY
+rm -f "$metrics"
 echo "vit_train cli: ok"

@@ -203,7 +203,8 @@ void MetricsFileHook::write_run() {
                        {"tensor_mode", r.tensor_mode},
                        {"zero_stage", r.zero_stage},
                        {"batch_per_process", r.batch_per_process},
-                       {"global_batch", r.batch_per_process * r.dp},
+                       {"gradient_accumulation", r.gradient_accumulation},
+                       {"global_batch", r.batch_per_process * r.gradient_accumulation * r.dp},
                        {"model", r.model},
                        {"device", r.device},
                        {"layout", r.layout}}

@@ -349,11 +349,14 @@ class LogMetricByEpochHook : public Hook {
 // with {"type": "preempted", "epoch", "step_in_epoch", "step", "signal"} (StopPoint, the signal
 // by name). With a MetricsRunInfo, every run (fresh, and each resumed one after its "resume"
 // record) first writes {"type": "run", "processes", "dp", "pp", "tp", "zero_stage",
-// "tensor_mode", "batch_per_process" (samples per data-parallel rank per step), "global_batch",
-// "model", "device", "layout"}: the layout the run really had (a resumed run may have another).
+// "tensor_mode", "batch_per_process" (samples per data-parallel rank per micro-batch: the
+// config's train.batch_size), "gradient_accumulation", "global_batch" (samples per optimizer
+// step: batch_per_process × gradient_accumulation × dp), "model", "device", "layout"}: the
+// layout the run really had (a resumed run may have another).
 struct MetricsRunInfo {
   int processes = 1, dp = 1, pp = 1, tp = 1, zero_stage = 0;
   int64_t batch_per_process = 0;  // per data-parallel rank (the config's train.batch_size)
+  int64_t gradient_accumulation = 1;
   std::string tensor_mode = "none", model, device, layout;
 };
 
