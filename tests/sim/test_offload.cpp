@@ -13,18 +13,13 @@
 #include "from_config.h"
 #include "replay.h"
 #include "report.h"
+#include "sim_test_inputs.h"
 
 using namespace cai::sim;
+using cai::sim::test::cluster;
+using cai::sim::test::fmnist;
 
 namespace {
-
-cai::config::TrainConfig fmnist(const std::vector<std::string>& sets) {
-  return cai::config::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
-}
-
-Cluster cluster(const std::string& name) {
-  return load_cluster(std::string(CAI_CLUSTER_DIR) + "/" + name + ".toml");
-}
 
 std::vector<std::string> offload_sets(int zero) {
   return {"train.device=cuda",
@@ -72,7 +67,9 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
         const Op& o = ops[i];
         if (o.kind == OpKind::HostCopy) {
           (o.to_device ? up : down) += o.bytes;
-          if (zero >= 2 || o.to_device) EXPECT_EQ(o.stream, 4) << what << " " << o.name;
+          if (zero >= 2 || o.to_device) {
+            EXPECT_EQ(o.stream, 4) << what << " " << o.name;
+          }
           copies += o.to_device ? 0 : 1;
         }
         if (o.kind == OpKind::Host && o.op_kind == "host_add") {
@@ -91,10 +88,12 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
         // The compute never waits for a copy or a host add: only the host's own waits do (a
         // slot of the lane, ReduceGrads' sync_gradients and its flush, the upload's end).
         if (o.stream == 0 && o.kind == OpKind::Compute && o.category != "offload" &&
-            o.category != "optimizer" && o.name != "ReduceGrads")
-          for (int d : o.deps)
+            o.category != "optimizer" && o.name != "ReduceGrads") {
+          for (int d : o.deps) {
             EXPECT_TRUE(ops[d].kind != OpKind::HostCopy && ops[d].kind != OpKind::Host)
                 << what << ": " << o.name << " waits for " << ops[d].name;
+          }
+        }
       }
       EXPECT_TRUE(host_step) << what;
       // Stages 2/3: every bucket's chunk in each of the 2 micro-batches (S elements, fp32, per

@@ -10,20 +10,11 @@
 
 #include "cai/core/error.h"
 #include "search.h"
+#include "sim_test_inputs.h"
 
 using namespace cai::sim;
-
-namespace {
-
-cai::config::TrainConfig fmnist(const std::vector<std::string>& sets) {
-  return cai::config::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
-}
-
-Cluster cluster(const std::string& name) {
-  return load_cluster(std::string(CAI_CLUSTER_DIR) + "/" + name + ".toml");
-}
-
-}  // namespace
+using cai::sim::test::cluster;
+using cai::sim::test::fmnist;
 
 // Every layout's bound is at most its simulated step, and the bounded search ranks its first
 // places as simulating every layout does.
@@ -74,7 +65,9 @@ TEST(Search, StartsFromALayoutThatDoesNotFit) {
     const int64_t dp = 4 / used;
     // One replica's batch of 64 (micro-batches × accumulation without a pipeline).
     EXPECT_EQ(k.config.batch_size * k.config.gradient_accumulation * dp, 64) << k.layout;
-    if (k.config.pipeline > 1) EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+    if (k.config.pipeline > 1) {
+      EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+    }
     EXPECT_EQ(k.layout.rfind(fmt::format("dp {} × pp {} × tp ", dp, k.config.pipeline), 0), 0u)
         << k.layout;
     cai::config::validate(k.config, 4);  // vit_train takes it on 4 processes
@@ -106,7 +99,9 @@ TEST(Search, KeepsTheGlobalBatchOfAFittingLayout) {
                   (4 / (k.config.tensor_size * k.config.pipeline)),
               128)
         << k.layout;
-    if (k.config.pipeline > 1) EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+    if (k.config.pipeline > 1) {
+      EXPECT_EQ(k.config.gradient_accumulation, 1) << k.layout;
+    }
   }
   // Every accumulation is searched (exhaustively: the bound leaves out the slower ones).
   SearchOptions all;
@@ -114,11 +109,12 @@ TEST(Search, KeepsTheGlobalBatchOfAFittingLayout) {
   std::set<int64_t> accumulations;
   for (const Candidate& k : search_layouts(cfg, 4, cluster("cpu-2"), all).ranked) {
     accumulations.insert(k.config.gradient_accumulation);
-    if (k.config.gradient_accumulation > 1)
+    if (k.config.gradient_accumulation > 1) {
       EXPECT_NE(k.layout.find(fmt::format(", accumulation {} × {}", k.config.gradient_accumulation,
                                           k.config.batch_size)),
                 std::string::npos)
           << k.layout;
+    }
   }
   EXPECT_EQ(accumulations, (std::set<int64_t>{1, 2, 4, 8, 16}));
 }

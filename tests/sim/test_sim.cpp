@@ -24,8 +24,10 @@
 #include "platform.h"
 #include "replay.h"
 #include "report.h"
+#include "sim_test_inputs.h"
 
 using namespace cai::sim;
+using cai::sim::test::fmnist;
 namespace fs = std::filesystem;
 
 namespace {
@@ -729,10 +731,6 @@ Workload data_parallel(int listed, int copies, int64_t bytes) {
     w.ranks[r].ops.push_back(Op::compute("OptStep", 0.0005, -1, "optimizer"));
   }
   return w;
-}
-
-cai::config::TrainConfig fmnist(const std::vector<std::string>& sets) {
-  return cai::config::load_config(std::string(CAI_CONFIG_DIR) + "/fmnist_tiny.toml", sets);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
 #include "cai/schedule/buckets.h"
+#include "cai/schedule/offload.h"
 #include "data_parallel_impl.h"
 #include "kernels/device.h"
 
@@ -144,37 +145,36 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
                   m.cfg.offload_dtype == DType::F16,
               "[data_parallel] offload dtype {}: expected fp32, bf16 or fp16",
               dtype_name(m.cfg.offload_dtype));
-    // Host layout: the rounded parameters' chunks first (model order), then the fp32 ones, so
-    // each device part is one contiguous upload; every chunk starts on a 64-byte line (the CPU
-    // Adam's streamed stores need p, m and v aligned alike).
-    constexpr int64_t kAlign = 16;
-    auto padded = [](int64_t c) { return (c + kAlign - 1) / kAlign * kAlign; };
-    int64_t rounded = 0, mine = 0;
-    m.shard_elements = 0;
+    // The host layout (schedule::offload_layout, which the plan and the simulator read too): the
+    // rounded parameters' chunks first, then the fp32 ones, so each device part is one contiguous
+    // upload, every chunk on a 64-byte line.
+    std::vector<int64_t> numels;
+    std::vector<char> rounded_flags;
     for (nn::Parameter* p : m.params) {
-      const int64_t c = chunk_size(p->value.numel(), m.rank, m.size);
-      m.shard_elements += c;
-      mine += padded(c);
-      if (Impl::rounded_on_device(*p)) rounded += padded(c);
+      numels.push_back(p->value.numel());
+      rounded_flags.push_back(Impl::rounded_on_device(*p) ? 1 : 0);
     }
+    const schedule::OffloadLayout layout =
+        schedule::offload_layout(numels, rounded_flags, {}, m.cfg.zero_stage, m.rank, m.size,
+                                 static_cast<int64_t>(dtype_size(m.cfg.offload_dtype)), 2);
+    const int64_t rounded = layout.host_rounded_elements, mine = layout.host_elements;
+    m.shard_elements = layout.shard;
+    m.host_offset = layout.host_offset;
     // The masters in host memory first; stage 3 then frees the full values before the device
     // copy is made (setup's peak: the full values, not the full values and the copy).
     m.host_value = Tensor::zeros({mine}, DType::F32, Device::cpu());
     m.host_grad = Tensor::zeros({mine}, DType::F32, Device::cpu());
-    int64_t at_rounded = 0, at_fp32 = rounded;
-    for (nn::Parameter* p : m.params) {
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      nn::Parameter* p = m.params[i];
       const int64_t n = p->value.numel();
       const int64_t c0 = chunk_begin(n, m.rank, m.size), c = chunk_size(n, m.rank, m.size);
-      const int64_t off = Impl::rounded_on_device(*p) ? at_rounded : at_fp32;
       nn::Parameter h;
       h.name = p->name;
       h.weight_decay = p->weight_decay;
-      h.value = span(m.host_value, off, c);
+      h.value = span(m.host_value, m.host_offset[i], c);
       if (c > 0) h.value.copy_from(span(p->value, c0, c));
-      h.grad = span(m.host_grad, off, c);
+      h.grad = span(m.host_grad, m.host_offset[i], c);
       m.host.push_back(std::move(h));
-      m.host_offset.push_back(off);
-      (Impl::rounded_on_device(*p) ? at_rounded : at_fp32) += padded(c);
       if (m.cfg.zero_stage == 3) p->value = m.released();
     }
     // The device copy (uploaded once the lane exists, below) and, stage 1 only, the gradient
@@ -413,9 +413,11 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   // buckets before they are zeroed.
   m.end_exchange();
   m.settle_pushes();
-  if (m.streams())  // the host gradients: overwritten by the next step's first chunks instead
+  // Offload: the host gradients are overwritten, not zeroed: stage 2/3 by the next step's first
+  // chunks, stage 1 by sync_gradients' copy of its device shard.
+  if (m.streams())
     std::fill(m.host_stale.begin(), m.host_stale.end(), 1);
-  else if (m.cfg.zero_stage >= 1 || !m.grad_views())
+  else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views()))
     opt.zero_grad();  // else: the buckets below
   if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer

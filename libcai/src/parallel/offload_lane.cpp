@@ -4,14 +4,15 @@
 #include <cstring>
 
 #include "cai/core/error.h"
+#include "cai/schedule/offload.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::parallel::detail {
 
 namespace {
-constexpr int kSlots = 2;
-constexpr int64_t kGrain = 1 << 16;  // elements worth a thread of the CPU pool
+constexpr int kSlots = schedule::kOffloadStagingSlots;  // what the plan counts
+constexpr int64_t kGrain = 1 << 16;                     // elements worth a thread of the CPU pool
 
 // dst[0, n) = src[0, n) in dst's dtype (round to nearest even, as Tensor::to), over the CPU pool.
 void cast_into(void* dst, DType dt, const float* src, int64_t n) {

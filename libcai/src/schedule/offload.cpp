@@ -7,12 +7,6 @@
 
 namespace cai::schedule {
 
-namespace {
-// The lane's page-locked buffers (OffloadLane: kSlots download slots and kSlots upload slots,
-// each of the largest chunk in fp32).
-constexpr int kSlots = 2;
-}  // namespace
-
 OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
                              const std::vector<std::vector<int>>& buckets, int zero_stage,
                              int dp_rank, int dp, int64_t compute_bytes, int slots) {
@@ -27,10 +21,20 @@ OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vect
             "[offload] compute element size {}: expected 2 or 4 bytes", compute_bytes);
   CAI_CHECK(slots >= 0, "[offload] {} optimizer slots: expected >= 0", slots);
   OffloadLayout o;
+  auto line = [](int64_t c) {
+    return (c + kOffloadHostAlign - 1) / kOffloadHostAlign * kOffloadHostAlign;
+  };
   for (size_t i = 0; i < numels.size(); ++i) {
     const int64_t c = zero_chunk_size(numels[i], dp_rank, dp);
     o.shard += c;
-    if (rounded[i]) o.rounded += c;
+    if (rounded[i]) o.rounded += c, o.host_rounded_elements += line(c);
+    o.host_elements += line(c);
+  }
+  int64_t at_rounded = 0, at_fp32 = o.host_rounded_elements;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    int64_t& at = rounded[i] ? at_rounded : at_fp32;
+    o.host_offset.push_back(at);
+    at += line(zero_chunk_size(numels[i], dp_rank, dp));
   }
   int64_t most = 1;
   for (const auto& b : buckets) {
@@ -57,7 +61,7 @@ OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vect
   cut(o.rounded, compute_bytes);
   cut(o.shard - o.rounded, 4);
   o.host_state_bytes = 4 * (2 + slots) * o.shard;
-  o.staging_bytes = 2 * kSlots * most * 4;
+  o.staging_bytes = 2 * kOffloadStagingSlots * most * 4;
   return o;
 }
 

@@ -22,6 +22,12 @@
 
 namespace cai::schedule {
 
+// The lane's page-locked staging buffers each way (OffloadLane), and the host layout's line: every
+// parameter's chunk starts on a multiple of this many elements (64 bytes: the CPU Adam's streamed
+// stores need p, m and v aligned alike).
+constexpr int kOffloadStagingSlots = 2;
+constexpr int64_t kOffloadHostAlign = 16;
+
 struct OffloadLayout {
   int64_t shard = 0;                     // S: elements of this rank's shard
   int64_t rounded = 0;                   // of S, held on the device in the compute dtype
@@ -35,6 +41,11 @@ struct OffloadLayout {
   int64_t host_state_bytes = 0;          // values, gradients and optimizer slots: 4 (2 + slots) S
   int64_t staging_bytes = 0;             // page-locked: 4 slots × largest chunk × 4
   int64_t host_bytes() const { return host_state_bytes + staging_bytes; }
+  // The host arrays' layout, which the executor allocates: per parameter (model order) where its
+  // chunk starts, the rounded parameters first, each chunk on a kOffloadHostAlign line; the
+  // arrays' elements (S and the lines' padding) and where the fp32 part begins.
+  std::vector<int64_t> host_offset;
+  int64_t host_elements = 0, host_rounded_elements = 0;
   // Elements the host optimizer steps (clipping reads them too): S.
   int64_t host_step_elements() const { return shard; }
 };
