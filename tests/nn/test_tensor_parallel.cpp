@@ -312,7 +312,8 @@ TEST(TensorParallel, OneDimensionalMatchesTheSingleProcess) {
 
 TEST(TensorParallel, SequenceParallelMatchesTheSingleProcess) {
   const StepResult ref = single();
-  for (int T : {2, 3}) {  // 10 tokens: 5/5 and 3/3/4
+  // A batch of 4: cut by samples over 2 ranks (2/2), by tokens over 3 (10 tokens: 3/3/4).
+  for (int T : {2, 3}) {
     SCOPED_TRACE("tp " + std::to_string(T) + " + sp");
     expect_same(ref, parallel(T, true), 1e-5);
   }
@@ -320,8 +321,9 @@ TEST(TensorParallel, SequenceParallelMatchesTheSingleProcess) {
 
 // The GPU's staging on the CPU: every rank's token block padded to the largest (even-count
 // collectives, the gather's short parts copied into a padded buffer, the reduce-scatter's result
-// the head of a padded one). 10 tokens: 5/5 over 2, 3/3/4 over 3; with checkpointing (the
-// recompute keeps the gathered inputs) and the split backward (the re-gathers finished in B).
+// the head of a padded one): over 3 ranks (by tokens, 3/3/4; over 2 the batch of 4 is cut by
+// samples); with checkpointing (the recompute keeps the gathered inputs) and the split backward
+// (the re-gathers finished in B).
 TEST(TensorParallel, SequenceParallelPaddedStagingMatchesTheSingleProcess) {
   const StepResult ref = single();
   const Device cpu = Device::cpu();
@@ -374,7 +376,8 @@ TEST_F(TensorParallelGpu, MatchesTheSingleGpuModel) {
   const Device gpu = Device::cuda(0);
   const StepResult ref = single(DType::F32, false, gpu);
   expect_same(ref, parallel(2, false, DType::F32, false, gpu), 1e-5);
-  expect_same(ref, parallel(2, true, DType::F32, false, gpu), 1e-5);
+  expect_same(ref, parallel(2, true, DType::F32, false, gpu), 1e-5);  // sp by samples
+  expect_same(ref, parallel(3, true, DType::F32, false, gpu), 1e-5);  // by tokens, padded
   const StepResult ref_ck = single(DType::F32, true, gpu);
   expect_same(ref_ck, parallel(2, true, DType::F32, true, gpu), 1e-5);
   // 2d, 2.5d and 3d: every nd kernel path (split LayerNorm, weight block copies) on the GPU.

@@ -463,8 +463,8 @@ TEST(Plan, CollectivesOfATensorParallelBlock) {
 // kernel (TensorParallel, ops::tokens_from_ranks_ / tokens_to_ranks_); on a GPU the buffer is
 // padded (5 tokens on 2 ranks: blocks of 3), a rank holding fewer (rank 0: 2) copies its part
 // into a padded buffer before a gather, and a reduce-scatter writes the padded buffer; in bf16
-// the two gathered fp32 gradients are cast. Backward gathers the normalised inputs again unless
-// checkpointed.
+// the two fp32 output gradients are cast on the rank's part before they are gathered. Backward
+// gathers the normalised inputs again unless checkpointed.
 TEST(Plan, SequenceParallelTokenCopies) {
   const nn::ViTConfig c = tiny();
   plan::Layout l;
@@ -492,13 +492,12 @@ TEST(Plan, SequenceParallelTokenCopies) {
   l.gpu = true, l.precision = DType::BF16;
   const int64_t e = 2;
   const int64_t gather = 2 * full * e + 2 * part * e, scatter = full * e + 2 * most * e;
-  const int64_t gather32 = 2 * full * 4 + 2 * part * 4;
   const auto pg = plan::make_plan(c, l);
   const auto& b = layer(pg.stages[0], "blocks.0");
   EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward), 2 * gather + scatter);
   EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward), scatter);
   EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Backward),
-            2 * gather32 + 2 * gather + 2 * scatter + 2 * full * (4 + e));
+            4 * gather + 2 * scatter + 2 * part * (4 + e));
   // Launches: a gather 2 (the part padded, the permutation), a reduce-scatter 1, a cast 1.
   EXPECT_EQ(sum(b, "sp.tokens_copy", plan::Phase::Forward, true), 2 * 2 + 1);
   EXPECT_EQ(sum(b, "sp.tokens_copy_out", plan::Phase::Forward, true), 1);
@@ -518,13 +517,47 @@ TEST(Plan, SequenceParallelTokenCopies) {
   EXPECT_EQ(sum(r, "sp.tokens_copy", plan::Phase::Recompute), 2 * gather + scatter);
   EXPECT_EQ(sum(r, "sp.tokens_copy_out", plan::Phase::Recompute), 0);
   EXPECT_EQ(sum(r, "sp.tokens_copy", plan::Phase::Backward),
-            2 * gather32 + 2 * scatter + 2 * full * (4 + e));
+            2 * gather + 2 * scatter + 2 * part * (4 + e));
   // Without sequence parallelism: none.
   l.sequence_parallel = false;
   const auto pn = plan::make_plan(c, l);
   const auto& n = layer(pn.stages[0], "blocks.0");
   EXPECT_EQ(sum(n, "sp.tokens_copy", plan::Phase::Forward), 0);
   EXPECT_EQ(sum(n, "sp.tokens_copy", plan::Phase::Backward), 0);
+}
+
+// A micro-batch divisible by the group is cut by samples (TensorParallel::seq_part): the
+// collectives move the tensors as they are, so the only copies left are bf16's casts of the two
+// fp32 output gradients (this rank's part); the residual stream holds b/T samples of every token.
+TEST(Plan, SequenceParallelBySamplesCopiesOnlyTheCasts) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.world = 2, l.tp = 2, l.batch = 4, l.sequence_parallel = true;
+  auto copies = [](const plan::LayerPlan& b, plan::Phase ph) {
+    int64_t n = 0, calls = 0;
+    for (const auto& o : b.ops)
+      if (o.op.rfind("sp.tokens_copy", 0) == 0 && o.phase == ph) {
+        n += o.bytes_read + o.bytes_written;
+        calls += o.calls;
+      }
+    return std::make_pair(n, calls);
+  };
+  const int64_t full = 4 * 5 * 8;
+  const auto p = plan::make_plan(c, l);
+  const auto& b = layer(p.stages[0], "blocks.0");
+  EXPECT_EQ(copies(b, plan::Phase::Forward).first, 0);
+  EXPECT_EQ(copies(b, plan::Phase::Backward).first, 0);
+  EXPECT_EQ(b.input, 2 * 5 * 8 * 4);  // 2 of the 4 samples, fp32
+  l.gpu = true, l.precision = DType::BF16;
+  const auto pg = plan::make_plan(c, l);
+  const auto& bg = layer(pg.stages[0], "blocks.0");
+  EXPECT_EQ(copies(bg, plan::Phase::Forward).first, 0);
+  EXPECT_EQ(copies(bg, plan::Phase::Backward), std::make_pair(2 * full / 2 * (4 + 2), int64_t{2}));
+  // The class tokens of every rank's samples are gathered, not summed.
+  bool gathered = false;
+  for (const auto& k : layer(pg.stages[0], "head").collectives)
+    if (k.op == "class token") gathered = k.kind == plan::CollectiveKind::AllGather;
+  EXPECT_TRUE(gathered);
 }
 
 // SUMMA's work beside its GEMMs (nd_linear_fwd / _bwd), bytes read + written per block: forward

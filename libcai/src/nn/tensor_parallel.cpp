@@ -478,6 +478,33 @@ std::pair<int64_t, int64_t> TensorParallel::token_range(int64_t tokens, int r) c
   return {tokens * r / size_, tokens * (r + 1) / size_};
 }
 
+TensorParallel::SeqPart TensorParallel::seq_part(int64_t batch, int64_t tokens, int r) const {
+  SeqPart p;
+  if (batch % size_ == 0) {
+    const int64_t each = batch / size_;
+    p.by_samples = true;
+    p.s0 = each * r, p.s1 = each * (r + 1), p.t0 = 0, p.t1 = tokens;
+  } else {
+    const auto [t0, t1] = token_range(tokens, r);
+    p.s0 = 0, p.s1 = batch, p.t0 = t0, p.t1 = t1;
+  }
+  return p;
+}
+
+TensorParallel::SeqPart TensorParallel::seq_part_of(const Tensor& part, int64_t tokens) const {
+  CAI_CHECK(part.dim() == 3,
+            "[tensor_parallel] a sequence-parallel part is [batch, tokens, features], got {}",
+            part.str());
+  const bool whole_tokens = part.size(1) == tokens;
+  const SeqPart p = my_seq_part(whole_tokens ? part.size(0) * size_ : part.size(0), tokens);
+  CAI_CHECK(
+      p.by_samples == whole_tokens && p.samples() == part.size(0) && p.tokens() == part.size(1),
+      "[tensor_parallel] rank {} of {}: {} is not its sequence-parallel part of {} tokens "
+      "(a batch divisible by {} is cut by samples, else every sample's tokens are)",
+      rank_, size_, part.str(), tokens, size_);
+  return p;
+}
+
 std::pair<int64_t, int64_t> TensorParallel::feature_range(int64_t features, int r) const {
   CAI_CHECK(features % size_ == 0,
             "[tensor_parallel] {} features are not divisible by the tensor-parallel size {}",
@@ -545,15 +572,11 @@ void copy_flat(Tensor& dst, const Tensor& src) {
 
 TensorParallel::TokenGather TensorParallel::gather_tokens_start(const Tensor& part,
                                                                 int64_t tokens) {
-  CAI_CHECK(part.dim() == 3,
-            "[tensor_parallel] gather_tokens expects [batch, tokens, features], "
-            "got {}",
-            part.str());
-  const auto [t0, t1] = my_tokens(tokens);
-  CAI_CHECK(part.size(1) == t1 - t0, "[tensor_parallel] rank {} holds {} of {} tokens but got {}",
-            rank_, t1 - t0, tokens, part.str());
+  const SeqPart sp = seq_part_of(part, tokens);
   TokenGather g;
-  g.batch = part.size(0), g.tokens = tokens, g.features = part.size(2);
+  g.batch = sp.by_samples ? part.size(0) * size_ : part.size(0);
+  g.tokens = tokens, g.features = part.size(2);
+  g.by_samples = sp.by_samples;
   g.p.dtype = part.dtype();
   if (size_ == 1) {
     g.p.result = part;
@@ -565,21 +588,27 @@ TensorParallel::TokenGather TensorParallel::gather_tokens_start(const Tensor& pa
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   Tensor src = in.reshape({in.numel()});
-  g.padded = padded_staging(in);
-  if (g.padded) {
-    // Every rank's block as long as the largest (an even-count collective: NCCL moves it with no
-    // staging of its own); a part shorter than that is copied into a padded buffer first.
-    const int64_t most = *std::max_element(counts.begin(), counts.end());
-    if (src.numel() != most) {
-      Tensor padded = Tensor::empty({most}, in.dtype(), in.device());
-      Tensor head = padded.narrow(0, src.numel());
-      copy_flat(head, src);
-      src = padded;
+  if (g.by_samples) {
+    // Every rank's samples are one contiguous block of [B, N, F]: gathered in place.
+    g.p.result = Tensor::empty({total}, in.dtype(), in.device());
+  } else {
+    g.padded = padded_staging(in);
+    if (g.padded) {
+      // Every rank's block as long as the largest (an even-count collective: NCCL moves it with
+      // no staging of its own); a part shorter than that is copied into a padded buffer first.
+      const int64_t most = *std::max_element(counts.begin(), counts.end());
+      if (src.numel() != most) {
+        Tensor padded = Tensor::empty({most}, in.dtype(), in.device());
+        Tensor head = padded.narrow(0, src.numel());
+        copy_flat(head, src);
+        src = padded;
+      }
+      counts.assign(size_, most);
     }
-    counts.assign(size_, most);
+    g.p.result =
+        Tensor::empty({kernels::staged_numel(g.batch, tokens, g.features, size_, g.padded)},
+                      in.dtype(), in.device());  // staged, rank by rank
   }
-  g.p.result = Tensor::empty({kernels::staged_numel(g.batch, tokens, g.features, size_, g.padded)},
-                             in.dtype(), in.device());  // staged, rank by rank
   const double tc = profile_start(in);
   count(TpGroup::All, total * static_cast<int64_t>(dtype_size(part.dtype())));
   g.p.work = comm_.all_gather_async(src, g.p.result, counts);
@@ -591,8 +620,13 @@ Tensor TensorParallel::gather_tokens_finish(TokenGather g) {
   if (size_ == 1) return g.p.result;
   if (g.p.work) complete(std::move(g.p.work));
   const Tensor& staged = g.p.result;
-  Tensor full = Tensor::empty({g.batch, g.tokens, g.features}, staged.dtype(), staged.device());
-  ops::tokens_from_ranks_(full, staged, size_, g.padded);
+  Tensor full;
+  if (g.by_samples) {
+    full = staged.reshape({g.batch, g.tokens, g.features});
+  } else {
+    full = Tensor::empty({g.batch, g.tokens, g.features}, staged.dtype(), staged.device());
+    ops::tokens_from_ranks_(full, staged, size_, g.padded);
+  }
   return full.dtype() == g.p.dtype ? full : full.to(g.p.dtype);
 }
 
@@ -600,8 +634,8 @@ std::vector<int64_t> TensorParallel::token_counts(int64_t batch, int64_t tokens,
                                                   int64_t features) const {
   std::vector<int64_t> counts(size_);
   for (int r = 0; r < size_; ++r) {
-    const auto [a, e] = token_range(tokens, r);
-    counts[r] = batch * (e - a) * features;
+    const SeqPart p = seq_part(batch, tokens, r);
+    counts[r] = p.samples() * p.tokens() * features;
   }
   return counts;
 }
@@ -620,16 +654,23 @@ TensorParallel::Pending TensorParallel::reduce_scatter_tokens_start(const Tensor
   const Tensor in = !full.is_cuda() && is_half(full.dtype()) ? full.to(DType::F32) : full;
   std::vector<int64_t> counts = token_counts(b, tokens, f);
   const int64_t mine = counts[rank_];
-  const bool padded = padded_staging(in);
-  Tensor staged =
-      Tensor::empty({kernels::staged_numel(b, tokens, f, size_, padded)}, in.dtype(), in.device());
-  ops::tokens_to_ranks_(staged, in, size_, padded);
-  // Padded: the sum of this rank's block lands in a buffer as long as the largest block, and the
-  // result is its head (a view: no copy out).
-  if (padded) counts.assign(size_, *std::max_element(counts.begin(), counts.end()));
-  Tensor flat = Tensor::empty({counts[rank_]}, in.dtype(), in.device());
-  const auto [t0, t1] = my_tokens(tokens);
-  p.result = flat.narrow(0, mine).reshape({b, t1 - t0, f});
+  const SeqPart sp = my_seq_part(b, tokens);
+  Tensor staged, flat;
+  if (sp.by_samples) {
+    // Every rank's samples are one contiguous block of [B, N, F]: reduced in place.
+    staged = in.reshape({in.numel()});
+    flat = Tensor::empty({mine}, in.dtype(), in.device());
+  } else {
+    const bool padded = padded_staging(in);
+    staged = Tensor::empty({kernels::staged_numel(b, tokens, f, size_, padded)}, in.dtype(),
+                           in.device());
+    ops::tokens_to_ranks_(staged, in, size_, padded);
+    // Padded: the sum of this rank's block lands in a buffer as long as the largest block, and
+    // the result is its head (a view: no copy out).
+    if (padded) counts.assign(size_, *std::max_element(counts.begin(), counts.end()));
+    flat = Tensor::empty({counts[rank_]}, in.dtype(), in.device());
+  }
+  p.result = flat.narrow(0, mine).reshape({sp.samples(), sp.tokens(), f});
   const double tc = profile_start(in);
   count(TpGroup::All, static_cast<int64_t>(full.nbytes()));
   p.work = comm_.reduce_scatter_async(staged, flat, counts, dist::ReduceOp::Sum);
@@ -642,19 +683,24 @@ Tensor TensorParallel::slice_tokens(const Tensor& full) const {
             "[tensor_parallel] slice_tokens expects [batch, tokens, features], "
             "got {}",
             full.str());
-  const auto [t0, t1] = my_tokens(full.size(1));
-  Tensor out = Tensor::empty({full.size(0), t1 - t0, full.size(2)}, full.dtype(), full.device());
-  ops::copy_tokens_(out, 0, full, t0, t1 - t0);
+  const SeqPart sp = my_seq_part(full.size(0), full.size(1));
+  if (sp.by_samples) return full.narrow(sp.s0, sp.samples()).clone();
+  Tensor out =
+      Tensor::empty({full.size(0), sp.tokens(), full.size(2)}, full.dtype(), full.device());
+  ops::copy_tokens_(out, 0, full, sp.t0, sp.tokens());
   return out;
 }
 
 Tensor TensorParallel::pad_tokens(const Tensor& part, int64_t tokens) const {
-  const auto [t0, t1] = my_tokens(tokens);
-  CAI_CHECK(part.dim() == 3 && part.size(1) == t1 - t0,
-            "[tensor_parallel] pad_tokens: rank {} holds {} of {} tokens, got {}", rank_, t1 - t0,
-            tokens, part.str());
-  Tensor full = Tensor::zeros({part.size(0), tokens, part.size(2)}, part.dtype(), part.device());
-  ops::copy_tokens_(full, t0, part, 0, t1 - t0);
+  const SeqPart sp = seq_part_of(part, tokens);
+  const int64_t batch = sp.by_samples ? part.size(0) * size_ : part.size(0);
+  Tensor full = Tensor::zeros({batch, tokens, part.size(2)}, part.dtype(), part.device());
+  if (sp.by_samples) {
+    Tensor mine = full.narrow(sp.s0, sp.samples());
+    mine.copy_from(part);
+  } else {
+    ops::copy_tokens_(full, sp.t0, part, 0, sp.tokens());
+  }
   return full;
 }
 

@@ -16,6 +16,12 @@ namespace {
 struct EmbedCache : Cache {
   Tensor patches;
 };
+// Whether two [batch, tokens, features] tensors hold the same number of rows (sequence
+// parallel: a kept part against the gathered whole).
+bool same_rows(const Tensor& a, const Tensor& b) {
+  return a.size(0) * a.size(1) == b.size(0) * b.size(1);
+}
+
 template <typename T>
 T& cache_as(std::unique_ptr<Cache>& c, const std::string& layer) {
   T* p = dynamic_cast<T*>(c.get());
@@ -97,7 +103,7 @@ Tensor Embedding::forward(const Tensor& img, std::unique_ptr<Cache>& cache, cons
     }
   }
   cache = std::move(cc);
-  // Sequence parallel: every rank embeds the whole image and keeps its tokens.
+  // Sequence parallel: every rank embeds the whole batch and keeps its part (seq_part).
   if (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) x = tp_->slice_tokens(x);
   return x;
 }
@@ -281,11 +287,21 @@ Tensor Block::backward_nd(const Tensor& dy, Acts& a, const ForwardCtx& ctx) {
   return gx;
 }
 
-ops::RngKey Block::resid_key(const ForwardCtx& ctx, const std::string& site) const {
+ForwardCtx Block::part_ctx(const ForwardCtx& ctx, const Tensor& local) const {
+  if (!sp()) return ctx;
+  const TensorParallel::SeqPart p = tp_->seq_part_of(local, c_.num_patches() + 1);
+  ForwardCtx sub = ctx;
+  if (p.by_samples) sub.sample_offset += p.s0;
+  return sub;
+}
+
+ops::RngKey Block::resid_key(const ForwardCtx& ctx, const std::string& site,
+                             const Tensor& local) const {
   const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
   if (!sp()) return ctx.key(site, n * d);
-  const auto [t0, t1] = tp_->my_tokens(n);
-  return ctx.key_slice(site, n * d, t0 * d, (t1 - t0) * d, n * d);
+  const TensorParallel::SeqPart p = tp_->seq_part_of(local, n);
+  if (p.by_samples) return part_ctx(ctx, local).key(site, n * d);
+  return ctx.key_slice(site, n * d, p.t0 * d, p.tokens() * d, n * d);
 }
 
 ops::RngKey Block::hidden_key(const ForwardCtx& ctx, const std::string& site) const {
@@ -316,8 +332,9 @@ void Block::run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx, bool ke
     a.h = ops::linear_fwd_residual(a.o, proj.w(), &proj.bias.value, x);
   } else {
     Tensor y = row_linear_fwd(tp_, a.o, proj);
-    if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
-    if (dpath) y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
+    if (drop) y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop", y));
+    if (dpath)
+      y = ops::drop_path_fwd(y, drop_path_, part_ctx(ctx, y).key(prefix_ + ".drop_path1", 1));
     a.h = ops::add(x, y);
   }
   a.b = ops::layernorm_fwd(a.h, norm2.weight.value, norm2.bias.value, norm2.eps, &a.mean2, &a.rstd2,
@@ -362,9 +379,9 @@ Tensor Block::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forw
   } else if (!fused_residual(ctx)) {
     y = row_linear_fwd(tp_, a->m, fc2);
     if (ctx.training && c_.drop_rate > 0)
-      y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
+      y = ops::dropout_fwd(y, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2", y));
     if (ctx.training && drop_path_ > 0)
-      y = ops::drop_path_fwd(y, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
+      y = ops::drop_path_fwd(y, drop_path_, part_ctx(ctx, y).key(prefix_ + ".drop_path2", 1));
   }
   Tensor out = y.defined() ? ops::add(a->h, y)
                            : ops::linear_fwd_residual(a->m, fc2.w(), &fc2.bias.value, a->h);
@@ -419,12 +436,16 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (!takes_dy_as_is(ctx)) fc2_bias_sum = Tensor();
   if (!g.defined() || !takes_dy_as_is(ctx)) g = dy;
   Parameter* fc2_db = fc2_bias_sum.defined() ? nullptr : &fc2.bias;
-  if (dpath) g = ops::drop_path_bwd(g, drop_path_, ctx.key(prefix_ + ".drop_path2", 1));
-  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2"));
+  if (dpath)
+    g = ops::drop_path_bwd(g, drop_path_, part_ctx(ctx, g).key(prefix_ + ".drop_path2", 1));
+  if (drop) g = ops::dropout_bwd(g, c_.drop_rate, resid_key(ctx, prefix_ + ".mlp.drop2", g));
+  // Sequence parallel: fc2's output gradient gathered in the compute dtype its GEMMs take (cast
+  // here, on this rank's part: half the bytes of gathering fp32 and casting the whole).
+  if (sp() && g.dtype() != a.f.dtype()) g = g.to(a.f.dtype());
   if (sp()) g = tp_->gather_tokens(g, n);
   // Sequence parallel: fc1's input again whole (forward kept this rank's tokens), gathered
   // beside fc2's and the GELU's backward.
-  const bool regather = sp() && a.b.size(1) != n;
+  const bool regather = sp() && !same_rows(a.b, g);
   std::optional<TensorParallel::TokenGather> b_whole;
   if (regather) b_whole = tp_->gather_tokens_start(a.b, n);
   const bool tanh = c_.act == "gelu_tanh";
@@ -498,11 +519,14 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   // Attention half: h = x + dpath(drop(proj(attn(qkv(norm1(x))))))
   Tensor gy = half_gy ? gh_half : gh;
   if (lean) gh_half = Tensor();
-  if (dpath) gy = ops::drop_path_bwd(gy, drop_path_, ctx.key(prefix_ + ".drop_path1", 1));
-  if (drop) gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop"));
+  if (dpath)
+    gy = ops::drop_path_bwd(gy, drop_path_, part_ctx(ctx, gy).key(prefix_ + ".drop_path1", 1));
+  if (drop)
+    gy = ops::dropout_bwd(gy, c_.drop_rate, resid_key(ctx, prefix_ + ".attn.proj_drop", gy));
+  if (sp() && gy.dtype() != a.o.dtype()) gy = gy.to(a.o.dtype());  // as fc2's above
   if (sp()) gy = tp_->gather_tokens(gy, n);
   // Sequence parallel: qkv's input again whole, gathered beside proj's and attention's backward.
-  const bool regather_a = sp() && a.a.size(1) != n;
+  const bool regather_a = sp() && !same_rows(a.a, gy);
   std::optional<TensorParallel::TokenGather> a_whole;
   if (regather_a) a_whole = tp_->gather_tokens_start(a.a, n);
   Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
@@ -571,6 +595,7 @@ namespace {
 struct HeadCache : Cache {
   int64_t tokens = 0;
   Tensor t, mean, rstd, z;
+  TensorParallel::SeqPart part;  // sequence parallel: the samples / tokens of this rank's input
 };
 }  // namespace
 
@@ -610,10 +635,19 @@ Tensor Head::forward(const Tensor& x, std::unique_ptr<Cache>& cache, const Forwa
     return all.reshape({x.size(0) * l.chunks, c_.num_classes});
   }
   if (tp && tp_->sequence_parallel()) {
-    // The class token is rank 0's: shared with the group by a sum with zeros elsewhere.
-    hc->t = tp_->rank() == 0 ? ops::select_token_fwd(x, 0)
-                             : Tensor::zeros({x.size(0), x.size(2)}, x.dtype(), x.device());
-    hc->t = tp_->all_reduce(hc->t);
+    hc->part = tp_->seq_part_of(x, c_.num_patches() + 1);
+    if (hc->part.by_samples) {
+      // Every rank's samples' class tokens, gathered in sample order.
+      const Tensor mine = ops::select_token_fwd(x, 0);
+      const int64_t each = mine.numel();
+      hc->t = tp_->all_gather(TpGroup::All, mine, std::vector<int64_t>(tp_->size(), each))
+                  .reshape({x.size(0) * tp_->size(), x.size(2)});
+    } else {
+      // The class token is rank 0's: shared with the group by a sum with zeros elsewhere.
+      hc->t = tp_->rank() == 0 ? ops::select_token_fwd(x, 0)
+                               : Tensor::zeros({x.size(0), x.size(2)}, x.dtype(), x.device());
+      hc->t = tp_->all_reduce(hc->t);
+    }
   } else {
     hc->t = ops::select_token_fwd(x, 0);
   }
@@ -657,7 +691,10 @@ Tensor Head::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const For
   Tensor dgamma = wg.into(norm.weight), dbeta = wg.into(norm.bias);
   Tensor gt = ops::layernorm_bwd(hc.t, norm.weight.value, hc.mean, hc.rstd, gz, &dgamma, &dbeta);
   Tensor gx;
-  if (tp && tp_->sequence_parallel() && tp_->rank() != 0)
+  const bool sp = tp && tp_->sequence_parallel();
+  if (sp && hc.part.by_samples)  // this rank's samples' class tokens
+    gx = ops::select_token_bwd(gt.narrow(hc.part.s0, hc.part.samples()), hc.tokens, 0);
+  else if (sp && tp_->rank() != 0)  // by tokens: the class token is rank 0's
     gx = Tensor::zeros({gt.size(0), hc.tokens, gt.size(1)}, gt.dtype(), gt.device());
   else
     gx = ops::select_token_bwd(gt, hc.tokens, 0);
@@ -697,8 +734,8 @@ Shape ViT::residual_shape(int64_t batch) const {
     return {s1 - s0, n, f1 - f0};
   }
   if (!tp_ || tp_->size() == 1 || !tp_->sequence_parallel()) return {batch, n, c_.embed_dim};
-  const auto [t0, t1] = tp_->my_tokens(n);
-  return {batch, t1 - t0, c_.embed_dim};
+  const TensorParallel::SeqPart p = tp_->my_seq_part(batch, n);
+  return {p.samples(), p.tokens(), c_.embed_dim};
 }
 
 std::vector<Parameter*> ViT::parameters() {

@@ -168,7 +168,10 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
   s.T = l.tp;
   s.tp = l.tp > 1;
   s.sp = s.tp && l.sequence_parallel;
-  s.nr = s.sp ? s.n * (r + 1) / l.tp - s.n * r / l.tp : s.n;
+  // nn::TensorParallel::seq_part: by samples when the micro-batch divides, else by tokens.
+  s.sp_samples = s.sp && b % l.tp == 0;
+  s.nr = s.sp && !s.sp_samples ? s.n * (r + 1) / l.tp - s.n * r / l.tp : s.n;
+  s.lr = s.sp_samples ? b / l.tp * s.n : b * s.nr;
   s.d = c.embed_dim;
   s.dt = c.embed_dim / l.tp;
   s.heads = c.num_heads / l.tp;
@@ -187,8 +190,9 @@ Shapes shapes_of(const nn::ViTConfig& c, const Layout& l, int64_t b, int r) {
               "[plan] tensor mode {} splits a micro-batch into {} chunks: {} samples do not divide",
               l.tp_mode, nd.chunks, b);
     s.b = b / nd.chunks;
-    s.tp = s.sp = false;
+    s.tp = s.sp = s.sp_samples = false;
     s.nr = s.n;
+    s.lr = s.b * s.n;
     s.d = s.dt = c.embed_dim / nd.q;
     s.heads = c.num_heads / nd.q;
     s.hid = c.mlp_hidden() / nd.q;
@@ -225,7 +229,7 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& 
   add_elementwise(p, "cls_pos", b * s.n * s.d, 1, 4);
   p.input = b * c.in_chans * c.img_size * c.img_size * 4;
   p.saved = b * s.np * s.patch * e;  // the patches
-  p.output = b * s.nr * s.d * 4;
+  p.output = s.lr * s.d * 4;
   // The patch embedding's output lives until cls_pos; sequence parallel: the whole sequence
   // before the rank's tokens are cut.
   p.forward_extra = b * s.np * s.d * e + (s.sp ? b * s.n * s.d * 4 : 0);
@@ -235,7 +239,7 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& 
   if (s.sp) {
     // TensorParallel::slice_tokens keeps this rank's tokens (a copy); pad_tokens puts their
     // gradient into a zeroed whole sequence.
-    const int64_t part = b * s.nr * s.d * 4;
+    const int64_t part = s.lr * s.d * 4;
     p.ops.push_back({p.name, kSpTokensCopy, Phase::Forward, 0.0, part, part});
     p.ops.push_back({p.name, kSpTokensCopy, Phase::Backward, 0.0, part, b * s.n * s.d * 4 + part});
     const int64_t numel = s.d + s.n * s.d + s.d * s.patch + s.d;
@@ -260,10 +264,10 @@ LayerPlan embedding_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& 
 LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, int64_t index) {
   LayerPlan p;
   p.name = fmt::format("blocks.{}", index);
-  const int64_t b = s.b, n = s.n, nr = s.nr, d = s.d, e = s.e;
+  const int64_t b = s.b, n = s.n, lr = s.lr, d = s.d, e = s.e;
   const int64_t rows = b * n;
   // FLOPs: 24·N·D² + 4·N²·D per sample forward without tensor parallelism.
-  add_elementwise(p, "norm1", b * nr * d, 8, e);
+  add_elementwise(p, "norm1", lr * d, 8, e);
   add_linear(p, "attn.qkv", rows, d, 3 * s.dt, e);
   const double attn = 4.0 * b * n * n * s.dt;
   p.ops.push_back({p.name, "attn", Phase::Forward, attn,
@@ -290,14 +294,14 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     f.bytes_written = rows * d * 4;
   };
   add_residual_linear("attn.proj", s.dt);
-  add_elementwise(p, "norm2", b * nr * d, 8, e);
+  add_elementwise(p, "norm2", lr * d, 8, e);
   add_linear(p, "mlp.fc1", rows, d, s.hid, e);
   add_elementwise(p, "mlp.act", rows * s.hid, 8, e);
   // The GELU's output made again in its backward pass (nn::ViTConfig::gelu_recomputed).
   const bool recompute_m = c.gelu_recomputed(l.nd());
   if (recompute_m) p.ops.back().bytes_written += rows * s.hid * e;
   add_residual_linear("mlp.fc2", s.hid);
-  add_elementwise(p, "residual", 2 * b * nr * d, 1, 4);
+  add_elementwise(p, "residual", 2 * lr * d, 1, 4);
   if (fused_gpu) p.ops.erase(p.ops.end() - 2);  // the forward adds
   if (s.sp) add_sequence_parallel_copies(p, l, s, !c.checkpoint);
 
@@ -315,10 +319,10 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     // Sequence parallel without checkpointing: backward gathers fc1's and qkv's inputs again (the
     // forward keeps this rank's tokens; a recompute keeps them whole).
     const bool regather = s.sp && !c.checkpoint;
-    if (s.sp) add(CollectiveKind::AllGather, full * 4, "mlp.fc2 grad", Phase::Backward);
+    if (s.sp) add(CollectiveKind::AllGather, full * e, "mlp.fc2 grad", Phase::Backward);
     if (regather) add(CollectiveKind::AllGather, full * e, "mlp.fc1 input again", Phase::Backward);
     add(fwd_row, full * e, "mlp.fc1 input grad", Phase::Backward);
-    if (s.sp) add(CollectiveKind::AllGather, full * 4, "attn.proj grad", Phase::Backward);
+    if (s.sp) add(CollectiveKind::AllGather, full * e, "attn.proj grad", Phase::Backward);
     if (regather) add(CollectiveKind::AllGather, full * e, "attn.qkv input again", Phase::Backward);
     add(fwd_row, full * e, "attn.qkv input grad", Phase::Backward);
     if (s.sp) add(CollectiveKind::AllReduce, 4 * d * 4, "norm grads", Phase::Backward);
@@ -328,9 +332,9 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   // m). x and h are the residual stream (fp32, this rank's tokens), the rest compute dtype; the
   // normalised inputs a and b are kept for this rank's tokens (sequence parallel) and gathered
   // whole again in backward (a recompute keeps them whole).
-  const int64_t x = b * nr * d * 4, stats = 2 * b * nr * 4;
+  const int64_t x = lr * d * 4, stats = 2 * lr * 4;
   const int64_t probs = s.fused ? b * s.heads * n * 4 : b * s.heads * n * n * e;
-  const int64_t kept_ab = b * nr * d * e;  // a or b as kept (nr = n without sequence parallel)
+  const int64_t kept_ab = lr * d * e;  // a or b as kept (nr = n without sequence parallel)
   const int64_t ab_again = s.sp ? rows * d * e : 0;  // a or b gathered whole again in backward
   // fc1's output f, and the GELU's output m unless the backward makes it again.
   const int64_t full = x + stats + kept_ab + rows * 3 * s.dt * e + probs + rows * s.dt * e + x +
@@ -342,18 +346,26 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   p.output = x;
   p.grad_input = x;
   const int64_t y = rows * d * e;  // a row-parallel output before the reduction
+  // A sequence-parallel collective's staging beside its input and result: by tokens the
+  // rank-major buffer; by samples none (the tensors travel as they are), but on the CPU a half
+  // tensor travels widened to fp32.
+  const int64_t stage = !s.sp          ? 0
+                        : s.sp_samples ? (!l.gpu && half ? rows * d * 4 : 0)
+                                       : rows * d * s.es;
+  // By tokens a gather's part shorter than the largest is first copied into a padded buffer.
+  const int64_t pad_part = s.sp && !s.sp_samples ? lr * d * e : 0;
   // The fc2 output beside the new residual; under sequence parallelism its reduce-scatter's
   // staging buffer and result first.
   // Fused: none on a GPU; on the CPU the fp32 product before the add.
   const int64_t y_out = fused_gpu ? 0
                         : fused   ? rows * d * 4
                         : s.sp
-                            ? std::max(y + rows * d * s.es + b * nr * d * e - x, b * nr * d * e)
+                            ? std::max(y + stage + lr * d * e - x, lr * d * e)
                             : y + (s.tp && l.precision != DType::F32 && !l.gpu ? rows * d * 4 : 0);
-  const int64_t g_full = s.sp ? rows * d * 4 : 0;  // gathered dy and gy
-  const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = b * nr * d * e,
-                gh = b * nr * d * 4, go = rows * s.dt * e, gq = rows * 3 * s.dt * e,
-                ga = b * nr * d * e, gx = x;
+  // Gathered dy and gy (sequence parallel: in the compute dtype, cast on this rank's part).
+  const int64_t g_full = s.sp ? rows * d * e : 0;
+  const int64_t gm = rows * s.hid * e, gf = rows * s.hid * e, gb = lr * d * e, gh = lr * d * 4,
+                go = rows * s.dt * e, gq = rows * 3 * s.dt * e, ga = lr * d * e, gx = x;
   // This block takes dy rounded from the next one (nn::Block::half_dy) until fc2's backward.
   const bool takes_half = half && !l.nd() && !s.sp && index + 1 < c.depth && !c.block_masked(index);
   // Without checkpointing, fc1's input gathered again lives from fc2's backward to fc1's (and
@@ -367,12 +379,12 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
   int64_t bwd = 0, bwd_split = 0;
   if (l.nd()) {
     // 2d/2.5d/3d (Block::backward_nd): function-scope gradients accumulate until the end.
-    const int64_t at_gelu = g_full + gm + gf + (takes_half ? b * nr * d * e : 0) + again;
+    const int64_t at_gelu = g_full + gm + gf + (takes_half ? lr * d * e : 0) + again;
     const int64_t before_qkv = g_full + gf + gb + gh + g_full + go + gq;
-    const int64_t at_qkv = before_qkv + again +
-                           (s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e);
+    const int64_t at_qkv =
+        before_qkv + again + (s.sp ? rows * d * e + stage + pad_part : rows * d * e);
     const int64_t at_end =
-        before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? b * nr * d * e : 0);
+        before_qkv + ga + gx + (s.sp ? 4 * d * 4 : 0) + (sends_half ? lr * d * e : 0);
     const int64_t at_attn = before_qkv + again + scratch;
     bwd = std::max({at_gelu, at_qkv, at_end, at_attn});
     bwd_split = bwd;  // split: all of it in the BackwardInput, nothing held
@@ -386,12 +398,12 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
     // whole under sequence parallelism).
     const int64_t kept = c.checkpoint && s.sp ? rows * d * e : kept_ab;
     const int64_t m_bytes = rows * s.hid * e, f_bytes = rows * s.hid * e;
-    const int64_t half_g = takes_half ? b * nr * d * e : 0;
+    const int64_t half_g = takes_half ? lr * d * e : 0;
     // g in the compute dtype when it comes in fp32 (recompute: rounded once for fc2's GEMMs).
     const int64_t g_cvt = recompute_m && half && !takes_half ? rows * d * e : 0;
     const bool dgelu = !recompute_m && c.act == "gelu_tanh" && !c.block_masked(index);
-    const int64_t gh_half = half && !s.sp && !c.block_masked(index) ? b * nr * d * e : 0;
-    const int64_t col = s.sp ? rows * d * e + rows * d * s.es + b * nr * d * e : rows * d * e;
+    const int64_t gh_half = half && !s.sp && !c.block_masked(index) ? lr * d * e : 0;
+    const int64_t col = s.sp ? rows * d * e + stage + pad_part : rows * d * e;
     // On the CPU a half GEMM runs in fp32 (ops::linear_bwd and friends): copies of its operands
     // up to fp32 and the fp32 result, transient. k: the linear's inputs, o: its outputs.
     const bool cpu_half = half && !l.gpu && !s.tp;
@@ -512,7 +524,7 @@ LayerPlan block_plan(const nn::ViTConfig& c, const Layout& l, const Shapes& s, i
       free_now(col - ga);
       hold(gq + (again > 0 ? again : kept));
       drop(again > 0 ? kept : 0);
-      add(gx + (sends_half ? b * nr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward
+      add(gx + (sends_half ? lr * d * e : 0) + (s.sp ? 4 * d * 4 : 0));  // norm1's backward
       if (split && s.sp) w.held += 4 * d * 4;  // ln_flat summed, added by the BackwardWeight
       return w;
     };
@@ -570,21 +582,21 @@ LayerPlan head_plan(const Shapes& s) {
   const int64_t b = s.b, d = s.d, e = s.e;
   add_elementwise(p, "norm", b * d, 8, e);
   add_linear(p, "head", b, s.dt, s.k, e);
-  p.input = b * s.nr * d * 4;
+  p.input = s.lr * d * 4;
   // HeadCache: the class token t, its statistics, the normalised features z (sliced under tp).
   p.saved = b * d * 4 + 2 * b * 4 + b * s.dt * e;
   p.output = b * s.k * 4;
   p.forward_extra = s.tp ? b * d * e : 0;  // z before it is sliced
-  p.grad_input = b * s.nr * d * 4;
+  p.grad_input = s.lr * d * 4;
   p.backward_extra = b * s.dt * e + (s.tp ? 2 * b * d * e : 0) + b * d * 4 + p.grad_input;
   // Split (nn::Head::backward, WeightGrads deferred): the classifier's weight gradient keeps z
   // (and dlogits, the caller's); the norm's gradients are fp32 partial sums.
   p.split_backward_extra = p.backward_extra + 2 * d * 4;
   p.weight_held = b * s.dt * e + 2 * d * 4;
   if (s.tp) {
-    if (s.sp)
-      p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, b * d * 4, p.name,
-                               "class token", Phase::Forward});
+    if (s.sp)  // by samples every rank's class tokens gathered, by tokens rank 0's summed
+      p.collectives.push_back({s.sp_samples ? CollectiveKind::AllGather : CollectiveKind::AllReduce,
+                               Group::Tp, s.T, b * d * 4, p.name, "class token", Phase::Forward});
     p.collectives.push_back({CollectiveKind::AllReduce, Group::Tp, s.T, b * s.k * 4, p.name,
                              "head logits", Phase::Forward});
     p.collectives.push_back({CollectiveKind::AllGather, Group::Tp, s.T, b * d * e, p.name,
@@ -908,7 +920,7 @@ StepPlan make_plan(const nn::ViTConfig& model, const Layout& layout) {
     so.split_backward = layout.split_backward;
     schedule::set_zero_bubble_costs(so, model.checkpoint);  // as the executor's
     const Shapes s = shapes_of(model, layout, p.micro_batch_rows, 0);
-    so.activation_bytes = p.micro_batch_rows * s.nr * s.d * 4;
+    so.activation_bytes = s.lr * s.d * 4;
     p.schedule = schedule::make(layout.pp_style, so, p.partition);
     p.peak_micro_batches = schedule::validate_or_throw(p.schedule).peak_activations;
   }

@@ -6,7 +6,8 @@
 namespace cai::plan::detail {
 
 // The device copies around a block's sequence-parallel collectives (bytes read and written, and
-// the calls), as nn::TensorParallel makes them: every token collective moves a rank-major staging
+// the calls), as nn::TensorParallel makes them. Cut by samples (a micro-batch divisible by the
+// group) none but the casts below; cut by tokens every collective moves a rank-major staging
 // buffer, permuted from or into [batch, tokens, features] by one kernel (ops::tokens_from_ranks_
 // / tokens_to_ranks_; kernels/tokens.h), packed on the CPU, padded on a GPU (every rank's block
 // as long as the largest, so NCCL's even-count collectives copy nothing themselves):
@@ -14,15 +15,24 @@ namespace cai::plan::detail {
 //   the largest count of tokens (tokens % T != 0) first copies its part into a padded buffer;
 // - a reduce-scatter's permutation reads the whole tensor and writes the staging buffer, padding
 //   included (zeroed); its result is the head of a padded output (a view: no copy).
-// - in half precision the gathered fp32 output gradients are cast to the compute dtype by
-//   fc2's and proj's backward GEMMs (ops::linear_bwd: `as(dy, t)`), where without sequence
+// - in half precision the fp32 output gradients of fc2 and proj are cast to the compute dtype
+//   on this rank's part before they are gathered (Block::backward), where without sequence
 //   parallelism the next block hands over a half copy made in its LayerNorm pass.
 // Forward: the two gathers and proj's reduce-scatter (recomputed under checkpointing) and fc2's
-// reduce-scatter (kSpTokensCopyOut: not recomputed); backward: the two fp32 gathers, without
-// checkpointing the two re-gathers of the normalised inputs, the casts and the two
-// input-gradient reduce-scatters.
+// reduce-scatter (kSpTokensCopyOut: not recomputed); backward: the two output-gradient
+// gathers, without checkpointing the two re-gathers of the normalised inputs, the casts and the
+// two input-gradient reduce-scatters.
 void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s, bool regather) {
-  const int64_t full = s.b * s.n * s.d, part = s.b * s.nr * s.d;
+  const int64_t full = s.b * s.n * s.d, part = s.lr * s.d;
+  const bool cast = l.gpu && s.e != 4;
+  if (s.sp_samples) {
+    // Cut by samples (nn::TensorParallel::seq_part): the collectives move the tensors as they
+    // are; only the casts of the output gradients remain.
+    if (cast)
+      p.ops.push_back(
+          {p.name, kSpTokensCopy, Phase::Backward, 0.0, 2 * part * 4, 2 * part * s.e, 2});
+    return;
+  }
   const int64_t most = s.b * ((s.n + s.T - 1) / s.T) * s.d;
   const bool padded = l.gpu;
   const bool short_part = padded && part < most;
@@ -48,11 +58,10 @@ void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s
   fwd += scatter(s.es);
   add(kSpTokensCopy, Phase::Forward, fwd);
   add(kSpTokensCopyOut, Phase::Forward, scatter(s.es));
-  const bool cast = l.gpu && s.e != 4;
-  Moved bwd = times(2, gather(4));
+  Moved bwd = times(2, gather(s.es));
   if (regather) bwd += times(2, gather(s.es));
   bwd += times(2, scatter(s.es));
-  if (cast) bwd += Moved{2 * full * (4 + s.e), 2};
+  if (cast) bwd += Moved{2 * part * (4 + s.e), 2};
   add(kSpTokensCopy, Phase::Backward, bwd);
 }
 

@@ -11,10 +11,14 @@ namespace cai::plan::detail {
 
 struct Shapes {
   int64_t b, n, nr, d, dt, heads, hid, k, np, patch;
+  // lr: the residual stream's rows on this rank (b·nr, or b/T·n when sequence parallelism cuts
+  // by samples: nn::TensorParallel::seq_part).
+  int64_t lr;
   int T;
   bool tp, sp, fused;
-  int64_t e;   // compute dtype bytes
-  int64_t es;  // bytes a half tensor travels in on the CPU (widened to fp32) or as is
+  bool sp_samples;  // sequence parallel, cut by samples (no staging copies)
+  int64_t e;        // compute dtype bytes
+  int64_t es;       // bytes a half tensor travels in on the CPU (widened to fp32) or as is
 };
 
 // The per-rank tensor shapes of a micro-batch of b rows on tensor-parallel rank r.

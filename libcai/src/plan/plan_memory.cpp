@@ -399,7 +399,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
     // next instruction; the loss stage keeps dlogits per micro-batch until its backward.
     const schedule::Program& prog = plan.schedule.programs[r.pp_rank];
     const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
-    const int64_t bnd = rows * s.nr * s.d * 4;
+    const int64_t bnd = s.lr * s.d * 4;
     std::map<int, int> pos_of;  // global layer -> position
     for (int i = 0; i < L; ++i) pos_of[r.layers[i]] = i;
     int64_t sending = 0;
@@ -524,7 +524,7 @@ void replay(const StepPlan& plan, RankPlan& r) {
     }
   if (l.pp > 1) {
     const Shapes s = shapes_of(plan.model, l, rows, r.tp_rank);
-    const int64_t bnd = rows * s.nr * s.d * 4;
+    const int64_t bnd = s.lr * s.d * 4;
     for (const schedule::Instr& in : plan.schedule.programs[r.pp_rank]) {
       using schedule::Op;
       if (!schedule::is_send(in.op) && !schedule::is_recv(in.op)) continue;

@@ -124,10 +124,31 @@ class TensorParallel {
   dist::Communicator& comm() const { return comm_; }
   std::string describe() const;  // "tp 2 (1d, sequence parallel)", "tp 8 (2.5d, q 2, depth 2)"
 
-  // Tokens [begin, end) of N that rank r holds under sequence parallelism.
+  // Sequence parallelism's cut of a [batch, tokens, features] activation (the residual stream
+  // and the normalised inputs). Which rows a rank holds does not matter to the row-wise work
+  // (LayerNorm, dropout, residual adds), so:
+  // - by samples when the batch divides by the group: rank r holds samples [s0, s1), every token.
+  //   Its block is contiguous in [B, N, F], so the gathers and reduce-scatters move the tensors
+  //   themselves (no staging, no permutation, no padding);
+  // - else by tokens: every sample's tokens [t0, t1) (token_range), through the rank-major
+  //   staging below.
+  struct SeqPart {
+    bool by_samples = false;
+    int64_t s0 = 0, s1 = 0, t0 = 0, t1 = 0;
+    int64_t samples() const { return s1 - s0; }
+    int64_t tokens() const { return t1 - t0; }
+  };
+  SeqPart seq_part(int64_t batch, int64_t tokens, int r) const;
+  SeqPart my_seq_part(int64_t batch, int64_t tokens) const {
+    return seq_part(batch, tokens, rank_);
+  }
+  // The part a local [b, t, F] activation is (tokens: the whole sequence's): t == tokens means by
+  // samples (batch b × the group), else by tokens (batch b). Throws when neither fits.
+  SeqPart seq_part_of(const Tensor& part, int64_t tokens) const;
+  // Tokens [begin, end) of N that rank r holds when sequence parallelism cuts by tokens.
   std::pair<int64_t, int64_t> token_range(int64_t tokens, int r) const;
   std::pair<int64_t, int64_t> my_tokens(int64_t tokens) const { return token_range(tokens, rank_); }
-  // Elements of every rank's tokens of a [batch, tokens, features] tensor, in rank order.
+  // Elements of every rank's part of a [batch, tokens, features] tensor, in rank order.
   std::vector<int64_t> token_counts(int64_t batch, int64_t tokens, int64_t features) const;
   // Columns [begin, end) of `features` that rank r holds (features divisible by the size).
   std::pair<int64_t, int64_t> feature_range(int64_t features, int r) const;
@@ -142,16 +163,18 @@ class TensorParallel {
     DType dtype = DType::F32;  // of the result handed back
   };
   Pending all_reduce_start(const Tensor& t);  // in place when t can travel as it is
-  // [B, N, F] partial sums -> this rank's tokens of their sum, [B, n_r, F].
+  // [B, N, F] partial sums -> this rank's part of their sum (seq_part: [B/T, N, F] or
+  // [B, n_r, F]).
   Pending reduce_scatter_tokens_start(const Tensor& full);
   Tensor finish(Pending p);
   Tensor all_reduce(const Tensor& t) { return finish(all_reduce_start(t)); }
   Tensor reduce_scatter_tokens(const Tensor& full) {
     return finish(reduce_scatter_tokens_start(full));
   }
-  // [B, n_r, F] (this rank's tokens) -> [B, N, F], every rank's tokens in place; started, it
-  // runs while the caller goes on and gather_tokens_finish returns the whole.
-  // The collectives move a rank-major staging buffer (kernels/tokens.h): on GPUs padded (every
+  // This rank's part (seq_part) -> [B, N, F], every rank's part in place; started, it runs
+  // while the caller goes on and gather_tokens_finish returns the whole.
+  // By samples the collectives move the tensors as they are. By tokens they move a rank-major
+  // staging buffer (kernels/tokens.h): on GPUs padded (every
   // rank's block as long as the largest: NCCL's even-count collectives, no copies of their own),
   // on the CPU packed (MPI takes uneven counts); one permutation kernel per collective between
   // it and [B, N, F] (ops::tokens_from_ranks_ / tokens_to_ranks_). A gather whose part is
@@ -161,6 +184,7 @@ class TensorParallel {
     Pending p;  // result: the staged ranks' tokens until finished
     int64_t batch = 0, tokens = 0, features = 0;
     bool padded = false;
+    bool by_samples = false;  // the result is [B, N, F] itself (no staging)
   };
   TokenGather gather_tokens_start(const Tensor& part, int64_t tokens);
   Tensor gather_tokens_finish(TokenGather g);
@@ -171,9 +195,9 @@ class TensorParallel {
   // the GPU's layout on the CPU, for tests).
   bool padded_staging(const Tensor& t) const;
   void set_pad_staging(bool on) { pad_staging_ = on; }
-  // [B, N, F] -> this rank's tokens [B, n_r, F] (a copy; no communication).
+  // [B, N, F] -> this rank's part (seq_part; a copy; no communication).
   Tensor slice_tokens(const Tensor& full) const;
-  // [B, n_r, F] -> [B, N, F] with zeros outside this rank's tokens (no communication).
+  // This rank's part -> [B, N, F] with zeros outside it (no communication).
   Tensor pad_tokens(const Tensor& part, int64_t tokens) const;
   // [B, F] -> this rank's columns [B, F/T] (a copy), and the inverse gather over the group.
   Tensor slice_features(const Tensor& x) const;

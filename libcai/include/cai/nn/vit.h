@@ -115,9 +115,11 @@ class Block : public Layer {
   // inside backward, which needs them at once); otherwise only this rank's tokens are kept and
   // backward gathers them again.
   void run_forward(const Tensor& x, Acts& a, const ForwardCtx& ctx, bool keep_gathered = false);
-  // The mask keys of the residual stream (with sequence parallelism: this rank's tokens) and of
-  // the MLP hidden layer (with tensor parallelism: this rank's units).
-  ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site) const;
+  // The mask keys of the residual stream `local` (with sequence parallelism: this rank's part)
+  // and of the MLP hidden layer (with tensor parallelism: this rank's units). part_ctx: ctx with
+  // the sample offset of this rank's part when sequence parallelism cuts it by samples.
+  ops::RngKey resid_key(const ForwardCtx& ctx, const std::string& site, const Tensor& local) const;
+  ForwardCtx part_ctx(const ForwardCtx& ctx, const Tensor& local) const;
   ops::RngKey hidden_key(const ForwardCtx& ctx, const std::string& site) const;
   bool sp() const { return tp_ && tp_->size() > 1 && tp_->sequence_parallel(); }
   bool nd() const { return tp_ && tp_->nd(); }
