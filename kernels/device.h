@@ -39,6 +39,9 @@ void* alloc(size_t bytes, int device);
 void free(void* p, int device);
 struct AllocatorStats {
   size_t in_use = 0, cached = 0, peak = 0;  // bytes
+  // How often a cudaMalloc failed and the pool handed its free blocks back to retry (each one
+  // synchronises the device: a pool near the GPU's capacity that does it every step is slow).
+  size_t flushes = 0;
 };
 AllocatorStats allocator_stats(int device);
 // The peak from here on: peak = the bytes in use now.

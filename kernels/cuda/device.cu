@@ -52,13 +52,15 @@ int device_count() {
 namespace {
 // Caching allocator: freed blocks go to a per-device pool keyed by their rounded size and are
 // reused, so a training step does not call cudaMalloc/cudaFree. Sizes round up to 512 bytes below
-// 1 MiB and to 2 MiB above. A cudaMalloc that fails empties the pool and retries once.
+// 1 MiB and to 2 MiB above. A cudaMalloc that fails empties the pool and retries once (counted:
+// AllocatorStats::flushes).
 // The pool is a process-wide resource of the device (like the driver's own), not job state.
 struct Pool {
   std::mutex m;
   std::multimap<size_t, void*> free_blocks;  // rounded size -> block
   std::unordered_map<void*, size_t> live;    // block -> rounded size
   size_t cached = 0, in_use = 0, peak = 0;
+  size_t flushes = 0;  // cudaMalloc failures answered by release_cached
 };
 constexpr int kMaxDevices = 64;
 Pool& pool(int device) {
@@ -94,6 +96,10 @@ void* alloc(size_t bytes, int device) {
     CAI_CUDA_CHECK(cudaSetDevice(device));
     if (cudaMalloc(&ptr, size) != cudaSuccess) {
       cudaGetLastError();
+      // Each flush synchronises the device: a ZeRO-1 step of the 6.4B ViT at 136.8 of 139 GiB
+      // flushed 2-3 times a step and ran 741 ms against DDP's 570 at the same peak. (Serving the
+      // request from a cached block up to twice its size instead ran out of memory there.)
+      ++p.flushes;
       release_cached(p, device);
       CAI_CUDA_CHECK(cudaSetDevice(device));
       CAI_CUDA_CHECK(cudaMalloc(&ptr, size));
@@ -120,7 +126,7 @@ void free(void* ptr, int device) {
 AllocatorStats allocator_stats(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  return AllocatorStats{p.in_use, p.cached, p.peak};
+  return AllocatorStats{p.in_use, p.cached, p.peak, p.flushes};
 }
 
 void reset_peak(int device) {
