@@ -300,7 +300,11 @@ ops::RngKey Block::resid_key(const ForwardCtx& ctx, const std::string& site,
   const int64_t n = c_.num_patches() + 1, d = c_.embed_dim;
   if (!sp()) return ctx.key(site, n * d);
   const TensorParallel::SeqPart p = tp_->seq_part_of(local, n);
-  if (p.by_samples) return part_ctx(ctx, local).key(site, n * d);
+  if (p.by_samples) {
+    ForwardCtx sub = ctx;
+    sub.sample_offset += p.s0;
+    return sub.key(site, n * d);
+  }
   return ctx.key_slice(site, n * d, p.t0 * d, p.tokens() * d, n * d);
 }
 
