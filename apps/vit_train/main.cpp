@@ -72,6 +72,12 @@ std::shared_ptr<cai::data::Dataset> load_dataset(const cai::config::TrainConfig&
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Where the time before the first step goes (MPI and CUDA, NCCL, the host's initialisation of
+  // the model, its move to the device and the plugin's setup): printed with the model's line.
+  const auto started = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   CLI::App app{"vit_train: train a Vision Transformer from a TOML config (Colossal-AI's keys)"};
   std::string config_path;
   std::vector<std::string> overrides;
@@ -264,12 +270,14 @@ int main(int argc, char** argv) {
     // still carries the unique ids and the CPU-side metrics).
     std::unique_ptr<dist::Communicator> gpu_world;
     Device device = Device::cpu();
+    double gpu_ready = 0;  // seconds from the start to the device and its NCCL world ready
     if (cfg.device == "cuda") {
       CAI_CHECK(kernels::cuda::device_count() > 0,
                 "[vit_train] train.device = \"cuda\" but no GPU is visible ({})",
                 kernels::cuda::runtime_info().device_error);
       device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       if (world) gpu_world = dist::make_nccl(*world, device.index);
+      gpu_ready = since(started);
     } else {
       keep_freed_host_memory();  // the step's buffers stay in the heap (cai/core/host_memory.h)
     }
@@ -334,8 +342,10 @@ int main(int argc, char** argv) {
     }
     // The model, split over the tensor-parallel group when there is one; initialised on the
     // host (the same values whatever the layout), then moved to the process's GPU.
+    const double built = since(started);
     nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
     model.init(static_cast<uint64_t>(cfg.seed));
+    const double initialised = since(started);
     // Weights before the plugin's setup: each rank cuts its part of the full tensors.
     checkpoint::Checkpoint ck;
     if (!resume.empty()) {
@@ -365,6 +375,7 @@ int main(int argc, char** argv) {
       for (nn::Parameter* p : model.parameters()) p->grad = Tensor();
     if (device.is_cuda()) model.to(device);
     plugin->setup(model);
+    const double set_up = since(started);
     optim::OptimizerOptions oo;
     oo.name = cfg.optimizer;
     oo.momentum = cfg.momentum;
@@ -462,11 +473,15 @@ int main(int argc, char** argv) {
 
     log::info(
         "ViT dim {} depth {} heads {} patch {} ({} parameters), {} ({}), {} {}, {} steps "
-        "of global batch {} per epoch, {} epochs, {} process(es): {}, {}",
+        "of global batch {} per epoch, {} epochs, {} process(es): {}, {}; ready in {:.1f} s "
+        "({}{:.1f} s to the plugin, the model initialised on the host in {:.1f} s, moved and "
+        "set up in {:.1f} s)",
         vc.embed_dim, vc.depth, vc.num_heads, vc.patch_size, nparams, train_set->describe(),
         eval_set->describe(), opt->name(), sched->name(), steps_per_epoch,
         cfg.batch_size * mesh.dp_size(), cfg.num_epochs, li.world_size, mesh.describe(),
-        plugin->name());
+        plugin->name(), since(started),
+        device.is_cuda() ? fmt::format("the GPU and NCCL ready at {:.1f} s, ", gpu_ready) : "",
+        built, initialised - built, set_up - initialised);
     const auto t0 = std::chrono::steady_clock::now();
     trainer->fit();
     const double secs =
