@@ -60,13 +60,13 @@ void run_flows(const LinkModel& m, const std::string& op, int n, double bytes,
 }
 
 void flow_timing(const Workload& w, const detail::Matching& m, const Calibration& cal,
-                 const LinkModel& lm, CommDurations& cd, TimingSources& t) {
+                 const LinkModel& lm, CommDurations& cd, TimingSources& t, bool unmeasured_only) {
   // Recounted: each collective instance and each send once (as comm_durations does).
   t.comm_measured = t.comm_interpolated = t.comm_network = t.comm_flows = 0;
   auto count = [&](bool covered, OpKind kind, int n, int64_t bytes) {
-    if (covered) return ++t.comm_flows, -1.0;
     bool interpolated = false;
     const double s = calibrated_collective_seconds(cal, kind, n, bytes, &interpolated);
+    if (covered && !(unmeasured_only && s >= 0)) return ++t.comm_flows, -1.0;
     ++(s < 0 ? t.comm_network : interpolated ? t.comm_interpolated : t.comm_measured);
     return s;
   };

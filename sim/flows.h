@@ -39,11 +39,14 @@ void run_flows(const LinkModel& m, const std::string& op, int n, double bytes,
 
 // Marks the collective instances and sends of `w` whose op the model covers as flows: their
 // calibrated durations set to -1 (the replay runs them as flows) and their counts in `t` moved
-// from comm_measured / comm_interpolated / comm_network to comm_flows.
+// from comm_measured / comm_interpolated / comm_network to comm_flows. unmeasured_only (the bulk
+// model): only those the calibration has no time for (a group size it never ran), which bulk
+// would otherwise run over the cluster file's nominal links.
 struct CommDurations;
 struct TimingSources;
 void flow_timing(const Workload& w, const detail::Matching& m, const Calibration& cal,
-                 const LinkModel& lm, CommDurations& cd, TimingSources& t);
+                 const LinkModel& lm, CommDurations& cd, TimingSources& t,
+                 bool unmeasured_only = false);
 
 // A send of `bytes` as one flow (the replay's message to the posted receive): wait `delay`, then
 // send bounded to `rate` (0: unbounded); the receive completes after launch(2) + alpha + what the

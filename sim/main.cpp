@@ -285,8 +285,10 @@ int main(int argc, char** argv) {
   CLI::Option* o_collectives =
       app.add_option("--collectives", o.collectives,
                      "Collective model: calibrated (= bulk: a collective whose op and group size "
-                     "the calibration measured takes its measured time, slept; others the "
-                     "network model, one flow per ring edge), flows (every collective and send of "
+                     "the calibration measured takes its measured time, slept; one of an op it "
+                     "measured on other group sizes runs as flows over links fitted to those "
+                     "samples; others the network model, one flow per ring edge), flows (every "
+                     "collective and send of "
                      "an op the calibration measured runs as flows over links fitted to its "
                      "samples: contention, unmeasured group sizes and nodes from the link model) "
                      "or step (the network model step by step, exact)")

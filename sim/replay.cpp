@@ -237,7 +237,7 @@ void Replayer::stream(int r, std::vector<int> ops) {
         }
         break;
       case OpKind::Send: {
-        if (links && links->covers("p2p")) {
+        if (links && links->covers("p2p") && comm_dur.send[r][i] < 0) {
           // Flows: the launch and step latency, then the message to the posted receive at the
           // fitted bandwidth (a pair between nodes uses one NIC).
           const SendFlow sf =
@@ -533,12 +533,17 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
   TimingSources timing;
   const auto dur = compute_durations(w, c, opt.calibration, &timing);
   CommDurations cd = comm_durations(w, m, opt.calibration, &timing);
-  // Flows: the link model of the calibration's collectives, which times every covered op.
+  // Flows: the link model of the calibration's collectives, which times every covered op. Bulk
+  // with a calibration of collectives: the same model times the covered ops the calibration has
+  // no sample for (group sizes it never ran: a 2-GPU profile predicting 4 GPUs), the measured
+  // ones keep their measured times.
   LinkModel lm;
-  const bool flows = opt.collectives == CollectiveModel::Flows;
+  const bool flows =
+      opt.collectives == CollectiveModel::Flows ||
+      (opt.collectives == CollectiveModel::Bulk && !opt.calibration.collectives.empty());
   if (flows) {
     lm = fit_links(opt.calibration, c.intra.latency);
-    flow_timing(w, m, opt.calibration, lm, cd, timing);
+    flow_timing(w, m, opt.calibration, lm, cd, timing, opt.collectives == CollectiveModel::Bulk);
   }
   // Buffered output would be written twice (by the child too) if it were not flushed now.
   std::fflush(stdout);

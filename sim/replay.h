@@ -19,7 +19,9 @@ namespace cai::sim {
 // Step: every ring (or broadcast chain) step a message over the links. Bulk scales (1,024 ranks in
 // milliseconds); Step is the exact reference the tests hold Bulk against. Both time a collective
 // that the calibration measured ({op, group size} with samples around its bytes) as a sleep of the
-// measured time ("calibrated" is another name for bulk).
+// measured time ("calibrated" is another name for bulk); Bulk runs one whose op the calibration
+// measured on other group sizes (or other bytes) as Flows does, over the links fitted to it, not
+// over the cluster file's nominal links.
 // Flows: every collective and send whose op the calibration measured (any group size, any bytes)
 // runs as SimGrid flows over intra-node links fitted to the samples (link_fit.h, flows.h), so
 // concurrent collectives on shared links contend and unmeasured group sizes and node counts come

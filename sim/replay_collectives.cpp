@@ -123,7 +123,7 @@ void Replayer::collective(int r, int i) {
     for (const sg4::SemaphorePtr& a : mt.waiting) a->release();
     mt.waiting = {};
   };
-  if (links && links->covers(measured_op_name(in.kind))) {
+  if (links && links->covers(measured_op_name(in.kind)) && comm_dur.instance[id] < 0) {
     // Flows over the fitted links (flows.h); a round is n broadcasts rooted at each member.
     if (!meet()) return;
     auto held = hold(w.groups[in.group_id], frac);
