@@ -42,6 +42,8 @@ struct AllocatorStats {
   // How often a cudaMalloc failed and the pool handed its free blocks back to retry (each one
   // synchronises the device: a pool near the GPU's capacity that does it every step is slow).
   size_t flushes = 0;
+  // How often a failed cudaMalloc was answered by a part of a larger cached block instead.
+  size_t splits = 0;
 };
 AllocatorStats allocator_stats(int device);
 // The peak from here on: peak = the bytes in use now.
@@ -54,7 +56,7 @@ struct GpuSensors {
   unsigned sm_mhz = 0, power_mw = 0;
 };
 bool read_sensors(int device, GpuSensors* out);
-void empty_cache(int device);  // returns cached blocks to the driver
+void empty_cache(int device);  // returns the cached whole segments to the driver
 void copy_h2d(void* dst, const void* src, size_t bytes);
 void copy_d2h(void* dst, const void* src, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);

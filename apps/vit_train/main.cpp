@@ -511,10 +511,11 @@ int main(int argc, char** argv) {
     log::info("peak memory of this process: {} bytes of tensors ({:.1f} MiB){}", tensors,
               tensors / 1048576.0,
               device.is_cuda()
-                  ? fmt::format(", device allocator {:.1f} MiB ({} cache flushes on a failed "
-                                "cudaMalloc); host tensors {:.1f} MiB",
+                  ? fmt::format(", device allocator {:.1f} MiB ({} cache flushes and {} block "
+                                "splits on a failed cudaMalloc); host tensors {:.1f} MiB",
                                 kernels::cuda::allocator_stats(device.index).peak / 1048576.0,
                                 kernels::cuda::allocator_stats(device.index).flushes,
+                                kernels::cuda::allocator_stats(device.index).splits,
                                 peak_memory(DeviceType::CPU) / 1048576.0)
                   : std::string());
     if (auto* dpp = hybrid ? hybrid->data_parallel() : nullptr; dpp && cfg.cpu_offload) {

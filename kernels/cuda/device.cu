@@ -4,6 +4,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "kernels/base/block_pool.h"
 #include "kernels/cuda/check.h"
 #include "kernels/device.h"
 
@@ -50,64 +51,54 @@ int device_count() {
 }
 
 namespace {
-// Caching allocator: freed blocks go to a per-device pool keyed by their rounded size and are
-// reused, so a training step does not call cudaMalloc/cudaFree. Sizes round up to 512 bytes below
-// 1 MiB and to 2 MiB above. A cudaMalloc that fails empties the pool and retries once (counted:
-// AllocatorStats::flushes).
+// Caching allocator: freed blocks stay in a per-device pool (kernels/base/block_pool.h) and are
+// reused, so a training step does not call cudaMalloc/cudaFree. Near the GPU's capacity, when
+// cudaMalloc fails, a larger cached block is split before the pool hands its cached segments back
+// to the driver (a flush, counted: AllocatorStats::flushes; each synchronises the device: a ZeRO-1
+// step of the 6.4B ViT at 136.8 of 139 GiB flushed 2-3 times a step and ran 741 ms against DDP's
+// 570 at the same peak, when the pool reused only blocks of a request's exact size).
 // The pool is a process-wide resource of the device (like the driver's own), not job state.
 struct Pool {
   std::mutex m;
-  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
-  std::unordered_map<void*, size_t> live;    // block -> rounded size
-  size_t cached = 0, in_use = 0, peak = 0;
-  size_t flushes = 0;  // cudaMalloc failures answered by release_cached
+  int device = 0;
+  BlockPool blocks{[this](size_t n) -> void* {
+                     CAI_CUDA_CHECK(cudaSetDevice(device));
+                     void* p = nullptr;
+                     if (cudaMalloc(&p, n) == cudaSuccess) return p;
+                     cudaGetLastError();  // the failure is answered by the pool
+                     return nullptr;
+                   },
+                   [this](void* p) {
+                     cudaSetDevice(device);
+                     cudaFree(p);
+                   }};
 };
 constexpr int kMaxDevices = 64;
 Pool& pool(int device) {
   static Pool pools[kMaxDevices];
   if (device < 0 || device >= kMaxDevices)
     fail("[cuda] device index {} outside [0, {})", device, kMaxDevices);
-  return pools[device];
-}
-size_t round_size(size_t bytes) {
-  const size_t unit = bytes < (1u << 20) ? 512 : (2u << 20);
-  return (bytes + unit - 1) / unit * unit;
-}
-void release_cached(Pool& p, int device) {
-  cudaSetDevice(device);
-  for (auto& [size, ptr] : p.free_blocks) cudaFree(ptr);
-  p.free_blocks.clear();
-  p.cached = 0;
+  Pool& p = pools[device];
+  p.device = device;
+  return p;
 }
 }  // namespace
 
 void* alloc(size_t bytes, int device) {
   if (bytes == 0) return nullptr;
-  const size_t size = round_size(bytes);
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  void* ptr = nullptr;
-  auto it = p.free_blocks.find(size);
-  if (it != p.free_blocks.end()) {
-    ptr = it->second;
-    p.free_blocks.erase(it);
-    p.cached -= size;
-  } else {
-    CAI_CUDA_CHECK(cudaSetDevice(device));
-    if (cudaMalloc(&ptr, size) != cudaSuccess) {
-      cudaGetLastError();
-      // Each flush synchronises the device: a ZeRO-1 step of the 6.4B ViT at 136.8 of 139 GiB
-      // flushed 2-3 times a step and ran 741 ms against DDP's 570 at the same peak. (Serving the
-      // request from a cached block up to twice its size instead ran out of memory there.)
-      ++p.flushes;
-      release_cached(p, device);
-      CAI_CUDA_CHECK(cudaSetDevice(device));
-      CAI_CUDA_CHECK(cudaMalloc(&ptr, size));
-    }
+  void* ptr = p.blocks.alloc(bytes);
+  if (!ptr) {
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    cudaGetLastError();
+    const BlockPool::Stats& st = p.blocks.stats();
+    throw CudaError(fmt::format(
+        "[cuda] out of memory on device {}: {} bytes requested ({} rounded) with {} in use and {} "
+        "cached in parts of segments in use; the driver reports {} of {} bytes free",
+        device, bytes, BlockPool::round_size(bytes), st.in_use, st.cached, free_b, total));
   }
-  p.live[ptr] = size;
-  p.in_use += size;
-  p.peak = std::max(p.peak, p.in_use);
   return ptr;
 }
 
@@ -115,30 +106,26 @@ void free(void* ptr, int device) {
   if (!ptr) return;
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  auto it = p.live.find(ptr);
-  if (it == p.live.end()) return;  // not ours: never throw from a destructor path
-  p.free_blocks.emplace(it->second, ptr);
-  p.cached += it->second;
-  p.in_use -= it->second;
-  p.live.erase(it);
+  p.blocks.free(ptr);  // not ours: ignored (never throw from a destructor path)
 }
 
 AllocatorStats allocator_stats(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  return AllocatorStats{p.in_use, p.cached, p.peak, p.flushes};
+  const BlockPool::Stats& st = p.blocks.stats();
+  return AllocatorStats{st.in_use, st.cached, st.peak, st.flushes, st.splits};
 }
 
 void reset_peak(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  p.peak = p.in_use;
+  p.blocks.reset_peak();
 }
 
 void empty_cache(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
-  release_cached(p, device);
+  p.blocks.release_cached();
 }
 void copy_h2d(void* dst, const void* src, size_t bytes) {
   CAI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
