@@ -507,15 +507,16 @@ int main(int argc, char** argv) {
     // This process's peak: the bytes of live tensors on its device (what the plan predicts) and,
     // on a GPU, what the caching allocator held.
     const int64_t tensors = peak_memory(device.type);
+    const kernels::cuda::AllocatorStats pool = device.is_cuda()
+                                                   ? kernels::cuda::allocator_stats(device.index)
+                                                   : kernels::cuda::AllocatorStats{};
     // On a GPU also the host tensors' peak (ZeRO-Offload's shards and optimizer state).
     log::info("peak memory of this process: {} bytes of tensors ({:.1f} MiB){}", tensors,
               tensors / 1048576.0,
               device.is_cuda()
                   ? fmt::format(", device allocator {:.1f} MiB ({} cache flushes and {} block "
                                 "splits on a failed cudaMalloc); host tensors {:.1f} MiB",
-                                kernels::cuda::allocator_stats(device.index).peak / 1048576.0,
-                                kernels::cuda::allocator_stats(device.index).flushes,
-                                kernels::cuda::allocator_stats(device.index).splits,
+                                pool.peak / 1048576.0, pool.flushes, pool.splits,
                                 peak_memory(DeviceType::CPU) / 1048576.0)
                   : std::string());
     if (auto* dpp = hybrid ? hybrid->data_parallel() : nullptr; dpp && cfg.cpu_offload) {

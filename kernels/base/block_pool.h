@@ -62,7 +62,6 @@ class BlockPool {
       if (!p) return nullptr;
       b = new_segment(p, size);
     }
-    b->free = false;
     stats_.in_use += b->size;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     return b->ptr;

@@ -1,8 +1,6 @@
 #include <algorithm>
-#include <map>
 #include <mutex>
 #include <sstream>
-#include <unordered_map>
 
 #include "kernels/base/block_pool.h"
 #include "kernels/cuda/check.h"
@@ -76,11 +74,14 @@ struct Pool {
 constexpr int kMaxDevices = 64;
 Pool& pool(int device) {
   static Pool pools[kMaxDevices];
+  static const bool named = [] {  // once, before any pool is handed out
+    for (int i = 0; i < kMaxDevices; ++i) pools[i].device = i;
+    return true;
+  }();
+  (void)named;
   if (device < 0 || device >= kMaxDevices)
     fail("[cuda] device index {} outside [0, {})", device, kMaxDevices);
-  Pool& p = pools[device];
-  p.device = device;
-  return p;
+  return pools[device];
 }
 }  // namespace
 
