@@ -42,8 +42,6 @@ struct AllocatorStats {
   // How often a cudaMalloc failed and the pool handed its free blocks back to retry (each one
   // synchronises the device: a pool near the GPU's capacity that does it every step is slow).
   size_t flushes = 0;
-  // How often a failed cudaMalloc was answered by a part of a larger cached block instead.
-  size_t splits = 0;
 };
 AllocatorStats allocator_stats(int device);
 // The peak from here on: peak = the bytes in use now.

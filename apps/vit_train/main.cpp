@@ -514,9 +514,9 @@ int main(int argc, char** argv) {
     log::info("peak memory of this process: {} bytes of tensors ({:.1f} MiB){}", tensors,
               tensors / 1048576.0,
               device.is_cuda()
-                  ? fmt::format(", device allocator {:.1f} MiB ({} cache flushes and {} block "
-                                "splits on a failed cudaMalloc); host tensors {:.1f} MiB",
-                                pool.peak / 1048576.0, pool.flushes, pool.splits,
+                  ? fmt::format(", device allocator {:.1f} MiB ({} cache flushes on a failed "
+                                "cudaMalloc); host tensors {:.1f} MiB",
+                                pool.peak / 1048576.0, pool.flushes,
                                 peak_memory(DeviceType::CPU) / 1048576.0)
                   : std::string());
     if (auto* dpp = hybrid ? hybrid->data_parallel() : nullptr; dpp && cfg.cpu_offload) {

@@ -51,10 +51,8 @@ int device_count() {
 namespace {
 // Caching allocator: freed blocks stay in a per-device pool (kernels/base/block_pool.h) and are
 // reused, so a training step does not call cudaMalloc/cudaFree. Near the GPU's capacity, when
-// cudaMalloc fails, a larger cached block is split before the pool hands its cached segments back
-// to the driver (a flush, counted: AllocatorStats::flushes; each synchronises the device: a ZeRO-1
-// step of the 6.4B ViT at 136.8 of 139 GiB flushed 2-3 times a step and ran 741 ms against DDP's
-// 570 at the same peak, when the pool reused only blocks of a request's exact size).
+// cudaMalloc fails, the pool hands its cached blocks back to the driver and retries (a flush,
+// counted: AllocatorStats::flushes; each synchronises the device).
 // The pool is a process-wide resource of the device (like the driver's own), not job state.
 struct Pool {
   std::mutex m;
@@ -96,9 +94,9 @@ void* alloc(size_t bytes, int device) {
     cudaGetLastError();
     const BlockPool::Stats& st = p.blocks.stats();
     throw CudaError(fmt::format(
-        "[cuda] out of memory on device {}: {} bytes requested ({} rounded) with {} in use and {} "
-        "cached in parts of segments in use; the driver reports {} of {} bytes free",
-        device, bytes, BlockPool::round_size(bytes), st.in_use, st.cached, free_b, total));
+        "[cuda] out of memory on device {}: {} bytes requested ({} rounded) with {} in use by "
+        "tensors and nothing cached; the driver reports {} of {} bytes free",
+        device, bytes, BlockPool::round_size(bytes), st.in_use, free_b, total));
   }
   return ptr;
 }
@@ -114,7 +112,7 @@ AllocatorStats allocator_stats(int device) {
   Pool& p = pool(device);
   std::lock_guard<std::mutex> l(p.m);
   const BlockPool::Stats& st = p.blocks.stats();
-  return AllocatorStats{st.in_use, st.cached, st.peak, st.flushes, st.splits};
+  return AllocatorStats{st.in_use, st.cached, st.peak, st.flushes};
 }
 
 void reset_peak(int device) {

@@ -1,7 +1,7 @@
 // The device allocator's caching pool (kernels/base/block_pool.h) over a fake backend of bounded
-// capacity: exact reuse without backend calls, a split of a larger cached block when the backend
-// refuses, merging on free, a flush only when nothing cached is large enough, and a random run
-// that checks the bookkeeping and that live blocks never overlap.
+// capacity: exact reuse without backend calls, a flush (every cached block back, then a retry)
+// when the backend refuses, and a random run that checks the bookkeeping and that live blocks
+// never overlap.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,56 +62,40 @@ TEST(BlockPool, ExactSizesComeBackWithoutTheBackend) {
   EXPECT_EQ(p.stats().peak, 4 * MiB + 512);
 }
 
-TEST(BlockPool, AtCapacityALargerCachedBlockIsSplitThenMergedBack) {
-  Backend be(8 * MiB);
+// A refusal hands every cached block back, then the request fits.
+TEST(BlockPool, AtCapacityAFlushHandsBackEveryCachedBlock) {
+  Backend be(16 * MiB);
   BlockPool p = be.pool();
-  char* a = static_cast<char*>(p.alloc(8 * MiB));
-  ASSERT_NE(a, nullptr);
-  p.free(a);
-  // The backend is full: the cached 8 MiB block serves both, front first.
-  void* b = p.alloc(2 * MiB);
-  void* c = p.alloc(4 * MiB);
-  EXPECT_EQ(b, a);
-  EXPECT_EQ(c, a + 2 * MiB);
-  EXPECT_EQ(p.stats().splits, 2u);
-  EXPECT_EQ(p.stats().flushes, 0u);
-  EXPECT_EQ(p.stats().in_use, 6 * MiB);
-  EXPECT_EQ(p.stats().cached, 2 * MiB);
-  EXPECT_EQ(p.stats().segments, 1u);
-  // A 2 MiB request takes the tail exactly; then all three merge back into one block.
-  void* d = p.alloc(2 * MiB);
-  EXPECT_EQ(d, a + 6 * MiB);
-  p.free(c);
-  p.free(b);
-  p.free(d);
-  EXPECT_EQ(p.stats().cached, 8 * MiB);
+  void* s2 = p.alloc(2 * MiB);
+  void* s4 = p.alloc(4 * MiB);
+  void* s6 = p.alloc(6 * MiB);
+  void* live = p.alloc(4 * MiB);  // full
+  ASSERT_NE(live, nullptr);
+  p.free(s2);
+  p.free(s4);
+  p.free(s6);
   const size_t calls = be.calls;
-  EXPECT_EQ(p.alloc(8 * MiB), a);  // the whole segment again, by its exact size
+  EXPECT_EQ(p.alloc(3 * MiB), s4);  // rounds to 4: cached exactly, no backend call
   EXPECT_EQ(be.calls, calls);
-}
-
-TEST(BlockPool, FlushesOnlyWhenNothingCachedIsLargeEnough) {
-  Backend be(8 * MiB);
-  BlockPool p = be.pool();
-  void* a = p.alloc(4 * MiB);
-  p.free(a);
-  void* b = p.alloc(6 * MiB);  // 4 cached + 6 > 8: the cached segment goes back, then it fits
-  ASSERT_NE(b, nullptr);
+  p.free(s4);
+  void* c = p.alloc(8 * MiB);  // refused: all three go back, then it fits
+  ASSERT_NE(c, nullptr);
   EXPECT_EQ(p.stats().flushes, 1u);
   EXPECT_EQ(p.stats().cached, 0u);
-  EXPECT_EQ(be.used, 6 * MiB);
-  // Nothing cached and the backend refuses: nullptr, nothing changed.
-  EXPECT_EQ(p.alloc(4 * MiB), nullptr);
-  EXPECT_EQ(p.stats().in_use, 6 * MiB);
-  // A cached part of a segment in use is not handed back by a flush.
-  p.free(b);
-  void* c = p.alloc(2 * MiB);  // 6 + 2 = 8 fits: a new segment
-  void* d = p.alloc(2 * MiB);  // full: the cached 6 MiB block is split
-  EXPECT_EQ(d, b);
-  ASSERT_NE(c, nullptr);
-  p.release_cached();
-  EXPECT_EQ(p.stats().cached, 4 * MiB);  // the rest of b's segment, whose front d holds
-  EXPECT_EQ(be.used, 8 * MiB);
+  EXPECT_EQ(p.stats().blocks, 2u);
+  EXPECT_EQ(be.used, 12 * MiB);
+  // Refused with nothing cached: nullptr, nothing changed, no flush counted.
+  EXPECT_EQ(p.alloc(6 * MiB), nullptr);
+  EXPECT_EQ(p.stats().flushes, 1u);
+  EXPECT_EQ(p.stats().in_use, 12 * MiB);
+  // Refused even after the flush (someone else holds the memory): nullptr, the cache emptied.
+  p.free(c);
+  be.capacity = 8 * MiB;  // the device shrinks to 8 MiB: 10 does not fit even after the flush
+  EXPECT_EQ(p.alloc(10 * MiB), nullptr);
+  EXPECT_EQ(p.stats().flushes, 2u);
+  EXPECT_EQ(p.stats().cached, 0u);
+  EXPECT_EQ(p.stats().blocks, 1u);
+  EXPECT_EQ(be.used, 4 * MiB);
 }
 
 // Random requests against a 256 MiB backend: the stats add up, live blocks never overlap and
@@ -127,7 +111,7 @@ TEST(BlockPool, RandomRunKeepsTheBooks) {
     if (live.empty() || rng() % 100 < 55) {
       const size_t n = rng() % 4 == 0 ? 1 + rng() % (MiB - 1) : 1 + rng() % (40 * MiB);
       char* q = static_cast<char*>(p.alloc(n));
-      if (!q) continue;  // full, even after a split and a flush
+      if (!q) continue;  // full, even after a flush
       // No overlap with any live block.
       auto next = live.lower_bound(q);
       if (next != live.end()) {
@@ -154,13 +138,13 @@ TEST(BlockPool, RandomRunKeepsTheBooks) {
     }
     ASSERT_EQ(p.stats().in_use, in_use);
     ASSERT_EQ(p.stats().in_use + p.stats().cached, be.used) << step;
-    ASSERT_EQ(p.stats().segments, be.live.size());
+    ASSERT_EQ(p.stats().blocks, be.live.size());
   }
-  EXPECT_GT(p.stats().splits, 0u);
+  EXPECT_GT(p.stats().flushes, 0u);
   for (auto& [q, n] : live) p.free(q);
   p.release_cached();
   EXPECT_EQ(be.used, 0u);
-  EXPECT_EQ(p.stats().segments, 0u);
+  EXPECT_EQ(p.stats().blocks, 0u);
   EXPECT_EQ(p.stats().cached, 0u);
 }
 
