@@ -8,7 +8,9 @@
 
 namespace cai::kernels {
 namespace cpu {
-void* alloc(size_t bytes);  // 64-byte aligned; throws on failure
+// 64-byte aligned; throws on failure. zeroed: the block reads as zeros; a large one comes so from
+// the OS (calloc of fresh pages) without a pass over it, its pages touched only when first used.
+void* alloc(size_t bytes, bool zeroed = false);
 void free(void* p);
 std::string blas_info();  // OpenBLAS build configuration, e.g. "OpenBLAS 0.3.21 ..."
 int max_threads();        // threads of the CPU kernels' pool

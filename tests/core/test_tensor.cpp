@@ -4,6 +4,7 @@
 
 #include "cai/core/error.h"
 #include "cai/core/tensor.h"
+#include "cai/ops/ops.h"
 #include "kernels/device.h"
 
 using namespace cai;
@@ -74,4 +75,25 @@ TEST(Tensor, CudaWithoutGpuThrowsCleanly) {
   if (cai::kernels::cuda::device_count() > 0)
     GTEST_SKIP() << "a GPU is present: the GPU suite covers CUDA tensors";
   EXPECT_THROW(Tensor::empty({4}, DType::F32, Device::cuda(0)), Error);
+}
+
+// Host zeros come from zeroed memory (calloc) without a pass over them: they must still read as
+// zeros where a freed, written block of the same size is reused, and stay 64-byte aligned.
+TEST(Tensor, HostZerosReadAsZerosAfterReuseAndAreAligned) {
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{4096}, int64_t{3} << 20}) {
+    for (int round = 0; round < 3; ++round) {
+      {
+        Tensor dirty = Tensor::empty({n});
+        ops::fill_(dirty, 7.0f);
+      }
+      Tensor z = Tensor::zeros({n});
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(z.data<float>()) % 64, 0u) << n;
+      const float* p = z.data<float>();
+      int64_t nonzero = 0;
+      for (int64_t i = 0; i < n; ++i) nonzero += p[i] != 0.0f;
+      EXPECT_EQ(nonzero, 0) << n << " elements, round " << round;
+      Tensor e = Tensor::empty({n + 3});
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(e.data<float>()) % 64, 0u) << n;
+    }
+  }
 }

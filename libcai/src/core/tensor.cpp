@@ -81,12 +81,16 @@ void reset_peak_memory(DeviceType t) {
   peak_bytes[static_cast<int>(t)].store(live_bytes[static_cast<int>(t)].load());
 }
 
-Storage::Storage(size_t bytes, Device dev, bool pinned)
+Storage::Storage(size_t bytes, Device dev, bool pinned, bool zeroed)
     : bytes_(bytes), device_(dev), pinned_(pinned) {
   CAI_CHECK(!pinned || !dev.is_cuda(), "[tensor] pinned memory is host memory, not {}", dev.str());
+  CAI_CHECK(!zeroed || (!pinned && !dev.is_cuda()),
+            "[tensor] zeroed storage is pageable host "
+            "memory, not {}{}",
+            pinned ? "pinned " : "", dev.str());
   data_ = dev.is_cuda() ? kernels::cuda::alloc(bytes, dev.index)
           : pinned      ? kernels::cuda::alloc_pinned(std::max<size_t>(bytes, 1))
-                        : kernels::cpu::alloc(bytes);
+                        : kernels::cpu::alloc(bytes, zeroed);
   const int d = static_cast<int>(dev.type);
   const int64_t now = live_bytes[d].fetch_add(static_cast<int64_t>(bytes)) + bytes;
   int64_t peak = peak_bytes[d].load();
@@ -127,8 +131,20 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device dev) {
-  Tensor t = empty(shape, dtype, dev);
-  t.zero_();
+  if (dev.is_cuda()) {
+    Tensor t = empty(shape, dtype, dev);
+    t.zero_();
+    return t;
+  }
+  // On the host from zeroed memory: a model's parameters and gradients are allocated as zeros
+  // and most of them then drawn or copied over.
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = dev;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), dev, false, true);
+  t.defined_ = true;
   return t;
 }
 

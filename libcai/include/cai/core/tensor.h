@@ -34,7 +34,8 @@ class Storage {
  public:
   // pinned: page-locked host memory (dev must be the CPU; needs a CUDA build and driver), for
   // asynchronous copies to and from GPUs.
-  Storage(size_t bytes, Device dev, bool pinned = false);
+  // zeroed (host memory, not pinned): reads as zeros, without a pass over it (kernels::cpu::alloc).
+  Storage(size_t bytes, Device dev, bool pinned = false, bool zeroed = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
