@@ -467,3 +467,40 @@ TEST(TensorParallel, GroupsTurnTheGemmAlgorithmTimingOff) {
   EXPECT_FALSE(kernels::cuda::gemm_timing());
   kernels::cuda::set_gemm_timing(true);  // the process's other tests
 }
+
+namespace {
+// Every parameter's values after init(seed, share) on each rank of a fake group of `ranks`
+// (tensor parallel over the same group when `tp`), against init(seed) without sharing.
+void expect_shared_init_equal(int ranks, bool tp) {
+  auto comms = dist::make_fake_group(ranks);
+  auto plain = dist::make_fake_group(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ViTConfig c = tp_config();
+        auto tps = tp ? std::make_shared<TensorParallel>(*plain[r], "1d") : nullptr;
+        ViT shared(c, tps), alone(c, tps);
+        shared.init(11, comms[r].get());
+        alone.init(11);
+        auto a = shared.parameters(), b = alone.parameters();
+        for (size_t i = 0; i < a.size(); ++i) {
+          const auto x = a[i]->value.to_vector(), y = b[i]->value.to_vector();
+          if (x != y) errors[r] += a[i]->name + " differs; ";
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+}  // namespace
+
+// The draws divided among the ranks (uneven shares over 3) and all-gathered give every rank the
+// values each would draw alone, whole parameters and tensor-parallel shards alike.
+TEST(ViTInit, SharedOverRanksEqualsEachDrawingAlone) {
+  expect_shared_init_equal(3, false);
+  expect_shared_init_equal(2, true);
+}
