@@ -341,11 +341,10 @@ int main(int argc, char** argv) {
         pipe = std::shared_ptr<parallel::PipelinePlugin>(hybrid, hybrid->pipeline());
     }
     // The model, split over the tensor-parallel group when there is one; initialised on the
-    // host (the same values whatever the layout; the draws divided among the processes and
-    // all-gathered over the MPI world), then moved to the process's GPU.
+    // host (the same values whatever the layout), then moved to the process's GPU.
     const double built = since(started);
     nn::ViT model(vc, hybrid ? hybrid->tensor_parallel() : nullptr);
-    model.init(static_cast<uint64_t>(cfg.seed), world && world->size() > 1 ? world.get() : nullptr);
+    model.init(static_cast<uint64_t>(cfg.seed));
     const double initialised = since(started);
     // Weights before the plugin's setup: each rank cuts its part of the full tensors.
     checkpoint::Checkpoint ck;

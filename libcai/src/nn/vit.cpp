@@ -789,11 +789,11 @@ void ViT::zero_grad() {
   zero_all(grads);
 }
 
-void ViT::init(uint64_t seed, dist::Communicator* share) {
-  for (Parameter* p : parameters()) init_parameter(*p, seed, c_, share);
+void ViT::init(uint64_t seed) {
+  for (Parameter* p : parameters()) init_parameter(*p, seed, c_);
 }
 
-void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c, dist::Communicator* share) {
+void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c) {
   // A tensor-parallel shard: the whole parameter is drawn, then cut.
   Tensor v = p.shard.sharded() ? Tensor::zeros(p.shard.full) : p.value;
   const std::string& n = p.name;
@@ -802,41 +802,18 @@ void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c, dist::Commu
     const std::string t(suf);
     return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
   };
-  // A random parameter: `draw(part, offset)` fills `part` with elements offset.. of the whole;
-  // with `share`, each rank draws its contiguous share and the group all-gathers them.
-  auto random = [&](const std::function<void(Tensor&, uint64_t)>& draw) {
-    if (!share || share->size() == 1) {
-      draw(v, 0);
-      return;
-    }
-    CAI_CHECK(!v.is_cuda(), "[vit] init of {} shared over {}: needs a host tensor, got {}", n,
-              share->name(), v.str());
-    const int64_t total = v.numel(), ranks = share->size();
-    std::vector<int64_t> counts(static_cast<size_t>(ranks));
-    for (int64_t r = 0; r < ranks; ++r)
-      counts[static_cast<size_t>(r)] = total * (r + 1) / ranks - total * r / ranks;
-    const int64_t mine = counts[static_cast<size_t>(share->rank())];
-    Tensor part = Tensor::empty({mine});
-    draw(part, static_cast<uint64_t>(total * share->rank() / ranks));
-    Tensor whole = v.reshape({total});
-    share->all_gather(part, whole, counts);
-  };
   if (n == "cls_token") {
-    random([&](Tensor& t, uint64_t at) { rng::normal_(t, seed, s, 0.0f, 1e-6f, at); });
+    rng::normal_(v, seed, s, 0.0f, 1e-6f);
   } else if (n == "pos_embed") {
-    random([&](Tensor& t, uint64_t at) {
-      rng::trunc_normal_(t, seed, s, 0.0f, 0.02f, -2.0f, 2.0f, at);
-    });
+    rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
   } else if (n.rfind("patch_embed.proj.", 0) == 0) {
     const int64_t fan_in = c.in_chans * c.patch_size * c.patch_size;
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-    random([&](Tensor& t, uint64_t at) { rng::uniform_(t, seed, s, -bound, bound, at); });
+    rng::uniform_(v, seed, s, -bound, bound);
   } else if (n.find("norm") != std::string::npos) {
     ops::fill_(v, ends_with(".weight") ? 1.0f : 0.0f);
   } else if (ends_with(".weight")) {
-    random([&](Tensor& t, uint64_t at) {
-      rng::trunc_normal_(t, seed, s, 0.0f, 0.02f, -2.0f, 2.0f, at);
-    });
+    rng::trunc_normal_(v, seed, s, 0.0f, 0.02f, -2.0f, 2.0f);
   } else {
     v.zero_();
   }

@@ -179,9 +179,8 @@ class Head : public Layer {
 
 // timm's initialisation of one parameter by its name (what ViT::init does for each): drawn whole
 // from (seed, name) and cut when it is a tensor-parallel shard. Also for layers used outside a
-// ViT (colossalai benchmark's ParallelLinear and Block models). share: see ViT::init.
-void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c,
-                    dist::Communicator* share = nullptr);
+// ViT (colossalai benchmark's ParallelLinear and Block models).
+void init_parameter(Parameter& p, uint64_t seed, const ViTConfig& c);
 
 // Callbacks around each layer's forward and backward: where data parallelism starts gradient
 // reductions as soon as a layer's gradients are final, and ZeRO-3 gathers and frees parameters.
@@ -212,12 +211,7 @@ class ViT {
   // whatever the layout (a tensor-parallel shard is drawn whole and cut). Linear: trunc_normal(std
   // .02), bias 0; pos_embed trunc_normal(.02); cls_token normal(1e-6); patch projection: PyTorch's
   // Conv2d default U(±1/√fan_in); LayerNorm: 1, 0.
-  // share (host tensors; every rank initialising the same model, collective): each rank draws
-  // its contiguous share of every random parameter and the group all-gathers them. The values
-  // are the same (each element is a function of its offset); the draws are divided among the
-  // ranks (the 6.4B ViT: 6.45e9 inverse-CDF evaluations, 64 s before the first step when each
-  // of 4 processes on one host drew them all).
-  void init(uint64_t seed, dist::Communicator* share = nullptr);
+  void init(uint64_t seed);
 
   std::vector<Parameter*> parameters();
   Parameter& parameter(const std::string& name);  // throws naming the unknown name
