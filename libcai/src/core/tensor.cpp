@@ -85,9 +85,8 @@ Storage::Storage(size_t bytes, Device dev, bool pinned, bool zeroed)
     : bytes_(bytes), device_(dev), pinned_(pinned) {
   CAI_CHECK(!pinned || !dev.is_cuda(), "[tensor] pinned memory is host memory, not {}", dev.str());
   CAI_CHECK(!zeroed || (!pinned && !dev.is_cuda()),
-            "[tensor] zeroed storage is pageable host "
-            "memory, not {}{}",
-            pinned ? "pinned " : "", dev.str());
+            "[tensor] zeroed storage is pageable host memory, not {}{}", pinned ? "pinned " : "",
+            dev.str());
   data_ = dev.is_cuda() ? kernels::cuda::alloc(bytes, dev.index)
           : pinned      ? kernels::cuda::alloc_pinned(std::max<size_t>(bytes, 1))
                         : kernels::cpu::alloc(bytes, zeroed);
@@ -108,43 +107,31 @@ Storage::~Storage() {
     kernels::cpu::free(data_);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
+Tensor Tensor::make(const Shape& shape, DType dtype, Device dev, bool pinned, bool zeroed) {
   Tensor t;
   t.shape_ = shape;
   t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.device_ = dev;
-  t.storage_ = std::make_shared<Storage>(t.nbytes(), dev);
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), dev, pinned, zeroed);
   t.defined_ = true;
   return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
+  return make(shape, dtype, dev, false, false);
 }
 
 Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
-  t.device_ = Device::cpu();
-  t.storage_ = std::make_shared<Storage>(t.nbytes(), t.device_, true);
-  t.defined_ = true;
-  return t;
+  return make(shape, dtype, Device::cpu(), true, false);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device dev) {
-  if (dev.is_cuda()) {
-    Tensor t = empty(shape, dtype, dev);
-    t.zero_();
-    return t;
-  }
-  // On the host from zeroed memory: a model's parameters and gradients are allocated as zeros
-  // and most of them then drawn or copied over.
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
-  t.device_ = dev;
-  t.storage_ = std::make_shared<Storage>(t.nbytes(), dev, false, true);
-  t.defined_ = true;
+  // On the host from zeroed memory, without a pass over it (a model's parameters and gradients
+  // are allocated as zeros and most of them then drawn or copied over).
+  if (!dev.is_cuda()) return make(shape, dtype, dev, false, true);
+  Tensor t = empty(shape, dtype, dev);
+  t.zero_();
   return t;
 }
 

@@ -96,6 +96,8 @@ class Tensor {
   std::string str() const;  // "Tensor[2, 3] fp32 cpu"
 
  private:
+  // A new tensor over new storage (Storage's pinned and zeroed).
+  static Tensor make(const Shape& shape, DType dtype, Device dev, bool pinned, bool zeroed);
   Shape shape_;
   int64_t numel_ = 0;
   DType dtype_ = DType::F32;
