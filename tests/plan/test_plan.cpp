@@ -229,6 +229,15 @@ TEST(Plan, OffloadTransfers) {
   EXPECT_EQ(o1.device_value_bytes, 4 * o1.shard);
   EXPECT_THROW(schedule::offload_layout(numels, {1, 0}, buckets, 2, 0, 1, 2, 2), Error);
   EXPECT_THROW(schedule::offload_layout(numels, rounded, buckets, 0, 0, 1, 2, 2), Error);
+  // No buckets (the executor's call, made before its buckets exist): the host layout alone, no
+  // transfer lists (they were cut in copies of one element: a 6.4B model's setup took minutes).
+  const std::vector<int64_t> big = {int64_t{3} << 20, 10, int64_t{5} << 20};
+  const auto o0 = schedule::offload_layout(big, {1, 0, 1}, {}, 3, 0, 1, 2, 2);
+  EXPECT_EQ(o0.shard, (int64_t{8} << 20) + 10);
+  EXPECT_EQ(o0.host_offset, (std::vector<int64_t>{0, int64_t{8} << 20, int64_t{3} << 20}));
+  EXPECT_TRUE(o0.upload.empty());
+  EXPECT_TRUE(o0.upload_numel.empty());
+  EXPECT_EQ(o0.staging_bytes, 0);
 }
 
 // parallel.ddp_copy_engine: each rank's staging region for the copy-engine all-reduce (256 bytes

@@ -9,7 +9,8 @@ namespace cai::schedule {
 
 OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
                              const std::vector<std::vector<int>>& buckets, int zero_stage,
-                             int dp_rank, int dp, int64_t compute_bytes, int slots) {
+                             int dp_rank, int dp, int64_t compute_bytes, int slots,
+                             bool step_casts) {
   CAI_CHECK(numels.size() == rounded.size(),
             "[offload] {} parameter sizes but {} dtype flags: expected one per parameter",
             numels.size(), rounded.size());
@@ -51,16 +52,23 @@ OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vect
   o.device_value_bytes = o.rounded * compute_bytes + 4 * (o.shard - o.rounded);
   o.device_grad_bytes = zero_stage == 1 ? 4 * o.shard : 0;
   o.step_download = zero_stage == 1 ? 4 * o.shard : 0;
-  // The upload: the rounded part, then the fp32 part, each in copies of at most `most` elements.
-  auto cut = [&](int64_t n, int64_t e) {
-    for (int64_t off = 0; off < n; off += most) {
-      o.upload_numel.push_back(std::min(most, n - off));
+  // The upload: the rounded part, then the fp32 part, each in copies of at most `piece` elements
+  // (a staging buffer holds `most` fp32 values: the cast copies; the step's own bf16 copies fill
+  // it with 4 / compute_bytes times as many).
+  auto cut = [&](int64_t n, int64_t e, int64_t piece) {
+    for (int64_t off = 0; off < n; off += piece) {
+      o.upload_numel.push_back(std::min(piece, n - off));
       o.upload.push_back(o.upload_numel.back() * e);
     }
   };
-  cut(o.rounded, compute_bytes);
-  cut(o.shard - o.rounded, 4);
   o.host_state_bytes = 4 * (2 + slots) * o.shard;
+  // No buckets (the executor asks for the host layout before it builds them): no transfers.
+  // (Cut in copies of one element each, a 6.4B model's lists took 100 GB and minutes.)
+  if (buckets.empty()) return o;
+  const bool fused = step_casts && compute_bytes == 2;
+  cut(o.rounded, compute_bytes, fused ? most * 4 / compute_bytes : most);
+  if (fused) o.fused_copies = static_cast<int>(o.upload.size());
+  cut(o.shard - o.rounded, 4, most);
   o.staging_bytes = 2 * kOffloadStagingSlots * most * 4;
   return o;
 }

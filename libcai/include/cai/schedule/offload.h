@@ -38,8 +38,12 @@ struct OffloadLayout {
   int64_t step_download = 0;             // stage 1: bytes copied once after the backward
   std::vector<int64_t> upload;           // the upload's copies in order, bytes each
   std::vector<int64_t> upload_numel;     // and their elements
-  int64_t host_state_bytes = 0;          // values, gradients and optimizer slots: 4 (2 + slots) S
-  int64_t staging_bytes = 0;             // page-locked: 4 slots × largest chunk × 4
+  // step_casts: the first `fused_copies` copies (the rounded part, cut in staging buffers'
+  // worth of compute-dtype elements) are written by the host step itself as it updates them and
+  // sent while it steps on (DataParallelPlugin's bf16 upload); the rest are cast after the step.
+  int fused_copies = 0;
+  int64_t host_state_bytes = 0;  // values, gradients and optimizer slots: 4 (2 + slots) S
+  int64_t staging_bytes = 0;     // page-locked: 4 slots × largest chunk × 4
   int64_t host_bytes() const { return host_state_bytes + staging_bytes; }
   // The host arrays' layout, which the executor allocates: per parameter (model order) where its
   // chunk starts, the rounded parameters first, each chunk on a kOffloadHostAlign line; the
@@ -52,11 +56,14 @@ struct OffloadLayout {
 
 // The layout for one rank. numels / rounded: per parameter (model order) its elements and
 // whether the device keeps it in the compute dtype (it decays); buckets: schedule::
-// gradient_buckets' lists of parameter indices; dp_rank / dp: this rank's ZeRO chunks;
+// gradient_buckets' lists of parameter indices (none: the host layout and sizes only, no
+// transfers, staging or largest chunk); dp_rank / dp: this rank's ZeRO chunks;
 // compute_bytes: the compute dtype's element size (4 in fp32 runs, 2 under bf16 / fp16);
-// slots: optimizer slots per element (AdamW 2). Throws "[offload] ..." on bad sizes.
+// slots: optimizer slots per element (AdamW 2); step_casts: the device copy is bf16, which the
+// host Adam writes in its own pass (fused_copies). Throws "[offload] ..." on bad sizes.
 OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
                              const std::vector<std::vector<int>>& buckets, int zero_stage,
-                             int dp_rank, int dp, int64_t compute_bytes, int slots);
+                             int dp_rank, int dp, int64_t compute_bytes, int slots,
+                             bool step_casts = false);
 
 }  // namespace cai::schedule
