@@ -10,6 +10,8 @@ namespace cai::kernels {
 namespace cpu {
 // 64-byte aligned; throws on failure. zeroed: the block reads as zeros; a large one comes so from
 // the OS (calloc of fresh pages) without a pass over it, its pages touched only when first used.
+// From 64 MiB up: an anonymous mapping on a 2 MiB boundary advised as transparent huge pages
+// (zeros whether asked or not).
 void* alloc(size_t bytes, bool zeroed = false);
 void free(void* p);
 std::string blas_info();  // OpenBLAS build configuration, e.g. "OpenBLAS 0.3.21 ..."

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 
 #include "cai/core/error.h"
@@ -80,7 +82,8 @@ TEST(Tensor, CudaWithoutGpuThrowsCleanly) {
 // Host zeros come from zeroed memory (calloc) without a pass over them: they must still read as
 // zeros where a freed, written block of the same size is reused, and stay 64-byte aligned.
 TEST(Tensor, HostZerosReadAsZerosAfterReuseAndAreAligned) {
-  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{4096}, int64_t{3} << 20}) {
+  // 20M elements: 80 MB, past kernels::cpu::alloc's 64 MiB: a mapping on a 2 MiB boundary.
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{4096}, int64_t{3} << 20, int64_t{20} << 20}) {
     for (int round = 0; round < 3; ++round) {
       {
         Tensor dirty = Tensor::empty({n});
@@ -94,6 +97,16 @@ TEST(Tensor, HostZerosReadAsZerosAfterReuseAndAreAligned) {
       EXPECT_EQ(nonzero, 0) << n << " elements, round " << round;
       Tensor e = Tensor::empty({n + 3});
       EXPECT_EQ(reinterpret_cast<uintptr_t>(e.data<float>()) % 64, 0u) << n;
+      if (n * 4 >= (int64_t{64} << 20))
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(z.data<float>()) % (2 << 20), 0u) << n;
+      // A host copy (over the CPU pool in pieces) copies every byte.
+      ops::fill_(z, 3.0f);
+      z.data<float>()[n - 1] = 5.0f;
+      Tensor c = Tensor::empty({n});
+      c.copy_from(z);
+      if (n > 2) EXPECT_EQ(c.data<float>()[n / 2], 3.0f);
+      EXPECT_EQ(c.data<float>()[n - 1], 5.0f);
+      EXPECT_EQ(std::memcmp(c.data<float>(), z.data<float>(), static_cast<size_t>(n) * 4), 0);
     }
   }
 }

@@ -242,9 +242,18 @@ void Tensor::copy_from(const Tensor& src) {
   CAI_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_,
             "[copy] source {} does not match destination {}", src.str(), str());
   if (nbytes() == 0) return;
-  if (!is_cuda() && !src.is_cuda())
-    std::memcpy(raw(), src.raw(), nbytes());
-  else if (is_cuda() && src.is_cuda())
+  if (!is_cuda() && !src.is_cuda()) {
+    // Over the CPU pool in 1 MiB pieces (ZeRO-Offload's setup copies a model's values into
+    // fresh host shards: the copy and its first-touch faults spread over the cores).
+    auto* d = static_cast<unsigned char*>(raw());
+    const auto* s = static_cast<const unsigned char*>(src.raw());
+    constexpr int64_t kPiece = int64_t{1} << 20;
+    const int64_t bytes = static_cast<int64_t>(nbytes());
+    kernels::cpu::parallel_for((bytes + kPiece - 1) / kPiece, 8, [&](int64_t b, int64_t e) {
+      const int64_t lo = b * kPiece, hi = std::min(bytes, e * kPiece);
+      std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo));
+    });
+  } else if (is_cuda() && src.is_cuda())
     kernels::cuda::copy_d2d(raw(), src.raw(), nbytes());
   else if (is_cuda())
     kernels::cuda::copy_h2d(raw(), src.raw(), nbytes());
