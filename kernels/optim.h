@@ -36,8 +36,12 @@ struct GradReplicas {
 namespace cpu {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,
               float dampening, float weight_decay, bool nesterov, bool first);
+// grad_scale: the gradients read multiplied by it (a deferred clip's factor; the products of
+// scaling them in place first). out_bf16 (may be null): the updated values also written there
+// rounded to bf16 (round to nearest even; ZeRO-Offload's device copy staged in the same pass).
 void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-               float beta2, float eps, float weight_decay, int64_t step, bool decoupled);
+               float beta2, float eps, float weight_decay, int64_t step, bool decoupled,
+               float grad_scale = 1.0f, uint16_t* out_bf16 = nullptr);
 void lamb_update(const float* p, const float* grad, float* m, float* v, float* update, int64_t n,
                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
 // The CUDA multi-tensor updates' twins (below): a loop over the tensors through adam_step and

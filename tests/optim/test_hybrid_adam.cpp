@@ -5,9 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cai/core/error.h"
 #include "cai/optim/optimizer.h"
 #include "kernels/optim.h"
 
@@ -159,4 +162,167 @@ TEST(HybridAdam, EqualsAdamWBitForBitOnCpuParameters) {
   EXPECT_EQ(hybrid->state_bytes(), adamw->state_bytes());
   EXPECT_EQ(hybrid->state_bytes(false), hybrid->state_bytes());  // all in host memory
   EXPECT_EQ(hybrid->state_bytes(true), 0);
+}
+
+// The host Adam's fused extras (ZeRO-Offload's step): gradients read times grad_scale equal
+// gradients scaled in place first, and the bf16 copy written in the same pass equals rounding the
+// updated values (float_to_bf16), NaN included, over the streamed body, the head and the tail.
+TEST(AdamStep, ScaledGradientsAndBf16CopyEqualTheSeparatePasses) {
+  const int64_t n = 70007;
+  auto* buf = static_cast<float*>(std::aligned_alloc(64, 3 * (n + 64) * sizeof(float)));
+  ASSERT_NE(buf, nullptr);
+  for (int64_t shift : {0, 5}) {
+    float* p = buf + shift;
+    float* m = buf + (n + 64) + shift;
+    float* v = buf + 2 * (n + 64) + shift;
+    std::mt19937 rng(17);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> rp(n), rm(n, 0.0f), rv(n, 0.0f), g(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = rp[i] = dist(rng), m[i] = v[i] = 0.0f;
+    std::vector<uint16_t> copy(n, 0);
+    const float scale = 0.3719f;
+    for (int64_t step = 1; step <= 2; ++step) {
+      for (float& x : g) x = dist(rng);
+      if (step == 2) g[n / 2] = std::nanf("");  // one NaN update: its copy a quiet NaN
+      kernels::cpu::adam_step(p, g.data(), m, v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, step, true,
+                              scale, copy.data());
+      std::vector<float> scaled = g;
+      for (float& x : scaled) x *= scale;
+      kernels::cpu::adam_step(rp.data(), scaled.data(), rm.data(), rv.data(), n, 1e-2f, 0.9f,
+                              0.999f, 1e-8f, 0.05f, step, true);
+    }
+    EXPECT_TRUE(std::isnan(p[n / 2]));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&p[i], &rp[i], 4), 0) << "shift " << shift << " element " << i;
+      ASSERT_EQ(std::memcmp(&m[i], &rm[i], 4), 0) << "shift " << shift << " element " << i;
+      ASSERT_EQ(copy[i], float_to_bf16(rp[i])) << "shift " << shift << " element " << i;
+    }
+  }
+  std::free(buf);
+}
+
+namespace {
+std::vector<nn::Parameter> random_params(unsigned seed) {
+  std::vector<nn::Parameter> ps;
+  ps.push_back(nn::make_parameter("w", {37, 19}, true));
+  ps.push_back(nn::make_parameter("b", {19}, false));
+  ps.push_back(nn::make_parameter("w2", {5, 2003}, true));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& p : ps) {
+    std::vector<float> v(p.value.numel()), g(p.value.numel());
+    for (float& x : v) x = d(rng);
+    for (float& x : g) x = 3.0f * d(rng);  // a norm well above 1: the clip scales
+    p.value = Tensor::from_vector(v, p.value.shape());
+    p.grad = Tensor::from_vector(g, p.value.shape());
+  }
+  return ps;
+}
+std::vector<nn::Parameter*> pointers(std::vector<nn::Parameter>& ps) {
+  std::vector<nn::Parameter*> out;
+  for (auto& p : ps) out.push_back(&p);
+  return out;
+}
+void expect_same_values(std::vector<nn::Parameter>& a, std::vector<nn::Parameter>& b,
+                        const std::string& what) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto va = a[i].value.to_vector(), vb = b[i].value.to_vector();
+    ASSERT_EQ(va.size(), vb.size());
+    EXPECT_EQ(std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)), 0)
+        << what << ": " << a[i].name;
+  }
+}
+}  // namespace
+
+// Host parameters: the clip left to the optimizer (clip_grad_norm_async with `defer`, as
+// ZeRO-Offload's host step) gives the parameters of clipping in place then stepping, bit for bit,
+// for the Adam family (fused: the gradients stay unscaled) and for SGD and LAMB (scaled in place
+// at the start of their step); the same norm is returned; a reduction (reduce_sq) keeps it.
+TEST(ClipGradNorm, DeferredOnTheHostEqualsClippingInPlace) {
+  for (const char* name : {"adamw", "hybrid_adam", "adam", "sgd", "lamb"}) {
+    for (bool reduced : {false, true}) {
+      auto a = random_params(7), b = random_params(7);
+      optim::OptimizerOptions o;
+      o.name = name;
+      auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pointers(a), 1e-2, 0.05));
+      auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pointers(b), 1e-2, 0.05));
+      std::function<double(double)> reduce;
+      if (reduced) reduce = [](double sq) { return sq; };  // one rank
+      ASSERT_TRUE(ob->can_defer_clip(Device::cpu()));
+      for (int step = 0; step < 2; ++step) {
+        // Fresh gradients each step, as a backward writes them (the in-place clip scaled a's).
+        const auto fresh = random_params(100 + step);
+        for (size_t i = 0; i < a.size(); ++i) {
+          a[i].grad.copy_from(fresh[i].grad);
+          b[i].grad.copy_from(fresh[i].grad);
+        }
+        const double na = optim::clip_grad_norm(pointers(a), 1.0, reduce);
+        const Tensor nb =
+            optim::clip_grad_norm_async(pointers(b), 1.0, reduce, nullptr, nullptr, ob.get());
+        EXPECT_FLOAT_EQ(static_cast<float>(na), nb.item()) << name;
+        EXPECT_GT(na, 1.5) << name;  // the clip did scale
+        oa->step();
+        ob->step();
+      }
+      expect_same_values(a, b, std::string(name) + (reduced ? " reduced" : ""));
+    }
+  }
+  // Adam's fused path leaves the gradients as they were.
+  auto c = random_params(7);
+  const auto g0 = c[0].grad.to_vector();
+  auto oc = optim::make_optimizer(optim::OptimizerOptions{},
+                                  optim::weight_decay_groups(pointers(c), 1e-2, 0.05));
+  optim::clip_grad_norm_async(pointers(c), 1.0, nullptr, nullptr, nullptr, oc.get());
+  oc->step();
+  EXPECT_EQ(c[0].grad.to_vector(), g0);
+}
+
+// step_ordered: the same values as step() in any order, with and without a pending clip; the
+// bf16 mirror holds the updated values rounded (Adam's kernel writes it; SGD's is cast after);
+// done() runs after each parameter; a list that is not the groups' parameters is an error.
+TEST(Optimizer, OrderedStepEqualsStepAndMirrorsBf16) {
+  for (const char* name : {"adamw", "sgd"}) {
+    for (bool clip : {false, true}) {
+      auto a = random_params(9), b = random_params(9);
+      optim::OptimizerOptions o;
+      o.name = name;
+      auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pointers(a), 1e-2, 0.05));
+      auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pointers(b), 1e-2, 0.05));
+      std::vector<nn::Parameter*> order{&b[2], &b[0], &b[1]};
+      std::vector<std::vector<uint16_t>> mirror(3);
+      for (int step = 0; step < 2; ++step) {
+        const auto fresh = random_params(200 + step);
+        for (size_t i = 0; i < a.size(); ++i) {
+          a[i].grad.copy_from(fresh[i].grad);
+          b[i].grad.copy_from(fresh[i].grad);
+        }
+        if (clip) {
+          optim::clip_grad_norm_async(pointers(a), 1.0, nullptr, nullptr, nullptr, oa.get());
+          optim::clip_grad_norm_async(pointers(b), 1.0, nullptr, nullptr, nullptr, ob.get());
+        }
+        oa->step();
+        std::vector<size_t> done;
+        ob->step_ordered(
+            order,
+            [&](size_t k) -> uint16_t* {
+              if (k == 2) return nullptr;  // no copy for this one
+              mirror[k].assign(order[k]->value.numel(), 0);
+              return mirror[k].data();
+            },
+            [&](size_t k) { done.push_back(k); });
+        EXPECT_EQ(done, (std::vector<size_t>{0, 1, 2}));
+      }
+      expect_same_values(a, b, std::string(name) + (clip ? " clipped" : ""));
+      for (size_t k = 0; k < 2; ++k) {
+        const auto vals = order[k]->value.to_vector();
+        for (size_t i = 0; i < vals.size(); ++i)
+          ASSERT_EQ(mirror[k][i], float_to_bf16(vals[i])) << name << " " << order[k]->name << i;
+      }
+      EXPECT_EQ(ob->steps(), 2);
+      std::vector<nn::Parameter*> short_order{&b[0], &b[1]};
+      EXPECT_THROW(ob->step_ordered(short_order, nullptr, nullptr), Error);
+      std::vector<nn::Parameter*> twice{&b[0], &b[0], &b[1]};
+      EXPECT_THROW(ob->step_ordered(twice, nullptr, nullptr), Error);
+    }
+  }
 }

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
 
@@ -199,4 +200,42 @@ TEST(MultiTensorCpu, GradStatsAndClipMatchPlainLoops) {
   const std::vector<float> kept = s.g[4];
   cpu::multi_tensor_clip(s.count(), g.data(), s.n.data(), out, 10.0f, nullptr);
   EXPECT_EQ(s.g[4], kept);
+}
+
+// The vectorised sum of squares (16 elements an iteration over blocks of 65536) against a plain
+// double loop on tensors spanning several blocks with odd tails, a NaN and infinities in the
+// vector body counted, and the result the same whatever the thread count.
+TEST(MultiTensorCpu, GradStatsOverBlocksMatchPlainLoopAndThreadCount) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  std::vector<std::vector<float>> t = {std::vector<float>(200003), std::vector<float>(65536 + 17),
+                                       std::vector<float>(31)};
+  for (auto& v : t)
+    for (float& x : v) x = d(rng);
+  double sq = 0;
+  for (auto& v : t)
+    for (float x : v) sq += double(x) * x;
+  std::vector<float*> g;
+  std::vector<int64_t> n;
+  for (auto& v : t) g.push_back(v.data()), n.push_back(static_cast<int64_t>(v.size()));
+  float out[2];
+  cpu::multi_tensor_grad_stats(3, g.data(), n.data(), nullptr, 1.0f, out);
+  EXPECT_NEAR(out[0], sq, 1e-6 * sq);
+  EXPECT_EQ(out[1], 0.0f);
+  const int threads = cpu::num_threads();
+  cpu::set_num_threads(1);
+  float one[2];
+  cpu::multi_tensor_grad_stats(3, g.data(), n.data(), nullptr, 1.0f, one);
+  cpu::set_num_threads(3);
+  float three[2];
+  cpu::multi_tensor_grad_stats(3, g.data(), n.data(), nullptr, 1.0f, three);
+  cpu::set_num_threads(threads);
+  EXPECT_EQ(one[0], out[0]);
+  EXPECT_EQ(three[0], out[0]);
+  t[0][1000] = std::nanf("");
+  t[0][1001] = INFINITY;
+  t[1][65536 + 3] = -INFINITY;
+  cpu::multi_tensor_grad_stats(3, g.data(), n.data(), nullptr, 1.0f, out);
+  EXPECT_EQ(out[1], 3.0f);
+  EXPECT_TRUE(std::isnan(out[0]));
 }

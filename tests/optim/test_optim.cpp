@@ -100,21 +100,22 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReportsTheNorm) {
   EXPECT_THROW(clip_grad_norm(ps, 0.0), Error);
 }
 
-// The deferred clip is for parameters on a GPU: on the CPU clip_grad_norm_async(..., defer)
-// scales the gradients in place as without it (the optimizer then steps them unchanged), and
-// defer_clip refuses a host tensor with a message that names it.
-TEST(ClipGradNorm, DeferredClipFallsBackInPlaceOnTheCpu) {
+// The deferred clip on host parameters (ZeRO-Offload's host step): clip_grad_norm_async(...,
+// defer) returns the norm and leaves the gradients unscaled for the step to scale as it reads
+// them (tests/optim/test_hybrid_adam.cpp: the same parameters as clipping in place); defer_clip
+// refuses a sum of squares that is not fp32 with a message that names it.
+TEST(ClipGradNorm, DeferredClipOnTheHostLeavesTheGradientsToTheStep) {
   TwoParams tp;
   tp.w.grad = Tensor::full({6, 5}, 1.0f);
   tp.b.grad = Tensor::full({5}, 2.0f);
   std::vector<nn::Parameter*> ps{&tp.w, &tp.b};
   auto opt = make_optimizer(OptimizerOptions{}, weight_decay_groups(ps, 0.01, 0.05));
-  EXPECT_FALSE(opt->can_defer_clip(Device::cpu()));
+  EXPECT_TRUE(opt->can_defer_clip(Device::cpu()));
   const Tensor norm = clip_grad_norm_async(ps, 1.0, nullptr, nullptr, nullptr, opt.get());
   EXPECT_NEAR(norm.item(), std::sqrt(50.0), 1e-6);
-  EXPECT_NEAR(grad_norm(ps), 1.0, 1e-5);  // scaled here, not left to the step
+  EXPECT_NEAR(grad_norm(ps), std::sqrt(50.0), 1e-5);  // left to the step
   try {
-    opt->defer_clip(Tensor::full({2}, 4.0f), 1.0f);
+    opt->defer_clip(Tensor::zeros({2}, DType::I32), 1.0f);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("deferred clip needs the fp32 sum of squares"),

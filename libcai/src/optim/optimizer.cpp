@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 
 #include "cai/core/error.h"
 #include "cai/ops/ops.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/optim.h"
 
 namespace cai::optim {
@@ -117,6 +119,59 @@ void Optimizer::step() {
   replicas_.clear();
 }
 
+void Optimizer::step_ordered(const std::vector<nn::Parameter*>& order,
+                             const std::function<uint16_t*(size_t)>& mirror,
+                             const std::function<void(size_t)>& done) {
+  std::map<const nn::Parameter*, size_t> group_of;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (const nn::Parameter* p : groups_[g].params) {
+      CAI_CHECK(!p->value.is_cuda() && !p->grad.is_cuda(),
+                "[optimizer] {}: an ordered step needs every parameter in host memory; {} is on {}",
+                name(), p->name, p->value.device().str());
+      group_of[p] = g;
+    }
+  CAI_CHECK(replicas_.empty(), "[optimizer] {}: an ordered step reads no gradient replicas",
+            name());
+  std::set<const nn::Parameter*> seen;
+  for (const nn::Parameter* p : order) {
+    CAI_CHECK(p && group_of.count(p) && seen.insert(p).second,
+              "[optimizer] {}: the ordered step's parameter {} is in no group or listed twice",
+              name(), p ? p->name : std::string("null"));
+  }
+  CAI_CHECK(order.size() == group_of.size(),
+            "[optimizer] {}: the ordered step lists {} of the groups' {} parameters", name(),
+            order.size(), group_of.size());
+  ++step_;
+  for (auto& g : groups_)
+    if (clip_sq_.defined() && !fuses_clip(g))
+      for (GradLists& l : grad_lists(g.params, nullptr)) clip_with(l, clip_sq_, clip_max_, nullptr);
+  for (size_t i = 0; i < order.size(); ++i) {
+    nn::Parameter& p = *order[i];
+    uint16_t* out = mirror ? mirror(i) : nullptr;
+    if (!update_mirrored(groups_[group_of[&p]], p, out) && out) {
+      const float* x = p.value.data<float>();
+      kernels::cpu::parallel_for(p.value.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) out[k] = float_to_bf16(x[k]);
+      });
+    }
+    if (done) done(i);
+  }
+  clip_sq_ = Tensor();
+}
+
+bool Optimizer::update_mirrored(ParamGroup& g, nn::Parameter& p, uint16_t*) {
+  update(g, p);
+  return false;
+}
+
+float Optimizer::host_clip_factor(const ParamGroup& g) const {
+  if (!clip_sq_.defined() || clip_sq_.is_cuda() || !fuses_clip(g)) return 1.0f;
+  // multi_tensor_clip's factor, in the same fp32 operations.
+  const float total = std::sqrt(clip_sq_.data<float>()[0]);
+  const float c = clip_max_ / (total + 1e-6f);
+  return c < 1.0f ? c : 1.0f;
+}
+
 void Optimizer::sum_replicas(const std::vector<int64_t>& delta) {
   for (const auto& g : groups_)
     CAI_CHECK(fuses_replicas(g),
@@ -138,8 +193,8 @@ bool Optimizer::can_sum_replicas(const Device& device) const {
 void Optimizer::defer_clip(const Tensor& sq, float max_norm) {
   CAI_CHECK(
       sq.defined() && sq.numel() >= 1 && sq.dtype() == DType::F32 && can_defer_clip(sq.device()),
-      "[clip_grad_norm] a deferred clip needs the fp32 sum of squares on the parameters' "
-      "GPU, got {}",
+      "[clip_grad_norm] a deferred clip needs the fp32 sum of squares where every parameter "
+      "and gradient is, got {}",
       sq.defined() ? sq.str() : std::string("none"));
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   clip_sq_ = sq;
@@ -147,7 +202,6 @@ void Optimizer::defer_clip(const Tensor& sq, float max_norm) {
 }
 
 bool Optimizer::can_defer_clip(const Device& device) const {
-  if (!device.is_cuda()) return false;
   for (const auto& g : groups_)
     for (const nn::Parameter* p : g.params)
       if (p->value.device() != device || p->grad.device() != device) return false;
@@ -187,6 +241,12 @@ bool all_cuda(const ParamGroup& g) {
   if (g.params.empty()) return false;
   for (const nn::Parameter* p : g.params)
     if (!p->value.is_cuda()) return false;
+  return true;
+}
+bool all_host(const ParamGroup& g) {
+  if (g.params.empty()) return false;
+  for (const nn::Parameter* p : g.params)
+    if (p->value.is_cuda() || p->grad.is_cuda()) return false;
   return true;
 }
 }  // namespace
@@ -295,16 +355,23 @@ Adam::Adam(std::vector<ParamGroup> groups, double beta1, double beta2, double ep
 }
 
 void Adam::update(ParamGroup& g, nn::Parameter& p) {
+  update_mirrored(g, p, nullptr);
+}
+
+bool Adam::update_mirrored(ParamGroup& g, nn::Parameter& p, uint16_t* bf16) {
   float* m = slot(p, "exp_avg").data<float>();
   float* v = slot(p, "exp_avg_sq").data<float>();
-  auto run = [&](auto fn) {
+  auto run = [&](auto fn, auto... extra) {
     fn(p.value.data<float>(), p.grad.data<float>(), m, v, p.value.numel(), float(g.lr),
-       float(beta1_), float(beta2_), float(eps_), float(g.weight_decay), step_, decoupled_);
+       float(beta1_), float(beta2_), float(eps_), float(g.weight_decay), step_, decoupled_,
+       extra...);
   };
-  if (p.value.is_cuda())
+  if (p.value.is_cuda()) {
     run([](auto... a) { kernels::cuda::adam_step(a...); });
-  else
-    run([](auto... a) { kernels::cpu::adam_step(a...); });
+    return false;
+  }
+  run([](auto... a) { kernels::cpu::adam_step(a...); }, host_clip_factor(g), bf16);
+  return bf16 != nullptr;
 }
 
 void Adam::step_group(ParamGroup& g) {
@@ -321,7 +388,7 @@ void Adam::step_group(ParamGroup& g) {
 }
 
 bool Adam::fuses_clip(const ParamGroup& g) const {
-  return all_cuda(g);
+  return all_cuda(g) || all_host(g);
 }
 
 bool Adam::fuses_replicas(const ParamGroup& g) const {
@@ -419,7 +486,7 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
   // read it, so the factor must be deferred.
   CAI_CHECK(!replicas || replicas->empty() || deferred,
             "[clip_grad_norm] gradients summed over the ranks where they are read need the "
-            "clip deferred to an optimizer stepping exactly these parameters on their GPU");
+            "clip deferred to an optimizer stepping exactly these parameters where they are");
   if (lists.size() == 1 && (!reduce_sq || reduce_on_device)) {
     // Everything on the device: the factor comes from the device sum of squares (summed over
     // the ranks there with reduce_on_device).
@@ -428,20 +495,30 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
     if (reduce_on_device) reduce_on_device(stats);
     Tensor norm = Tensor::empty({1}, DType::F32, l.device);
     if (deferred) {
-      kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
-                                       static_cast<float>(max_norm), norm.data<float>());
+      if (l.device.is_cuda())
+        kernels::cuda::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
+                                         static_cast<float>(max_norm), norm.data<float>());
+      else
+        kernels::cpu::multi_tensor_clip(0, nullptr, nullptr, stats.data<float>(),
+                                        static_cast<float>(max_norm), norm.data<float>());
       defer->defer_clip(stats, static_cast<float>(max_norm));
       return norm;
     }
     clip_with(l, stats, static_cast<float>(max_norm), &norm);
     return norm;
   }
-  // The sum of squares read once, reduced over the ranks, and the factor applied from it.
+  // The sum of squares read once, reduced over the ranks, and the factor applied from it: by
+  // defer's step where every gradient is in host memory and defer steps exactly them (ZeRO-Offload:
+  // no pass that scales gradients here), else here.
   double sq = 0;
   for (auto& l : lists) sq += stats_of(l, 1.0f).to_vector()[0];
   if (reduce_sq) sq = reduce_sq(sq);
   const Tensor total = Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1});
-  for (auto& l : lists) clip_with(l, total.to(l.device), static_cast<float>(max_norm), nullptr);
+  if (lists.size() == 1 && !lists[0].device.is_cuda() && defer &&
+      defer->can_defer_clip(lists[0].device) && steps_exactly(*defer, params))
+    defer->defer_clip(total, static_cast<float>(max_norm));
+  else
+    for (auto& l : lists) clip_with(l, total.to(l.device), static_cast<float>(max_norm), nullptr);
   return Tensor::from_vector(std::vector<float>{static_cast<float>(std::sqrt(sq))}, {1});
 }
 

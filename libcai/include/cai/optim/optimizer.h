@@ -31,6 +31,15 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update from the parameters' gradients.
   void step();
+  // step() parameter by parameter in `order` (every parameter of the groups once; all in host
+  // memory), where mirror(i) (may be empty; may return nullptr) gives where order[i]'s updated
+  // values also go, rounded to bf16: Adam's host update writes them in its own pass, the other
+  // updates are cast after. done(i) (may be empty) runs after order[i] is updated. The same
+  // values as step() (ZeRO-Offload's host step: each stepped chunk is uploaded while the next
+  // steps).
+  void step_ordered(const std::vector<nn::Parameter*>& order,
+                    const std::function<uint16_t*(size_t)>& mirror,
+                    const std::function<void(size_t)>& done);
   void zero_grad();
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
@@ -50,9 +59,12 @@ class Optimizer {
   // and the products of clipping in place, so the update is the same — and leaves the gradient
   // memory unscaled: one pass over the gradients less. `sq` (fp32, where the parameters are) is
   // read when step() runs. Groups whose update has no such path are scaled in place at the start
-  // of step(). step() and zero_grad() drop it.
+  // of step(). step() and zero_grad() drop it. Adam's updates fuse it on a GPU (the multi-tensor
+  // kernel) and in host memory (the CPU kernel: ZeRO-Offload's host step reads each gradient
+  // once instead of three times).
   void defer_clip(const Tensor& sq, float max_norm);
-  // Whether defer_clip may be used: every group's parameters on `device`, a GPU.
+  // Whether defer_clip may be used: every group's parameters and gradients on `device` (a GPU, or
+  // host memory).
   bool can_defer_clip(const Device& device) const;
 
   // The copy-engine gradient exchange (DDP): the next step() reads every gradient as its sum over
@@ -67,6 +79,12 @@ class Optimizer {
 
  protected:
   virtual void update(ParamGroup& g, nn::Parameter& p) = 0;
+  // update() that also writes the updated values rounded to bf16 into `bf16` when it can in the
+  // same pass; returns whether it did (the default: update() only, false).
+  virtual bool update_mirrored(ParamGroup& g, nn::Parameter& p, uint16_t* bf16);
+  // The deferred clip's factor for group g's host update: c = max_norm / (√sq + 1e-6) when a
+  // clip is pending, fuses_clip(g) and c < 1; else 1 (nothing to scale).
+  float host_clip_factor(const ParamGroup& g) const;
   // One group's update; the default calls update() per parameter. Adam and LAMB override it with
   // the multi-tensor fused kernels when the group's parameters are on a GPU.
   virtual void step_group(ParamGroup& g);
@@ -105,6 +123,7 @@ class Adam : public Optimizer {
 
  private:
   void update(ParamGroup& g, nn::Parameter& p) override;
+  bool update_mirrored(ParamGroup& g, nn::Parameter& p, uint16_t* bf16) override;
   void step_group(ParamGroup& g) override;
   bool fuses_clip(const ParamGroup& g) const override;
   bool fuses_replicas(const ParamGroup& g) const override;
