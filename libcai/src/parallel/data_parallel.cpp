@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "cai/core/error.h"
@@ -373,9 +374,13 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
   // DDP: every rank holds the full (identical) gradients; ZeRO: each holds its shard.
   std::function<double(double)> reduce;
   if (m.cfg.zero_stage >= 1) reduce = [&m](double sq) { return m.dp.all_reduce_scalar(sq); };
-  // DDP: the factor applied by opt's next step (optimizer_step follows) where it can be.
-  return optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce, nullptr,
-                                     nullptr, &opt);
+  // The factor applied by opt's next step (optimizer_step follows) where it can be (DDP on a
+  // GPU; offload's host shards: the sum of squares read here, the factor in the host Adam).
+  const auto t0 = std::chrono::steady_clock::now();
+  Tensor norm = optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce, nullptr,
+                                            nullptr, &opt);
+  if (m.offload()) m.clip_ms += ms_since(t0);
+  return norm;
 }
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
@@ -394,6 +399,10 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
     m.sum_exchange();
   }
   const auto t0 = std::chrono::steady_clock::now();
+  if (m.offload() && m.step_uploading(opt)) {
+    if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
+    return;
+  }
   opt.step();
   if (m.offload()) {
     m.step_ms += ms_since(t0);
@@ -405,6 +414,49 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   // Every rank needs the updated full parameters for the next forward: the first gathers start
   // now, the rest as the next forward reaches them (materialize_parameters for other readers).
   if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
+}
+
+bool DataParallelPlugin::Impl::step_uploading(optim::Optimizer& opt) {
+  if (cfg.offload_dtype != DType::BF16 || !dev_value.defined()) return false;
+  std::set<const nn::Parameter*> mine;
+  for (const auto& g : opt.groups()) mine.insert(g.params.begin(), g.params.end());
+  if (mine.size() != host.size()) return false;
+  std::vector<size_t> order(host.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!mine.count(&host[i])) return false;
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return host_offset[a] < host_offset[b]; });
+  std::vector<nn::Parameter*> ps;
+  for (size_t i : order) ps.push_back(&host[i]);
+  const int64_t r = dev_value.numel();
+  std::vector<char> staged(ps.size(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  lane->begin_staged(dev_value);
+  opt.step_ordered(
+      ps,
+      [&](size_t k) -> uint16_t* {
+        const size_t i = order[k];
+        const int64_t c = host[i].value.numel();
+        if (host_offset[i] >= r || c == 0) return nullptr;  // an fp32 device part: after
+        void* at = lane->stage(host_offset[i], c);
+        staged[k] = at != nullptr;
+        return static_cast<uint16_t*>(at);
+      },
+      [&](size_t k) {
+        const size_t i = order[k];
+        const int64_t c = host[i].value.numel();
+        // A chunk larger than a staging buffer: cast and sent by the plain upload.
+        if (!staged[k] && host_offset[i] < r && c > 0)
+          lane->upload(host_value, host_offset[i], dev_value, host_offset[i], c);
+      });
+  step_ms += ms_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  lane->end_staged();
+  lane->upload(host_value, r, dev_value32, 0, dev_value32.numel());
+  upload_ms += ms_since(t1);
+  return true;
 }
 
 void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
@@ -488,6 +540,7 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   t.flush_ms = m.flush_ms;
   t.step_ms = m.step_ms;
   t.upload_ms = m.upload_ms;
+  t.clip_ms = m.clip_ms;
   return t;
 }
 

@@ -121,7 +121,7 @@ struct DataParallelPlugin::Impl {
   std::vector<char> host_stale;
   // Host milliseconds: waiting for the streamed gradients in sync_gradients, the host optimizer
   // step, the upload (offload_traffic()).
-  double flush_ms = 0, step_ms = 0, upload_ms = 0;
+  double flush_ms = 0, step_ms = 0, upload_ms = 0, clip_ms = 0;
   // Whether the device copy of p holds it in cfg.offload_dtype: the weights that decay (timm's
   // split: the GEMM weights, which the forward rounds to the compute dtype anyway); biases,
   // norms, tokens and the position embedding stay fp32, as the forward reads them.
@@ -131,6 +131,12 @@ struct DataParallelPlugin::Impl {
     lane->upload(host_value, 0, dev_value, 0, r);
     lane->upload(host_value, r, dev_value32, 0, dev_value32.numel());
   }
+  // The host step with the upload fused (bf16 device copies): the rounded parameters step in
+  // host-layout order, each writing its bf16 copy into the lane's staging as it updates, the
+  // staging buffers going to the device while the next parameters step; then the fp32 part.
+  // Returns false (nothing done) where that does not apply: another offload dtype, or an
+  // optimizer that steps more than the host shards. step_ms / upload_ms: the step, the rest.
+  bool step_uploading(optim::Optimizer& opt);
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   // Finished reductions the compute stream waits for (finish()), until the host sees them done.

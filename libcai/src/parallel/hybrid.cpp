@@ -187,6 +187,9 @@ Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
   // reduction; the factor folded into the optimizer step; the copy-engine exchange's sum taken as
   // the gradients are read).
   if (m.dp && !m.tp && m.cfg.dp.zero_stage == 0) return m.dp->clip_grad_norm(opt, max_norm);
+  // ZeRO-Offload alone: the shards' sum of squares read on the host and reduced over the ranks,
+  // the factor folded into the host Adam (no pass that scales the host gradients).
+  if (m.dp && !m.tp && !m.pipe && m.cfg.dp.cpu_offload) return m.dp->clip_grad_norm(opt, max_norm);
   if (m.dp) m.dp->sum_pending_gradients();  // read below
   // Every parameter once: tensor-parallel shards are disjoint over tp (2.5d/3d parts held by
   // several ranks: the lowest counts them), whole parameters the same on every tp rank (tp

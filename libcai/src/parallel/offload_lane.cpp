@@ -37,14 +37,15 @@ OffloadLane::OffloadLane(Device device, int64_t max_elements)
     s.staging = gpu ? Tensor::empty_pinned({max_}, DType::F32) : Tensor::empty({max_}, DType::F32);
     if (gpu) s.copied = kernels::cuda::event_create();
   }
-  if (gpu) {
-    for (int k = 0; k < kSlots; ++k) {
-      up_staging_.push_back(Tensor::empty_pinned({max_}, DType::F32));
-      up_done_.push_back(kernels::cuda::event_create());
-    }
-    up_used_.assign(kSlots, false);
-    ordered_ = kernels::cuda::event_create();
+  // Upload staging: page-locked on a GPU; on the CPU ordinary buffers, so that the staged
+  // upload's packing (stage / send_staged) runs in the tests as on a GPU, a memcpy for the copy.
+  for (int k = 0; k < kSlots; ++k) {
+    up_staging_.push_back(gpu ? Tensor::empty_pinned({max_}, DType::F32)
+                              : Tensor::empty({max_}, DType::F32));
+    if (gpu) up_done_.push_back(kernels::cuda::event_create());
   }
+  up_used_.assign(kSlots, false);
+  if (gpu) ordered_ = kernels::cuda::event_create();
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -187,6 +188,7 @@ void OffloadLane::upload(const Tensor& src, int64_t src_offset, const Tensor& ds
   const size_t es = dtype_size(dt);
   const float* from = src.data<float>() + src_offset;
   auto* to = static_cast<unsigned char*>(dst.raw()) + static_cast<size_t>(dst_offset) * es;
+  send_staged();
   if (!device_.is_cuda()) {
     cast_into(to, dt, from, n);
     up_bytes_ += n * static_cast<int64_t>(es);
@@ -197,9 +199,7 @@ void OffloadLane::upload(const Tensor& src, int64_t src_offset, const Tensor& ds
   kernels::cuda::stream_wait_event(stream_, ordered_);
   for (int64_t off = 0; off < n; off += max_) {
     const int64_t c = std::min(max_, n - off);
-    const int k = up_next_;
-    up_next_ = (k + 1) % kSlots;
-    if (up_used_[k]) kernels::cuda::event_synchronize(up_done_[k]);  // its last copy has left
+    const int k = up_slot();
     cast_into(up_staging_[k].raw(), dt, from + off, c);
     kernels::cuda::copy_h2d_async(to + static_cast<size_t>(off) * es, up_staging_[k].raw(),
                                   static_cast<size_t>(c) * es, stream_);
@@ -208,6 +208,78 @@ void OffloadLane::upload(const Tensor& src, int64_t src_offset, const Tensor& ds
     up_used_[k] = true;
     up_bytes_ += c * static_cast<int64_t>(es);
   }
+}
+
+}  // namespace cai::parallel::detail
+
+namespace cai::parallel::detail {
+
+int OffloadLane::up_slot() {
+  const int k = up_next_;
+  up_next_ = (k + 1) % kSlots;
+  if (up_used_[k] && device_.is_cuda())
+    kernels::cuda::event_synchronize(up_done_[k]);  // its last copy has left
+  return k;
+}
+
+void OffloadLane::begin_staged(const Tensor& dst) {
+  CAI_CHECK(dst.defined() && dst.device() == device_ && dst.dtype() != DType::I32,
+            "[offload] staged upload to {}: expected an fp32, bf16 or fp16 tensor on {}",
+            dst.defined() ? dst.str() : "undefined", device_.str());
+  end_staged();
+  staged_dst_ = dst;
+  if (!device_.is_cuda()) return;
+  // The copies overwrite what the compute stream may still read (the last gathers' packs).
+  kernels::cuda::event_record(ordered_, nullptr);
+  kernels::cuda::stream_wait_event(stream_, ordered_);
+}
+
+void* OffloadLane::stage(int64_t offset, int64_t n) {
+  CAI_CHECK(staged_dst_.defined() && offset >= 0 && n >= 0 && offset + n <= staged_dst_.numel(),
+            "[offload] staging {} elements at offset {}: expected a range inside the staged "
+            "destination {}",
+            n, offset, staged_dst_.defined() ? staged_dst_.str() : "(none: begin_staged first)");
+  const int64_t es = static_cast<int64_t>(dtype_size(staged_dst_.dtype()));
+  const int64_t cap = max_ * 4 / es;  // elements of dst's dtype a buffer holds
+  if (n > cap) {
+    send_staged();
+    return nullptr;
+  }
+  if (staged_slot_ < 0 || offset < staged_end_ || offset + n - staged_base_ > cap) {
+    send_staged();
+    staged_slot_ = up_slot();
+    staged_base_ = staged_end_ = offset;
+  }
+  auto* buf = static_cast<unsigned char*>(up_staging_[staged_slot_].raw());
+  if (offset > staged_end_)  // the layout's padding between chunks: zeros, not stale bytes
+    std::memset(buf + (staged_end_ - staged_base_) * es, 0,
+                static_cast<size_t>((offset - staged_end_) * es));
+  staged_end_ = offset + n;
+  return buf + (offset - staged_base_) * es;
+}
+
+void OffloadLane::send_staged() {
+  if (staged_slot_ < 0) return;
+  const int k = staged_slot_;
+  staged_slot_ = -1;
+  const int64_t es = static_cast<int64_t>(dtype_size(staged_dst_.dtype()));
+  const int64_t c = staged_end_ - staged_base_;
+  if (c <= 0) return;
+  auto* dst = static_cast<unsigned char*>(staged_dst_.raw()) + staged_base_ * es;
+  up_used_[k] = true;
+  up_bytes_ += c * es;
+  if (!device_.is_cuda()) {
+    std::memcpy(dst, up_staging_[k].raw(), static_cast<size_t>(c * es));
+    return;
+  }
+  kernels::cuda::copy_h2d_async(dst, up_staging_[k].raw(), static_cast<size_t>(c * es), stream_);
+  kernels::cuda::event_record(up_done_[k], stream_);
+  kernels::cuda::stream_wait_event(nullptr, up_done_[k]);  // later compute reads after it
+}
+
+void OffloadLane::end_staged() {
+  send_staged();
+  staged_dst_ = Tensor();
 }
 
 }  // namespace cai::parallel::detail

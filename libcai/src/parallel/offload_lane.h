@@ -64,11 +64,24 @@ class OffloadLane {
   void upload(const Tensor& src, int64_t src_offset, const Tensor& dst, int64_t dst_offset,
               int64_t n);
 
+  // The host step's fused upload (bf16 device copies): between begin_staged(dst) and
+  // end_staged(), stage(offset, n) returns where the caller writes dst[offset, + n) in dst's dtype
+  // before its next call: a part of a staging buffer (page-locked on a GPU; on the CPU the copy
+  // is a memcpy, as push()'s), or nullptr when n is more than a buffer holds (then upload() that
+  // range). Ranges that
+  // follow each other (increasing offsets, small gaps zeroed) share a buffer; a buffer goes to the
+  // device on the copy stream once the next range does not fit, and at end_staged(), while the
+  // caller goes on writing the next one. The compute stream waits for each copy before its later
+  // work, as upload()'s.
+  void begin_staged(const Tensor& dst);
+  void* stage(int64_t offset, int64_t n);
+  void end_staged();
+
   // Counters for tests and reports.
   int64_t chunks_pushed() const { return pushed_; }
   int64_t bytes_downloaded() const { return down_bytes_; }
   int64_t bytes_uploaded() const { return up_bytes_; }
-  // The staging buffers' host bytes (page-locked on a GPU).
+  // The staging buffers' host bytes (page-locked on a GPU; on the CPU the upload's too).
   int64_t staging_bytes() const;
 
  private:
@@ -96,6 +109,12 @@ class OffloadLane {
   std::vector<void*> up_done_;
   std::vector<bool> up_used_;
   int up_next_ = 0;
+  int up_slot();             // the next upload staging buffer, once its last copy has left
+  void send_staged();        // the staged buffer in use to the device
+  Tensor staged_dst_;        // begin_staged's destination (undefined: none)
+  int staged_slot_ = -1;     // the buffer being filled (-1: none)
+  int64_t staged_base_ = 0;  // dst's element offset at the buffer's start
+  int64_t staged_end_ = 0;   // one past the last element staged in it
 
   std::mutex m_;
   std::condition_variable cv_;

@@ -183,11 +183,13 @@ class DataParallelPlugin : public train::Plugin {
   // reduced chunks copied to the host, their bytes, bytes uploaded after the steps (and at setup),
   // its staging buffers' host bytes, and the host's milliseconds waiting for the streamed
   // gradients (sync_gradients: also the device's backward still running), in the host optimizer
-  // step and in the upload. All 0 without offload.
+  // step (with bf16 device copies: the step staging each parameter's copy as it updates, the
+  // copies sent on while the next steps), in the upload (the rest) and in the clip's sum of
+  // squares. All 0 without offload.
   struct OffloadTraffic {
     int64_t shard_elements = 0, device_gradient_bytes = 0;
     int64_t chunks_down = 0, bytes_down = 0, bytes_up = 0, staging_bytes = 0;
-    double flush_ms = 0, step_ms = 0, upload_ms = 0;
+    double flush_ms = 0, step_ms = 0, upload_ms = 0, clip_ms = 0;
   };
   OffloadTraffic offload_traffic() const;
   int num_buckets() const;
