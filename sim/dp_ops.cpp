@@ -97,7 +97,13 @@ void OffloadLaneOps::flush(int base, std::vector<Op>& ops) {
 void OffloadLaneOps::upload(int base, std::vector<Op>& ops) const {
   std::vector<int> copies;
   for (size_t k = 0; k < off.upload.size(); ++k) {
-    Op cast = host_op(fmt::format("upload {} cast", k), "host_cast", 4 * off.upload_numel[k]);
+    // The host step's own copies (bf16): that piece of the step writes the buffer; the others
+    // are cast from the stepped fp32 values.
+    const bool fused = static_cast<int>(k) < off.fused_copies;
+    Op cast = fused
+                  ? host_op(fmt::format("upload {} step", k), "host_adam", 0)
+                  : host_op(fmt::format("upload {} cast", k), "host_cast", 4 * off.upload_numel[k]);
+    if (fused) cast.flops = static_cast<double>(off.upload_numel[k]);
     cast.category = "optimizer";
     if (k >= 2) cast.deps.push_back(dep_on(copies[k - 2], base));
     const int at = base + static_cast<int>(ops.size());

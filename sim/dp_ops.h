@@ -64,7 +64,9 @@ struct OffloadLaneOps {
   void flush(int base, std::vector<Op>& ops);
   // After the host step: per upload copy, the host casts the fp32 values into one of two pinned
   // slots (after that slot's previous copy) and the copy stream moves them host -> device; the
-  // compute stream waits for the last copy ("upload done").
+  // compute stream waits for the last copy ("upload done"). The first off.fused_copies copies
+  // (bf16) are a piece of the host Adam each ("host_adam" over its elements) writing the slot
+  // itself, sent while the next piece steps.
   void upload(int base, std::vector<Op>& ops) const;
 };
 

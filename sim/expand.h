@@ -42,8 +42,10 @@ struct ExpandOptions {
   // copy of g in the clip and the update (+8 per other rank).
   double optimizer_bytes_per_element = 36.0;
   // ZeRO-Offload: the step runs on the host (an OpKind::Host "host_adam" op over
-  // optimizer_elements, clipping included), not on the GPU.
+  // optimizer_elements, the clip's factor applied inside it), not on the GPU, after the clip's
+  // sum of squares over host_clip_elements (per stage: the whole host shard) as a "host_sum" op.
   bool optimizer_on_host = false;
+  std::vector<double> host_clip_elements;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.
   int64_t boundary_bytes = -1;
   int dp = 1;  // pipeline replicas (data parallel)

@@ -625,7 +625,8 @@ class ConfigProgram {
       x.offload = true;
       x.lane.off = schedule::offload_layout(
           numels, decays, buckets, layout_.zero_stage, d, D_,
-          static_cast<int64_t>(cai::dtype_size(layout_.precision)), plan::optimizer_slots(layout_));
+          static_cast<int64_t>(cai::dtype_size(layout_.precision)), plan::optimizer_slots(layout_),
+          layout_.precision == cai::DType::BF16);
     }
     return &x;
   }
@@ -685,12 +686,21 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   // ZeRO-Offload: the host steps this rank's shard (dp rank 0's chunks: S of schedule/offload.h).
   eo.optimizer_on_host =
       layout.cpu_offload && layout.gpu && layout.zero_stage >= 1 && layout.body == plan::Body::ViT;
+  // Under bf16 the rounded part (the decaying weights) steps inside the lane's upload instead
+  // (OffloadLaneOps::upload: each staging buffer's worth stepped, then sent while the next steps),
+  // so the step op here covers the fp32 rest.
+  const bool step_casts = eo.optimizer_on_host && layout.precision == cai::DType::BF16;
   if (layout.body == plan::Body::ViT)  // Blocks and Linears have no optimizer step
     for (int s = 0; s < P; ++s) {
-      double shard = 0;
+      double shard = 0, all = 0;
       for (const plan::LayerPlan& lp : sp.stages[s].layer_plans)
-        for (int64_t n : lp.parameter_numels)
-          shard += static_cast<double>(schedule::zero_chunk_size(n, 0, D));
+        for (size_t i = 0; i < lp.parameter_numels.size(); ++i) {
+          const auto c =
+              static_cast<double>(schedule::zero_chunk_size(lp.parameter_numels[i], 0, D));
+          all += c;
+          if (!step_casts || i >= lp.parameter_decays.size() || !lp.parameter_decays[i]) shard += c;
+        }
+      if (eo.optimizer_on_host) eo.host_clip_elements.push_back(all);
       eo.optimizer_elements.push_back(eo.optimizer_on_host
                                           ? shard
                                           : static_cast<double>(sp.stages[s].parameter_elements) /

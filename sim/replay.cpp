@@ -94,14 +94,16 @@ double host_seconds(const Op& o, const Cluster& c, const Calibration& cal, Timin
     fallback = kHostAdamElementsPerS;
     amount = o.flops;
   } else {
-    CAI_CHECK(o.op_kind == "host_add" || o.op_kind == "host_cast",
-              "[sim] host op '{}' of kind '{}': expected host_add, host_cast or host_adam", o.name,
-              o.op_kind);
+    CAI_CHECK(o.op_kind == "host_add" || o.op_kind == "host_cast" || o.op_kind == "host_sum",
+              "[sim] host op '{}' of kind '{}': expected host_add, host_cast, host_sum or "
+              "host_adam",
+              o.name, o.op_kind);
     rate = cal.host_add_bytes_per_s;
     fallback = kHostAddBytesPerS;
-    // A cast moves 6 bytes an element (fp32 in, half out), an add 12 (x and y in, y out): half
-    // an add's time for the same fp32 bytes.
+    // A cast moves 6 bytes an element (fp32 in, half out), a sum of squares 4 (x in), an add 12
+    // (x and y in, y out): half and a third of an add's time for the same fp32 bytes.
     if (o.op_kind == "host_cast") amount *= 0.5;
+    if (o.op_kind == "host_sum") amount /= 3.0;
   }
   if (count) ++(rate > 0 ? count->host_measured : count->host_placeholder);
   if (rate > 0) return amount / rate;

@@ -29,7 +29,8 @@
 //    host link (latency + bytes / bandwidth). It takes no share of the GPU's compute (the copy
 //    engines move it): on a stream other than 0 it overlaps the compute.
 //  - Host: work of the rank's host threads (ZeRO-Offload's gradient adds, host optimizer step,
-//    upload casts), `op_kind` "host_add" / "host_cast" (`bytes` of fp32 read) or "host_adam"
+//    upload casts, the clip's sum of squares), `op_kind` "host_add" / "host_cast" / "host_sum"
+//    (`bytes` of fp32 read) or "host_adam"
 //    (`flops` = elements), timed by the calibration's host rates or documented placeholders
 //    (replay.h: kHost*); it holds no GPU.
 //  - Copies (Workload::copies > 1): the listed ranks stand for every copy of a job of identical

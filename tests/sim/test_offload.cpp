@@ -61,7 +61,8 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
       const ConfigWorkload cw = workload_from_config(fmnist(offload_sets(zero)), n, c, false);
       const auto& ops = cw.workload.ranks[0].ops;
       const auto [S, rounded] = shard_of(cw.plan.stages[0], n);
-      int64_t down = 0, up = 0, adds = 0, add_bytes = 0, copies = 0;
+      int64_t down = 0, up = 0, adds = 0, add_bytes = 0, copies = 0, clip_bytes = 0, cast_bytes = 0;
+      double stepped = 0, piece_steps = 0;
       bool host_step = false;
       for (size_t i = 0; i < ops.size(); ++i) {
         const Op& o = ops[i];
@@ -82,9 +83,22 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
         if (o.name == "OptStep") {
           EXPECT_EQ(o.kind, OpKind::Host) << what;
           EXPECT_EQ(o.op_kind, "host_adam") << what;
-          EXPECT_EQ(o.flops, static_cast<double>(S)) << what;
+          // bf16: the rounded part steps inside the upload (below), this op the fp32 rest.
+          EXPECT_EQ(o.flops, static_cast<double>(S - rounded)) << what;
           host_step = true;
         }
+        if (o.kind == OpKind::Host && o.op_kind == "host_adam") stepped += o.flops;
+        if (o.kind == OpKind::Host && o.op_kind == "host_adam" && o.name != "OptStep") {
+          // A piece of the step writing an upload buffer: its copy follows it.
+          piece_steps += o.flops;
+          ASSERT_LT(i + 1, ops.size());
+          EXPECT_EQ(ops[i + 1].kind, OpKind::HostCopy) << what << " " << o.name;
+          EXPECT_TRUE(ops[i + 1].to_device) << what;
+          EXPECT_EQ(ops[i + 1].deps.front(), static_cast<int>(i)) << what;
+          EXPECT_EQ(ops[i + 1].bytes, static_cast<int64_t>(2 * o.flops)) << what;
+        }
+        if (o.kind == OpKind::Host && o.op_kind == "host_sum") clip_bytes += o.bytes;
+        if (o.kind == OpKind::Host && o.op_kind == "host_cast") cast_bytes += o.bytes;
         // The compute never waits for a copy or a host add: only the host's own waits do (a
         // slot of the lane, ReduceGrads' sync_gradients and its flush, the upload's end).
         if (o.stream == 0 && o.kind == OpKind::Compute && o.category != "offload" &&
@@ -96,6 +110,10 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
         }
       }
       EXPECT_TRUE(host_step) << what;
+      EXPECT_EQ(stepped, static_cast<double>(S)) << what;  // every element stepped once
+      EXPECT_EQ(piece_steps, static_cast<double>(rounded)) << what;
+      EXPECT_EQ(clip_bytes, 4 * S) << what;  // the clip's sum of squares reads the shard once
+      EXPECT_EQ(cast_bytes, 4 * (S - rounded)) << what;  // only the fp32 rest cast after the step
       // Stages 2/3: every bucket's chunk in each of the 2 micro-batches (S elements, fp32, per
       // micro-batch); stage 1: the gradient shard once.
       EXPECT_EQ(down, zero >= 2 ? 2 * 4 * S : 4 * S) << what;
@@ -119,8 +137,8 @@ TEST(Offload, ChunksGoToTheHostBesideTheCompute) {
 }
 
 // The profile's host rates time the copies (each direction its own), the adds, the casts (half an
-// add's time for the same fp32 bytes) and the host step; without them the cluster's host link and
-// the placeholders do, and the warnings say so.
+// add's time for the same fp32 bytes), the clip's sum of squares (a third) and the host step;
+// without them the cluster's host link and the placeholders do, and the warnings say so.
 TEST(Offload, HostRatesFromTheProfileOrPlaceholders) {
   const Cluster c = cluster("h100-2");
   const ConfigWorkload cw = workload_from_config(fmnist(offload_sets(2)), 2, c, false);
@@ -137,6 +155,8 @@ TEST(Offload, HostRatesFromTheProfileOrPlaceholders) {
       EXPECT_DOUBLE_EQ(dur[0][i], b / 4e9) << o.name;
     else if (o.op_kind == "host_cast")
       EXPECT_DOUBLE_EQ(dur[0][i], 0.5 * b / 4e9) << o.name;
+    else if (o.op_kind == "host_sum")
+      EXPECT_DOUBLE_EQ(dur[0][i], b / 3.0 / 4e9) << o.name;
     else if (o.op_kind == "host_adam")
       EXPECT_DOUBLE_EQ(dur[0][i], o.flops / 5e8) << o.name;
     else

@@ -326,7 +326,8 @@ void replay(const StepPlan& plan, RankPlan& r) {
   schedule::OffloadLayout off;
   if (offload)
     off = schedule::offload_layout(rp.numels, rp.decays, rp.buckets, l.zero_stage, r.dp_rank, d,
-                                   static_cast<int64_t>(dtype_size(l.precision)), slots);
+                                   static_cast<int64_t>(dtype_size(l.precision)), slots,
+                                   l.precision == DType::BF16);
   rp.streams = offload && l.zero_stage >= 2;
   m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
