@@ -57,6 +57,13 @@ void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const
                              float scale, float* out);
 void multi_tensor_clip(int count, float* const* x, const int64_t* n, const float* sq,
                        float max_norm, float* norm);
+// The blocks (elements from a tensor's start) over which the statistics sum a tensor's squares.
+constexpr int64_t kSquaresBlock = 65536;
+// y = x (assign) or y += x over [0, n), then *sq = Σ y² (double) and *bad = the inf/NaN count of
+// y, summed exactly as multi_tensor_grad_stats sums one tensor (same blocks, same order): the
+// statistics of a gradient taken as its last addition makes it (ZeRO-Offload's host adds of the
+// last micro-batch) equal a pass over it afterwards, bit for bit.
+void add_with_squares(float* y, const float* x, int64_t n, bool assign, double* sq, int64_t* bad);
 }  // namespace cpu
 namespace cuda {
 void sgd_step(float* p, const float* grad, float* buf, int64_t n, float lr, float momentum,

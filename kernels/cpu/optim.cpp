@@ -197,53 +197,58 @@ void multi_tensor_lamb(int count, float* const* p, const float* const* g, float*
 }
 
 namespace {
-// The sum of squares of x[0, n) (as sum_squares: fixed blocks, so the result does not depend on
-// the thread count) and how many elements are inf or NaN, in one pass over the CPU pool (a
-// ZeRO-Offload shard of a 6.4B model is 6.4e9 elements on one GPU: one thread took seconds).
-std::pair<double, int64_t> squares_and_nonfinite(const float* x, int64_t n) {
-  constexpr int64_t kBlock = 65536;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
+// One block of squares_and_nonfinite: Σ x² in double and the inf/NaN count of x[0, n).
+void block_squares(const float* x, int64_t n, double* sq, int64_t* bad) {
+  int64_t i = 0;
+  double acc = 0.0;
+  int64_t c = 0;
+#ifdef __AVX2__
+  // Four independent accumulators of four doubles (one chain of dependent adds was bound by its
+  // latency: 0.9 s a step over a 6.4B model's host gradients on 16 cores), added in a fixed
+  // order: the result still depends on the blocks only.
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (; i + 16 <= n; i += 16) {
+    const __m256 u = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+    const __m256d u0 = _mm256_cvtps_pd(_mm256_castps256_ps128(u));
+    const __m256d u1 = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
+    const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w));
+    const __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
+    a0 = _mm256_add_pd(a0, _mm256_mul_pd(u0, u0));
+    a1 = _mm256_add_pd(a1, _mm256_mul_pd(u1, u1));
+    a2 = _mm256_add_pd(a2, _mm256_mul_pd(w0, w0));
+    a3 = _mm256_add_pd(a3, _mm256_mul_pd(w1, w1));
+    // Not finite: |x| not below infinity (unordered: NaN too).
+    c += __builtin_popcount(static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(u, abs_mask), inf, _CMP_NLT_UQ))));
+    c += __builtin_popcount(static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(w, abs_mask), inf, _CMP_NLT_UQ))));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+  acc = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+  for (; i < n; ++i) {
+    acc += static_cast<double>(x[i]) * x[i];
+    c += !std::isfinite(x[i]);
+  }
+  *sq = acc;
+  *bad = c;
+}
+
+// The blocks of squares_and_nonfinite over x[0, n) on the CPU pool, `before(lo, hi)` run on each
+// block first (add_with_squares: the add that makes it), then summed in block order.
+template <typename Before>
+std::pair<double, int64_t> blocked_squares(float* x, int64_t n, Before before) {
+  const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   std::vector<double> sq(blocks, 0.0);
   std::vector<int64_t> bad(blocks, 0);
   parallel_for(blocks, 1, [&](int64_t s, int64_t e) {
     for (int64_t b = s; b < e; ++b) {
-      int64_t i = b * kBlock;
-      const int64_t end = std::min(n, (b + 1) * kBlock);
-      double acc = 0.0;
-      int64_t c = 0;
-#ifdef __AVX2__
-      // Four independent accumulators of four doubles (one chain of dependent adds was bound by
-      // its latency: 0.9 s a step over a 6.4B model's host gradients on 16 cores), added in a
-      // fixed order: the result still depends on the blocks only.
-      __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-      const __m256 inf = _mm256_set1_ps(INFINITY);
-      const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-      for (; i + 16 <= end; i += 16) {
-        const __m256 u = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
-        const __m256d u0 = _mm256_cvtps_pd(_mm256_castps256_ps128(u));
-        const __m256d u1 = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
-        const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w));
-        const __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(u0, u0));
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(u1, u1));
-        a2 = _mm256_add_pd(a2, _mm256_mul_pd(w0, w0));
-        a3 = _mm256_add_pd(a3, _mm256_mul_pd(w1, w1));
-        // Not finite: |x| not below infinity (unordered: NaN too).
-        c += __builtin_popcount(static_cast<unsigned>(
-            _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(u, abs_mask), inf, _CMP_NLT_UQ))));
-        c += __builtin_popcount(static_cast<unsigned>(
-            _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(w, abs_mask), inf, _CMP_NLT_UQ))));
-      }
-      alignas(32) double lanes[4];
-      _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
-      acc = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-#endif
-      for (; i < end; ++i) {
-        acc += static_cast<double>(x[i]) * x[i];
-        c += !std::isfinite(x[i]);
-      }
-      sq[b] = acc;
-      bad[b] = c;
+      const int64_t lo = b * kSquaresBlock, hi = std::min(n, lo + kSquaresBlock);
+      before(lo, hi);
+      block_squares(x + lo, hi - lo, &sq[b], &bad[b]);
     }
   });
   double total = 0.0;
@@ -251,7 +256,25 @@ std::pair<double, int64_t> squares_and_nonfinite(const float* x, int64_t n) {
   for (int64_t b = 0; b < blocks; ++b) total += sq[b], count += bad[b];
   return {total, count};
 }
+
+// The sum of squares of x[0, n) (as sum_squares: fixed blocks, so the result does not depend on
+// the thread count) and how many elements are inf or NaN, in one pass over the CPU pool (a
+// ZeRO-Offload shard of a 6.4B model is 6.4e9 elements on one GPU: one thread took seconds).
+std::pair<double, int64_t> squares_and_nonfinite(const float* x, int64_t n) {
+  return blocked_squares(const_cast<float*>(x), n, [](int64_t, int64_t) {});
+}
 }  // namespace
+
+void add_with_squares(float* y, const float* x, int64_t n, bool assign, double* sq, int64_t* bad) {
+  const auto [total, count] = blocked_squares(y, n, [&](int64_t lo, int64_t hi) {
+    if (assign)
+      std::memcpy(y + lo, x + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+    else
+      for (int64_t k = lo; k < hi; ++k) y[k] += x[k];
+  });
+  *sq = total;
+  *bad = count;
+}
 
 void multi_tensor_grad_stats(int count, float* const* x, const int64_t* n, const float* weight,
                              float scale, float* out) {

@@ -239,3 +239,31 @@ TEST(MultiTensorCpu, GradStatsOverBlocksMatchPlainLoopAndThreadCount) {
   EXPECT_EQ(out[1], 3.0f);
   EXPECT_TRUE(std::isnan(out[0]));
 }
+
+// add_with_squares (ZeRO-Offload's last host add of a step): y = x or y += x, and the statistics
+// of the result equal multi_tensor_grad_stats of it afterwards bit for bit (same blocks, same
+// order), across blocks and tails, with an inf counted.
+TEST(MultiTensorCpu, AddWithSquaresEqualsAddThenStats) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  for (int64_t n : {int64_t{5}, int64_t{65536}, int64_t{200017}}) {
+    for (bool assign : {false, true}) {
+      std::vector<float> x(n), y(n);
+      for (float& v : x) v = d(rng);
+      for (float& v : y) v = d(rng);
+      if (n > 100) x[n - 7] = INFINITY;
+      std::vector<float> ref = y;
+      for (int64_t i = 0; i < n; ++i) ref[i] = assign ? x[i] : ref[i] + x[i];
+      double sq = 0;
+      int64_t bad = 0;
+      cpu::add_with_squares(y.data(), x.data(), n, assign, &sq, &bad);
+      ASSERT_EQ(y, ref) << n;
+      float* p = ref.data();
+      float out[2];
+      cpu::multi_tensor_grad_stats(1, &p, &n, nullptr, 1.0f, out);
+      EXPECT_EQ(static_cast<float>(sq), out[0]) << n << " assign " << assign;
+      EXPECT_EQ(static_cast<float>(bad), out[1]) << n;
+      EXPECT_EQ(bad, n > 100 ? 1 : 0);
+    }
+  }
+}

@@ -270,10 +270,15 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
                       : t.device_gradient_bytes >= 4 * S && t.device_gradient_bytes <= 5 * S) &&
             t.bytes_down == (streamed ? int64_t{4} * S * steps * accum : 0) &&
             (t.chunks_down > 0) == streamed && t.bytes_up >= 2 * S * (steps + 1) &&
-            t.bytes_up <= 5 * S * (steps + 1),  // (the host layout's line padding)
+            t.bytes_up <= 5 * S * (steps + 1) &&  // (the host layout's line padding)
+            // Streamed, every step's clip took the sums the last micro-batch's adds computed
+            // (the comparison above then covers them); fp16's unscale rewrites the gradients.
+            t.clips_streamed == (streamed && !pa.grad_check && pa.precision != "fp16" ? steps : 0),
         "--cpu-offload zero {}: shard {} elements, {} device gradient bytes, {} chunks "
-        "({} B) to the host and {} B back over {} steps of {} micro-batches",
-        zero, S, t.device_gradient_bytes, t.chunks_down, t.bytes_down, t.bytes_up, steps, accum);
+        "({} B) to the host and {} B back over {} steps of {} micro-batches, {} clips from the "
+        "streamed sums",
+        zero, S, t.device_gradient_bytes, t.chunks_down, t.bytes_down, t.bytes_up, steps, accum,
+        t.clips_streamed);
   }
   // --split-backward: the steps ran programs of BackwardInput and BackwardWeight (a run of whole
   // Backwards would pass the comparison without testing the split). The reference is whole.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -214,6 +216,9 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
     for (const Bucket& b : m.buckets) most = std::max(most, b.counts[m.rank]);
     m.lane = std::make_unique<detail::OffloadLane>(m.device, most);
     m.host_stale.assign(m.buckets.size(), 1);
+    m.host_sq.assign(m.host.size(), 0.0);
+    m.host_bad.assign(m.host.size(), 0);
+    m.host_sq_valid.assign(m.host.size(), 0);
     m.upload();
   }
   if (m.cfg.copy_engine_all_reduce && m.device.is_cuda() && m.grad_views()) {
@@ -276,6 +281,7 @@ std::vector<nn::Parameter*> DataParallelPlugin::optimizer_parameters(nn::ViT&) {
 }
 
 const nn::LayerHooks* DataParallelPlugin::train_hooks(bool last_micro_batch) {
+  impl_->last_micro = last_micro_batch;
   if (impl_->size == 1 && impl_->cfg.zero_stage == 0) return nullptr;
   return last_micro_batch || impl_->sharded_grads() ? &impl_->last_hooks : &impl_->accumulate_hooks;
 }
@@ -345,7 +351,11 @@ void DataParallelPlugin::sync_layer_gradients() {
     // would have been.
     for (size_t i = 0; i < m.buckets.size(); ++i) {
       if (!m.host_stale[i]) continue;
-      for (nn::Parameter* p : m.buckets[i].params) m.host[m.index[p]].grad.zero_();
+      for (nn::Parameter* p : m.buckets[i].params) {
+        const size_t k = m.index[p];
+        m.host[k].grad.zero_();
+        m.host_sq[k] = 0.0, m.host_bad[k] = 0, m.host_sq_valid[k] = 1;
+      }
       m.host_stale[i] = 0;
     }
     m.flush_ms += ms_since(t0);
@@ -377,6 +387,10 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
   // The factor applied by opt's next step (optimizer_step follows) where it can be (DDP on a
   // GPU; offload's host shards: the sum of squares read here, the factor in the host Adam).
   const auto t0 = std::chrono::steady_clock::now();
+  if (Tensor norm = m.clip_from_streamed(opt, max_norm, reduce); norm.defined()) {
+    m.clip_ms += ms_since(t0);
+    return norm;
+  }
   Tensor norm = optim::clip_grad_norm_async(train::optimizer_params(opt), max_norm, reduce, nullptr,
                                             nullptr, &opt);
   if (m.offload()) m.clip_ms += ms_since(t0);
@@ -414,6 +428,33 @@ void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   // Every rank needs the updated full parameters for the next forward: the first gathers start
   // now, the rest as the next forward reaches them (materialize_parameters for other readers).
   if (m.cfg.zero_stage == 1 || m.cfg.zero_stage == 2) m.run_param_actions(m.param_queue.begin());
+}
+
+Tensor DataParallelPlugin::Impl::clip_from_streamed(optim::Optimizer& opt, double max_norm,
+                                                    const std::function<double(double)>& reduce) {
+  // Only where the statistics are those of what the step reads: every host gradient final from
+  // the last micro-batch's adds (or zeroed), no fp16 loss scale (its unscale rewrites them), and
+  // an optimizer stepping exactly the host shards in host memory.
+  if (!streams() || cfg.offload_dtype == DType::F16 || !opt.can_defer_clip(Device::cpu()))
+    return Tensor();
+  for (char v : host_sq_valid)
+    if (!v) return Tensor();
+  const std::vector<nn::Parameter*> ps = train::optimizer_params(opt);
+  if (ps.size() != host.size()) return Tensor();
+  // The sums in clip_grad_norm_async's order and precision: per tensor in the optimizer's
+  // order, in double, rounded to fp32 (the statistics' output), then reduced over the ranks.
+  double local = 0.0;
+  for (const nn::Parameter* p : ps) {
+    if (p < host.data() || p >= host.data() + host.size()) return Tensor();
+    const auto k = static_cast<size_t>(p - host.data());
+    if (p->grad.defined() && p->grad.numel() > 0) local += host_sq[k];
+  }
+  double sq = static_cast<float>(local);
+  if (reduce) sq = reduce(sq);
+  opt.defer_clip(Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1}),
+                 static_cast<float>(max_norm));
+  ++clips_streamed;
+  return Tensor::from_vector(std::vector<float>{static_cast<float>(std::sqrt(sq))}, {1});
 }
 
 bool DataParallelPlugin::Impl::step_uploading(optim::Optimizer& opt) {
@@ -467,9 +508,10 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   m.settle_pushes();
   // Offload: the host gradients are overwritten, not zeroed: stage 2/3 by the next step's first
   // chunks, stage 1 by sync_gradients' copy of its device shard.
-  if (m.streams())
+  if (m.streams()) {
     std::fill(m.host_stale.begin(), m.host_stale.end(), 1);
-  else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views()))
+    std::fill(m.host_sq_valid.begin(), m.host_sq_valid.end(), 0);
+  } else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views()))
     opt.zero_grad();  // else: the buckets below
   if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
@@ -541,6 +583,7 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   t.step_ms = m.step_ms;
   t.upload_ms = m.upload_ms;
   t.clip_ms = m.clip_ms;
+  t.clips_streamed = m.clips_streamed;
   return t;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -119,6 +120,15 @@ struct DataParallelPlugin::Impl {
   // Stage 2/3 offload, per bucket: its host gradients hold nothing of this step yet (zero_grad
   // sets it instead of zeroing them): its first chunk is copied in, not added.
   std::vector<char> host_stale;
+  // Stage 2/3 offload, per parameter: its host gradient's sum of squares and inf/NaN count as
+  // the last micro-batch's add left them (valid: that add was the step's last one into it; zero
+  // for the stale buckets' zeroed gradients), which the clip reads instead of a pass over the
+  // gradients. last_micro: train_hooks' flag of the micro-batch running now.
+  std::vector<double> host_sq;
+  std::vector<int64_t> host_bad;
+  std::vector<char> host_sq_valid;
+  bool last_micro = true;
+  int64_t clips_streamed = 0;  // steps whose clip read the streamed statistics
   // Host milliseconds: waiting for the streamed gradients in sync_gradients, the host optimizer
   // step, the upload (offload_traffic()).
   double flush_ms = 0, step_ms = 0, upload_ms = 0, clip_ms = 0;
@@ -137,6 +147,11 @@ struct DataParallelPlugin::Impl {
   // Returns false (nothing done) where that does not apply: another offload dtype, or an
   // optimizer that steps more than the host shards. step_ms / upload_ms: the step, the rest.
   bool step_uploading(optim::Optimizer& opt);
+  // The clip from the statistics the last micro-batch's host adds left (stage 2/3 offload): the
+  // factor deferred to opt's step, the norm returned; undefined (nothing done) where they do not
+  // stand for what opt steps (then the clip reads the gradients).
+  Tensor clip_from_streamed(optim::Optimizer& opt, double max_norm,
+                            const std::function<double(double)>& reduce);
   std::map<const nn::Parameter*, size_t> index;  // parameter -> position in params/shards
   std::vector<Bucket> buckets;
   // Finished reductions the compute stream waits for (finish()), until the host sees them done.
@@ -401,7 +416,13 @@ struct DataParallelPlugin::Impl {
         for (nn::Parameter* p : b.params) {
           const size_t k = index[p];
           const int64_t c = host[k].grad.numel();
-          if (c > 0) to_host.push_back({host_grad, host_offset[k], in, c, host_stale[i] != 0});
+          if (c > 0) {
+            detail::OffloadLane::Add a{host_grad, host_offset[k], in, c, host_stale[i] != 0};
+            // The last micro-batch's add makes the gradient final: its statistics come with it.
+            if (last_micro) a.sq = &host_sq[k], a.bad = &host_bad[k];
+            to_host.push_back(a);
+          }
+          host_sq_valid[k] = last_micro ? 1 : 0;
           in += c;
         }
         host_stale[i] = 0;

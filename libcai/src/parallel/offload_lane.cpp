@@ -7,6 +7,7 @@
 #include "cai/schedule/offload.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
+#include "kernels/optim.h"
 
 namespace cai::parallel::detail {
 
@@ -94,6 +95,11 @@ void OffloadLane::worker() {
       for (const Add& a : t.adds) {
         float* y = a.dst.data<float>() + a.dst_offset;
         const float* xs = x + a.src_offset;
+        if (a.sq) {
+          int64_t scratch = 0;
+          kernels::cpu::add_with_squares(y, xs, a.n, a.assign, a.sq, a.bad ? a.bad : &scratch);
+          continue;
+        }
         kernels::cpu::parallel_for(a.n, kGrain, [&](int64_t b, int64_t e) {
           if (a.assign)
             std::memcpy(y + b, xs + b, static_cast<size_t>(e - b) * sizeof(float));

@@ -36,12 +36,17 @@ class OffloadLane {
   // An add of `n` elements from offset `src_offset` of a pushed chunk into host tensor `dst`
   // (fp32) from element `dst_offset`; assign: a copy instead (the first chunk of a step: no
   // zeroing pass over the host gradients).
+  // sq / bad (may be null): the result's sum of squares and inf/NaN count written there, summed
+  // as the clip's statistics sum a tensor (kernels::cpu::add_with_squares): the last
+  // micro-batch's adds give the clip its figures without another pass over the gradients.
   struct Add {
     Tensor dst;
     int64_t dst_offset = 0;
     int64_t src_offset = 0;
     int64_t n = 0;
     bool assign = false;
+    double* sq = nullptr;
+    int64_t* bad = nullptr;
   };
   // device: where the chunks come from and the uploads go; max_elements: the largest chunk (the
   // staging buffers' size).

@@ -190,6 +190,9 @@ class DataParallelPlugin : public train::Plugin {
     int64_t shard_elements = 0, device_gradient_bytes = 0;
     int64_t chunks_down = 0, bytes_down = 0, bytes_up = 0, staging_bytes = 0;
     double flush_ms = 0, step_ms = 0, upload_ms = 0, clip_ms = 0;
+    // Steps whose clip took the sums of squares the last micro-batch's host adds computed
+    // (stage 2/3), not a pass over the host gradients.
+    int64_t clips_streamed = 0;
   };
   OffloadTraffic offload_traffic() const;
   int num_buckets() const;
