@@ -226,7 +226,8 @@ Workload expand_schedule(const schedule::Schedule& s, const ExpandOptions& opt) 
           }
           case Op::OptimizerStep:
             if (!opt.optimizer_elements.empty() && opt.optimizer_on_host) {
-              if (st < static_cast<int>(opt.host_clip_elements.size())) {
+              if (st < static_cast<int>(opt.host_clip_elements.size()) &&
+                  opt.host_clip_elements[st] > 0) {
                 sim::Op c = sim::Op::compute("ClipSum", -1.0, -1, "optimizer");
                 c.kind = OpKind::Host;
                 c.bytes = static_cast<int64_t>(4 * opt.host_clip_elements[st]);

@@ -43,7 +43,8 @@ struct ExpandOptions {
   double optimizer_bytes_per_element = 36.0;
   // ZeRO-Offload: the step runs on the host (an OpKind::Host "host_adam" op over
   // optimizer_elements, the clip's factor applied inside it), not on the GPU, after the clip's
-  // sum of squares over host_clip_elements (per stage: the whole host shard) as a "host_sum" op.
+  // sum of squares over host_clip_elements (per stage: ZeRO-1's whole host shard; 0 where the
+  // last micro-batch's host adds computed it) as a "host_sum" op.
   bool optimizer_on_host = false;
   std::vector<double> host_clip_elements;
   // Boundary tensor bytes per micro-batch; < 0: the instructions' own bytes.

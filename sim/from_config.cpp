@@ -700,7 +700,10 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
           all += c;
           if (!step_casts || i >= lp.parameter_decays.size() || !lp.parameter_decays[i]) shard += c;
         }
-      if (eo.optimizer_on_host) eo.host_clip_elements.push_back(all);
+      // Stage 2/3: the sums of squares come with the last micro-batch's host adds (the block
+      // is in cache as it is added: no further read); stage 1's clip reads the copied shard.
+      if (eo.optimizer_on_host)
+        eo.host_clip_elements.push_back(layout.zero_stage == 1 ? all : 0.0);
       eo.optimizer_elements.push_back(eo.optimizer_on_host
                                           ? shard
                                           : static_cast<double>(sp.stages[s].parameter_elements) /
