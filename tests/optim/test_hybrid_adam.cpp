@@ -38,6 +38,29 @@ void reference_adam(std::vector<float>& p, const std::vector<float>& g, std::vec
   }
 }
 
+// p, m and v of n elements in one 64-byte aligned block, each `shift` elements past a 64-byte
+// boundary (the same misalignment for all three), p drawn from N(0, 1) with `seed`, m and v zero;
+// rp, rm, rv: a copy of them for a reference run.
+struct AlignedAdamState {
+  AlignedAdamState(int64_t n, int64_t shift, unsigned seed)
+      : buf(static_cast<float*>(std::aligned_alloc(64, 3 * (n + 64) * sizeof(float)))),
+        rp(n),
+        rm(n, 0.0f),
+        rv(n, 0.0f),
+        rng(seed) {
+    p = buf + shift, m = buf + (n + 64) + shift, v = buf + 2 * (n + 64) + shift;
+    for (int64_t i = 0; i < n; ++i) p[i] = rp[i] = dist(rng), m[i] = v[i] = 0.0f;
+  }
+  ~AlignedAdamState() { std::free(buf); }
+  AlignedAdamState(const AlignedAdamState&) = delete;
+  AlignedAdamState& operator=(const AlignedAdamState&) = delete;
+  float* buf;
+  float *p = nullptr, *m = nullptr, *v = nullptr;
+  std::vector<float> rp, rm, rv;
+  std::mt19937 rng;
+  std::normal_distribution<float> dist{0.0f, 1.0f};
+};
+
 double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
@@ -85,33 +108,27 @@ INSTANTIATE_TEST_SUITE_P(OddSizes, AdamStepSizes,
 // other (ordinary stores) bit for bit, head, body and tail.
 TEST(AdamStep, StreamedStoresEqualOrdinaryStores) {
   const int64_t n = 100003;
-  auto* buf = static_cast<float*>(std::aligned_alloc(64, 3 * (n + 64) * sizeof(float)));
-  ASSERT_NE(buf, nullptr);
   for (int64_t shift : {0, 3}) {  // the same misalignment for all three: streamed after a head
-    float* p = buf + shift;
-    float* m = buf + (n + 64) + shift;
-    float* v = buf + 2 * (n + 64) + shift;
-    std::mt19937 rng(11);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> rp(n), rm(n, 0.0f), rv(n, 0.0f), g(n);
-    for (int64_t i = 0; i < n; ++i) p[i] = rp[i] = dist(rng), m[i] = v[i] = 0.0f;
+    AlignedAdamState st(n, shift, 11);
+    ASSERT_NE(st.buf, nullptr);
+    std::vector<float> g(n);
     // The reference's p one element off its m and v: never aligned alike, ordinary stores.
     std::vector<float> rp_shifted(n + 1);
     for (int64_t step = 1; step <= 2; ++step) {
-      for (float& x : g) x = dist(rng);
-      kernels::cpu::adam_step(p, g.data(), m, v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, step, true);
-      std::copy(rp.begin(), rp.end(), rp_shifted.begin() + 1);
-      kernels::cpu::adam_step(rp_shifted.data() + 1, g.data(), rm.data(), rv.data(), n, 1e-2f, 0.9f,
-                              0.999f, 1e-8f, 0.05f, step, true);
-      std::copy(rp_shifted.begin() + 1, rp_shifted.end(), rp.begin());
+      for (float& x : g) x = st.dist(st.rng);
+      kernels::cpu::adam_step(st.p, g.data(), st.m, st.v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f,
+                              step, true);
+      std::copy(st.rp.begin(), st.rp.end(), rp_shifted.begin() + 1);
+      kernels::cpu::adam_step(rp_shifted.data() + 1, g.data(), st.rm.data(), st.rv.data(), n, 1e-2f,
+                              0.9f, 0.999f, 1e-8f, 0.05f, step, true);
+      std::copy(rp_shifted.begin() + 1, rp_shifted.end(), st.rp.begin());
     }
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(p[i], rp[i]) << "shift " << shift << " element " << i;
-      ASSERT_EQ(m[i], rm[i]) << "shift " << shift << " element " << i;
-      ASSERT_EQ(v[i], rv[i]) << "shift " << shift << " element " << i;
+      ASSERT_EQ(st.p[i], st.rp[i]) << "shift " << shift << " element " << i;
+      ASSERT_EQ(st.m[i], st.rm[i]) << "shift " << shift << " element " << i;
+      ASSERT_EQ(st.v[i], st.rv[i]) << "shift " << shift << " element " << i;
     }
   }
-  std::free(buf);
 }
 
 TEST(HybridAdam, EqualsAdamWBitForBitOnCpuParameters) {
@@ -169,36 +186,29 @@ TEST(HybridAdam, EqualsAdamWBitForBitOnCpuParameters) {
 // updated values (float_to_bf16), NaN included, over the streamed body, the head and the tail.
 TEST(AdamStep, ScaledGradientsAndBf16CopyEqualTheSeparatePasses) {
   const int64_t n = 70007;
-  auto* buf = static_cast<float*>(std::aligned_alloc(64, 3 * (n + 64) * sizeof(float)));
-  ASSERT_NE(buf, nullptr);
   for (int64_t shift : {0, 5}) {
-    float* p = buf + shift;
-    float* m = buf + (n + 64) + shift;
-    float* v = buf + 2 * (n + 64) + shift;
-    std::mt19937 rng(17);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> rp(n), rm(n, 0.0f), rv(n, 0.0f), g(n);
-    for (int64_t i = 0; i < n; ++i) p[i] = rp[i] = dist(rng), m[i] = v[i] = 0.0f;
+    AlignedAdamState st(n, shift, 17);
+    ASSERT_NE(st.buf, nullptr);
+    std::vector<float> g(n);
     std::vector<uint16_t> copy(n, 0);
     const float scale = 0.3719f;
     for (int64_t step = 1; step <= 2; ++step) {
-      for (float& x : g) x = dist(rng);
+      for (float& x : g) x = st.dist(st.rng);
       if (step == 2) g[n / 2] = std::nanf("");  // one NaN update: its copy a quiet NaN
-      kernels::cpu::adam_step(p, g.data(), m, v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, step, true,
-                              scale, copy.data());
+      kernels::cpu::adam_step(st.p, g.data(), st.m, st.v, n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f,
+                              step, true, scale, copy.data());
       std::vector<float> scaled = g;
       for (float& x : scaled) x *= scale;
-      kernels::cpu::adam_step(rp.data(), scaled.data(), rm.data(), rv.data(), n, 1e-2f, 0.9f,
-                              0.999f, 1e-8f, 0.05f, step, true);
+      kernels::cpu::adam_step(st.rp.data(), scaled.data(), st.rm.data(), st.rv.data(), n, 1e-2f,
+                              0.9f, 0.999f, 1e-8f, 0.05f, step, true);
     }
-    EXPECT_TRUE(std::isnan(p[n / 2]));
+    EXPECT_TRUE(std::isnan(st.p[n / 2]));
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(std::memcmp(&p[i], &rp[i], 4), 0) << "shift " << shift << " element " << i;
-      ASSERT_EQ(std::memcmp(&m[i], &rm[i], 4), 0) << "shift " << shift << " element " << i;
-      ASSERT_EQ(copy[i], float_to_bf16(rp[i])) << "shift " << shift << " element " << i;
+      ASSERT_EQ(std::memcmp(&st.p[i], &st.rp[i], 4), 0) << "shift " << shift << " element " << i;
+      ASSERT_EQ(std::memcmp(&st.m[i], &st.rm[i], 4), 0) << "shift " << shift << " element " << i;
+      ASSERT_EQ(copy[i], float_to_bf16(st.rp[i])) << "shift " << shift << " element " << i;
     }
   }
-  std::free(buf);
 }
 
 namespace {
