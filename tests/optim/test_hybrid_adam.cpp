@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -233,6 +234,12 @@ std::vector<nn::Parameter*> pointers(std::vector<nn::Parameter>& ps) {
   for (auto& p : ps) out.push_back(&p);
   return out;
 }
+// Optimizer `name` over ps, timm's weight-decay groups (lr 1e-2, weight decay 0.05).
+std::unique_ptr<optim::Optimizer> named(const char* name, std::vector<nn::Parameter>& ps) {
+  optim::OptimizerOptions o;
+  o.name = name;
+  return optim::make_optimizer(o, optim::weight_decay_groups(pointers(ps), 1e-2, 0.05));
+}
 void expect_same_values(std::vector<nn::Parameter>& a, std::vector<nn::Parameter>& b,
                         const std::string& what) {
   for (size_t i = 0; i < a.size(); ++i) {
@@ -252,10 +259,7 @@ TEST(ClipGradNorm, DeferredOnTheHostEqualsClippingInPlace) {
   for (const char* name : {"adamw", "hybrid_adam", "adam", "sgd", "lamb"}) {
     for (bool reduced : {false, true}) {
       auto a = random_params(7), b = random_params(7);
-      optim::OptimizerOptions o;
-      o.name = name;
-      auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pointers(a), 1e-2, 0.05));
-      auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pointers(b), 1e-2, 0.05));
+      auto oa = named(name, a), ob = named(name, b);
       std::function<double(double)> reduce;
       if (reduced) reduce = [](double sq) { return sq; };  // one rank
       ASSERT_TRUE(ob->can_defer_clip(Device::cpu()));
@@ -294,10 +298,7 @@ TEST(Optimizer, OrderedStepEqualsStepAndMirrorsBf16) {
   for (const char* name : {"adamw", "sgd"}) {
     for (bool clip : {false, true}) {
       auto a = random_params(9), b = random_params(9);
-      optim::OptimizerOptions o;
-      o.name = name;
-      auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pointers(a), 1e-2, 0.05));
-      auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pointers(b), 1e-2, 0.05));
+      auto oa = named(name, a), ob = named(name, b);
       std::vector<nn::Parameter*> order{&b[2], &b[0], &b[1]};
       std::vector<std::vector<uint16_t>> mirror(3);
       for (int step = 0; step < 2; ++step) {
