@@ -1,4 +1,5 @@
 #include "kernels/optim.h"
+#include "kernels/base/dtype.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 
@@ -43,16 +44,8 @@ inline void adam_element(float& p, float g, float& m, float& v, float beta1, flo
   const float denom = std::sqrt(v) / bc2_sqrt + eps;
   p -= step_size * (m / denom);
 }
-// fp32 -> bf16, round to nearest even, NaN kept quiet (cai::float_to_bf16's rule).
-inline uint16_t bf16_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 #ifdef __AVX2__
-// Eight lanes of bf16_of.
+// Eight lanes of bf16_bits (kernels/base/dtype.h).
 inline __m128i bf16x8(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
@@ -84,7 +77,7 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
     auto one = [&](int64_t k) {
       adam_element(p[k], scaled ? grad[k] * grad_scale : grad[k], m[k], v[k], beta1, beta2, eps,
                    weight_decay, lr, bc2_sqrt, step_size, decoupled);
-      if (out_bf16) out_bf16[k] = bf16_of(p[k]);
+      if (out_bf16) out_bf16[k] = bf16_bits(p[k]);
     };
     int64_t i = s;
 #ifdef __AVX2__

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cai/core/error.h"
+#include "kernels/base/dtype.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
@@ -374,11 +375,7 @@ std::string Tensor::str() const {
 }
 
 uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return kernels::bf16_bits(f);
 }
 
 float bf16_to_float(uint16_t h) {

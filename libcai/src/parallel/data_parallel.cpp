@@ -435,20 +435,17 @@ Tensor DataParallelPlugin::Impl::clip_from_streamed(optim::Optimizer& opt, doubl
   // Only where the statistics are those of what the step reads: every host gradient final from
   // the last micro-batch's adds (or zeroed), no fp16 loss scale (its unscale rewrites them), and
   // an optimizer stepping exactly the host shards in host memory.
-  if (!streams() || cfg.offload_dtype == DType::F16 || !opt.can_defer_clip(Device::cpu()))
+  if (!streams() || cfg.offload_dtype == DType::F16 || !opt.can_defer_clip(Device::cpu()) ||
+      !steps_host_shards(opt))
     return Tensor();
   for (char v : host_sq_valid)
     if (!v) return Tensor();
-  const std::vector<nn::Parameter*> ps = train::optimizer_params(opt);
-  if (ps.size() != host.size()) return Tensor();
   // The sums in clip_grad_norm_async's order and precision: per tensor in the optimizer's
   // order, in double, rounded to fp32 (the statistics' output), then reduced over the ranks.
   double local = 0.0;
-  for (const nn::Parameter* p : ps) {
-    if (p < host.data() || p >= host.data() + host.size()) return Tensor();
-    const auto k = static_cast<size_t>(p - host.data());
-    if (p->grad.defined() && p->grad.numel() > 0) local += host_sq[k];
-  }
+  for (const nn::Parameter* p : train::optimizer_params(opt))
+    if (p->grad.defined() && p->grad.numel() > 0)
+      local += host_sq[static_cast<size_t>(p - host.data())];
   double sq = static_cast<float>(local);
   if (reduce) sq = reduce(sq);
   opt.defer_clip(Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1}),
@@ -457,16 +454,19 @@ Tensor DataParallelPlugin::Impl::clip_from_streamed(optim::Optimizer& opt, doubl
   return Tensor::from_vector(std::vector<float>{static_cast<float>(std::sqrt(sq))}, {1});
 }
 
-bool DataParallelPlugin::Impl::step_uploading(optim::Optimizer& opt) {
-  if (cfg.offload_dtype != DType::BF16 || !dev_value.defined()) return false;
+bool DataParallelPlugin::Impl::steps_host_shards(const optim::Optimizer& opt) const {
   std::set<const nn::Parameter*> mine;
-  for (const auto& g : opt.groups()) mine.insert(g.params.begin(), g.params.end());
-  if (mine.size() != host.size()) return false;
+  for (const auto& g : opt.groups())
+    for (const nn::Parameter* p : g.params)
+      if (p < host.data() || p >= host.data() + host.size() || !mine.insert(p).second) return false;
+  return mine.size() == host.size();
+}
+
+bool DataParallelPlugin::Impl::step_uploading(optim::Optimizer& opt) {
+  if (cfg.offload_dtype != DType::BF16 || !dev_value.defined() || !steps_host_shards(opt))
+    return false;
   std::vector<size_t> order(host.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (!mine.count(&host[i])) return false;
-    order[i] = i;
-  }
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return host_offset[a] < host_offset[b]; });
   std::vector<nn::Parameter*> ps;

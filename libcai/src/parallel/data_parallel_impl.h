@@ -147,6 +147,9 @@ struct DataParallelPlugin::Impl {
   // Returns false (nothing done) where that does not apply: another offload dtype, or an
   // optimizer that steps more than the host shards. step_ms / upload_ms: the step, the rest.
   bool step_uploading(optim::Optimizer& opt);
+  // Whether opt steps exactly the host shards (`host`), each once: what the host step and the
+  // streamed clip assume.
+  bool steps_host_shards(const optim::Optimizer& opt) const;
   // The clip from the statistics the last micro-batch's host adds left (stage 2/3 offload): the
   // factor deferred to opt's step, the norm returned; undefined (nothing done) where they do not
   // stand for what opt steps (then the clip reads the gradients).

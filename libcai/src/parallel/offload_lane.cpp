@@ -216,9 +216,6 @@ void OffloadLane::upload(const Tensor& src, int64_t src_offset, const Tensor& ds
   }
 }
 
-}  // namespace cai::parallel::detail
-
-namespace cai::parallel::detail {
 
 int OffloadLane::up_slot() {
   const int k = up_next_;
