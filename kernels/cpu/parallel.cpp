@@ -17,6 +17,7 @@ namespace cai::kernels::cpu {
 namespace {
 
 thread_local bool in_pool_block = false;
+thread_local bool waits_for_pool = false;  // PoolWaits
 
 int default_threads() {
   for (const char* v : {"CAI_NUM_THREADS", "OMP_NUM_THREADS"})
@@ -141,11 +142,19 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     return;
   }
   std::unique_lock<std::mutex> busy(p.busy(), std::try_to_lock);
+  if (!busy.owns_lock() && waits_for_pool) busy.lock();
   if (!busy.owns_lock()) {
     fn(0, n);
     return;
   }
   p.run(n, fn);
+}
+
+PoolWaits::PoolWaits() : before_(waits_for_pool) {
+  waits_for_pool = true;
+}
+PoolWaits::~PoolWaits() {
+  waits_for_pool = before_;
 }
 
 }  // namespace cai::kernels::cpu

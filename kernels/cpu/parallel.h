@@ -17,7 +17,23 @@ void set_num_threads(int n);  // recreates the pool; n >= 1
 
 // Runs fn(begin, end) over contiguous blocks covering [0, n), in parallel when n ≥ 2·grain
 // (grain: the fewest items worth a thread). Calls from inside a block, or while another thread
-// is using the pool, run inline. Exceptions from blocks are rethrown to the caller.
+// is using the pool, run inline (unless a PoolWaits lives on this thread). Exceptions from blocks
+// are rethrown to the caller.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// While one lives, this thread's parallel_for calls wait for a pool in use by another thread
+// instead of running inline (a long background job, such as ZeRO-Offload's host step beside the
+// next forward, whose blocks would otherwise run on one core whenever another thread's short
+// call holds the pool).
+class PoolWaits {
+ public:
+  PoolWaits();
+  ~PoolWaits();
+  PoolWaits(const PoolWaits&) = delete;
+  PoolWaits& operator=(const PoolWaits&) = delete;
+
+ private:
+  bool before_;
+};
 
 }  // namespace cai::kernels::cpu

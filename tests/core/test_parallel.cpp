@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
@@ -51,4 +53,35 @@ TEST(ThreadPool, ExceptionsReachTheCaller) {
   std::atomic<int64_t> sum{0};
   parallel_for(100, 1, [&](int64_t s, int64_t e) { sum += e - s; });
   EXPECT_EQ(sum.load(), 100);
+}
+
+// Another thread's call while the pool is in use runs inline (one block); under PoolWaits it
+// waits for the pool and is split over its threads (the offload host step beside the forward).
+TEST(ThreadPool, PoolWaitsWaitsForThePoolInsteadOfRunningInline) {
+  set_num_threads(2);
+  for (bool waits : {false, true}) {
+    std::atomic<bool> holding{false}, release{false};
+    std::thread holder([&] {
+      parallel_for(2, 1, [&](int64_t s, int64_t) {
+        if (s == 0) {
+          holding = true;
+          while (!release) std::this_thread::yield();
+        }
+      });
+    });
+    while (!holding) std::this_thread::yield();
+    std::atomic<int> blocks{0};
+    std::thread other([&] {
+      std::optional<cai::kernels::cpu::PoolWaits> w;
+      if (waits) w.emplace();
+      parallel_for(1000, 1, [&](int64_t, int64_t) { blocks++; });
+    });
+    // Without PoolWaits the call has run inline by now; with it, it waits until the pool is free.
+    if (!waits) other.join();
+    EXPECT_EQ(blocks.load(), waits ? 0 : 1);
+    release = true;
+    holder.join();
+    if (waits) other.join();
+    EXPECT_EQ(blocks.load(), waits ? 2 : 1) << (waits ? "PoolWaits" : "inline");
+  }
 }
