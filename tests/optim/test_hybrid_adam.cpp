@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cai/core/error.h"
@@ -336,4 +337,28 @@ TEST(Optimizer, OrderedStepEqualsStepAndMirrorsBf16) {
       EXPECT_THROW(ob->step_ordered(twice, nullptr, nullptr), Error);
     }
   }
+}
+
+// ordered_step: the step counted and the groups' hyperparameters taken when it is prepared, the
+// updates run later on another thread (ZeRO-Offload's host step beside the next forward): a
+// scheduler setting the next step's lr meanwhile changes nothing in this one.
+TEST(Optimizer, OrderedStepTakesTheHyperparametersWhenPrepared) {
+  auto a = random_params(11), b = random_params(11);
+  auto oa = named("adamw", a), ob = named("adamw", b);
+  std::vector<nn::Parameter*> order{&b[0], &b[1], &b[2]};
+  for (int step = 0; step < 2; ++step) {
+    const auto fresh = random_params(300 + step);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i].grad.copy_from(fresh[i].grad);
+      b[i].grad.copy_from(fresh[i].grad);
+    }
+    oa->step();
+    std::function<void()> run = ob->ordered_step(order, nullptr, nullptr);
+    EXPECT_EQ(ob->steps(), step + 1);         // counted when prepared
+    for (auto& g : ob->groups()) g.lr *= 10;  // the next step's lr, set before this one runs
+    std::thread t(run);
+    t.join();
+    for (auto& g : ob->groups()) g.lr /= 10;
+  }
+  expect_same_values(a, b, "adamw ordered_step with the lr changed meanwhile");
 }

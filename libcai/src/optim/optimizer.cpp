@@ -122,6 +122,12 @@ void Optimizer::step() {
 void Optimizer::step_ordered(const std::vector<nn::Parameter*>& order,
                              const std::function<uint16_t*(size_t)>& mirror,
                              const std::function<void(size_t)>& done) {
+  ordered_step(order, mirror, done)();
+}
+
+std::function<void()> Optimizer::ordered_step(std::vector<nn::Parameter*> order,
+                                              std::function<uint16_t*(size_t)> mirror,
+                                              std::function<void(size_t)> done) {
   std::map<const nn::Parameter*, size_t> group_of;
   for (size_t g = 0; g < groups_.size(); ++g)
     for (const nn::Parameter* p : groups_[g].params) {
@@ -142,21 +148,28 @@ void Optimizer::step_ordered(const std::vector<nn::Parameter*>& order,
             "[optimizer] {}: the ordered step lists {} of the groups' {} parameters", name(),
             order.size(), group_of.size());
   ++step_;
-  for (auto& g : groups_)
-    if (clip_sq_.defined() && !fuses_clip(g))
-      for (GradLists& l : grad_lists(g.params, nullptr)) clip_with(l, clip_sq_, clip_max_, nullptr);
-  for (size_t i = 0; i < order.size(); ++i) {
-    nn::Parameter& p = *order[i];
-    uint16_t* out = mirror ? mirror(i) : nullptr;
-    if (!update_mirrored(groups_[group_of[&p]], p, out) && out) {
-      const float* x = p.value.data<float>();
-      kernels::cpu::parallel_for(p.value.numel(), 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t k = b; k < e; ++k) out[k] = float_to_bf16(x[k]);
-      });
+  // The groups as they are now (a scheduler may set the next step's lr while this one runs).
+  std::vector<size_t> group(order.size());
+  for (size_t i = 0; i < order.size(); ++i) group[i] = group_of[order[i]];
+  return [this, gs = groups_, order = std::move(order), group = std::move(group),
+          mirror = std::move(mirror), done = std::move(done)]() mutable {
+    for (auto& g : gs)
+      if (clip_sq_.defined() && !fuses_clip(g))
+        for (GradLists& l : grad_lists(g.params, nullptr))
+          clip_with(l, clip_sq_, clip_max_, nullptr);
+    for (size_t i = 0; i < order.size(); ++i) {
+      nn::Parameter& p = *order[i];
+      uint16_t* out = mirror ? mirror(i) : nullptr;
+      if (!update_mirrored(gs[group[i]], p, out) && out) {
+        const float* x = p.value.data<float>();
+        kernels::cpu::parallel_for(p.value.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) out[k] = float_to_bf16(x[k]);
+        });
+      }
+      if (done) done(i);
     }
-    if (done) done(i);
-  }
-  clip_sq_ = Tensor();
+    clip_sq_ = Tensor();
+  };
 }
 
 bool Optimizer::update_mirrored(ParamGroup& g, nn::Parameter& p, uint16_t*) {

@@ -40,6 +40,13 @@ class Optimizer {
   void step_ordered(const std::vector<nn::Parameter*>& order,
                     const std::function<uint16_t*(size_t)>& mirror,
                     const std::function<void(size_t)>& done);
+  // step_ordered in two parts: this call checks the arguments, counts the step and takes the
+  // groups' hyperparameters as they are now; the returned function runs the updates (once, on
+  // any one thread: ZeRO-Offload's host step runs beside the next forward). Until it has
+  // returned, only groups() may be used (e.g. a scheduler setting the next step's lr).
+  std::function<void()> ordered_step(std::vector<nn::Parameter*> order,
+                                     std::function<uint16_t*(size_t)> mirror,
+                                     std::function<void(size_t)> done);
   void zero_grad();
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
