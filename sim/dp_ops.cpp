@@ -94,29 +94,42 @@ void OffloadLaneOps::flush(int base, std::vector<Op>& ops) {
   ops.push_back(std::move(f));
 }
 
-void OffloadLaneOps::upload(int base, std::vector<Op>& ops) const {
+std::vector<int> OffloadLaneOps::upload(int base, std::vector<Op>& ops, bool end_wait) const {
   std::vector<int> copies;
   for (size_t k = 0; k < off.upload.size(); ++k) {
-    // The host step's own copies (bf16): that piece of the step writes the buffer; the others
-    // are cast from the stepped fp32 values.
-    const bool fused = static_cast<int>(k) < off.fused_copies;
-    Op cast = fused
-                  ? host_op(fmt::format("upload {} step", k), "host_adam", 0)
-                  : host_op(fmt::format("upload {} cast", k), "host_cast", 4 * off.upload_numel[k]);
-    if (fused) cast.flops = static_cast<double>(off.upload_numel[k]);
-    cast.category = "optimizer";
-    if (k >= 2) cast.deps.push_back(dep_on(copies[k - 2], base));
-    const int at = base + static_cast<int>(ops.size());
-    ops.push_back(std::move(cast));
-    Op c = host_copy(fmt::format("upload {}", k), off.upload[k], true, kOffloadCopyStream);
+    const schedule::OffloadLayout::UploadPiece& u = off.upload[k];
+    // The slot's previous copy has left before the host writes it again.
+    std::vector<int> slot;
+    if (k >= 2) slot.push_back(dep_on(copies[k - 2], base));
+    int last = -1;
+    if (u.step > 0) {
+      Op s = host_op(fmt::format("upload {} step", k), "host_adam", 0);
+      s.flops = static_cast<double>(u.step);
+      s.category = "optimizer";
+      s.deps = slot;
+      last = base + static_cast<int>(ops.size());
+      ops.push_back(std::move(s));
+    }
+    if (u.cast) {
+      Op c = host_op(fmt::format("upload {} cast", k), "host_cast", 4 * u.numel);
+      c.category = "optimizer";
+      c.deps = slot;
+      if (last >= 0) c.deps.push_back(dep_on(last, base));
+      last = base + static_cast<int>(ops.size());
+      ops.push_back(std::move(c));
+    }
+    Op c = host_copy(fmt::format("upload {}", k), u.bytes, true, kOffloadCopyStream);
     c.category = "optimizer";
-    c.deps.push_back(dep_on(at, base));
+    if (last >= 0) c.deps.push_back(dep_on(last, base));
     copies.push_back(base + static_cast<int>(ops.size()));
     ops.push_back(std::move(c));
   }
-  Op done = Op::compute("upload done", 0.0, -1, "optimizer");
-  if (!copies.empty()) done.deps.push_back(dep_on(copies.back(), base));
-  ops.push_back(std::move(done));
+  if (end_wait) {
+    Op done = Op::compute("upload done", 0.0, -1, "optimizer");
+    if (!copies.empty()) done.deps.push_back(dep_on(copies.back(), base));
+    ops.push_back(std::move(done));
+  }
+  return copies;
 }
 
 }  // namespace cai::sim

@@ -62,12 +62,14 @@ struct OffloadLaneOps {
   void push(int k, int reduce, int64_t packed, int64_t chunk, int base, std::vector<Op>& ops);
   // sync_gradients: the host waits for the last add; the slots' chunks go.
   void flush(int base, std::vector<Op>& ops);
-  // After the host step: per upload copy, the host casts the fp32 values into one of two pinned
-  // slots (after that slot's previous copy) and the copy stream moves them host -> device; the
-  // compute stream waits for the last copy ("upload done"). The first off.fused_copies copies
-  // (bf16) are a piece of the host Adam each ("host_adam" over its elements) writing the slot
-  // itself, sent while the next piece steps.
-  void upload(int base, std::vector<Op>& ops) const;
+  // The host step's upload (off.upload's pieces): per copy, the host steps the piece's `step`
+  // elements ("host_adam"; bf16: writing the pinned slot itself) and/or casts its fp32 values into
+  // the slot ("host_cast"), after that slot's previous copy (two slots), and the copy stream
+  // moves it host -> device while the host goes on. end_wait: the compute stream then waits for
+  // the last copy ("upload done": the step ends with its upload); else (the step beside the next
+  // forward) the caller makes each gather wait for its parameters' copies. Returns each piece's
+  // copy as a program index.
+  std::vector<int> upload(int base, std::vector<Op>& ops, bool end_wait) const;
 };
 
 }  // namespace cai::sim

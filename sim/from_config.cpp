@@ -258,6 +258,7 @@ class ConfigProgram {
       const plan::LayerPlan& lp = *layer_plan_.at(layers[li]);
       const int pos = dp ? dp->pos.at(layers[li]) : -1;
       const bool has_w = std::any_of(lp.ops.begin(), lp.ops.end(), has_weight_gemm);
+      if (dp && fwd) begin_host_step(*dp, base, ops);
       // ZeRO-1/2: the last step's deferred gathers (begun at the first layer) this layer needs.
       if (dp && fwd && (layout_.zero_stage == 1 || layout_.zero_stage == 2)) {
         if (!dp->params_begun) {
@@ -269,6 +270,7 @@ class ConfigProgram {
       // ZeRO-3: the gathers the window starts now, then this layer's completes into its values.
       if (dp && layout_.zero_stage == 3 && dp->layer_numel[pos] > 0 && !weight_only) {
         for (int i : dp->window.fetch(pos, !fwd)) {
+          await_host_step(*dp, dp->params_of_pos[i], base, ops);
           ops.push_back(
               dp_copy(fmt::format("{} gather pack", dp->name[i]), 8 * dp->layer_chunk[i], 1));
           Op ag = Op::collective(OpKind::AllGather,
@@ -478,7 +480,7 @@ class ConfigProgram {
       return ops;
     }
     if (in.op != schedule::Op::OptimizerStep) return ops;
-    if (dp->offload) dp->lane.upload(base, ops);
+    if (dp->offload && !dp->step_beside_forward) dp->lane.upload(base, ops, true);
     dp->window.clear();  // ZeRO-3: gathers issued ahead are dropped after the step
     dp->gather_op.clear();
     if (layout_.zero_stage != 1 && layout_.zero_stage != 2) return ops;
@@ -533,6 +535,14 @@ class ConfigProgram {
     // ZeRO-Offload (schedule/offload.h; dp_ops.h's OffloadLaneOps).
     bool offload = false;
     OffloadLaneOps lane;
+    // parallel.offload_step_overlap under bf16: the last step's host step and upload run at the
+    // start of this step's program, beside its forward (the steady state of the executor's step
+    // thread), each gather waiting for the copies of its own parameters: per parameter (stage
+    // order) the program index of its last copy, and the fp32 part's (-1: none).
+    bool step_beside_forward = false, uploaded = false;
+    std::vector<int> param_copy;
+    int fp32_copy = -1;
+    std::vector<std::vector<int>> params_of_pos, params_of_bucket;
     // Stage 0/1: buckets complete but not launched, waiting for the next overlap point
     // (nn::LayerHooks::overlap_point: a block's attention backward, the embedding's position and
     // class-token gradients, a chunk's end).
@@ -562,7 +572,9 @@ class ConfigProgram {
       int64_t n = 0, c = 0;
       decays.insert(decays.end(), lp.parameter_decays.begin(), lp.parameter_decays.end());
       decays.resize(numels.size() + lp.parameter_numels.size(), 0);
+      x.params_of_pos.emplace_back();
       for (int64_t v : lp.parameter_numels) {
+        x.params_of_pos.back().push_back(static_cast<int>(numels.size()));
         numels.push_back(v);
         layer_of.push_back(static_cast<int>(i));
         n += v;
@@ -579,6 +591,7 @@ class ConfigProgram {
     const std::vector<std::vector<int>> buckets =
         schedule::gradient_buckets(numels, layer_of, layout_.zero_stage, layout_.ddp_bucket_cap_mb,
                                    layout_.zero_bucket_size_in_m);
+    x.params_of_bucket = buckets;
     x.launch_at.resize(r.layers.size());
     x.buckets_of_pos.resize(r.layers.size());
     std::vector<int> firsts;
@@ -627,6 +640,8 @@ class ConfigProgram {
           numels, decays, buckets, layout_.zero_stage, d, D_,
           static_cast<int64_t>(cai::dtype_size(layout_.precision)), plan::optimizer_slots(layout_),
           layout_.precision == cai::DType::BF16);
+      x.step_beside_forward = layout_.precision == cai::DType::BF16 && layout_.offload_step_overlap;
+      x.param_copy.assign(numels.size(), -1);
     }
     return &x;
   }
@@ -636,8 +651,37 @@ class ConfigProgram {
   // calibration's "copy|call" per call.
   void param_actions(Dp& dp, const std::vector<schedule::ParamGatherQueue::Action>& acts, int base,
                      std::vector<Op>& ops) {
-    param_gather_ops(acts, dp.group, {dp.bucket_numel, dp.bucket_chunk, dp.gather_bytes},
-                     dp.param_gather_op, base, ops);
+    for (const auto& a : acts) {
+      if (a.issue) await_host_step(dp, dp.params_of_bucket[a.bucket], base, ops);
+      param_gather_ops({a}, dp.group, {dp.bucket_numel, dp.bucket_chunk, dp.gather_bytes},
+                       dp.param_gather_op, base, ops);
+    }
+  }
+  // The last step's host step beside this forward (Dp::step_beside_forward): its ops at the
+  // program's first forward layer, once.
+  static void begin_host_step(Dp& dp, int base, std::vector<Op>& ops) {
+    if (!dp.offload || !dp.step_beside_forward || dp.uploaded) return;
+    dp.uploaded = true;
+    const std::vector<int> copies = dp.lane.upload(base, ops, false);
+    for (size_t k = 0; k < copies.size(); ++k) {
+      const int p = dp.lane.off.upload[k].param;
+      (p < 0 ? dp.fp32_copy : dp.param_copy.at(static_cast<size_t>(p))) = copies[k];
+    }
+  }
+  // Before a gather reads the device copies of `params` (stage order): the compute stream waits
+  // for their copies not waited for yet (the executor's host blocks in Impl::await_host, so
+  // nothing it issues after runs before them).
+  static void await_host_step(Dp& dp, const std::vector<int>& params, int base,
+                              std::vector<Op>& ops) {
+    if (!dp.uploaded) return;
+    Op w = Op::compute("wait for the host step", 0.0, -1, "offload");
+    auto need = [&](int& copy) {
+      if (copy >= 0) w.deps.push_back(dep_on(copy, base));
+      copy = -1;  // waited for: later gathers need not wait again
+    };
+    need(dp.fp32_copy);
+    for (int p : params) need(dp.param_copy.at(static_cast<size_t>(p)));
+    if (!w.deps.empty()) ops.push_back(std::move(w));
   }
   // ZeRO-2/3: the host waits for bucket k's reduce-scatter and adds its chunk into the shard's
   // gradients (the list starts at program index `base`); offload: pushes it into the lane.
@@ -686,24 +730,20 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   // ZeRO-Offload: the host steps this rank's shard (dp rank 0's chunks: S of schedule/offload.h).
   eo.optimizer_on_host =
       layout.cpu_offload && layout.gpu && layout.zero_stage >= 1 && layout.body == plan::Body::ViT;
-  // Under bf16 the rounded part (the decaying weights) steps inside the lane's upload instead
-  // (OffloadLaneOps::upload: each staging buffer's worth stepped, then sent while the next steps),
-  // so the step op here covers the fp32 rest.
+  // Under bf16 the whole host step runs inside the lane's upload instead (OffloadLaneOps::upload:
+  // the fp32 part, then each weight stepped into its staging buffer and sent while the next
+  // steps), so the step op here has nothing left to step.
   const bool step_casts = eo.optimizer_on_host && layout.precision == cai::DType::BF16;
   if (layout.body == plan::Body::ViT)  // Blocks and Linears have no optimizer step
     for (int s = 0; s < P; ++s) {
-      double shard = 0, all = 0;
+      double all = 0;
       for (const plan::LayerPlan& lp : sp.stages[s].layer_plans)
-        for (size_t i = 0; i < lp.parameter_numels.size(); ++i) {
-          const auto c =
-              static_cast<double>(schedule::zero_chunk_size(lp.parameter_numels[i], 0, D));
-          all += c;
-          if (!step_casts || i >= lp.parameter_decays.size() || !lp.parameter_decays[i]) shard += c;
-        }
+        for (int64_t v : lp.parameter_numels)
+          all += static_cast<double>(schedule::zero_chunk_size(v, 0, D));
+      const double shard = step_casts ? 0.0 : all;
       // Stage 2/3: the sums of squares come with the last micro-batch's host adds (the block
       // is in cache as it is added: no further read); stage 1's clip reads the copied shard.
-      if (eo.optimizer_on_host)
-        eo.host_clip_elements.push_back(layout.zero_stage == 1 ? all : 0.0);
+      if (eo.optimizer_on_host) eo.host_clip_elements.push_back(layout.zero_stage == 1 ? all : 0.0);
       eo.optimizer_elements.push_back(eo.optimizer_on_host
                                           ? shard
                                           : static_cast<double>(sp.stages[s].parameter_elements) /

@@ -304,6 +304,7 @@ int main(int argc, char** argv) {
     dc.zero3_prefetch = static_cast<int>(cfg.zero3_prefetch);
     dc.zero_max_inflight_buckets = static_cast<int>(cfg.zero_max_inflight_buckets);
     dc.cpu_offload = cfg.cpu_offload;
+    dc.offload_step_overlap = cfg.offload_step_overlap;
     dc.offload_dtype = dtype_from_name(cfg.precision);  // the device copy in the compute dtype
     parallel::PipelineConfig pc;
     pc.style = cfg.pp_style;
@@ -524,10 +525,11 @@ int main(int argc, char** argv) {
       log::info(
           "[offload] shard {} elements; gradients to the host {:.2f} GB in {} chunks, values back "
           "{:.2f} GB; host ms: waiting for the gradients {:.0f}, clip's sum of squares {:.0f} "
-          "({} steps from the last micro-batch's adds), optimizer step {:.0f}, upload {:.0f}; "
-          "staging {:.1f} MiB",
+          "({} steps from the last micro-batch's adds), optimizer step {:.0f} ({} beside the next "
+          "forward, waited for {:.0f}), upload {:.0f}; staging {:.1f} MiB",
           t.shard_elements, t.bytes_down / 1e9, t.chunks_down, t.bytes_up / 1e9, t.flush_ms,
-          t.clip_ms, t.clips_streamed, t.step_ms, t.upload_ms, t.staging_bytes / 1048576.0);
+          t.clip_ms, t.clips_streamed, t.step_ms, t.steps_overlapped, t.wait_ms, t.upload_ms,
+          t.staging_bytes / 1048576.0);
     }
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);

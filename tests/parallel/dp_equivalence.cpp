@@ -273,12 +273,16 @@ Result run(dist::Communicator* comm, int zero, int accum, int steps, bool overla
             t.bytes_up <= 5 * S * (steps + 1) &&  // (the host layout's line padding)
             // Streamed, every step's clip took the sums the last micro-batch's adds computed
             // (the comparison above then covers them); fp16's unscale rewrites the gradients.
-            t.clips_streamed == (streamed && !pa.grad_check && pa.precision != "fp16" ? steps : 0),
+            t.clips_streamed ==
+                (streamed && !pa.grad_check && pa.precision != "fp16" ? steps : 0) &&
+            // bf16 device copies: every host step ran beside the next forward (the comparison
+            // above then covers the gathers' waits for it, the eval's and the final read's).
+            t.steps_overlapped == (pa.precision == "bf16" ? steps : 0),
         "--cpu-offload zero {}: shard {} elements, {} device gradient bytes, {} chunks "
         "({} B) to the host and {} B back over {} steps of {} micro-batches, {} clips from the "
-        "streamed sums",
+        "streamed sums, {} host steps beside the forward",
         zero, S, t.device_gradient_bytes, t.chunks_down, t.bytes_down, t.bytes_up, steps, accum,
-        t.clips_streamed);
+        t.clips_streamed, t.steps_overlapped);
   }
   // --split-backward: the steps ran programs of BackwardInput and BackwardWeight (a run of whole
   // Backwards would pass the comparison without testing the split). The reference is whole.

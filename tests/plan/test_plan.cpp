@@ -206,8 +206,19 @@ TEST(Plan, OffloadDeviceAndHostMemory) {
 
 // The shared description's transfers: stage 2/3 one download per bucket of its chunk, stage 1
 // one of the whole gradient shard; the upload cut in copies of the largest chunk, the rounded
-// part (compute dtype) first.
+// part (compute dtype) first; under bf16 (step_casts) the fp32 part stepped and cast first,
+// then one copy per weight, written by the host step itself, in model order.
 TEST(Plan, OffloadTransfers) {
+  auto field = [](const schedule::OffloadLayout& o, auto get) {
+    std::vector<int64_t> v;
+    for (const auto& u : o.upload) v.push_back(get(u));
+    return v;
+  };
+  auto numel = [](const auto& u) { return u.numel; };
+  auto bytes = [](const auto& u) { return u.bytes; };
+  auto step = [](const auto& u) { return u.step; };
+  auto cast = [](const auto& u) { return static_cast<int64_t>(u.cast); };
+  auto param = [](const auto& u) { return static_cast<int64_t>(u.param); };
   const std::vector<int64_t> numels = {100, 10, 300, 7};
   const std::vector<char> rounded = {1, 0, 1, 0};
   const std::vector<std::vector<int>> buckets = {{3, 2}, {1, 0}};
@@ -217,8 +228,19 @@ TEST(Plan, OffloadTransfers) {
   EXPECT_EQ(o2.largest_chunk, 307);
   EXPECT_EQ(o2.bucket_download, (std::vector<int64_t>{4 * 307, 4 * 110}));
   EXPECT_EQ(o2.step_download, 0);
-  EXPECT_EQ(o2.upload, (std::vector<int64_t>{2 * 307, 2 * 93, 4 * 17}));
-  EXPECT_EQ(o2.upload_numel, (std::vector<int64_t>{307, 93, 17}));
+  EXPECT_EQ(field(o2, bytes), (std::vector<int64_t>{2 * 307, 2 * 93, 4 * 17}));
+  EXPECT_EQ(field(o2, numel), (std::vector<int64_t>{307, 93, 17}));
+  EXPECT_EQ(field(o2, step), (std::vector<int64_t>{0, 0, 0}));  // the step comes before
+  EXPECT_EQ(field(o2, cast), (std::vector<int64_t>{1, 1, 1}));
+  const auto fused = schedule::offload_layout(numels, rounded, buckets, 2, 0, 1, 2, 2, true);
+  EXPECT_EQ(fused.host_offset, o2.host_offset);
+  EXPECT_EQ(schedule::offload_step_order(fused.host_offset, fused.host_rounded_elements),
+            (std::vector<size_t>{1, 3, 0, 2}));
+  EXPECT_EQ(field(fused, numel), (std::vector<int64_t>{17, 100, 300}));
+  EXPECT_EQ(field(fused, bytes), (std::vector<int64_t>{4 * 17, 2 * 100, 2 * 300}));
+  EXPECT_EQ(field(fused, step), (std::vector<int64_t>{17, 100, 300}));
+  EXPECT_EQ(field(fused, cast), (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(field(fused, param), (std::vector<int64_t>{-1, 0, 2}));
   EXPECT_EQ(o2.device_value_bytes, 2 * 400 + 4 * 17);
   EXPECT_EQ(o2.device_grad_bytes, 0);
   EXPECT_EQ(o2.host_bytes(), 16 * 417 + 16 * 307);
@@ -236,7 +258,6 @@ TEST(Plan, OffloadTransfers) {
   EXPECT_EQ(o0.shard, (int64_t{8} << 20) + 10);
   EXPECT_EQ(o0.host_offset, (std::vector<int64_t>{0, int64_t{8} << 20, int64_t{3} << 20}));
   EXPECT_TRUE(o0.upload.empty());
-  EXPECT_TRUE(o0.upload_numel.empty());
   EXPECT_EQ(o0.staging_bytes, 0);
 }
 

@@ -94,6 +94,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.sequence_parallel", Kind::Bool, &c.sequence_parallel},
       {"parallel.zero_stage", Kind::Int, &c.zero_stage, {}, 0, 3},
       {"parallel.cpu_offload", Kind::Bool, &c.cpu_offload},
+      {"parallel.offload_step_overlap", Kind::Bool, &c.offload_step_overlap},
       {"parallel.ddp_bucket_cap_mb", Kind::Float, &c.ddp_bucket_cap_mb, {}, 1e-6, inf},
       {"parallel.gradient_comm_dtype", Kind::String, &c.gradient_comm_dtype, {"fp32", "bf16"}},
       {"parallel.ddp_copy_engine", Kind::Bool, &c.ddp_copy_engine},
@@ -603,6 +604,7 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.sequence_parallel = c.sequence_parallel;
   l.zero_stage = static_cast<int>(c.zero_stage);
   l.cpu_offload = c.cpu_offload;
+  l.offload_step_overlap = c.offload_step_overlap;
   l.pp_style = c.pp_style;
   l.num_microbatches = static_cast<int>(c.num_microbatches);
   l.microbatch_size = static_cast<int>(c.microbatch_size);

@@ -62,6 +62,8 @@ const char* key_doc(const std::string& key) {
       {"parallel.sequence_parallel", "1d: split the residual stream along the tokens"},
       {"parallel.zero_stage", "0 DDP, 1-3 ZeRO stages"},
       {"parallel.cpu_offload", "ZeRO: fp32 master shard and Adam state in host memory"},
+      {"parallel.offload_step_overlap",
+       "cpu_offload, bf16: the host step runs beside the next forward (same results)"},
       {"parallel.ddp_bucket_cap_mb", "DDP gradient bucket size in MB"},
       {"parallel.gradient_comm_dtype", "DDP/ZeRO-1 bucket all-reduce dtype"},
       {"parallel.ddp_copy_engine", "fp32 DDP/ZeRO-1 buckets all-reduced by the copy engines"},

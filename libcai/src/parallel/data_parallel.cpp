@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "cai/schedule/buckets.h"
 #include "cai/schedule/offload.h"
 #include "data_parallel_impl.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 
 namespace cai::parallel {
@@ -296,6 +298,7 @@ void DataParallelPlugin::sync_gradients(nn::ViT&) {
 
 void DataParallelPlugin::sync_layer_gradients() {
   Impl& m = *impl_;
+  m.settle_host_step();  // a host step beside a forward that had no backward (the lane's reads)
   // Buckets not launched yet: waiting for an overlap point that did not come, overlap off, or a
   // layer that never ran (stage 2/3: reduce what has gradients, zeros for the rest).
   int at_sync = 0;  // what waited and what no overlap point launched: one burst
@@ -374,6 +377,7 @@ void DataParallelPlugin::sum_pending_gradients() {
 
 Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm) {
   Impl& m = *impl_;
+  m.settle_host_step();
   if (m.exchange_pending) {
     // The sum of squares of the sum over the ranks, the factor left to the step, which sums too.
     if (m.fuses_exchange(opt))
@@ -399,6 +403,7 @@ Tensor DataParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_norm
 
 void DataParallelPlugin::optimizer_step(optim::Optimizer& opt) {
   Impl& m = *impl_;
+  m.settle_host_step();
   m.drain();  // ZeRO-3 gathers issued ahead of a use that did not come: stale after the step
   // ZeRO-1/2: the last step's gathers of layers that did not run forward (their packs read the
   // shards before this step writes them; the fresh gathers below supersede them).
@@ -465,38 +470,82 @@ bool DataParallelPlugin::Impl::steps_host_shards(const optim::Optimizer& opt) co
 bool DataParallelPlugin::Impl::step_uploading(optim::Optimizer& opt) {
   if (cfg.offload_dtype != DType::BF16 || !dev_value.defined() || !steps_host_shards(opt))
     return false;
-  std::vector<size_t> order(host.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return host_offset[a] < host_offset[b]; });
-  std::vector<nn::Parameter*> ps;
-  for (size_t i : order) ps.push_back(&host[i]);
   const int64_t r = dev_value.numel();
-  std::vector<char> staged(ps.size(), 0);
-  const auto t0 = std::chrono::steady_clock::now();
+  // The fp32 part (biases, norms, tokens: few elements, one upload) first, then the rounded
+  // weights in model order, so the next forward's first layers find theirs first (the order
+  // and the copies the plan and the simulator read: schedule::offload_layout's upload).
+  step_order = schedule::offload_step_order(host_offset, r);
+  step_pos.assign(host.size(), 0);
+  size_t n32 = 0;
+  std::vector<nn::Parameter*> ps;
+  for (size_t k = 0; k < step_order.size(); ++k) {
+    step_pos[step_order[k]] = k;
+    ps.push_back(&host[step_order[k]]);
+    n32 += host_offset[step_order[k]] >= r ? 1 : 0;
+  }
+  step_staged.assign(ps.size(), 0);
+  // Each parameter is sent as soon as it is stepped (a reader waits for it, not for a buffer).
+  auto mirror = [this, r](size_t k) -> uint16_t* {
+    const size_t i = step_order[k];
+    const int64_t c = host[i].value.numel();
+    if (host_offset[i] >= r || c == 0) return nullptr;  // the fp32 part: uploaded whole
+    void* at = lane->stage(host_offset[i], c);
+    step_staged[k] = at != nullptr;
+    return static_cast<uint16_t*>(at);
+  };
+  auto done = [this, r, n32](size_t k) {
+    const size_t i = step_order[k];
+    const int64_t c = host[i].value.numel();
+    if (host_offset[i] >= r) {
+      if (k + 1 == n32) {
+        const auto t0 = std::chrono::steady_clock::now();
+        lane->upload(host_value, r, dev_value32, 0, dev_value32.numel());
+        upload_ms += ms_since(t0);
+      }
+    } else if (step_staged[k]) {
+      lane->send_staged();
+    } else if (c > 0) {  // larger than a staging buffer: cast and sent by the plain upload
+      lane->upload(host_value, host_offset[i], dev_value, host_offset[i], c);
+    }
+    {
+      std::lock_guard<std::mutex> l(step_m);
+      step_sent = k + 1;
+    }
+    step_cv.notify_all();
+  };
+  // On this thread: after the compute stream's reads so far (the last gathers' packs).
   lane->begin_staged(dev_value);
-  opt.step_ordered(
-      ps,
-      [&](size_t k) -> uint16_t* {
-        const size_t i = order[k];
-        const int64_t c = host[i].value.numel();
-        if (host_offset[i] >= r || c == 0) return nullptr;  // an fp32 device part: after
-        void* at = lane->stage(host_offset[i], c);
-        staged[k] = at != nullptr;
-        return static_cast<uint16_t*>(at);
-      },
-      [&](size_t k) {
-        const size_t i = order[k];
-        const int64_t c = host[i].value.numel();
-        // A chunk larger than a staging buffer: cast and sent by the plain upload.
-        if (!staged[k] && host_offset[i] < r && c > 0)
-          lane->upload(host_value, host_offset[i], dev_value, host_offset[i], c);
-      });
-  step_ms += ms_since(t0);
-  const auto t1 = std::chrono::steady_clock::now();
-  lane->end_staged();
-  lane->upload(host_value, r, dev_value32, 0, dev_value32.numel());
-  upload_ms += ms_since(t1);
+  std::function<void()> run = opt.ordered_step(ps, mirror, done);
+  step_sent = 0;
+  step_running = true;
+  const bool threaded = cfg.offload_step_overlap;
+  auto body = [this, threaded, run = std::move(run)] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      // A new thread's CUDA calls go to device 0 until it sets the parameters' device; its
+      // parallel_for calls wait for the CPU pool instead of running on one core.
+      if (threaded && device.is_cuda()) kernels::cuda::set_device(device.index);
+      std::optional<kernels::cpu::PoolWaits> waits;
+      if (threaded) waits.emplace();
+      run();
+      lane->end_staged();
+    } catch (...) {
+      step_error = std::current_exception();
+    }
+    step_ms += ms_since(t0);
+    {
+      std::lock_guard<std::mutex> l(step_m);
+      step_running = false;
+    }
+    step_cv.notify_all();
+  };
+  if (!threaded) {
+    body();
+    if (step_error) std::rethrow_exception(std::exchange(step_error, nullptr));
+    return true;
+  }
+  ++steps_overlapped;
+  step_thread = std::thread(std::move(body));
   return true;
 }
 
@@ -536,8 +585,13 @@ double DataParallelPlugin::all_reduce_max(double v) {
   return impl_->dp.all_reduce_scalar(v, dist::ReduceOp::Max);
 }
 
+void DataParallelPlugin::wait_host_step() {
+  impl_->settle_host_step();
+}
+
 void DataParallelPlugin::materialize_parameters() {
   Impl& m = *impl_;
+  m.settle_host_step();
   m.materialize_params();  // ZeRO-1/2: the step's deferred gathers
   // Offload with a rounded device copy: the full values from the fp32 masters in host memory
   // (checkpoints and exports hold them), a layer at a time.
@@ -570,6 +624,7 @@ int64_t DataParallelPlugin::parameter_bytes() const {
 }
 
 DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
+  impl_->settle_host_step();
   const Impl& m = *impl_;
   OffloadTraffic t;
   if (!m.lane) return t;
@@ -584,6 +639,8 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   t.upload_ms = m.upload_ms;
   t.clip_ms = m.clip_ms;
   t.clips_streamed = m.clips_streamed;
+  t.wait_ms = m.wait_ms;
+  t.steps_overlapped = m.steps_overlapped;
   return t;
 }
 
@@ -596,6 +653,12 @@ std::map<std::string, Tensor> DataParallelPlugin::full_optimizer_state(nn::ViT& 
                                                                        optim::Optimizer&) {
   return full_model_state(model);
 }
+std::vector<train::OwnedSlice> DataParallelPlugin::owned_state(nn::ViT& model,
+                                                               optim::Optimizer& opt) {
+  impl_->settle_host_step();
+  return train::Plugin::owned_state(model, opt);
+}
+
 void DataParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer&,
                                               const std::map<std::string, Tensor>&) {
   full_model_state(model);

@@ -4,9 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -146,7 +151,50 @@ struct DataParallelPlugin::Impl {
   // staging buffers going to the device while the next parameters step; then the fp32 part.
   // Returns false (nothing done) where that does not apply: another offload dtype, or an
   // optimizer that steps more than the host shards. step_ms / upload_ms: the step, the rest.
+  // With cfg.offload_step_overlap the step runs on `step_thread` beside the next forward: the
+  // fp32 part first (one upload), then the rounded weights in model order, each sent once
+  // stepped; a gather waits (await_host) only for the parameters it reads.
   bool step_uploading(optim::Optimizer& opt);
+  // The host step beside the next forward: its thread, its order (host indices: step_order[k]
+  // is the k-th parameter stepped, step_pos the inverse) and how many of them are stepped and
+  // on their way to the device (copies issued, the compute stream waiting for them).
+  std::thread step_thread;
+  std::mutex step_m;
+  std::condition_variable step_cv;
+  size_t step_sent = 0;
+  bool step_running = false;
+  std::exception_ptr step_error;
+  std::vector<size_t> step_order, step_pos;
+  std::vector<char> step_staged;  // per position: its bf16 copy went into a staging buffer
+  double wait_ms = 0;             // the host waiting in await_host
+  int64_t steps_overlapped = 0;
+  // Before reading the device copies of `ps` (model parameters): returns once the running host
+  // step has sent them (at once when none runs). Rethrows the step's error.
+  void await_host(const std::vector<nn::Parameter*>& ps) {
+    if (!step_thread.joinable()) return;
+    size_t need = 0;
+    for (nn::Parameter* p : ps) need = std::max(need, step_pos[index[p]] + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool running = true;
+    {
+      std::unique_lock<std::mutex> l(step_m);
+      step_cv.wait(l, [&] { return step_sent >= need || !step_running; });
+      running = step_running;
+    }
+    wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!running) settle_host_step();
+  }
+  // Waits for the running host step to end (every reader of the host state, the optimizer's or
+  // the lane's, calls it first) and rethrows its error.
+  void settle_host_step() {
+    if (!step_thread.joinable()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    step_thread.join();
+    wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step_error) std::rethrow_exception(std::exchange(step_error, nullptr));
+  }
   // Whether opt steps exactly the host shards (`host`), each once: what the host step and the
   // streamed clip assume.
   bool steps_host_shards(const optim::Optimizer& opt) const;
@@ -204,6 +252,7 @@ struct DataParallelPlugin::Impl {
     // Nothing should be in flight after a step; if an exception left something, let it
     // complete before its buffers go (a timeout here has nowhere to be reported).
     try {
+      settle_host_step();
       drain();
       for (Bucket& b : buckets)
         if (b.work) b.work->wait();
@@ -429,6 +478,7 @@ struct DataParallelPlugin::Impl {
           in += c;
         }
         host_stale[i] = 0;
+        settle_host_step();  // the last step's reads of the host gradients are over
         lane->push(b.recv, std::move(to_host));
       } else {
         Copies adds;  // one launch for the bucket
@@ -532,6 +582,7 @@ struct DataParallelPlugin::Impl {
   // Starts the all-gather of the shards of `ps` (fp32). master: of the fp32 master values in
   // host memory instead of the device copy (offload: what a checkpoint must hold).
   Gather start_gather(const std::vector<nn::Parameter*>& ps, bool master = false) {
+    if (!master) await_host(ps);  // the device copies the pack reads
     Gather g;
     g.params = ps;
     std::vector<int64_t> counts(size, 0);

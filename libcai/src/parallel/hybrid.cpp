@@ -245,6 +245,7 @@ int64_t zero_count(int64_t n, int r, int size) {
 std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT& model,
                                                                          optim::Optimizer& opt) {
   Impl& m = *impl_;
+  if (m.dp) m.dp->wait_host_step();  // the optimizer state, not mid-step
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, Tensor> local;
@@ -295,6 +296,7 @@ std::map<std::string, Tensor> HybridParallelPlugin::full_optimizer_state(nn::ViT
 void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                                                 const std::map<std::string, Tensor>& full) {
   Impl& m = *impl_;
+  if (m.dp) m.dp->wait_host_step();  // the optimizer state, not mid-step
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, const nn::Parameter*> by_name;
@@ -329,6 +331,7 @@ void HybridParallelPlugin::load_optimizer_state(nn::ViT& model, optim::Optimizer
 std::vector<train::OwnedSlice> HybridParallelPlugin::owned_state(nn::ViT& model,
                                                                  optim::Optimizer& opt) {
   Impl& m = *impl_;
+  if (m.dp) m.dp->wait_host_step();  // the optimizer state, not mid-step
   const bool zero = m.cfg.dp.zero_stage >= 1;
   const int D = m.mesh.dp_size();
   std::map<std::string, const nn::Parameter*> by_name;

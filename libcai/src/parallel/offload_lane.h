@@ -78,8 +78,13 @@ class OffloadLane {
   // device on the copy stream once the next range does not fit, and at end_staged(), while the
   // caller goes on writing the next one. The compute stream waits for each copy before its later
   // work, as upload()'s.
+  // send_staged(): the buffer being filled goes now (what is staged so far is on its way once it
+  // returns; the next stage() starts a new buffer). Between begin_staged and end_staged the lane
+  // may be driven from another thread than the one that began it (the host step beside the next
+  // forward), one thread at a time.
   void begin_staged(const Tensor& dst);
   void* stage(int64_t offset, int64_t n);
+  void send_staged();
   void end_staged();
 
   // Counters for tests and reports.
@@ -115,7 +120,6 @@ class OffloadLane {
   std::vector<bool> up_used_;
   int up_next_ = 0;
   int up_slot();             // the next upload staging buffer, once its last copy has left
-  void send_staged();        // the staged buffer in use to the device
   Tensor staged_dst_;        // begin_staged's destination (undefined: none)
   int staged_slot_ = -1;     // the buffer being filled (-1: none)
   int64_t staged_base_ = 0;  // dst's element offset at the buffer's start

@@ -7,6 +7,18 @@
 
 namespace cai::schedule {
 
+std::vector<size_t> offload_step_order(const std::vector<int64_t>& host_offset,
+                                       int64_t host_rounded_elements) {
+  std::vector<size_t> order(host_offset.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const bool a32 = host_offset[a] >= host_rounded_elements;
+    const bool b32 = host_offset[b] >= host_rounded_elements;
+    return a32 != b32 ? a32 : host_offset[a] < host_offset[b];
+  });
+  return order;
+}
+
 OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
                              const std::vector<std::vector<int>>& buckets, int zero_stage,
                              int dp_rank, int dp, int64_t compute_bytes, int slots,
@@ -52,23 +64,43 @@ OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vect
   o.device_value_bytes = o.rounded * compute_bytes + 4 * (o.shard - o.rounded);
   o.device_grad_bytes = zero_stage == 1 ? 4 * o.shard : 0;
   o.step_download = zero_stage == 1 ? 4 * o.shard : 0;
-  // The upload: the rounded part, then the fp32 part, each in copies of at most `piece` elements
-  // (a staging buffer holds `most` fp32 values: the cast copies; the step's own bf16 copies fill
-  // it with 4 / compute_bytes times as many).
-  auto cut = [&](int64_t n, int64_t e, int64_t piece) {
-    for (int64_t off = 0; off < n; off += piece) {
-      o.upload_numel.push_back(std::min(piece, n - off));
-      o.upload.push_back(o.upload_numel.back() * e);
-    }
-  };
   o.host_state_bytes = 4 * (2 + slots) * o.shard;
   // No buckets (the executor asks for the host layout before it builds them): no transfers.
   // (Cut in copies of one element each, a 6.4B model's lists took 100 GB and minutes.)
   if (buckets.empty()) return o;
-  const bool fused = step_casts && compute_bytes == 2;
-  cut(o.rounded, compute_bytes, fused ? most * 4 / compute_bytes : most);
-  if (fused) o.fused_copies = static_cast<int>(o.upload.size());
-  cut(o.shard - o.rounded, 4, most);
+  // Copies of at most `piece` elements over n, cast from fp32 (a staging buffer holds `most`
+  // fp32 values); the first carries `step` elements of the host step before it.
+  auto cut = [&](int64_t n, int64_t e, int64_t piece, int64_t step, int param) {
+    for (int64_t off = 0; off < n; off += piece) {
+      OffloadLayout::UploadPiece u;
+      u.numel = std::min(piece, n - off);
+      u.bytes = u.numel * e;
+      u.step = off == 0 ? step : 0;
+      u.cast = true;
+      u.param = param;
+      o.upload.push_back(u);
+    }
+  };
+  if (step_casts && compute_bytes == 2) {
+    // DataParallelPlugin::Impl::step_uploading: the fp32 part stepped and uploaded whole, then
+    // each rounded parameter stepped into a staging buffer (its own: sent as soon as it is
+    // stepped) or, larger than a buffer's compute-dtype capacity, stepped and then cast by the
+    // plain upload.
+    const int64_t cap = most * 4 / compute_bytes;
+    cut(o.shard - o.rounded, 4, most, o.shard - o.rounded, -1);
+    for (size_t i : offload_step_order(o.host_offset, o.host_rounded_elements)) {
+      if (!rounded[i]) continue;
+      const int64_t c = zero_chunk_size(numels[i], dp_rank, dp);
+      if (c == 0) continue;
+      if (c <= cap)
+        o.upload.push_back({c, c * compute_bytes, c, false, static_cast<int>(i)});
+      else
+        cut(c, compute_bytes, most, c, static_cast<int>(i));
+    }
+  } else {
+    cut(o.rounded, compute_bytes, most, 0, -1);
+    cut(o.shard - o.rounded, 4, most, 0, -1);
+  }
   o.staging_bytes = 2 * kOffloadStagingSlots * most * 4;
   return o;
 }

@@ -60,6 +60,7 @@ struct TrainConfig {
   bool sequence_parallel = false;  // Megatron's split_gather over the tensor-parallel group
   int64_t zero_stage = 0;
   bool cpu_offload = false;
+  bool offload_step_overlap = true;  // cpu_offload, bf16: the host step beside the next forward
   double ddp_bucket_cap_mb = 25.0;
   std::string gradient_comm_dtype = "fp32";  // stage 0/1 bucket all-reduce: fp32 | bf16
   bool ddp_copy_engine = false;  // stage 0/1 fp32 buckets all-reduced by the GPUs' copy engines

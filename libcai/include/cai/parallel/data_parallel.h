@@ -56,8 +56,13 @@
 // once copied, so no gradient shard of the model is kept on the device. Stage 1 keeps its device
 // gradient shard and copies it to the host once, in sync_gradients. After the host step the
 // updated values are cast and copied back chunk by chunk (the compute stream waits for them
-// before the gathers). See offload_lane.h. With CPU parameters the same path runs with host
-// memory on both sides (no saving: it makes the path testable anywhere).
+// before the gathers). With bf16 device copies the step writes them itself as it updates each
+// weight (schedule::offload_layout's upload pieces) and, with offload_step_overlap, runs on a
+// thread of its own beside the next forward: the fp32 part first, then the weights in model
+// order, each gather waiting only for its own parameters; every other reader of the host state
+// or the optimizer waits for the step's end (wait_host_step). See offload_lane.h. With CPU
+// parameters the same path runs with host memory on both sides (no saving: it makes the path
+// testable anywhere).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -75,6 +80,11 @@ struct DataParallelConfig {
   double ddp_bucket_cap_mb = 25.0;      // stage 0 and 1 buckets
   double zero_bucket_size_in_m = 12.0;  // stage 2 buckets, millions of elements
   bool cpu_offload = false;
+  // cpu_offload with bf16 device copies: the host step runs on its own thread beside the next
+  // forward (ZeRO-Offload's step overlapped with the next step's first layers, with no stale
+  // weights: each layer's gathers wait for that layer's parameters only). false: the step ends
+  // before optimizer_step returns. Same results either way.
+  bool offload_step_overlap = true;
   // cpu_offload: the dtype of the shard copy kept on the parameters' device (fp32, bf16, fp16):
   // the model's compute dtype (vit_train sets it from train.precision).
   DType offload_dtype = DType::F32;
@@ -165,12 +175,18 @@ class DataParallelPlugin : public train::Plugin {
                                                      optim::Optimizer& opt) override;
   void load_optimizer_state(nn::ViT& model, optim::Optimizer& opt,
                             const std::map<std::string, Tensor>& full) override;
+  // train::Plugin's, once a host step running beside the forward has ended.
+  std::vector<train::OwnedSlice> owned_state(nn::ViT& model, optim::Optimizer& opt) override;
 
   // Makes every parameter's full value current, for readers other than the forward (checkpoints,
   // comparisons, an evaluation without the eval hooks). ZeRO-1/2: completes the step's deferred
   // all-gathers (the next forward would complete them layer by layer); ZeRO-3: gathers every
   // parameter (the next forward frees them again). A no-op for DDP.
   void materialize_parameters();
+  // Returns once a host step running beside the forward (offload_step_overlap) has ended, and
+  // rethrows its error: before reading the optimizer's state or the host shards from outside
+  // (HybridParallelPlugin's checkpoints). The plugin's own methods call it where they need to.
+  void wait_host_step();
   // ZeRO-1/2: whether some parameters' full values still wait for the step's deferred gather.
   bool parameters_stale() const;
   // ZeRO-1/2: the parameter-gather actions (issue or complete, bucket) since the last call, in
@@ -193,6 +209,10 @@ class DataParallelPlugin : public train::Plugin {
     // Steps whose clip took the sums of squares the last micro-batch's host adds computed
     // (stage 2/3), not a pass over the host gradients.
     int64_t clips_streamed = 0;
+    // offload_step_overlap: the host steps run beside the next forward, and the host's
+    // milliseconds spent waiting for them (a gather's parameters not sent yet, or the step's end).
+    int64_t steps_overlapped = 0;
+    double wait_ms = 0;
   };
   OffloadTraffic offload_traffic() const;
   int num_buckets() const;

@@ -47,6 +47,7 @@ struct Layout {
   bool sequence_parallel = false;
   int zero_stage = 0;  // 0 (DDP), 1, 2, 3
   bool cpu_offload = false;
+  bool offload_step_overlap = true;  // DataParallelConfig::offload_step_overlap
   // Pipeline (pp > 1): parallel::PipelineConfig's settings.
   std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv (chunks 2)
   int num_microbatches = 0, microbatch_size = 0, chunks = 1;

@@ -15,8 +15,13 @@
 //    reduction, every micro-batch, and a host thread adds it into the host gradients; stage 1
 //    copies the device gradient shard (4 S) once after the backward;
 //  - upload after the host step: the values cast to the device copy's dtype, in copies of at most
-//    the largest chunk over the rounded part, then over the fp32 part.
+//    the largest chunk over the rounded part, then over the fp32 part. Under bf16 (step_casts)
+//    the host step writes the weights' bf16 copies itself: it steps the fp32 part first (one
+//    upload, cast), then each rounded parameter in model order, each sent as soon as it is
+//    stepped (offload_step_order); with DataParallelConfig::offload_step_overlap that runs beside
+//    the next step's forward, each layer's gathers waiting for their own parameters only.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -36,12 +41,17 @@ struct OffloadLayout {
   int64_t device_grad_bytes = 0;         // stage 1: 4 S; stages 2/3: 0
   std::vector<int64_t> bucket_download;  // per bucket: bytes copied to the host per micro-batch
   int64_t step_download = 0;             // stage 1: bytes copied once after the backward
-  std::vector<int64_t> upload;           // the upload's copies in order, bytes each
-  std::vector<int64_t> upload_numel;     // and their elements
-  // step_casts: the first `fused_copies` copies (the rounded part, cut in staging buffers'
-  // worth of compute-dtype elements) are written by the host step itself as it updates them and
-  // sent while it steps on (DataParallelPlugin's bf16 upload); the rest are cast after the step.
-  int fused_copies = 0;
+  // One copy of the upload, in order: `numel` elements (`bytes` in the device copy's dtype),
+  // preceded on the host by `step` elements of the host optimizer (step_casts: the step writes
+  // the piece's staging buffer itself as it updates them) and, where `cast`, a pass casting the
+  // piece's fp32 values into the buffer. `param`: the parameter (model order) it carries, -1 for
+  // the fp32 part (several parameters) and for the copies of a step that is not step_casts'.
+  struct UploadPiece {
+    int64_t numel = 0, bytes = 0, step = 0;
+    bool cast = false;
+    int param = -1;
+  };
+  std::vector<UploadPiece> upload;
   int64_t host_state_bytes = 0;  // values, gradients and optimizer slots: 4 (2 + slots) S
   int64_t staging_bytes = 0;     // page-locked: 4 slots × largest chunk × 4
   int64_t host_bytes() const { return host_state_bytes + staging_bytes; }
@@ -54,13 +64,19 @@ struct OffloadLayout {
   int64_t host_step_elements() const { return shard; }
 };
 
+// The order the host step (step_casts) steps the parameters in, as indices into host_offset
+// (model order): the fp32 part (offsets from host_rounded_elements up) first, then the rounded
+// parameters, each by offset. DataParallelPlugin steps in it; offload_layout's pieces follow it.
+std::vector<std::size_t> offload_step_order(const std::vector<int64_t>& host_offset,
+                                            int64_t host_rounded_elements);
+
 // The layout for one rank. numels / rounded: per parameter (model order) its elements and
 // whether the device keeps it in the compute dtype (it decays); buckets: schedule::
 // gradient_buckets' lists of parameter indices (none: the host layout and sizes only, no
 // transfers, staging or largest chunk); dp_rank / dp: this rank's ZeRO chunks;
 // compute_bytes: the compute dtype's element size (4 in fp32 runs, 2 under bf16 / fp16);
 // slots: optimizer slots per element (AdamW 2); step_casts: the device copy is bf16, which the
-// host Adam writes in its own pass (fused_copies). Throws "[offload] ..." on bad sizes.
+// host Adam writes in its own pass (the upload's pieces). Throws "[offload] ..." on bad sizes.
 OffloadLayout offload_layout(const std::vector<int64_t>& numels, const std::vector<char>& rounded,
                              const std::vector<std::vector<int>>& buckets, int zero_stage,
                              int dp_rank, int dp, int64_t compute_bytes, int slots,
