@@ -101,6 +101,10 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
     const bool stream = e - first >= 4096 && aligned(first);
     if (stream)
       for (; i < e && !aligned(i); ++i) one(i);
+    // The bf16 copy (the offload's page-locked staging) past the caches too where it lines up:
+    // a plain store first reads each line it writes (2 of the step's ~30 bytes an element).
+    const bool stream_bf16 =
+        stream && out_bf16 && (reinterpret_cast<uintptr_t>(out_bf16 + i) & 15) == 0;
     for (; i + 8 <= e; i += 8) {
       __m256 vp = _mm256_loadu_ps(p + i), g = _mm256_loadu_ps(grad + i);
       if (scaled) g = _mm256_mul_ps(g, vgs);
@@ -122,7 +126,10 @@ void adam_step(float* p, const float* grad, float* m, float* v, int64_t n, float
         _mm256_storeu_ps(v + i, vv);
         _mm256_storeu_ps(p + i, vp);
       }
-      if (out_bf16) _mm_storeu_si128(reinterpret_cast<__m128i*>(out_bf16 + i), bf16x8(vp));
+      if (stream_bf16)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out_bf16 + i), bf16x8(vp));
+      else if (out_bf16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out_bf16 + i), bf16x8(vp));
     }
     if (stream) _mm_sfence();  // the streamed stores are visible before the block ends
 #endif
