@@ -526,10 +526,11 @@ int main(int argc, char** argv) {
           "[offload] shard {} elements; gradients to the host {:.2f} GB in {} chunks, values back "
           "{:.2f} GB; host ms: waiting for the gradients {:.0f}, clip's sum of squares {:.0f} "
           "({} steps from the last micro-batch's adds), optimizer step {:.0f} ({} beside the next "
-          "forward, waited for {:.0f}), upload {:.0f}; staging {:.1f} MiB",
+          "forward, {} gathers issued while one ran, waited for {:.0f}), upload {:.0f}; staging "
+          "{:.1f} MiB",
           t.shard_elements, t.bytes_down / 1e9, t.chunks_down, t.bytes_up / 1e9, t.flush_ms,
-          t.clip_ms, t.clips_streamed, t.step_ms, t.steps_overlapped, t.wait_ms, t.upload_ms,
-          t.staging_bytes / 1048576.0);
+          t.clip_ms, t.clips_streamed, t.step_ms, t.steps_overlapped, t.gathers_beside, t.wait_ms,
+          t.upload_ms, t.staging_bytes / 1048576.0);
     }
     if (pipe && !trace_path.empty()) {
       const auto bubbles = pipe->write_trace(trace_path);

@@ -641,6 +641,7 @@ DataParallelPlugin::OffloadTraffic DataParallelPlugin::offload_traffic() const {
   t.clips_streamed = m.clips_streamed;
   t.wait_ms = m.wait_ms;
   t.steps_overlapped = m.steps_overlapped;
+  t.gathers_beside = m.gathers_beside;
   return t;
 }
 

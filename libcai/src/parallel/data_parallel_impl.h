@@ -168,6 +168,7 @@ struct DataParallelPlugin::Impl {
   std::vector<char> step_staged;  // per position: its bf16 copy went into a staging buffer
   double wait_ms = 0;             // the host waiting in await_host
   int64_t steps_overlapped = 0;
+  int64_t gathers_beside = 0;  // gathers issued while the host step still ran
   // Before reading the device copies of `ps` (model parameters): returns once the running host
   // step has sent them (at once when none runs). Rethrows the step's error.
   void await_host(const std::vector<nn::Parameter*>& ps) {
@@ -183,7 +184,8 @@ struct DataParallelPlugin::Impl {
     }
     wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!running) settle_host_step();
+    if (!running) return settle_host_step();
+    ++gathers_beside;
   }
   // Waits for the running host step to end (every reader of the host state, the optimizer's or
   // the lane's, calls it first) and rethrows its error.

@@ -209,9 +209,11 @@ class DataParallelPlugin : public train::Plugin {
     // Steps whose clip took the sums of squares the last micro-batch's host adds computed
     // (stage 2/3), not a pass over the host gradients.
     int64_t clips_streamed = 0;
-    // offload_step_overlap: the host steps run beside the next forward, and the host's
-    // milliseconds spent waiting for them (a gather's parameters not sent yet, or the step's end).
-    int64_t steps_overlapped = 0;
+    // offload_step_overlap: the host steps run beside the next forward, the parameter gathers
+    // issued while one still ran (their layers' compute queued behind them, beside the step),
+    // and the host's milliseconds spent waiting for them (a gather's parameters not sent yet, or
+    // the step's end).
+    int64_t steps_overlapped = 0, gathers_beside = 0;
     double wait_ms = 0;
   };
   OffloadTraffic offload_traffic() const;
