@@ -594,7 +594,7 @@ class ConfigProgram {
     x.params_of_bucket = buckets;
     x.launch_at.resize(r.layers.size());
     x.buckets_of_pos.resize(r.layers.size());
-    std::vector<int> firsts;
+    std::vector<int> firsts, completes;
     for (size_t b = 0; b < buckets.size(); ++b) {
       int64_t n = 0, c = 0;
       int first = static_cast<int>(r.layers.size());
@@ -610,7 +610,17 @@ class ConfigProgram {
       x.bucket_chunk.push_back(c);
       x.bucket_params.push_back(static_cast<int64_t>(buckets[b].size()));
       x.launch_at[first].push_back(static_cast<int>(b));  // the backward reaches it last
+      int last = -1;  // its last parameter (model order) in that layer: what completes it
+      for (int i : buckets[b])
+        if (layer_of[i] == first) last = std::max(last, i);
+      completes.push_back(last);
     }
+    // A layer completing several buckets launches them in the order its parameters complete
+    // them (DataParallelPlugin's grads_ready walks the layer's parameters in model order): with
+    // one bucket in flight that order decides which stays.
+    for (auto& at : x.launch_at)
+      std::stable_sort(at.begin(), at.end(),
+                       [&](int a, int b) { return completes[a] < completes[b]; });
     // The wire bytes are the plan's collectives' ("bucket b": its reduction in the backward,
     // ZeRO-1/2's all-gather of the stepped shards, phase OptimizerStep: issued by the step and
     // completed in the next forward).
@@ -629,7 +639,7 @@ class ConfigProgram {
     x.exchange = layout_.ddp_exchange && layout_.zero_stage == 0 && layout_.gpu &&
                  schedule::gradients_in_buckets(0, layout_.bucket_dtype == cai::DType::F32);
     x.window = schedule::GatherWindow(has, layout_.zero3_prefetch);
-    x.inflight = schedule::InflightWindow(std::max(1, layout_.zero_max_inflight_buckets));
+    x.inflight = schedule::InflightWindow::for_reductions(layout_.zero_max_inflight_buckets, D_);
     x.params = schedule::ParamGatherQueue(schedule::param_gather_order(firsts),
                                           std::max(1, layout_.zero_max_inflight_buckets));
     x.reduce_op.assign(buckets.size(), -1);

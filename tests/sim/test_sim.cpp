@@ -1357,13 +1357,26 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
     int buckets = 0;
     while (index(w, fmt::format("bucket {} reduce_scatter", buckets)) >= 0) ++buckets;
     ASSERT_GE(buckets, 4);
-    for (int b = 0; b < buckets; ++b) {
+    // Launch order: the backward's, and within a layer completing several buckets the order its
+    // parameters (model order) complete them, as the executor's grads_ready.
+    std::vector<int> launched;
+    for (int b = 0; b < buckets; ++b) launched.push_back(b);
+    std::sort(launched.begin(), launched.end(), [&](int a, int b) {
+      return index(w, fmt::format("bucket {} pack", a)) < index(w, fmt::format("bucket {} pack", b));
+    });
+    EXPECT_NE(launched, [&] {
+      std::vector<int> v(launched);
+      std::sort(v.begin(), v.end());
+      return v;
+    }()) << "the embedding's buckets launch in its parameters' order, not the buckets'";
+    for (int j = 0; j < buckets; ++j) {
+      const int b = launched[j];
       const int rs = index(w, fmt::format("bucket {} reduce_scatter", b));
       const int add = index(w, fmt::format("bucket {} shard add", b));
       ASSERT_GT(add, rs);
       EXPECT_GE(sp[add].start, sp[rs].end - 1e-12) << b;
-      if (b >= 2) {  // the window is full: bucket b-2 completes before bucket b is packed
-        EXPECT_LT(index(w, fmt::format("bucket {} shard add", b - 2)),
+      if (j >= 2) {  // the window is full: the bucket launched two before completes first
+        EXPECT_LT(index(w, fmt::format("bucket {} shard add", launched[j - 2])),
                   index(w, fmt::format("bucket {} pack", b)))
             << b;
       }

@@ -217,7 +217,9 @@ struct DataParallelPlugin::Impl {
   nn::LayerHooks last_hooks, accumulate_hooks, eval;
 
   Impl(dist::Communicator& c, DataParallelConfig g)
-      : dp(c), cfg(g), inflight(std::max(1, g.zero_max_inflight_buckets)) {
+      : dp(c),
+        cfg(g),
+        inflight(schedule::InflightWindow::for_reductions(g.zero_max_inflight_buckets, c.size())) {
     rank = dp.rank();
     size = dp.size();
     CAI_CHECK(cfg.zero_stage >= 0 && cfg.zero_stage <= 3,

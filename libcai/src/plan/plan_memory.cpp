@@ -70,7 +70,11 @@ struct Replay {
   std::vector<std::vector<int>> buckets_of_pos;
 
   Replay(const StepPlan& p, RankPlan& r)
-      : plan(p), l(p.layout), rank(r), inflight(std::max(1, p.layout.zero_max_inflight_buckets)) {
+      : plan(p),
+        l(p.layout),
+        rank(r),
+        inflight(schedule::InflightWindow::for_reductions(p.layout.zero_max_inflight_buckets,
+                                                          p.layout.dp())) {
     d = l.dp();
     me = r.dp_rank;
     for (size_t i = 0; i < r.layer_plans.size(); ++i) {

@@ -74,6 +74,10 @@ std::vector<int> GatherWindow::fetch(int pos, bool backward) {
   return issued;
 }
 
+InflightWindow InflightWindow::for_reductions(int zero_max_inflight_buckets, int dp) {
+  return InflightWindow(dp <= 1 ? 1 : std::max(1, zero_max_inflight_buckets));
+}
+
 InflightWindow::InflightWindow(int max_inflight) : max_(max_inflight) {
   CAI_CHECK(max_inflight >= 1, "[buckets] zero_max_inflight_buckets {} must be at least 1",
             max_inflight);

@@ -100,6 +100,11 @@ class GatherWindow {
 // never changes which launch must wait.
 class InflightWindow {
  public:
+  // ZeRO-2/3's reduction window for zero_max_inflight_buckets on dp ranks: that many (at least 1),
+  // and 1 on one rank, where a reduction is a local copy with nothing to overlap (the executor
+  // found it complete at its next test anyway, so a wider window only modelled buffers it had
+  // already freed).
+  static InflightWindow for_reductions(int zero_max_inflight_buckets, int dp);
   explicit InflightWindow(int max_inflight = 1);
   std::vector<int> launch(int b);
   void finish(int b);
