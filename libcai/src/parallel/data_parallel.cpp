@@ -19,11 +19,7 @@
 
 namespace cai::parallel {
 
-namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
+using detail::ms_since;
 
 DataParallelPlugin::DataParallelPlugin(dist::Communicator& dp, DataParallelConfig cfg)
     : impl_(std::make_unique<Impl>(dp, cfg)) {}

@@ -28,6 +28,11 @@ namespace cai::parallel {
 
 namespace detail {
 
+// Milliseconds since t0 (the offload's host timings).
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Rank r's chunk of an n-element parameter: [n·r/dp, n·(r+1)/dp) (shared with cai/plan).
 inline int64_t chunk_begin(int64_t n, int r, int dp) {
   return schedule::zero_chunk_begin(n, r, dp);
@@ -182,8 +187,7 @@ struct DataParallelPlugin::Impl {
       step_cv.wait(l, [&] { return step_sent >= need || !step_running; });
       running = step_running;
     }
-    wait_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    wait_ms += detail::ms_since(t0);
     if (!running) return settle_host_step();
     ++gathers_beside;
   }
@@ -193,8 +197,7 @@ struct DataParallelPlugin::Impl {
     if (!step_thread.joinable()) return;
     const auto t0 = std::chrono::steady_clock::now();
     step_thread.join();
-    wait_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    wait_ms += detail::ms_since(t0);
     if (step_error) std::rethrow_exception(std::exchange(step_error, nullptr));
   }
   // Whether opt steps exactly the host shards (`host`), each once: what the host step and the
