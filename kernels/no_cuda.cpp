@@ -115,12 +115,18 @@ void attention_bwd_t(DT, const void*, const void*, const void*, void*, int64_t, 
 bool flash_attention_supported(DT, int64_t) {
   return false;  // no CUDA: callers take the unfused path (which throws too)
 }
+bool flash_attention_sm90_available(DT, int64_t) {
+  return false;
+}
+bool flash_attention_sm90_default() {
+  return false;
+}
 void flash_attention_fwd_t(DT, const void*, void*, float*, int64_t, int64_t, int64_t, int64_t,
-                           void*) {
+                           void*, FlashKernel) {
   CAI_STUB("flash_attention_fwd");
 }
 void flash_attention_bwd_t(DT, const void*, const void*, const float*, const void*, void*, int64_t,
-                           int64_t, int64_t, int64_t, float*, void*) {
+                           int64_t, int64_t, int64_t, float*, void*, FlashKernel) {
   CAI_STUB("flash_attention_bwd");
 }
 void add(const float*, const float*, float*, int64_t, void*) {

@@ -32,9 +32,20 @@
 // hd is padded in shared memory to HDP ∈ {32, 64, 128} (zeros), so any multiple of 8 up to 128
 // runs.
 //
+// On a device of compute capability 9.0 with hd = 64 the forward and the backward's dK/dV and dQ
+// kernels are the Hopper ones (wgmma; flash_attention_sm90.cu, FlashKernel); these mma.sync kernels
+// serve every other GPU and head dim. ViT-B/16 shape (b 256, n 197, h 12) on an H200: forward
+// 0.240 → 0.215 ms, backward 0.683 → 0.644 ms (test_cuda_flash's timing).
+//
 // This file holds the forward kernel and the public entry points but the backward's
 // (flash_attention_bwd.cu); the shared helpers are in flash_attention_common.cuh.
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda/flash_attention_common.cuh"
+#ifdef CAI_HAVE_SM90A
+#include "kernels/cuda/flash_attention_sm90.h"
+#endif
 
 namespace cai::kernels::cuda {
 
@@ -227,18 +238,47 @@ void fwd_dispatch(const void* qkv, void* out, float* lse, int64_t b, int64_t n, 
 
 }  // namespace
 
+bool flash_attention_sm90_default() {
+  const char* v = std::getenv("CAI_FLASH_SM90");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 bool flash_attention_supported(DT t, int64_t hd) {
   return (t == DT::BF16 || t == DT::F16) && hd >= 8 && hd <= 128 && hd % 8 == 0;
 }
 
+bool flash_attention_sm90_available(DT t, int64_t hd) {
+#ifdef CAI_HAVE_SM90A
+  if (!flash_attention_supported(t, hd) || hd != 64) return false;
+  int dev = 0, major = 0, minor = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&dev));
+  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CAI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+#else
+  (void)t, (void)hd;
+  return false;
+#endif
+}
+
 void flash_attention_fwd_t(DT t, const void* qkv, void* out, float* lse, int64_t b, int64_t n,
-                           int64_t h, int64_t hd, void* stream) {
+                           int64_t h, int64_t hd, void* stream, FlashKernel kernel) {
   check_args("flash_attention_fwd", t, b, n, h, hd);
+  CAI_CHECK(kernel != FlashKernel::Sm90 || flash_attention_sm90_available(t, hd),
+            "[flash_attention_fwd] the Hopper kernel was asked for {} with head dim {}: it needs "
+            "a build with CUDA architecture 90, a device of compute capability 9.0 and hd = 64",
+            dt_name(t), hd);
   if (b == 0 || n == 0 || h == 0) return;
   CAI_CHECK(aligned16(qkv) && aligned16(out),
             "[flash_attention_fwd] qkv {} and out {}: expected 16-byte aligned addresses", qkv,
             out);
   const cudaStream_t s = as_stream(stream);
+#ifdef CAI_HAVE_SM90A
+  if (kernel == FlashKernel::Sm90 ||
+      (kernel == FlashKernel::Auto && flash_attention_sm90_default() &&
+       flash_attention_sm90_available(t, hd)))
+    return flash_fwd_sm90(t, qkv, out, lse, b, n, h, s);
+#endif
   if (t == DT::BF16)
     fwd_dispatch<__nv_bfloat16>(qkv, out, lse, b, n, h, hd, s);
   else

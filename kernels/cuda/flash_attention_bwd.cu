@@ -2,6 +2,9 @@
 // kernels): D = rowsum(dO ⊙ O), dK/dV with dSᵀ to a scratch, then dQ from it; and
 // flash_attention_bwd_t. The shared helpers are in flash_attention_common.cuh.
 #include "kernels/cuda/flash_attention_common.cuh"
+#ifdef CAI_HAVE_SM90A
+#include "kernels/cuda/flash_attention_sm90.h"
+#endif
 
 namespace cai::kernels::cuda {
 
@@ -390,7 +393,8 @@ size_t bwd_dkdv_smem() {
 // [b·h, n, ld]); then dQ = dS·K from it: no atomics, S and dP computed once.
 template <typename T, int HDP>
 void bwd_launch(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, cudaStream_t s) {
+                int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, bool sm90,
+                cudaStream_t s) {
   // 3 CTAs per SM (168 registers) for hd ≤ 64 in the dK/dV kernel: measured 0.905 ms for both
   // backward kernels against 1.16 ms uncapped (200 registers, 2 CTAs) and 1.13 ms at 4 CTAs (128
   // registers, spills); hd 128 spills under any cap.
@@ -417,25 +421,45 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
   const int blocks = static_cast<int>((n + kTile - 1) / kTile);
   // dQ in blocks of 16·warps queries, as the forward splits a head.
   const int warps = fwd_warps(n);
-  const int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
+  int q_blocks = static_cast<int>((n + 16 * warps - 1) / (16 * warps));
+#ifdef CAI_HAVE_SM90A
+  if (sm90) q_blocks = flash_dq_sm90_blocks(n);  // 128 queries a CTA
+#endif
   // With dbias: one partial row [hd] of dQ's column sums per dQ CTA.
   Scratch part(dbias ? sizeof(float) * static_cast<size_t>(b * h * q_blocks * hd) : 0);
   float* q_part = dbias ? static_cast<float*>(part.p) : nullptr;
-  const size_t smem_k = bwd_dkdv_smem<HDP, T>();
-  auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
-  allow_smem(kk, smem_k);
-  kk<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_k, s>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv), dS,
-      static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), blocks,
-      scale, scale * kLog2e);
-  CAI_CUDA_CHECK_LAUNCH();
-  const size_t smem_q = bwd_dq_smem<HDP, T>(warps);
-  auto kq = flash_bwd_dq_kernel<T, HDP>;
-  allow_smem(kq, bwd_dq_smem<HDP, T>(kFwdMaxWarps));
-  kq<<<static_cast<unsigned>(b * h * q_blocks), 32 * warps, smem_q, s>>>(
-      static_cast<const T*>(qkv), dS, static_cast<int>(ld), static_cast<T*>(dqkv),
-      static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale, q_part);
-  CAI_CUDA_CHECK_LAUNCH();
+#ifdef CAI_HAVE_SM90A
+  if (sm90) {
+    flash_bwd_dkdv_sm90(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, qkv, dout, lse, D,
+                        dqkv, dS, ld, b, n, h, s);
+  } else
+#endif
+  {
+    (void)sm90;
+    const size_t smem_k = bwd_dkdv_smem<HDP, T>();
+    auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
+    allow_smem(kk, smem_k);
+    kk<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_k, s>>>(
+        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv), dS,
+        static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd),
+        blocks, scale, scale * kLog2e);
+    CAI_CUDA_CHECK_LAUNCH();
+  }
+#ifdef CAI_HAVE_SM90A
+  if (sm90) {
+    flash_bwd_dq_sm90(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, qkv, dS, ld, dqkv, b,
+                      n, h, q_part, s);
+  } else
+#endif
+  {
+    const size_t smem_q = bwd_dq_smem<HDP, T>(warps);
+    auto kq = flash_bwd_dq_kernel<T, HDP>;
+    allow_smem(kq, bwd_dq_smem<HDP, T>(kFwdMaxWarps));
+    kq<<<static_cast<unsigned>(b * h * q_blocks), 32 * warps, smem_q, s>>>(
+        static_cast<const T*>(qkv), dS, static_cast<int>(ld), static_cast<T*>(dqkv),
+        static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd), q_blocks, scale, q_part);
+    CAI_CUDA_CHECK_LAUNCH();
+  }
   if (!dbias) return;
   // q: the partials in order; k: nothing (0); v: Σ_rows dout from the D kernel's partials.
   const BiasPartials q{q_part, dbias, b, q_blocks};
@@ -447,14 +471,15 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
 
 template <typename T>
 void bwd_dispatch(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                  int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, cudaStream_t s) {
+                  int64_t b, int64_t n, int64_t h, int64_t hd, float* dbias, bool sm90,
+                  cudaStream_t s) {
   switch (padded_hd(hd)) {
     case 32:
-      return bwd_launch<T, 32>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
+      return bwd_launch<T, 32>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, false, s);
     case 64:
-      return bwd_launch<T, 64>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
+      return bwd_launch<T, 64>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, sm90, s);
     default:
-      return bwd_launch<T, 128>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
+      return bwd_launch<T, 128>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, false, s);
   }
 }
 
@@ -462,18 +487,25 @@ void bwd_dispatch(const void* qkv, const void* out, const float* lse, const void
 
 void flash_attention_bwd_t(DT t, const void* qkv, const void* out, const float* lse,
                            const void* dout, void* dqkv, int64_t b, int64_t n, int64_t h,
-                           int64_t hd, float* dbias, void* stream) {
+                           int64_t hd, float* dbias, void* stream, FlashKernel kernel) {
   check_args("flash_attention_bwd", t, b, n, h, hd);
+  CAI_CHECK(kernel != FlashKernel::Sm90 || flash_attention_sm90_available(t, hd),
+            "[flash_attention_bwd] the Hopper kernel was asked for {} with head dim {}: it needs "
+            "a build with CUDA architecture 90, a device of compute capability 9.0 and hd = 64",
+            dt_name(t), hd);
   if (b == 0 || n == 0 || h == 0) return;
   CAI_CHECK(aligned16(qkv) && aligned16(out) && aligned16(dout) && aligned16(dqkv),
             "[flash_attention_bwd] qkv {}, out {}, dout {}, dqkv {}: expected 16-byte aligned "
             "addresses",
             qkv, out, dout, dqkv);
   const cudaStream_t s = as_stream(stream);
+  const bool sm90 = kernel == FlashKernel::Sm90 ||
+                    (kernel == FlashKernel::Auto && flash_attention_sm90_default() &&
+                     flash_attention_sm90_available(t, hd));
   if (t == DT::BF16)
-    bwd_dispatch<__nv_bfloat16>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
+    bwd_dispatch<__nv_bfloat16>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, sm90, s);
   else
-    bwd_dispatch<__half>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, s);
+    bwd_dispatch<__half>(qkv, out, lse, dout, dqkv, b, n, h, hd, dbias, sm90, s);
 }
 
 }  // namespace cai::kernels::cuda

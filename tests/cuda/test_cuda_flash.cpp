@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -203,10 +204,87 @@ TEST_F(CudaFlash, MatchesCpu) {
   }
 }
 
+// Each set of kernels on its own against the CPU (MatchesCpu takes the default: on an H100 or
+// H200 the Hopper kernels for hd = 64): out within the tolerance, lse within 1e-3, dQ, dK and dV
+// each within the tolerance, and the Hopper kernels' out and dqkv within the tolerance of the
+// mma.sync kernels'. Shapes: a partial block of queries and of keys, several blocks (the
+// three-stage rings, 520 tokens), a single token, and the ViT-B/16 and ViT-L/16 shapes.
+TEST_F(CudaFlash, EachKernelMatchesCpu) {
+  const Dims shapes[] = {{1, 1, 1, 64},    {2, 7, 3, 64},  {2, 197, 12, 64}, {1, 300, 2, 64},
+                         {2, 129, 2, 64},  {1, 64, 2, 64}, {1, 520, 1, 64},  {3, 128, 2, 64},
+                         {1, 197, 16, 64}, {5, 257, 3, 64}};
+  std::vector<kc::FlashKernel> kernels = {kc::FlashKernel::Portable};
+  if (kc::flash_attention_sm90_available(DT::BF16, 64))
+    kernels.push_back(kc::FlashKernel::Sm90);
+  else
+    std::printf("  the Hopper kernel is not available here (build or device): mma.sync only\n");
+  EXPECT_FALSE(kc::flash_attention_sm90_available(DT::BF16, 128));
+  EXPECT_FALSE(kc::flash_attention_sm90_available(DT::F32, 64));
+  for (DT t : {DT::BF16, DT::F16}) {
+    for (const Dims s : shapes) {
+      const int64_t d = s.h * s.hd, heads = s.b * s.h;
+      const auto qkv = random_values(s.b * s.n * 3 * d, 31, 2.0f, t);
+      std::vector<float> out_ref(s.b * s.n * d), probs(heads * s.n * s.n);
+      kernels::cpu::attention_fwd(qkv.data(), out_ref.data(), probs.data(), s.b, s.n, s.h, s.hd);
+      const auto lse_ref = host_lse(qkv, s);
+      const auto dout = random_values(s.b * s.n * d, 32, 1.0f, t);
+      std::vector<float> dqkv_ref(qkv.size());
+      kernels::cpu::attention_bwd(qkv.data(), probs.data(), dout.data(), dqkv_ref.data(), s.b, s.n,
+                                  s.h, s.hd);
+      Buf gqkv(t, qkv), gdout(t, dout);
+      std::vector<std::vector<float>> outs, grads;
+      for (kc::FlashKernel k : kernels) {
+        const std::string name = std::string(k == kc::FlashKernel::Sm90 ? "sm90 " : "mma.sync ") +
+                                 kernels::dt_name(t) + " b=" + std::to_string(s.b) +
+                                 " n=" + std::to_string(s.n) + " h=" + std::to_string(s.h);
+        Buf gout(t, out_ref.size()), glse(DT::F32, heads * s.n);
+        gout.upload(std::vector<float>(out_ref.size(), 7.0f));
+        kc::flash_attention_fwd_t(t, gqkv.p, gout.p, static_cast<float*>(glse.p), s.b, s.n, s.h,
+                                  s.hd, nullptr, k);
+        outs.push_back(gout.download());
+        expect_close(outs.back(), out_ref, tolerance(t), name + " out");
+        const auto lse = glse.download();
+        double max_err = 0;
+        for (size_t i = 0; i < lse.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(lse[i])) << name << " lse " << i;
+          max_err = std::max(max_err, std::abs(double(lse[i]) - lse_ref[i]));
+        }
+        std::printf("  %-60s max abs err %.3e (tol 1e-3)\n", (name + " lse").c_str(), max_err);
+        EXPECT_LE(max_err, 1e-3) << name << " lse";
+        Buf gdqkv(t, qkv.size());
+        gdqkv.upload(std::vector<float>(qkv.size(), 5.0f));  // overwritten, not accumulated
+        kc::flash_attention_bwd_t(t, gqkv.p, gout.p, static_cast<const float*>(glse.p), gdout.p,
+                                  gdqkv.p, s.b, s.n, s.h, s.hd, nullptr, nullptr, k);
+        grads.push_back(gdqkv.download());
+        for (int w = 0; w < 3; ++w) {
+          std::vector<float> got, ref;
+          for (int64_t r = 0; r < s.b * s.n; ++r)
+            for (int64_t j = 0; j < d; ++j) {
+              got.push_back(grads.back()[r * 3 * d + w * d + j]);
+              ref.push_back(dqkv_ref[r * 3 * d + w * d + j]);
+            }
+          if (s.n == 1 && w < 2) {  // one token: dQ = dK = 0 (softmax of one score)
+            for (float x : got) ASSERT_NEAR(x, 0.0f, 1e-6) << name << (w ? " dk" : " dq");
+            continue;
+          }
+          expect_close(got, ref, tolerance(t), name + (w == 0 ? " dq" : w == 1 ? " dk" : " dv"));
+        }
+      }
+      if (outs.size() == 2) {
+        expect_close(outs[1], outs[0], tolerance(t), "sm90 against mma.sync: out");
+        expect_close(grads[1], grads[0], tolerance(t), "sm90 against mma.sync: dqkv");
+      }
+    }
+  }
+}
+
 #ifdef CAI_HAVE_CUDA
-// Not a check: times the ViT-B/16 shape (bf16), flash next to the unfused kernels, with TFLOP/s.
+// Not a check: times the ViT-B/16 shape (bf16; FLASH_TIMING_SHAPE=l: ViT-L/16's, batch 128),
+// flash next to the unfused kernels, with TFLOP/s.
 TEST_F(CudaFlash, DISABLED_Timing) {
-  const int64_t bb = 256, n = 197, h = 12, hd = 64, d = h * hd;
+  const char* shape = std::getenv("FLASH_TIMING_SHAPE");
+  const bool large = shape != nullptr && std::string(shape) == "l";
+  const int64_t bb = large ? 128 : 256, n = 197, h = large ? 16 : 12, hd = 64, d = h * hd;
   const DT t = DT::BF16;
   const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
   test::EventTimer timer;
@@ -216,19 +294,43 @@ TEST_F(CudaFlash, DISABLED_Timing) {
   fill(qkv), fill(dout);
   const double flop = 4.0 * bb * h * n * n * hd;
   float* l = static_cast<float*>(lse.p);
-  const double ffwd =
-      time_ms(20, [&] { kc::flash_attention_fwd_t(t, qkv.p, out.p, l, bb, n, h, hd); });
-  const double fbwd = time_ms(
-      20, [&] { kc::flash_attention_bwd_t(t, qkv.p, out.p, l, dout.p, dqkv.p, bb, n, h, hd); });
+  const double ffwd = time_ms(20, [&] {
+    kc::flash_attention_fwd_t(t, qkv.p, out.p, l, bb, n, h, hd, nullptr, kc::FlashKernel::Portable);
+  });
+  const bool sm90 = kc::flash_attention_sm90_available(t, hd);
+  const double sfwd = sm90 ? time_ms(20,
+                                     [&] {
+                                       kc::flash_attention_fwd_t(t, qkv.p, out.p, l, bb, n, h, hd,
+                                                                 nullptr, kc::FlashKernel::Sm90);
+                                     })
+                           : 0.0;
+  const double fbwd = time_ms(20, [&] {
+    kc::flash_attention_bwd_t(t, qkv.p, out.p, l, dout.p, dqkv.p, bb, n, h, hd, nullptr, nullptr,
+                              kc::FlashKernel::Portable);
+  });
+  const double sbwd =
+      sm90 ? time_ms(20,
+                     [&] {
+                       kc::flash_attention_bwd_t(t, qkv.p, out.p, l, dout.p, dqkv.p, bb, n, h, hd,
+                                                 nullptr, nullptr, kc::FlashKernel::Sm90);
+                     })
+           : 0.0;
   const double ufwd =
       time_ms(10, [&] { kc::attention_fwd_t(t, qkv.p, out.p, probs.p, bb, n, h, hd); });
   const double ubwd =
       time_ms(10, [&] { kc::attention_bwd_t(t, qkv.p, probs.p, dout.p, dqkv.p, bb, n, h, hd); });
   std::printf("TIMING bf16 b=%lld n=%lld h=%lld hd=%lld\n", (long long)bb, (long long)n,
               (long long)h, (long long)hd);
-  std::printf("TIMING flash_attention_fwd_t: %.3f ms, %.1f TFLOP/s\n", ffwd, flop / ffwd * 1e-9);
-  std::printf("TIMING flash_attention_bwd_t: %.3f ms, %.1f TFLOP/s\n", fbwd,
+  std::printf("TIMING flash_attention_fwd_t: %.3f ms, %.1f TFLOP/s (mma.sync)\n", ffwd,
+              flop / ffwd * 1e-9);
+  if (sm90)
+    std::printf("TIMING flash_attention_fwd_t: %.3f ms, %.1f TFLOP/s (sm90 wgmma)\n", sfwd,
+                flop / sfwd * 1e-9);
+  std::printf("TIMING flash_attention_bwd_t: %.3f ms, %.1f TFLOP/s (mma.sync)\n", fbwd,
               2.5 * flop / fbwd * 1e-9);
+  if (sm90)
+    std::printf("TIMING flash_attention_bwd_t: %.3f ms, %.1f TFLOP/s (sm90 dK/dV)\n", sbwd,
+                2.5 * flop / sbwd * 1e-9);
   std::printf("TIMING attention_fwd_t:       %.3f ms, %.1f TFLOP/s\n", ufwd, flop / ufwd * 1e-9);
   std::printf("TIMING attention_bwd_t:       %.3f ms, %.1f TFLOP/s\n", ubwd,
               2.5 * flop / ubwd * 1e-9);
