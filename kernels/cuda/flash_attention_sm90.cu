@@ -37,9 +37,12 @@ namespace {
 constexpr int kWarpgroups = 2;               // 128 query rows per CTA
 constexpr int kRowsSm90 = 64 * kWarpgroups;  // queries per CTA
 constexpr int kTileBytes = 64 * 128;         // 64 rows of 64 half values
-constexpr int kStagesSm90 = 3;               // K/V stages of 64 keys
+// Stages of 64 rows: the forward's four (two loads ahead, and the P·V of the block before still
+// reading its stage), the backward kernels' three (each block's products waited for in the block).
+constexpr int kFwdStages = 4;
+constexpr int kBwdStages = 3;
 constexpr size_t kSmemSm90 =
-    kWarpgroups * kTileBytes + kStagesSm90 * 2 * kTileBytes + 1024;  // + alignment slack
+    kWarpgroups * kTileBytes + kFwdStages * 2 * kTileBytes + 1024;  // + alignment slack
 
 // 16 bytes of row r, chunk c (8 values) of a swizzled 128-byte-row tile.
 __device__ __forceinline__ uint32_t sw128(int r, int c) {
@@ -85,6 +88,17 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_regs(float (&d)[32]) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// 4 bytes global → shared; zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void fence_frags(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
 }
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -198,19 +212,23 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const uint32_t q_addr = base + wg * kTileBytes;
+  uint32_t p[4][4];  // P of the block whose P·V may still run (its wgmma reads these registers)
 
+  // Block it's P·V is left running into block it + 1 (past its barrier, loads and S = Q·Kᵀ): the
+  // wait for S(it + 1) covers it (wgmma groups complete in order). Four stages keep the loads two
+  // blocks ahead off the stage that P·V reads.
   for (int it = 0; it < nk; ++it) {
     const int kb = it * 64;
     cp_async_wait_group<1>();
     fence_proxy_async();
-    __syncthreads();  // block it visible (to wgmma too); every warpgroup is past block it − 1
+    __syncthreads();  // block it visible (to wgmma too); every warpgroup is past S(it − 1)
     if (it + 2 < nk) {
-      unsigned char* nxt = sKV + 2 * ((it + 2) % 3) * kTileBytes;
+      unsigned char* nxt = sKV + 2 * ((it + 2) % kFwdStages) * kTileBytes;
       load_sw128(nxt, Kg, stride, kb + 128, n, 64);
       load_sw128(nxt + kTileBytes, Vg, stride, kb + 128, n, 64);
     }
     cp_async_commit();
-    const uint32_t k_addr = base + kWarpgroups * kTileBytes + 2 * (it % 3) * kTileBytes;
+    const uint32_t k_addr = base + kWarpgroups * kTileBytes + 2 * (it % kFwdStages) * kTileBytes;
     const uint32_t v_addr = k_addr + kTileBytes;
 
     float s[32];
@@ -222,13 +240,14 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     for (int kk = 0; kk < hd / 16; ++kk)  // 16 values of hd = 32 bytes along the swizzled row
       wgmma_ss<T>(s, desc_sw128(q_addr + kk * 32), desc_sw128(k_addr + kk * 32), kk == 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // S(it) and P·V(it − 1)
     fence_regs(s);
+    fence_regs(o);
+    fence_frags(p);
 
     // Online softmax on the raw scores (the running max m in score units; each exponent one
     // FFMA: 2^(s·c − m·c)). A whole block (all but a head's last) takes no key checks: the
     // branch is uniform (kb, n), so it does not serialise the wgmma.
-    uint32_t p[4][4];
     auto softmax = [&](auto full_tag) {
       constexpr bool kFull = decltype(full_tag)::value;
       if constexpr (!kFull) {
@@ -272,9 +291,11 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     for (int kc = 0; kc < 4; ++kc)  // 16 keys = 16 rows of 128 bytes of V
       wgmma_rs_tb<T>(o, p[kc], desc_sw128(v_addr + kc * 16 * 128));
     wgmma_commit();
-    wgmma_wait<0>();
     fence_regs(o);
+    fence_frags(p);
   }
+  wgmma_wait<0>();
+  fence_regs(o);
   if (!active) return;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -353,22 +374,27 @@ __global__ void __launch_bounds__(128, 3)
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kb + warp * 16;
 
+  // A block of 64 queries' Q, dO, lse and D into stage st, asynchronously (lse and D by 4-byte
+  // copies: a head's rows are not 16-byte aligned). Past the last query everything is 0: there P
+  // = 2^(scale·0 − 0) = 1, but dO = 0 and D = 0 make its dV, dK and dSᵀ terms 0.
+  auto load_block = [&](int st, int q0) {
+    unsigned char* dstq = sQdO + 2 * st * kTileBytes;
+    load_sw128(dstq, Qg, stride, q0, n, 64);
+    load_sw128(dstq + kTileBytes, dOg, ostride, q0, n, 64);
+    if (threadIdx.x < 64) {
+      const int i = q0 + threadIdx.x;
+      const bool valid = i < n;
+      const int64_t src = bh * n + (valid ? i : 0);
+      cp_async4(sLse + st * 64 + threadIdx.x, lse + src, valid);
+      cp_async4(sD + st * 64 + threadIdx.x, Dsum + src, valid);
+    }
+  };
   load_sw128(sK, Kg, stride, kb, n, 64);
   load_sw128(sV, Vg, stride, kb, n, 64);
-  load_sw128(sQdO, Qg, stride, 0, n, 64);
-  load_sw128(sQdO + kTileBytes, dOg, ostride, 0, n, 64);
+  load_block(0, 0);
   cp_async_commit();
-  load_sw128(sQdO + 2 * kTileBytes, Qg, stride, 64, n, 64);
-  load_sw128(sQdO + 3 * kTileBytes, dOg, ostride, 64, n, 64);
+  load_block(1, 64);
   cp_async_commit();
-  if (threadIdx.x < 64) {  // stages 0 and 1
-#pragma unroll
-    for (int s2 = 0; s2 < 2; ++s2) {
-      const int i = s2 * 64 + threadIdx.x;
-      sLse[i] = i < n ? lse[bh * n + i] * kLog2e : INFINITY;  // P = 0 past the end
-      sD[i] = i < n ? Dsum[bh * n + i] : 0.0f;
-    }
-  }
 
   float dk[32], dv[32];
 #pragma unroll
@@ -378,21 +404,11 @@ __global__ void __launch_bounds__(128, 3)
 
   const int nq = (n + 63) / 64;
   for (int it = 0; it < nq; ++it) {
-    const int q0 = it * 64, st = it % 3, nst = (it + 2) % 3;
+    const int q0 = it * 64, st = it % kBwdStages, nst = (it + 2) % kBwdStages;
     cp_async_wait_group<1>();
     fence_proxy_async();
     __syncthreads();  // block it visible (to wgmma too); every warp is past block it − 1
-    float nl = INFINITY, nd = 0.0f;
-    if (it + 2 < nq) {
-      unsigned char* nxt = sQdO + 2 * nst * kTileBytes;
-      load_sw128(nxt, Qg, stride, q0 + 128, n, 64);
-      load_sw128(nxt + kTileBytes, dOg, ostride, q0 + 128, n, 64);
-      const int i = q0 + 128 + threadIdx.x;
-      if (threadIdx.x < 64 && i < n) {
-        nl = lse[bh * n + i] * kLog2e;
-        nd = Dsum[bh * n + i];
-      }
-    }
+    if (it + 2 < nq) load_block(nst, q0 + 128);
     cp_async_commit();
     const uint32_t q_addr = base + 2 * kTileBytes + 2 * st * kTileBytes;
     const uint32_t do_addr = q_addr + kTileBytes;
@@ -424,9 +440,10 @@ __global__ void __launch_bounds__(128, 3)
       for (int j = 0; j < 8; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lq + j * 8 + 2 * t4);
         const float2 d2 = *reinterpret_cast<const float2*>(dd + j * 8 + 2 * t4);
+        const float nl[2] = {-l2.x * kLog2e, -l2.y * kLog2e};  // lse in base 2
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = ex2(fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+          float p = ex2(fmaf(s[4 * j + e], scale_log2, nl[e & 1]));
           if constexpr (!kFull) p = key_ok[e >> 1] ? p : 0.0f;
           s[4 * j + e] = p;
           dp[4 * j + e] = p * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
@@ -476,10 +493,6 @@ __global__ void __launch_bounds__(128, 3)
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
-    if (threadIdx.x < 64) {  // block it + 2's lse and D (that stage was last read in it − 1)
-      sLse[nst * 64 + threadIdx.x] = nl;
-      sD[nst * 64 + threadIdx.x] = nd;
-    }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -513,7 +526,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
   unsigned char* sm = smem_raw + (base - raw);
-  float* red = reinterpret_cast<float*>(sm + kStagesSm90 * kStage);  // [warps][64]
+  float* red = reinterpret_cast<float*>(sm + kBwdStages * kStage);  // [warps][64]
 
   const int64_t bh = blockIdx.x / q_blocks;
   const int q0 = static_cast<int>(blockIdx.x % q_blocks) * kRowsSm90;
@@ -551,10 +564,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     cp_async_wait_group<1>();
     fence_proxy_async();
     __syncthreads();  // block it visible (to wgmma too); every warpgroup is past block it − 1
-    if (it + 2 < nk) load(sm + ((it + 2) % 3) * kStage, (it + 2) * 64);
+    if (it + 2 < nk) load(sm + ((it + 2) % kBwdStages) * kStage, (it + 2) * 64);
     cp_async_commit();
-    const uint32_t a_addr = base + (it % 3) * kStage + wg * kTileBytes;
-    const uint32_t k_addr = base + (it % 3) * kStage + kWarpgroups * kTileBytes;
+    const uint32_t a_addr = base + (it % kBwdStages) * kStage + wg * kTileBytes;
+    const uint32_t k_addr = base + (it % kBwdStages) * kStage + kWarpgroups * kTileBytes;
     fence_regs(dq);
     wgmma_fence();
 #pragma unroll
@@ -573,7 +586,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   }
   // The warpgroup's dSᵀ tile of the last stage (read only by its own, finished wgmma) stages
   // its rows of dQ.
-  unsigned char* stage = sm + ((nk - 1) % 3) * kStage + wg * kTileBytes;
+  unsigned char* stage = sm + ((nk - 1) % kBwdStages) * kStage + wg * kTileBytes;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -595,7 +608,7 @@ void dq_sm90_launch(const void* qkv, const void* dst, int64_t ld, void* dqkv, in
                     int64_t h, float* bias_part, cudaStream_t s) {
   const int q_blocks = flash_dq_sm90_blocks(n);
   constexpr size_t smem =
-      kStagesSm90 * (kWarpgroups + 1) * kTileBytes + kWarpgroups * 4 * 64 * sizeof(float) + 1024;
+      kBwdStages * (kWarpgroups + 1) * kTileBytes + kWarpgroups * 4 * 64 * sizeof(float) + 1024;
   auto kernel = flash_bwd_dq_sm90_kernel<T>;
   allow_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(b * h * q_blocks), kWarpgroups * 128, smem, s>>>(
