@@ -58,6 +58,24 @@ TEST(KernelProfile, TableFromRecords) {
   EXPECT_LT(md.find("## Host time per step"), md.find("## By category")) << md;
 }
 
+// The Hopper attention kernels hold "sm90" like cuBLAS's GEMMs; they count as attention.
+TEST(KernelProfile, HopperAttentionIsAttention) {
+  using profile::KernelRecord;
+  std::vector<KernelRecord> r = {
+      {"void cai::kernels::cuda::(anonymous namespace)::flash_fwd_sm90_kernel<__nv_bfloat16>"
+       "(__nv_bfloat16 const*, __nv_bfloat16*, float*, int, int, int, float)",
+       0, 2000, 7, 10, 256},
+      {"nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN", 3000, 4000, 7, 4, 384}};
+  const std::string path = ::testing::TempDir() + "/kp_sm90.md";
+  profile::write_kernel_profile(path, r, 1, 0.1, "test profile", "");
+  const std::string md = slurp(path);
+  EXPECT_NE(md.find("| `flash_fwd_sm90_kernel<__nv_bfloat16>` | attention | 1 | 0.002 |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| attention | 0.00 | 66.7% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| GEMM (cuBLAS) | 0.00 | 33.3% |"), std::string::npos) << md;
+}
+
 // NCCL's kernels are communication, whatever words their names hold ("Broadcast" holds "cast",
 // "ReduceScatter" "reduce"): a 2D step's broadcasts were listed as casts.
 TEST(KernelProfile, NcclKernelsAreCommunication) {

@@ -41,9 +41,10 @@ std::string category(const std::string& n) {
   if (has("nccl")) return "communication (NCCL)";
   if (has("memcpy")) return "memcpy";
   if (has("memset")) return "memset";
+  // Attention before the GEMMs: the Hopper attention kernels (ours and cuDNN's) hold "sm90".
+  if (has("flash") || has("attention") || has("attn") || has("sdpa")) return "attention";
   if (has("gemm") || has("xmma") || has("cutlass") || has("Kernel2") || has("sm90_"))
     return "GEMM (cuBLAS)";
-  if (has("flash") || has("attention") || has("attn")) return "attention";
   if (has("layernorm") || has("layer_norm")) return "layernorm";
   if (has("gelu")) return "GELU";
   if (has("adam") || has("lamb") || has("clip") || has("grad_stats") || has("sum_squares") ||
