@@ -98,7 +98,7 @@ TEST_F(CudaFlash, MatchesCpu) {
   const Dims shapes[] = {{1, 1, 1, 64},     {2, 7, 3, 64},   {2, 197, 12, 64}, {1, 300, 2, 64},
                          {1, 65, 2, 32},    {1, 70, 1, 128}, {2, 129, 2, 64},  {1, 33, 2, 40},
                          {1, 64, 2, 64},    {1, 520, 1, 64}, {1, 100, 1, 16},  {14, 197, 12, 64},
-                         {48, 120, 3, 128}, {2, 17, 40, 16}};
+                         {48, 120, 3, 128}, {2, 17, 40, 16}, {2, 257, 3, 80}};
   for (DT t : {DT::BF16, DT::F16}) {
     for (const Dims s : shapes) {
       const std::string name = std::string("flash ") + kernels::dt_name(t) +
@@ -279,12 +279,16 @@ TEST_F(CudaFlash, EachKernelMatchesCpu) {
 }
 
 #ifdef CAI_HAVE_CUDA
-// Not a check: times the ViT-B/16 shape (bf16; FLASH_TIMING_SHAPE=l: ViT-L/16's, batch 128),
-// flash next to the unfused kernels, with TFLOP/s.
+// Not a check: times the ViT-B/16 shape (bf16; FLASH_TIMING_SHAPE=l: ViT-L/16's, batch 128;
+// =h: ViT-H/14's, batch 32, head dim 80), flash next to the unfused kernels, with TFLOP/s.
 TEST_F(CudaFlash, DISABLED_Timing) {
-  const char* shape = std::getenv("FLASH_TIMING_SHAPE");
-  const bool large = shape != nullptr && std::string(shape) == "l";
-  const int64_t bb = large ? 128 : 256, n = 197, h = large ? 16 : 12, hd = 64, d = h * hd;
+  const char* env = std::getenv("FLASH_TIMING_SHAPE");
+  const std::string shape = env ? env : "b";
+  const bool large = shape == "l", huge = shape == "h";
+  const int64_t bb = huge    ? 32
+                     : large ? 128
+                             : 256,
+                n = huge ? 257 : 197, h = huge || large ? 16 : 12, hd = huge ? 80 : 64, d = h * hd;
   const DT t = DT::BF16;
   const auto fill = [](Buf& b) { test::fill_bf16_pattern(b); };
   test::EventTimer timer;
