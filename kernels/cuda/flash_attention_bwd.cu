@@ -241,13 +241,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     T* dstq = sQdO + 2 * st * kT;
     load_tile<T, HDP>(dstq, Qg, stride, q0, n, hd);
     load_tile<T, HDP>(dstq + kT, dOg, ostride, q0, n, hd);
-    if (kWide && threadIdx.x < kTile) {
-      const int i = q0 + threadIdx.x;
-      const bool valid = i < n;
-      const int64_t src = bh * n + (valid ? i : 0);
-      cp_async4(sLse + st * kTile + threadIdx.x, lse + src, valid);
-      cp_async4(sD + st * kTile + threadIdx.x, Dsum + src, valid);
-    }
+    if (kWide) load_lse_d(sLse + st * kTile, sD + st * kTile, lse, Dsum, bh, n, q0);
   };
   load_tile<T, HDP>(sK, Kg, stride, kb, n, hd);
   load_tile<T, HDP>(sV, Vg, stride, kb, n, hd);
@@ -341,13 +335,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
             const int q = q0 + qc * 16 + nt * 8 + 2 * t4;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              const int key = kw0 + g + 8 * r;
-              if constexpr (kWide)
-                *reinterpret_cast<uint32_t*>(sDs + (warp * 16 + g + 8 * r) * kDs + q - q0) =
-                    da[2 * nt + r];
-              else if (key < n && q < ld)
-                *reinterpret_cast<uint32_t*>(dst + (bh * n + key) * static_cast<int64_t>(ld) + q) =
-                    da[2 * nt + r];
+              const int rl = warp * 16 + g + 8 * r;
+              if constexpr (kWide) {
+                *reinterpret_cast<uint32_t*>(sDs + rl * kDs + q - q0) = da[2 * nt + r];
+              } else {
+                const int key = kb + rl;
+                if (key < n && q < ld)
+                  *reinterpret_cast<uint32_t*>(dst + (bh * n + key) * static_cast<int64_t>(ld) +
+                                               q) = da[2 * nt + r];
+              }
             }
           }
 #pragma unroll

@@ -43,6 +43,19 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
                "r"(valid ? 4 : 0));
 }
 
+// Queries [q0, q0 + 64) of a head's lse and D (fp32 rows of n at bh·n) into sl[64] and sd[64] by
+// 4-byte cp.async (a head's rows are not 16-byte aligned), threads 0-63; zeros past n.
+__device__ __forceinline__ void load_lse_d(float* sl, float* sd, const float* lse, const float* D,
+                                           int64_t bh, int n, int q0) {
+  if (threadIdx.x < 64) {
+    const int i = q0 + static_cast<int>(threadIdx.x);
+    const bool valid = i < n;
+    const int64_t src = bh * n + (valid ? i : 0);
+    cp_async4(sl + threadIdx.x, lse + src, valid);
+    cp_async4(sd + threadIdx.x, D + src, valid);
+  }
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -49,6 +49,20 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
+// A warp's 16 rows (warp·16 + 0-15) of a swizzled staging tile to global memory, 16 bytes a lane
+// at a time: local row r is row first + r, written at row_ptr(first + r) unless that is ≥ n.
+template <typename F>
+__device__ __forceinline__ void copy_out_rows(const unsigned char* stage, int warp, int lane,
+                                              int first, int n, F row_ptr) {
+  const int c = lane & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int rl = warp * 16 + (lane >> 3) + 4 * i, row = first + rl;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + sw128(rl, c));
+    if (row < n) *reinterpret_cast<uint4*>(row_ptr(row) + c * 8) = v;
+  }
+}
+
 // Rows [r0, r0 + count) of a [rows, 64] matrix (row stride `stride` elements) into a swizzled
 // tile at shared address `s` (bytes, 1,024-aligned), all the block's threads; rows ≥ rows zeros.
 template <typename T>
@@ -109,63 +123,39 @@ __device__ __forceinline__ void fence_proxy_async() {
       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d (+)= A·B, m64n64k16, A and B K-major in shared memory; accumulate unless `zero`.
-template <typename T>
+// d (+)= A·B, m64n64k16, A and B in shared memory, K-major (0) or transposed (1: A M-major, B
+// N-major); accumulate unless `zero`.
+#define CAI_WGMMA_SS(TYPE)                                                          \
+  asm volatile(                                                                     \
+      "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"                                  \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " CAI_WGMMA_D32 \
+      ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                         \
+      : CAI_WGMMA_D32_OPERANDS(d)                                                   \
+      : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)), "n"(kTransA), "n"(kTransB))
+template <typename T, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, bool zero) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CAI_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CAI_WGMMA_D32
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    CAI_WGMMA_SS("bf16");
+  else
+    CAI_WGMMA_SS("f16");
 }
-// d (+)= A·B, m64n64k16, A M-major and B N-major in shared memory (both read transposed).
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, bool zero) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CAI_WGMMA_D32
-        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CAI_WGMMA_D32
-        ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)));
-  }
-}
+#undef CAI_WGMMA_SS
 // d += A·B, m64n64k16, A in registers (wgmma's A fragment), B N-major in shared memory.
+#define CAI_WGMMA_RS_TB(TYPE)                                                       \
+  asm volatile(                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %37, 0;\n"                                  \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " CAI_WGMMA_D32 \
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                               \
+      : CAI_WGMMA_D32_OPERANDS(d)                                                   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u))
 template <typename T>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CAI_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " CAI_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : CAI_WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    CAI_WGMMA_RS_TB("bf16");
+  else
+    CAI_WGMMA_RS_TB("f16");
 }
+#undef CAI_WGMMA_RS_TB
 #undef CAI_WGMMA_D32
 #undef CAI_WGMMA_D32_OPERANDS
 
@@ -312,13 +302,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     if (t4 == 0 && row < n) lse[bh * n + row] = (m_run[r] * scale_log2 + log2f(l_run[r])) * kLn2;
   }
   __syncwarp();
-  const int c = lane & 7;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int rl = warp * 16 + (lane >> 3) + 4 * i, row = wq0 + rl;
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + sw128(rl, c));
-    if (row < n) *reinterpret_cast<uint4*>(out + ((bi * n + row) * h + hi) * hd + c * 8) = v;
-  }
+  copy_out_rows(stage, warp, lane, wq0, n,
+                [&](int row) { return out + ((bi * n + row) * h + hi) * hd; });
 }
 
 template <typename T>
@@ -376,13 +361,7 @@ __global__ void __launch_bounds__(128, 3)
     unsigned char* dstq = sQdO + 2 * st * kTileBytes;
     load_sw128(dstq, Qg, stride, q0, n, 64);
     load_sw128(dstq + kTileBytes, dOg, ostride, q0, n, 64);
-    if (threadIdx.x < 64) {
-      const int i = q0 + threadIdx.x;
-      const bool valid = i < n;
-      const int64_t src = bh * n + (valid ? i : 0);
-      cp_async4(sLse + st * 64 + threadIdx.x, lse + src, valid);
-      cp_async4(sD + st * 64 + threadIdx.x, Dsum + src, valid);
-    }
+    load_lse_d(sLse + st * 64, sD + st * 64, lse, Dsum, bh, n, q0);
   };
   load_sw128(sK, Kg, stride, kb, n, 64);
   load_sw128(sV, Vg, stride, kb, n, 64);
@@ -567,7 +546,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc)  // 16 keys = 16 rows of 128 bytes of dSᵀ and of K
-      wgmma_ss_tt<T>(dq, desc_sw128(a_addr + kc * 2048), desc_sw128(k_addr + kc * 2048), false);
+      wgmma_ss<T, 1, 1>(dq, desc_sw128(a_addr + kc * 2048), desc_sw128(k_addr + kc * 2048), false);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
@@ -589,13 +568,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
       *reinterpret_cast<uint32_t*>(stage + sw128(warp * 16 + g + 8 * r, dt) + 4 * t4) =
           pack2<T>(dq[4 * dt + 2 * r] * scale, dq[4 * dt + 2 * r + 1] * scale);
   __syncwarp();
-  const int c = lane & 7;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int rl = warp * 16 + (lane >> 3) + 4 * i, row = wq0 + rl;
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + sw128(rl, c));
-    if (row < n) *reinterpret_cast<uint4*>(dqkv + (bi * n + row) * stride + hi * hd + c * 8) = v;
-  }
+  copy_out_rows(stage, warp, lane, wq0, n,
+                [&](int row) { return dqkv + (bi * n + row) * stride + hi * hd; });
 }
 
 template <typename T>

@@ -75,6 +75,19 @@ std::vector<float> host_lse(const std::vector<float>& qkv, const Dims& s) {
   return lse;
 }
 
+// lse finite everywhere and within 1e-3 of the reference; prints the largest error.
+void expect_lse(const std::vector<float>& lse, const std::vector<float>& ref,
+                const std::string& name) {
+  ASSERT_EQ(lse.size(), ref.size()) << name;
+  double max_err = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(lse[i])) << name << " lse " << i;
+    max_err = std::max(max_err, std::abs(double(lse[i]) - ref[i]));
+  }
+  std::printf("  %-60s max abs err %.3e (tol 1e-3)\n", (name + " lse").c_str(), max_err);
+  EXPECT_LE(max_err, 1e-3) << name << " lse";
+}
+
 }  // namespace
 
 TEST_F(CudaFlash, Supported) {
@@ -116,14 +129,7 @@ TEST_F(CudaFlash, MatchesCpu) {
                                 s.hd);
       const auto out = gout.download();
       expect_close(out, out_ref, tolerance(t), name + " out");
-      const auto lse = glse.download(), lse_ref = host_lse(qkv, s);
-      double max_err = 0;
-      for (size_t i = 0; i < lse.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(lse[i])) << name << " lse " << i;
-        max_err = std::max(max_err, std::abs(double(lse[i]) - lse_ref[i]));
-      }
-      std::printf("  %-60s max abs err %.3e (tol 1e-3)\n", (name + " lse").c_str(), max_err);
-      EXPECT_LE(max_err, 1e-3) << name << " lse";
+      expect_lse(glse.download(), host_lse(qkv, s), name);
 
       // Backward: the reference takes the CPU probabilities and the GPU's own out only through
       // D = rowsum(dO ⊙ O), which equals rowsum(P ⊙ dP) up to out's rounding.
@@ -243,14 +249,7 @@ TEST_F(CudaFlash, EachKernelMatchesCpu) {
                                   s.hd, nullptr, k);
         outs.push_back(gout.download());
         expect_close(outs.back(), out_ref, tolerance(t), name + " out");
-        const auto lse = glse.download();
-        double max_err = 0;
-        for (size_t i = 0; i < lse.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(lse[i])) << name << " lse " << i;
-          max_err = std::max(max_err, std::abs(double(lse[i]) - lse_ref[i]));
-        }
-        std::printf("  %-60s max abs err %.3e (tol 1e-3)\n", (name + " lse").c_str(), max_err);
-        EXPECT_LE(max_err, 1e-3) << name << " lse";
+        expect_lse(glse.download(), lse_ref, name);
         Buf gdqkv(t, qkv.size());
         gdqkv.upload(std::vector<float>(qkv.size(), 5.0f));  // overwritten, not accumulated
         kc::flash_attention_bwd_t(t, gqkv.p, gout.p, static_cast<const float*>(glse.p), gdout.p,
