@@ -35,7 +35,8 @@
 // On a device of compute capability 9.0 with hd = 64 the forward and the backward's dK/dV and dQ
 // kernels are the Hopper ones (wgmma; flash_attention_sm90.cu, FlashKernel); these mma.sync kernels
 // serve every other GPU and head dim. ViT-B/16 shape (b 256, n 197, h 12) on an H200: forward
-// 0.240 → 0.215 ms, backward 0.683 → 0.644 ms (test_cuda_flash's timing).
+// 0.240 → 0.209 ms, backward 0.684 → 0.625 ms (test_cuda_flash's timing;
+// docs/bench/h200-flash-sm90).
 //
 // This file holds the forward kernel and the public entry points but the backward's
 // (flash_attention_bwd.cu); the shared helpers are in flash_attention_common.cuh.
