@@ -34,6 +34,7 @@ struct RuntimeInfo {
   int cublas_version = 0;          // cublasGetProperty major*10000 + minor*100 + patch
   int nccl_version = 0;            // ncclGetVersion
   std::vector<int> architectures;  // CUDA architectures compiled in, e.g. {90}
+  bool hopper_attention = false;   // the attention's sm_90a (wgmma) kernels are compiled in
   std::vector<DeviceInfo> devices;
 };
 RuntimeInfo runtime_info();

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "cai/core/version.h"
+#include "kernels/attention.h"
 #include "kernels/device.h"
 
 namespace cai::app {
@@ -88,6 +89,17 @@ std::vector<CheckRow> collect_installation_report(const std::string& self_dir, b
       ci.architectures.empty() ? "-" : fmt::format("sm_{}", fmt::join(ci.architectures, ", sm_"));
   rows.push_back({"CUDA architectures", archs, ci.compiled ? Verdict::Ok : Verdict::NotApplicable,
                   ci.compiled ? "kernels compiled for these" : "no CUDA kernels in this build"});
+  if (!ci.compiled)
+    rows.push_back({"attention kernels", "-", Verdict::NotApplicable, "no CUDA kernels"});
+  else if (ci.hopper_attention)
+    rows.push_back({"attention kernels", "wgmma (sm_90a) + mma.sync", Verdict::Ok,
+                    kernels::cuda::flash_attention_sm90_default()
+                        ? "wgmma for head dim 64 on compute capability 9.0, mma.sync otherwise "
+                          "(CAI_FLASH_SM90=0: mma.sync everywhere)"
+                        : "CAI_FLASH_SM90=0: mma.sync everywhere"});
+  else
+    rows.push_back({"attention kernels", "mma.sync", Verdict::Ok,
+                    "no Hopper (wgmma) kernels: the build's architectures lack 90"});
   if (ci.devices.empty()) {
     rows.push_back({"GPUs", "none", Verdict::NotApplicable,
                     ci.device_error.empty() ? "no GPU found" : "no GPU: " + ci.device_error});

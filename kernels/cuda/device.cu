@@ -20,6 +20,9 @@ RuntimeInfo runtime_info() {
       cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
     r.cublas_version = major * 10000 + minor * 100 + patch;
   ncclGetVersion(&r.nccl_version);
+#ifdef CAI_HAVE_SM90A
+  r.hopper_attention = true;
+#endif
   std::istringstream archs(CAI_CUDA_ARCHS);
   for (std::string a; std::getline(archs, a, ';');)
     if (!a.empty()) r.architectures.push_back(std::stoi(a));

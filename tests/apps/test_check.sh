@@ -5,7 +5,7 @@ bin=${1:?path to colossalai}
 out=$("$bin" check -i)
 echo "$out"
 for row in libcai compiler OpenBLAS MPI "CUDA runtime" "CUDA driver" cuBLAS NCCL SimGrid \
-  "CUDA architectures"; do
+  "CUDA architectures" "attention kernels"; do
   grep -q "^  $row " <<<"$out" || { echo "missing row: $row"; exit 1; }
 done
 grep -q "Usable: yes" <<<"$out"
