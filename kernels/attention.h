@@ -38,13 +38,13 @@ void attention_bwd_t(DT t, const void* qkv, const void* probs, const void* dout,
 // kernels/cuda/flash_attention.cu (forward) and flash_attention_bwd.cu; the CPU-only build reports
 // false / throws.
 bool flash_attention_supported(DT t, int64_t hd);
-// Which kernels (the forward, and the backward's dK/dV kernel): Auto takes the Hopper ones (wgmma,
+// Which kernels (the forward, and the backward's dK/dV and dQ): Auto takes the Hopper ones (wgmma,
 // kernels/cuda/flash_attention_sm90.cu) where flash_attention_sm90_available() and the environment
 // does not set CAI_FLASH_SM90=0 (flash_attention_sm90_default()), else the mma.sync ones (any
 // GPU); Portable is always the mma.sync ones; Sm90 the Hopper ones (an error where they are not
 // available).
 enum class FlashKernel { Auto, Portable, Sm90 };
-// This build has the Hopper kernel (CUDA architectures include 90), the current device is compute
+// This build has the Hopper kernels (CUDA architectures include 90), the current device is compute
 // capability 9.0, t is BF16/F16 and hd = 64.
 bool flash_attention_sm90_available(DT t, int64_t hd);
 bool flash_attention_sm90_default();

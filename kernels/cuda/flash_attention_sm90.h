@@ -1,6 +1,6 @@
-// The Hopper forward of the fused attention (flash_attention_sm90.cu, compiled for sm_90a when the
-// build's architectures include 90): flash_attention.cu's entry point calls it for head dim 64 on
-// a device of compute capability 9.0 (flash_sm90_usable).
+// The Hopper kernels of the fused attention (flash_attention_sm90.cu, compiled for sm_90a when the
+// build's architectures include 90): flash_attention_fwd_t / _bwd_t call them for head dim 64 on a
+// device of compute capability 9.0 (flash_attention_sm90_available, FlashKernel).
 #pragma once
 #include <cuda_runtime.h>
 
