@@ -25,6 +25,12 @@
 // dPᵀ = V·dOᵀ, Pᵀ and dSᵀ in registers, dSᵀ to the scratch, dV += Pᵀ·dO, dK += dSᵀ·Q.
 // dQ: kWarpgroups warpgroups per (batch·head, block of 64·kWarpgroups queries), over blocks of 64
 // keys: dQ += dS·K with dS read M-major from the dSᵀ scratch's tiles.
+// A head's last, partial block of keys (forward, dQ) or queries (dK/dV) runs only its pieces of 16
+// that hold tokens (by_chunks: m64nNk16 with N = 16, 32 or 48, and as many k16 steps): ViT's 197
+// tokens end in a block of 5, a quarter of the work of a whole block (B/16 shape on an H200:
+// forward 0.209 → 0.184 ms). wgmma's M is 64, so a partial block of keys in dK/dV would still
+// cost a whole one: flash_attention_bwd.cu gives it to the mma.sync kernel, whose warps without a
+// key skip their products.
 //
 // Compiled for sm_90a only (kernels/CMakeLists.txt), when the build's architectures include 90.
 #include "kernels/cuda/flash_attention_common.cuh"
@@ -99,9 +105,11 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accesses to an accumulator across the asynchronous wgmma.
+// (Its first N registers: the rest of a narrower product's accumulator is unused.)
+template <int N = 32>
 __device__ __forceinline__ void fence_regs(float (&d)[32]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void fence_frags(uint32_t (&a)[4][4]) {
 #pragma unroll
@@ -113,32 +121,61 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The accumulator operand lists of m64nNk16 for N = 16, 32, 48, 64 (N / 2 registers a thread).
+#define CAI_WGMMA_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define CAI_WGMMA_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define CAI_WGMMA_D24                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23}"
 #define CAI_WGMMA_D32                                                                           \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define CAI_WGMMA_D32_OPERANDS(d)                                                                 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+#define CAI_WGMMA_D8_OPERANDS(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define CAI_WGMMA_D16_OPERANDS(d)                                                          \
+  CAI_WGMMA_D8_OPERANDS(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), \
+      "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define CAI_WGMMA_D24_OPERANDS(d)                                                             \
+  CAI_WGMMA_D16_OPERANDS(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+      "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+#define CAI_WGMMA_D32_OPERANDS(d)                                                             \
+  CAI_WGMMA_D24_OPERANDS(d), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d (+)= A·B, m64n64k16, A and B in shared memory, K-major (0) or transposed (1: A M-major, B
-// N-major); accumulate unless `zero`.
-#define CAI_WGMMA_SS(TYPE)                                                          \
-  asm volatile(                                                                     \
-      "{\n.reg .pred p;\nsetp.eq.u32 p, %34, 0;\n"                                  \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " CAI_WGMMA_D32 \
-      ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                         \
-      : CAI_WGMMA_D32_OPERANDS(d)                                                   \
-      : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)), "n"(kTransA), "n"(kTransB))
-template <typename T, int kTransA = 0, int kTransB = 0>
+// d[0, N/2) (+)= A·B, m64nNk16 (N = 16, 32, 48 or 64: a head's last block of keys or queries
+// takes only the 16-wide pieces that hold tokens), A and B in shared memory, K-major (0) or
+// transposed (1: A M-major, B N-major); accumulate unless `zero`. The operands after the N / 2
+// accumulators are numbered from %ND.
+#define CAI_WGMMA_SS(TYPE, N, D, DOPS, IA, IB, IZ, ITA, ITB)                                \
+  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, " IZ                                       \
+               ", 0;\n"                                                                     \
+               "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " D ", " IA \
+               ", " IB ", p, 1, 1, " ITA ", " ITB ";\n}\n"                                  \
+               : DOPS(d)                                                                    \
+               : "l"(da), "l"(db), "r"(static_cast<uint32_t>(zero)), "n"(kTransA), "n"(kTransB))
+#define CAI_WGMMA_SS_N(TYPE)                                                                    \
+  if constexpr (N == 16)                                                                        \
+    CAI_WGMMA_SS(TYPE, "16", CAI_WGMMA_D8, CAI_WGMMA_D8_OPERANDS, "%8", "%9", "%10", "%11",     \
+                 "%12");                                                                        \
+  else if constexpr (N == 32)                                                                   \
+    CAI_WGMMA_SS(TYPE, "32", CAI_WGMMA_D16, CAI_WGMMA_D16_OPERANDS, "%16", "%17", "%18", "%19", \
+                 "%20");                                                                        \
+  else if constexpr (N == 48)                                                                   \
+    CAI_WGMMA_SS(TYPE, "48", CAI_WGMMA_D24, CAI_WGMMA_D24_OPERANDS, "%24", "%25", "%26", "%27", \
+                 "%28");                                                                        \
+  else                                                                                          \
+    CAI_WGMMA_SS(TYPE, "64", CAI_WGMMA_D32, CAI_WGMMA_D32_OPERANDS, "%32", "%33", "%34", "%35", \
+                 "%36");
+template <typename T, int kTransA = 0, int kTransB = 0, int N = 64>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, bool zero) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    CAI_WGMMA_SS("bf16");
-  else
-    CAI_WGMMA_SS("f16");
+  static_assert(N == 16 || N == 32 || N == 48 || N == 64, "m64nNk16 with N a multiple of 16");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    CAI_WGMMA_SS_N("bf16")
+  } else {
+    CAI_WGMMA_SS_N("f16")
+  }
 }
+#undef CAI_WGMMA_SS_N
 #undef CAI_WGMMA_SS
 // d += A·B, m64n64k16, A in registers (wgmma's A fragment), B N-major in shared memory.
 #define CAI_WGMMA_RS_TB(TYPE)                                                       \
@@ -156,8 +193,34 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[32], const uint32_t (&a)[
     CAI_WGMMA_RS_TB("f16");
 }
 #undef CAI_WGMMA_RS_TB
+#undef CAI_WGMMA_D8
+#undef CAI_WGMMA_D16
+#undef CAI_WGMMA_D24
 #undef CAI_WGMMA_D32
+#undef CAI_WGMMA_D8_OPERANDS
+#undef CAI_WGMMA_D16_OPERANDS
+#undef CAI_WGMMA_D24_OPERANDS
 #undef CAI_WGMMA_D32_OPERANDS
+
+// A block of 64 keys (or queries) of which `valid` are tokens: f(C, whole) with C the 16-wide
+// pieces that hold tokens (4 unless it is a head's last, partial block: ViT's 197 tokens end in a
+// block of 5, which then costs a quarter of a block, not a whole one) and whole (std::true_type)
+// when all 64 are tokens; both compile-time constants, chosen by a uniform branch.
+template <int C>
+using chunks_t = std::integral_constant<int, C>;
+template <typename F>
+__device__ __forceinline__ void by_chunks(int valid, F&& f) {
+  if (valid >= 64)
+    f(chunks_t<4>{}, std::true_type{});
+  else if (valid > 48)
+    f(chunks_t<4>{}, std::false_type{});
+  else if (valid > 32)
+    f(chunks_t<3>{}, std::false_type{});
+  else if (valid > 16)
+    f(chunks_t<2>{}, std::false_type{});
+  else
+    f(chunks_t<1>{}, std::false_type{});
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kWarpgroups * 128, 2)
@@ -216,33 +279,35 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     const uint32_t k_addr = base + kWarpgroups * kTileBytes + 2 * (it % kFwdStages) * kTileBytes;
     const uint32_t v_addr = k_addr + kTileBytes;
 
-    float s[32];
+    // S = Q·Kᵀ over the block's C pieces of 16 keys, the online softmax on them, O += P·V with
+    // P's C fragments. On the raw scores (the running max m in score units; each exponent one
+    // FFMA: 2^(s·c − m·c)); a whole block (all but a head's last) takes no key checks.
+    auto block = [&](auto chunks_tag, auto whole_tag) {
+      constexpr int C = decltype(chunks_tag)::value, kS = 8 * C;  // S's registers
+      constexpr bool kWhole = decltype(whole_tag)::value;
+      float s[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    fence_regs(s);
-    wgmma_fence();
+      for (int i = 0; i < kS; ++i) s[i] = 0.0f;
+      fence_regs<kS>(s);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < hd / 16; ++kk)  // 16 values of hd = 32 bytes along the swizzled row
-      wgmma_ss<T>(s, desc_sw128(q_addr + kk * 32), desc_sw128(k_addr + kk * 32), kk == 0);
-    wgmma_commit();
-    wgmma_wait<0>();  // S(it) and P·V(it − 1)
-    fence_regs(s);
-    fence_regs(o);
-    fence_frags(p);
+      for (int kk = 0; kk < hd / 16; ++kk)  // 16 values of hd = 32 bytes along the swizzled row
+        wgmma_ss<T, 0, 0, 16 * C>(s, desc_sw128(q_addr + kk * 32), desc_sw128(k_addr + kk * 32),
+                                  kk == 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // S(it) and P·V(it − 1)
+      fence_regs<kS>(s);
+      fence_regs(o);
+      fence_frags(p);
 
-    // Online softmax on the raw scores (the running max m in score units; each exponent one
-    // FFMA: 2^(s·c − m·c)). A whole block (all but a head's last) takes no key checks: the
-    // branch is uniform (kb, n), so it does not serialise the wgmma.
-    auto softmax = [&](auto full_tag) {
-      constexpr bool kFull = decltype(full_tag)::value;
-      if constexpr (!kFull) {
+      if constexpr (!kWhole) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
+        for (int i = 0; i < kS; ++i)
           if (kb + (i >> 2) * 8 + 2 * t4 + (i & 1) >= n) s[i] = -INFINITY;
       }
       float mx[2] = {m_run[0], m_run[1]};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 2 * C; ++nt) {
         mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
       }
@@ -259,25 +324,25 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
         for (int dt = 0; dt < 8; ++dt) o[4 * dt + 2 * r] *= alpha, o[4 * dt + 2 * r + 1] *= alpha;
       }
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
+      for (int i = 0; i < kS; ++i) {
         s[i] = ex2(fmaf(s[i], scale_log2, -mc[(i >> 1) & 1]));
         l_run[(i >> 1) & 1] += s[i];
       }
       // P as wgmma's A fragments, 16 keys each: the accumulator layout of two 8-key tiles.
 #pragma unroll
-      for (int kc = 0; kc < 4; ++kc)
+      for (int kc = 0; kc < C; ++kc)
 #pragma unroll
         for (int u = 0; u < 4; ++u) p[kc][u] = pack2<T>(s[8 * kc + 2 * u], s[8 * kc + 2 * u + 1]);
-    };
-    whole_or_tail(kb + 64 <= n, softmax);
-    fence_regs(o);
-    wgmma_fence();
+      fence_regs(o);
+      wgmma_fence();
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc)  // 16 keys = 16 rows of 128 bytes of V
-      wgmma_rs_tb<T>(o, p[kc], desc_sw128(v_addr + kc * 16 * 128));
-    wgmma_commit();
-    fence_regs(o);
-    fence_frags(p);
+      for (int kc = 0; kc < C; ++kc)  // 16 keys = 16 rows of 128 bytes of V
+        wgmma_rs_tb<T>(o, p[kc], desc_sw128(v_addr + kc * 16 * 128));
+      wgmma_commit();
+      fence_regs(o);
+      fence_frags(p);
+    };
+    by_chunks(n - kb, block);
   }
   wgmma_wait<0>();
   fence_regs(o);
@@ -389,99 +454,111 @@ __global__ void __launch_bounds__(128, 3)
     const float* lq = sLse + st * 64;
     const float* dd = sD + st * 64;
 
-    float s[32], dp[32];
+    // The block's C pieces of 16 queries (all 4 but in a head's last block).
+    auto block = [&](auto chunks_tag, auto) {
+      constexpr int C = decltype(chunks_tag)::value, kS = 8 * C;  // Sᵀ's registers
+      float s[32], dp[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
-    fence_regs(s);
-    fence_regs(dp);
-    wgmma_fence();
+      for (int i = 0; i < kS; ++i) s[i] = dp[i] = 0.0f;
+      fence_regs<kS>(s);
+      fence_regs<kS>(dp);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < hd / 16; ++kk)
-      wgmma_ss<T>(s, desc_sw128(k_addr + kk * 32), desc_sw128(q_addr + kk * 32), kk == 0);
+      for (int kk = 0; kk < hd / 16; ++kk)
+        wgmma_ss<T, 0, 0, 16 * C>(s, desc_sw128(k_addr + kk * 32), desc_sw128(q_addr + kk * 32),
+                                  kk == 0);
 #pragma unroll
-    for (int kk = 0; kk < hd / 16; ++kk)
-      wgmma_ss<T>(dp, desc_sw128(v_addr + kk * 32), desc_sw128(do_addr + kk * 32), kk == 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-    fence_regs(dp);
+      for (int kk = 0; kk < hd / 16; ++kk)
+        wgmma_ss<T, 0, 0, 16 * C>(dp, desc_sw128(v_addr + kk * 32), desc_sw128(do_addr + kk * 32),
+                                  kk == 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<kS>(s);
+      fence_regs<kS>(dp);
 
-    // Pᵀ and dSᵀ; the keys past the last token (only in a head's last block of keys: a uniform
-    // branch) get P = 0.
-    auto elementwise = [&](auto full_tag) {
-      constexpr bool kFull = decltype(full_tag)::value;
+      // Pᵀ and dSᵀ; the keys past the last token (only in a head's last block of keys: a uniform
+      // branch) get P = 0.
+      auto elementwise = [&](auto full_tag) {
+        constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lq + j * 8 + 2 * t4);
-        const float2 d2 = *reinterpret_cast<const float2*>(dd + j * 8 + 2 * t4);
-        const float nl[2] = {-l2.x * kLog2e, -l2.y * kLog2e};  // lse in base 2
+        for (int j = 0; j < 2 * C; ++j) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lq + j * 8 + 2 * t4);
+          const float2 d2 = *reinterpret_cast<const float2*>(dd + j * 8 + 2 * t4);
+          const float nl[2] = {-l2.x * kLog2e, -l2.y * kLog2e};  // lse in base 2
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = ex2(fmaf(s[4 * j + e], scale_log2, nl[e & 1]));
-          if constexpr (!kFull) p = key_ok[e >> 1] ? p : 0.0f;
-          s[4 * j + e] = p;
-          dp[4 * j + e] = p * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+          for (int e = 0; e < 4; ++e) {
+            float p = ex2(fmaf(s[4 * j + e], scale_log2, nl[e & 1]));
+            if constexpr (!kFull) p = key_ok[e >> 1] ? p : 0.0f;
+            s[4 * j + e] = p;
+            dp[4 * j + e] = p * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+          }
+        }
+      };
+      whole_or_tail(kb + 64 <= n, elementwise);
+      uint32_t pa[4][4], da[4][4];
+#pragma unroll
+      for (int kc = 0; kc < C; ++kc) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          pa[kc][u] = pack2<T>(s[8 * kc + 2 * u], s[8 * kc + 2 * u + 1]);
+          da[kc][u] = pack2<T>(dp[8 * kc + 2 * u], dp[8 * kc + 2 * u + 1]);
         }
       }
+      // dSᵀ (rounded as the dK product takes it) for the dQ kernel: rows of keys, ld queries
+      // (zeros past the last query: P is 0 there, and the pieces past the block's C are not
+      // computed). Each warp stages its 16 rows in shared memory (the swizzled layout:
+      // conflict-free) and copies them out in 16-byte pieces while the dV/dK wgmma run.
+      // da[kc][u]: 8-query tile 2·kc + u / 2, row g + 8·(u & 1).
+#pragma unroll
+      for (int j = 0; j < 2 * C; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<uint32_t*>(sDS + sw128(warp * 16 + g + 8 * r, j) + 4 * t4) =
+              da[j >> 1][2 * (j & 1) + r];
+      __syncwarp();
+      fence_regs(dv);
+      fence_regs(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < C; ++kc)  // 16 queries = 16 rows of 128 bytes of dO and of Q
+        wgmma_rs_tb<T>(dv, pa[kc], desc_sw128(do_addr + kc * 16 * 128));
+#pragma unroll
+      for (int kc = 0; kc < C; ++kc) wgmma_rs_tb<T>(dk, da[kc], desc_sw128(q_addr + kc * 16 * 128));
+      wgmma_commit();
+      {
+        const int c = lane & 7, q = q0 + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rl = warp * 16 + (lane >> 3) + 4 * i, key = kb + rl;
+          const uint4 v = c < 2 * C ? *reinterpret_cast<const uint4*>(sDS + sw128(rl, c))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+          if (key < n && q < ld)
+            *reinterpret_cast<uint4*>(dst + (bh * n + key) * static_cast<int64_t>(ld) + q) = v;
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
     };
-    whole_or_tail(kb + 64 <= n, elementwise);
-    uint32_t pa[4][4], da[4][4];
+    by_chunks(n - q0, block);
+  }
+  // dK, then dV, through the warp's 16 rows of the K tile (every wgmma that read it is complete):
+  // 16-byte stores of whole rows instead of 4-byte pieces.
+  unsigned char* stage = smem_raw + (k_addr - smem_u32(smem_raw));
+  auto store = [&](float(&acc)[32], float mul, int64_t col) {
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        pa[kc][u] = pack2<T>(s[8 * kc + 2 * u], s[8 * kc + 2 * u + 1]);
-        da[kc][u] = pack2<T>(dp[8 * kc + 2 * u], dp[8 * kc + 2 * u + 1]);
-      }
-    }
-    // dSᵀ (rounded as the dK product takes it) for the dQ kernel: rows of keys, ld queries (zeros
-    // past the last query: P is 0 there). Each warp stages its 16 rows in shared memory (the
-    // swizzled layout: conflict-free) and copies them out in 16-byte pieces while the dV/dK wgmma
-    // run. da[kc][u]: 8-query tile 2·kc + u / 2, row g + 8·(u & 1).
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(sDS + sw128(warp * 16 + g + 8 * r, j) + 4 * t4) =
-            da[j >> 1][2 * (j & 1) + r];
+      for (int dt = 0; dt < 8; ++dt)
+        *reinterpret_cast<uint32_t*>(stage + sw128(warp * 16 + g + 8 * r, dt) + 4 * t4) =
+            pack2<T>(acc[4 * dt + 2 * r] * mul, acc[4 * dt + 2 * r + 1] * mul);
     __syncwarp();
-    fence_regs(dv);
-    fence_regs(dk);
-    wgmma_fence();
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc)  // 16 queries = 16 rows of 128 bytes of dO and of Q
-      wgmma_rs_tb<T>(dv, pa[kc], desc_sw128(do_addr + kc * 16 * 128));
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) wgmma_rs_tb<T>(dk, da[kc], desc_sw128(q_addr + kc * 16 * 128));
-    wgmma_commit();
-    {
-      const int c = lane & 7, q = q0 + 8 * c;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rl = warp * 16 + (lane >> 3) + 4 * i, key = kb + rl;
-        const uint4 v = *reinterpret_cast<const uint4*>(sDS + sw128(rl, c));
-        if (key < n && q < ld)
-          *reinterpret_cast<uint4*>(dst + (bh * n + key) * static_cast<int64_t>(ld) + q) = v;
-      }
-    }
-    wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = kw0 + g + 8 * r;
-    if (key >= n) continue;
-    T* dkr = dqkv + (bi * n + key) * stride + (h + hi) * hd;
-    T* dvr = dkr + static_cast<int64_t>(h) * hd;
-#pragma unroll
-    for (int dt = 0; dt < 8; ++dt) {
-      const int d = dt * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t*>(dkr + d) =
-          pack2<T>(dk[4 * dt + 2 * r] * scale, dk[4 * dt + 2 * r + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dvr + d) = pack2<T>(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
-    }
-  }
+    copy_out_rows(stage, warp, lane, kb, n,
+                  [&](int key) { return dqkv + (bi * n + key) * stride + col; });
+    __syncwarp();
+  };
+  store(dk, scale, (h + hi) * hd);
+  store(dv, 1.0f, (2 * h + hi) * hd);
 }
 
 // dQ = scale·dS·K for hd = 64 (flash_bwd_dq_kernel's contract): one CTA of kWarpgroups
@@ -542,14 +619,20 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
     cp_async_commit();
     const uint32_t a_addr = base + (it % kBwdStages) * kStage + wg * kTileBytes;
     const uint32_t k_addr = base + (it % kBwdStages) * kStage + kWarpgroups * kTileBytes;
-    fence_regs(dq);
-    wgmma_fence();
+    // The block's C pieces of 16 keys (all 4 but in a head's last block).
+    auto block = [&](auto chunks_tag, auto) {
+      constexpr int C = decltype(chunks_tag)::value;
+      fence_regs(dq);
+      wgmma_fence();
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc)  // 16 keys = 16 rows of 128 bytes of dSᵀ and of K
-      wgmma_ss<T, 1, 1>(dq, desc_sw128(a_addr + kc * 2048), desc_sw128(k_addr + kc * 2048), false);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
+      for (int kc = 0; kc < C; ++kc)  // 16 keys = 16 rows of 128 bytes of dSᵀ and of K
+        wgmma_ss<T, 1, 1>(dq, desc_sw128(a_addr + kc * 2048), desc_sw128(k_addr + kc * 2048),
+                          false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+    };
+    by_chunks(n - it * 64, block);
   }
   const int row0 = wq0 + warp * 16 + g;
   if (bias_part) {
@@ -589,8 +672,9 @@ void dq_sm90_launch(const void* qkv, const void* dst, int64_t ld, void* dqkv, in
 template <typename T>
 void dkdv_sm90_launch(const void* qkv, const void* dout, const float* lse, const float* D,
                       void* dqkv, void* dst, int64_t ld, int64_t b, int64_t n, int64_t h,
-                      cudaStream_t s) {
-  const int blocks = static_cast<int>((n + 63) / 64);
+                      int64_t key_blocks, cudaStream_t s) {
+  const int blocks = static_cast<int>(key_blocks);
+  if (blocks == 0) return;
   constexpr size_t smem = 9 * kTileBytes + 6 * 64 * sizeof(float) + 1024;
   auto kernel = flash_bwd_dkdv_sm90_kernel<T>;
   allow_smem(kernel, smem);
@@ -606,11 +690,11 @@ void dkdv_sm90_launch(const void* qkv, const void* dout, const float* lse, const
 
 void flash_bwd_dkdv_sm90(DT t, const void* qkv, const void* dout, const float* lse, const float* D,
                          void* dqkv, void* dst, int64_t ld, int64_t b, int64_t n, int64_t h,
-                         cudaStream_t s) {
+                         int64_t key_blocks, cudaStream_t s) {
   if (t == DT::BF16)
-    dkdv_sm90_launch<__nv_bfloat16>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, s);
+    dkdv_sm90_launch<__nv_bfloat16>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, key_blocks, s);
   else
-    dkdv_sm90_launch<__half>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, s);
+    dkdv_sm90_launch<__half>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, key_blocks, s);
 }
 
 int flash_dq_sm90_blocks(int64_t n) {
