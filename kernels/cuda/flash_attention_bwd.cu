@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     flash_bwd_dkdv_kernel(const T* __restrict__ qkv, const T* __restrict__ dout,
                           const float* __restrict__ lse, const float* __restrict__ Dsum,
                           T* __restrict__ dqkv, T* __restrict__ dst, int ld, int n, int h, int hd,
-                          int k_blocks, int k_first, float scale, float scale_log2) {
+                          int k_blocks, float scale, float scale_log2) {
   constexpr int kS = HDP + 8, kK = HDP / 16, kT = kTile * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   T* sDs = reinterpret_cast<T*>(sD + 3 * kTile);
 
   const int64_t bh = blockIdx.x / k_blocks;
-  const int kb = (k_first + static_cast<int>(blockIdx.x % k_blocks)) * kTile;
+  const int kb = static_cast<int>(blockIdx.x % k_blocks) * kTile;
   const int64_t bi = bh / h, hi = bh % h;
   const int64_t stride = 3LL * h * hd, ostride = static_cast<int64_t>(h) * hd;
   const T* Qg = qkv + bi * n * stride + hi * hd;
@@ -461,32 +461,22 @@ void bwd_launch(const void* qkv, const void* out, const float* lse, const void* 
   // With dbias: one partial row [hd] of dQ's column sums per dQ CTA.
   Scratch part(dbias ? sizeof(float) * static_cast<size_t>(b * h * q_blocks * hd) : 0);
   float* q_part = dbias ? static_cast<float*>(part.p) : nullptr;
-  // The mma.sync kernel over key blocks [first, blocks) of every head.
-  auto dkdv_mma_sync = [&](int first) {
-    const size_t smem_k = bwd_dkdv_smem<HDP, T>();
-    auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
-    allow_smem(kk, smem_k);
-    kk<<<static_cast<unsigned>(b * h * (blocks - first)), kThreads, smem_k, s>>>(
-        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv), dS,
-        static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd),
-        blocks - first, first, scale, scale * kLog2e);
-    CAI_CUDA_CHECK_LAUNCH();
-  };
 #ifdef CAI_HAVE_SM90A
   if (sm90) {
-    // A head's last block of keys when it holds at most 48 (ViT's 197 tokens: 5): the mma.sync
-    // kernel, whose warps without a key skip their products (a warpgroup's wgmma runs all 64
-    // rows), beside the Hopper kernel's whole blocks.
-    const int tail = static_cast<int>(n % kTile);
-    const int sm90_blocks = tail > 0 && tail <= 48 ? blocks - 1 : blocks;
     flash_bwd_dkdv_sm90(std::is_same_v<T, __nv_bfloat16> ? DT::BF16 : DT::F16, qkv, dout, lse, D,
-                        dqkv, dS, ld, b, n, h, sm90_blocks, s);
-    if (sm90_blocks < blocks) dkdv_mma_sync(sm90_blocks);
+                        dqkv, dS, ld, b, n, h, s);
   } else
 #endif
   {
     (void)sm90;
-    dkdv_mma_sync(0);
+    const size_t smem_k = bwd_dkdv_smem<HDP, T>();
+    auto kk = flash_bwd_dkdv_kernel<T, HDP, kMinB>;
+    allow_smem(kk, smem_k);
+    kk<<<static_cast<unsigned>(b * h * blocks), kThreads, smem_k, s>>>(
+        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, D, static_cast<T*>(dqkv), dS,
+        static_cast<int>(ld), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hd),
+        blocks, scale, scale * kLog2e);
+    CAI_CUDA_CHECK_LAUNCH();
   }
 #ifdef CAI_HAVE_SM90A
   if (sm90) {

@@ -28,9 +28,9 @@
 // A head's last, partial block of keys (forward, dQ) or queries (dK/dV) runs only its pieces of 16
 // that hold tokens (by_chunks: m64nNk16 with N = 16, 32 or 48, and as many k16 steps): ViT's 197
 // tokens end in a block of 5, a quarter of the work of a whole block (B/16 shape on an H200:
-// forward 0.209 → 0.184 ms). wgmma's M is 64, so a partial block of keys in dK/dV would still
-// cost a whole one: flash_attention_bwd.cu gives it to the mma.sync kernel, whose warps without a
-// key skip their products.
+// forward 0.209 → 0.184 ms, backward 0.625 → 0.534 with dK/dV's 16-byte stores). wgmma's M is
+// 64, so a partial block of keys in dK/dV still costs a whole one (giving it to the mma.sync
+// kernel, whose warps without a key skip their products, was slower: 0.561 ms).
 //
 // Compiled for sm_90a only (kernels/CMakeLists.txt), when the build's architectures include 90.
 #include "kernels/cuda/flash_attention_common.cuh"
@@ -672,9 +672,8 @@ void dq_sm90_launch(const void* qkv, const void* dst, int64_t ld, void* dqkv, in
 template <typename T>
 void dkdv_sm90_launch(const void* qkv, const void* dout, const float* lse, const float* D,
                       void* dqkv, void* dst, int64_t ld, int64_t b, int64_t n, int64_t h,
-                      int64_t key_blocks, cudaStream_t s) {
-  const int blocks = static_cast<int>(key_blocks);
-  if (blocks == 0) return;
+                      cudaStream_t s) {
+  const int blocks = static_cast<int>((n + 63) / 64);
   constexpr size_t smem = 9 * kTileBytes + 6 * 64 * sizeof(float) + 1024;
   auto kernel = flash_bwd_dkdv_sm90_kernel<T>;
   allow_smem(kernel, smem);
@@ -690,11 +689,11 @@ void dkdv_sm90_launch(const void* qkv, const void* dout, const float* lse, const
 
 void flash_bwd_dkdv_sm90(DT t, const void* qkv, const void* dout, const float* lse, const float* D,
                          void* dqkv, void* dst, int64_t ld, int64_t b, int64_t n, int64_t h,
-                         int64_t key_blocks, cudaStream_t s) {
+                         cudaStream_t s) {
   if (t == DT::BF16)
-    dkdv_sm90_launch<__nv_bfloat16>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, key_blocks, s);
+    dkdv_sm90_launch<__nv_bfloat16>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, s);
   else
-    dkdv_sm90_launch<__half>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, key_blocks, s);
+    dkdv_sm90_launch<__half>(qkv, dout, lse, D, dqkv, dst, ld, b, n, h, s);
 }
 
 int flash_dq_sm90_blocks(int64_t n) {

@@ -15,11 +15,10 @@ namespace cai::kernels::cuda {
 void flash_fwd_sm90(DT t, const void* qkv, void* out, float* lse, int64_t b, int64_t n, int64_t h,
                     cudaStream_t s);
 // The backward's dK/dV kernel for hd = 64 (flash_bwd_dkdv_kernel's contract): dK, dV into dqkv
-// and dSᵀ into dst [b·h, n, ld] from qkv, dout, lse and D = rowsum(dO ⊙ O), for the keys of a
-// head's first key_blocks blocks of 64 (the caller's mma.sync kernel may take the last one).
+// and dSᵀ into dst [b·h, n, ld] from qkv, dout, lse and D = rowsum(dO ⊙ O).
 void flash_bwd_dkdv_sm90(DT t, const void* qkv, const void* dout, const float* lse, const float* D,
                          void* dqkv, void* dst, int64_t ld, int64_t b, int64_t n, int64_t h,
-                         int64_t key_blocks, cudaStream_t s);
+                         cudaStream_t s);
 
 // The backward's dQ kernel for hd = 64 (flash_bwd_dq_kernel's contract) from the dSᵀ scratch:
 // dQ into dqkv; with bias_part, one partial row [64] of dQ's column sums per CTA, CTA i's at
