@@ -69,6 +69,21 @@ __device__ __forceinline__ void copy_out_rows(const unsigned char* stage, int wa
   }
 }
 
+// A warp's accumulator (the m64n64 layout: its rows warp·16 + g and + 8, mul[0] and mul[1] the
+// factors of each) rounded to T into its 16 rows of a swizzled staging tile, for copy_out_rows
+// after a __syncwarp.
+template <typename T>
+__device__ __forceinline__ void stage_rows(unsigned char* stage, const float (&acc)[32],
+                                           const float (&mul)[2], int warp, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt)
+      *reinterpret_cast<uint32_t*>(stage + sw128(warp * 16 + g + 8 * r, dt) + 4 * t4) =
+          pack2<T>(acc[4 * dt + 2 * r] * mul[r], acc[4 * dt + 2 * r + 1] * mul[r]);
+}
+
 // Rows [r0, r0 + count) of a [rows, 64] matrix (row stride `stride` elements) into a swizzled
 // tile at shared address `s` (bytes, 1,024-aligned), all the block's threads; rows ≥ rows zeros.
 template <typename T>
@@ -355,15 +370,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   // out through the warp's 16 rows of its warpgroup's Q tile (every wgmma that read it is
   // complete): 16-byte stores of whole rows instead of 4-byte pieces.
   unsigned char* stage = sQ + wg * kTileBytes;
+  stage_rows<T>(stage, o, {1.0f / l_run[0], 1.0f / l_run[1]}, warp, lane);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float inv = 1.0f / l_run[r];
-    const int rl = warp * 16 + g + 8 * r;
-#pragma unroll
-    for (int dt = 0; dt < 8; ++dt)
-      *reinterpret_cast<uint32_t*>(stage + sw128(rl, dt) + 4 * t4) =
-          pack2<T>(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
-    const int row = wq0 + rl;
+    const int row = wq0 + warp * 16 + g + 8 * r;
     if (t4 == 0 && row < n) lse[bh * n + row] = (m_run[r] * scale_log2 + log2f(l_run[r])) * kLn2;
   }
   __syncwarp();
@@ -545,13 +555,8 @@ __global__ void __launch_bounds__(128, 3)
   // dK, then dV, through the warp's 16 rows of the K tile (every wgmma that read it is complete):
   // 16-byte stores of whole rows instead of 4-byte pieces.
   unsigned char* stage = smem_raw + (k_addr - smem_u32(smem_raw));
-  auto store = [&](float(&acc)[32], float mul, int64_t col) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int dt = 0; dt < 8; ++dt)
-        *reinterpret_cast<uint32_t*>(stage + sw128(warp * 16 + g + 8 * r, dt) + 4 * t4) =
-            pack2<T>(acc[4 * dt + 2 * r] * mul, acc[4 * dt + 2 * r + 1] * mul);
+  auto store = [&](const float(&acc)[32], float mul, int64_t col) {
+    stage_rows<T>(stage, acc, {mul, mul}, warp, lane);
     __syncwarp();
     copy_out_rows(stage, warp, lane, kb, n,
                   [&](int key) { return dqkv + (bi * n + key) * stride + col; });
@@ -586,7 +591,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   const T* Kg = qkv + bi * n * stride + (h + hi) * hd;
   const T* Ag = dst + bh * n * static_cast<int64_t>(ld);
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   const int wq0 = q0 + wg * 64;
 
   // Keys [k0, k0 + 64) of dSᵀ, queries [q0, q0 + 64·kWarpgroups) as one swizzled tile per
@@ -644,12 +649,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   // The warpgroup's dSᵀ tile of the last stage (read only by its own, finished wgmma) stages
   // its rows of dQ.
   unsigned char* stage = sm + ((nk - 1) % kBwdStages) * kStage + wg * kTileBytes;
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int dt = 0; dt < 8; ++dt)
-      *reinterpret_cast<uint32_t*>(stage + sw128(warp * 16 + g + 8 * r, dt) + 4 * t4) =
-          pack2<T>(dq[4 * dt + 2 * r] * scale, dq[4 * dt + 2 * r + 1] * scale);
+  stage_rows<T>(stage, dq, {scale, scale}, warp, lane);
   __syncwarp();
   copy_out_rows(stage, warp, lane, wq0, n,
                 [&](int row) { return dqkv + (bi * n + row) * stride + hi * hd; });
