@@ -216,23 +216,12 @@ TEST_F(CudaFlash, MatchesCpu) {
 // mma.sync kernels'. Shapes: a partial block of queries and of keys, several blocks (the
 // three-stage rings, 520 tokens), a single token, and the ViT-B/16 and ViT-L/16 shapes.
 TEST_F(CudaFlash, EachKernelMatchesCpu) {
-  const Dims shapes[] = {{1, 1, 1, 64},
-                         {2, 7, 3, 64},
-                         {2, 197, 12, 64},
-                         {1, 300, 2, 64},
-                         {2, 129, 2, 64},
-                         {1, 64, 2, 64},
-                         {1, 520, 1, 64},
-                         {3, 128, 2, 64},
-                         {1, 197, 16, 64},
-                         {5, 257, 3, 64},
-                         // a last block of 26, 48, 16, 61 and 49 tokens: the Hopper kernels take
-                         // its first 2, 3, 1, 4 and 4 pieces of 16 (197's 5 tokens take 1)
-                         {2, 90, 2, 64},
-                         {1, 240, 2, 64},
-                         {1, 80, 2, 64},
-                         {2, 61, 3, 64},
-                         {1, 113, 2, 64}};
+  // The last five end in a block of 26, 48, 16, 61 and 49 tokens: the Hopper kernels take its first
+  // 2, 3, 1, 4 and 4 pieces of 16 (197's 5 tokens take 1).
+  const Dims shapes[] = {{1, 1, 1, 64},    {2, 7, 3, 64},   {2, 197, 12, 64}, {1, 300, 2, 64},
+                         {2, 129, 2, 64},  {1, 64, 2, 64},  {1, 520, 1, 64},  {3, 128, 2, 64},
+                         {1, 197, 16, 64}, {5, 257, 3, 64}, {2, 90, 2, 64},   {1, 240, 2, 64},
+                         {1, 80, 2, 64},   {2, 61, 3, 64},  {1, 113, 2, 64}};
   std::vector<kc::FlashKernel> kernels = {kc::FlashKernel::Portable};
   if (kc::flash_attention_sm90_available(DT::BF16, 64))
     kernels.push_back(kc::FlashKernel::Sm90);
