@@ -392,6 +392,15 @@ int main(int argc, char** argv) {
     tc.seed = static_cast<uint64_t>(cfg.seed);
     tc.max_steps_per_epoch = cfg.max_steps_per_epoch;
     tc.precision = dtype_from_name(cfg.precision);
+    // MFU against every process's device: train.peak_tflops, else a known GPU's dense peak at
+    // this precision (kernels report the name), else none.
+    double peak = cfg.peak_tflops;
+    if (peak <= 0 && device.is_cuda()) {
+      const kernels::cuda::RuntimeInfo rt = kernels::cuda::runtime_info();
+      for (const kernels::cuda::DeviceInfo& d : rt.devices)
+        if (d.index == device.index) peak = train::dense_peak_tflops(d.name, cfg.precision);
+    }
+    tc.peak_tflops = peak * static_cast<double>(mesh.world());
     tc.grad_scaler.initial_scale = cfg.initial_scale;
     tc.grad_scaler.min_scale = cfg.min_scale;
     tc.grad_scaler.growth_factor = cfg.growth_factor;

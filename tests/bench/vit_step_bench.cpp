@@ -52,18 +52,6 @@
 
 using namespace cai;
 
-namespace {
-// Forward FLOPs per image (2 per multiply-add): patch embedding, per block the four projections
-// and the MLP (24·D²·N) plus the two attention matmuls (4·N²·D), the head.
-double forward_flops(const nn::ViTConfig& c) {
-  const double n = static_cast<double>(c.num_patches() + 1), d = static_cast<double>(c.embed_dim);
-  const double hid = static_cast<double>(c.mlp_hidden());
-  const double patch = 2.0 * c.num_patches() * d * c.in_chans * c.patch_size * c.patch_size;
-  const double block = 2.0 * n * (4 * d * d + 2 * d * hid) + 4.0 * n * n * d;
-  return patch + c.depth * block + 2.0 * d * c.num_classes;
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   std::string model = "vit_base_patch16_224", device = "cuda", precision = "bf16";
   int64_t batch = 256, steps = 10, warmup = 3;
@@ -293,7 +281,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "vit_step_bench: kernel profile in %s\n", path.c_str());
       }
     }
-    const double tflops = 3.0 * forward_flops(c) * ips / 1e12;
+    const double tflops = 3.0 * c.forward_flops() * ips / 1e12;
     const double peak_gib =
         dev.is_cuda() ? kernels::cuda::allocator_stats(dev.index).peak / double(1ull << 30)
                       : peak_memory(DeviceType::CPU) / double(1ull << 30);
@@ -323,10 +311,10 @@ int main(int argc, char** argv) {
           label.c_str(), static_cast<long long>(ranks * tp), model.c_str(),
           static_cast<long long>(batch), device.c_str(), ips,
           1e3 * secs / static_cast<double>(steps), tflops,
-          tflops / (peak * static_cast<double>(ranks * tp)), peak_gib, 3.0 * forward_flops(c) / 1e9,
-          1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled, 1e3 * phase[2] / profiled, tp,
-          tp_step > 0 ? tp_comm / tp_step : 0.0, step_ms.front(), step_ms[step_ms.size() / 2],
-          step_ms.back());
+          tflops / (peak * static_cast<double>(ranks * tp)), peak_gib,
+          3.0 * c.forward_flops() / 1e9, 1e3 * phase[0] / profiled, 1e3 * phase[1] / profiled,
+          1e3 * phase[2] / profiled, tp, tp_step > 0 ? tp_comm / tp_step : 0.0, step_ms.front(),
+          step_ms[step_ms.size() / 2], step_ms.back());
   } catch (const Error& e) {
     std::fprintf(stderr, "vit_step_bench: %s\n", e.what());
     return 1;

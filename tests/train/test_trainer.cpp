@@ -372,3 +372,63 @@ TEST(Trainer, StopsOnRequestAtTheNextCheckedBoundary) {
 TEST(Trainer, StopCheckIntervalMustBePositive) {
   EXPECT_THROW(run_stopping(3, 0), Error);
 }
+
+TEST(Trainer, ModelFlopsOfViTBase) {
+  // ViT-B/16 by hand: patch embedding 2·196·768·(3·16·16), per block 2·197·(4·768² + 2·768·3072)
+  // + 4·197²·768, 12 blocks, head 2·768·1000: 35,127,656,448 (3× = 105.4 GFLOP a training image,
+  // the figure the benchmarks' MFU uses).
+  nn::ViTConfig c;
+  c.img_size = 224, c.patch_size = 16, c.in_chans = 3, c.num_classes = 1000, c.embed_dim = 768;
+  c.depth = 12, c.num_heads = 12, c.mlp_ratio = 4.0;
+  EXPECT_DOUBLE_EQ(c.forward_flops(), 35127656448.0);
+}
+
+TEST(Trainer, DensePeakByDeviceName) {
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H100 80GB HBM3", "bf16"), 989.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H200", "fp16"), 989.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA GH200 480GB", "bf16"), 989.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H100 PCIe", "bf16"), 756.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H100 NVL", "bf16"), 835.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H20", "bf16"), 148.0);  // not an H200
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA A100-SXM4-80GB", "bf16"), 312.0);
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA H200", "fp32"), 0.0);  // not known: no MFU
+  EXPECT_EQ(train::dense_peak_tflops("NVIDIA GeForce RTX 4090", "bf16"), 0.0);
+  EXPECT_EQ(train::format_rate(429.14, 0.43392), "429 TFLOP/s  MFU 43.4%");
+  EXPECT_EQ(train::format_rate(0.01234, -1), "0.0123 TFLOP/s");
+}
+
+TEST(Trainer, MetricsRecordsCarryModelFlopsAndMfu) {
+  // Each step and epoch record: tflops = 3 × forward FLOPs an image × img/s; mfu = tflops over
+  // the configured peak (absent without one).
+  auto ds = data::subset(data::load_mnist_dir(kFmnist, true, "fashion-mnist"), 64);
+  for (double peak : {0.0, 0.5}) {
+    data::DataLoader loader(ds, loader_config(16));
+    nn::ViT model(tiny());
+    model.init(2);
+    optim::SGD opt(optim::weight_decay_groups(model.parameters(), 0.1, 0.0), 0.9);
+    train::TrainerConfig tc;
+    tc.peak_tflops = peak;
+    train::Trainer t(model, opt, train::Criterion{0.0f}, loader, nullptr, nullptr, tc);
+    const std::string metrics = ::testing::TempDir() + "metrics_flops.jsonl";
+    t.add_hook(std::make_shared<train::MetricsFileHook>(metrics, 1));
+    t.fit();
+    const double step_flops = 3.0 * tiny().forward_flops();
+    std::ifstream f(metrics);
+    int rows = 0;
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] != "step" && j["type"] != "epoch") continue;
+      ++rows;
+      const double ips = j["img_per_s"].get<double>(), tflops = j["tflops"].get<double>();
+      EXPECT_GT(ips, 0.0);
+      EXPECT_NEAR(tflops, step_flops * ips / 1e12, 1e-12 * std::max(1.0, tflops)) << line;
+      if (peak > 0) {
+        ASSERT_TRUE(j.contains("mfu")) << line;
+        EXPECT_NEAR(j["mfu"].get<double>(), tflops / peak, 1e-12) << line;
+      } else {
+        EXPECT_FALSE(j.contains("mfu")) << line;
+      }
+    }
+    EXPECT_EQ(rows, 5);  // 4 steps and the epoch
+  }
+}

@@ -62,6 +62,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.kernel_profile_start", Kind::Int, &c.kernel_profile_start, {}, 0, inf},
       {"train.kernel_profile_steps", Kind::Int, &c.kernel_profile_steps, {}, 1, inf},
       {"train.max_steps_per_epoch", Kind::Int, &c.max_steps_per_epoch, {}, 0, inf},
+      {"train.peak_tflops", Kind::Float, &c.peak_tflops, {}, 0, inf},
       {"train.device", Kind::String, &c.device, {"cpu", "cuda"}},
       {"model.name", Kind::String, &c.model_name},
       {"model.img_size", Kind::Int, &c.img_size, {}, 1, inf},

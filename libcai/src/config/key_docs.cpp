@@ -32,6 +32,9 @@ const char* key_doc(const std::string& key) {
       {"train.kernel_profile_start", "profile the steps after this global step"},
       {"train.kernel_profile_steps", "number of profiled steps"},
       {"train.max_steps_per_epoch", "cut every epoch to this many steps (0: whole epoch)"},
+      {"train.peak_tflops",
+       "one device's dense TFLOP/s for the MFU printed (0: the H100/H200/A100's own in bf16/fp16, "
+       "else none)"},
       {"train.device", "cpu, or cuda: one GPU per process (local rank mod GPUs), NCCL between"},
       {"model.name", "a timm ViT name as the starting point, e.g. vit_base_patch16_224"},
       {"model.img_size", "input image side in pixels"},

@@ -56,6 +56,15 @@ void ViTConfig::validate_tensor_parallel(const std::string& mode, int tp, int de
             mlp_hidden(), in_cut, mode, q, in_cut);
 }
 
+double ViTConfig::forward_flops() const {
+  const double n = static_cast<double>(num_patches() + 1), d = static_cast<double>(embed_dim);
+  const double hid = static_cast<double>(mlp_hidden());
+  const double patch = 2.0 * static_cast<double>(num_patches()) * d *
+                       static_cast<double>(in_chans * patch_size * patch_size);
+  const double block = 2.0 * n * (4 * d * d + 2 * d * hid) + 4.0 * n * n * d;
+  return patch + static_cast<double>(depth) * block + 2.0 * d * static_cast<double>(num_classes);
+}
+
 int64_t ViTConfig::num_parameters() const {
   const int64_t d = embed_dim, h = mlp_hidden(), n = num_patches() + 1;
   const int64_t embed = d * in_chans * patch_size * patch_size + d + d + n * d;

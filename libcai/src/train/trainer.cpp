@@ -428,6 +428,12 @@ void Trainer::fit(int64_t start_epoch) {
   kernels::cuda::GpuSensors sensors0;
   const bool sensors = device.is_cuda() && plugin_->rank() == 0 &&
                        kernels::cuda::read_sensors(device.index, &sensors0);
+  // Images a second as model TFLOP/s and their share of the job's peak.
+  const double step_flops = 3.0 * model_.config().forward_flops();
+  auto rates = [&](double images_per_sec, double* tflops, double* mfu) {
+    *tflops = step_flops * images_per_sec / 1e12;
+    *mfu = cfg_.peak_tflops > 0 ? *tflops / cfg_.peak_tflops : -1.0;
+  };
   for (int64_t epoch = start_epoch; epoch < cfg_.num_epochs; ++epoch) {
     for (auto& h : hooks_) h->before_epoch(*this, epoch);
     train_.start_epoch(epoch);
@@ -554,6 +560,7 @@ void Trainer::fit(int64_t start_epoch) {
       info.staging_ms = std::move(staging);
       info.epoch_seconds = seconds_since(t0);
       info.images_per_sec = seen / std::max(info.epoch_seconds, 1e-9);
+      rates(info.images_per_sec, &info.tflops, &info.mfu);
       for (auto& h : hooks_) h->after_step(*this, info);
       if (s + 1 < steps && stop_here(epoch, s + 1, false)) return;
     }
@@ -564,6 +571,7 @@ void Trainer::fit(int64_t start_epoch) {
     e.train_accuracy = values.correct / std::max(seen, 1.0);
     e.seconds = seconds_since(t0);
     e.images_per_sec = seen / std::max(e.seconds, 1e-9);
+    rates(e.images_per_sec, &e.tflops, &e.mfu);
     e.lr = opt_.groups().empty() ? 0 : opt_.groups().front().lr;
     if (eval_) {
       const EvalResult r = evaluate(*eval_);

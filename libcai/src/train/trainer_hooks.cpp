@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -48,6 +49,34 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
+std::string format_rate(double tflops, double mfu) {
+  std::string r = fmt::format("{:.3g} TFLOP/s", tflops);
+  if (mfu >= 0) r += fmt::format("  MFU {:.1f}%", 100 * mfu);
+  return r;
+}
+
+double dense_peak_tflops(const std::string& device_name, const std::string& precision) {
+  if (precision != "bf16" && precision != "fp16") return 0;
+  auto has = [&](const char* model) {  // a whole word of the name: "H20" is not "H200"
+    const std::string m(model);
+    for (size_t at = device_name.find(m); at != std::string::npos;
+         at = device_name.find(m, at + 1)) {
+      const size_t end = at + m.size();
+      const bool starts = at == 0 || !std::isalnum(static_cast<unsigned char>(device_name[at - 1]));
+      const bool ends =
+          end == device_name.size() || !std::isalnum(static_cast<unsigned char>(device_name[end]));
+      if (starts && ends) return true;
+    }
+    return false;
+  };
+  for (const char* m : {"H100", "H200", "H800", "GH200"})
+    if (has(m)) return has("PCIe") ? 756.0 : has("NVL") ? 835.0 : 989.0;
+  if (has("H20")) return 148.0;
+  for (const char* m : {"A100", "A800"})
+    if (has(m)) return 312.0;
+  return 0;
+}
+
 ProgressHook::ProgressHook(bool terminal, int64_t interval)
     : terminal_(terminal), interval_(interval) {}
 
@@ -69,9 +98,9 @@ void ProgressHook::after_step(Trainer& t, const StepInfo& s) {
     return std::isnan(v) ? std::string("-") : fmt::format("{:.{}f}", v, digits);
   };
   const std::string stats =
-      fmt::format("{:>4}/{}  {:.0f} img/s  loss {}  acc {}  lr {:.2e}  ETA {}", s.step_in_epoch,
+      fmt::format("{:>4}/{}  {:.0f} img/s  loss {}  acc {}  lr {:.2e}  ETA {}  {}", s.step_in_epoch,
                   s.steps_per_epoch, s.images_per_sec, value(loss_, 4), value(accuracy_, 3), s.lr,
-                  format_duration(eta));
+                  format_duration(eta), format_rate(s.tflops, s.mfu));
   if (terminal_) {
     const bool last = s.step_in_epoch == s.steps_per_epoch;
     if (!last && s.epoch_seconds - last_draw_ < 0.1) return;
@@ -183,9 +212,9 @@ void LogMetricByEpochHook::after_epoch(Trainer& t, const EpochInfo& e) {
                                                         e.eval_loss, 100 * e.eval_accuracy)
                                           : std::string();
   log::info(
-      "epoch {}/{} done: train loss {:.4f}  train acc {:.2f}%{}  {} ({:.0f} img/s)  lr {:.2e}",
+      "epoch {}/{} done: train loss {:.4f}  train acc {:.2f}%{}  {} ({:.0f} img/s, {})  lr {:.2e}",
       e.epoch + 1, e.num_epochs, e.train_loss, 100 * e.train_accuracy, eval,
-      format_duration(e.seconds), e.images_per_sec, e.lr);
+      format_duration(e.seconds), e.images_per_sec, format_rate(e.tflops, e.mfu), e.lr);
 }
 
 MetricsFileHook::MetricsFileHook(std::string path, int64_t interval,
@@ -250,7 +279,9 @@ void MetricsFileHook::after_step(Trainer& t, const StepInfo& s) {
                       {"accuracy", s.accuracy},
                       {"lr", s.lr},
                       {"img_per_s", s.images_per_sec},
+                      {"tflops", s.tflops},
                       {"seconds", s.epoch_seconds}};
+  if (s.mfu >= 0) j["mfu"] = s.mfu;
   if (s.grad_norm > 0) j["grad_norm"] = s.grad_norm;
   if (s.energy_j >= 0) {  // rank 0's GPU (NVML)
     j["energy_j"] = s.energy_j;
@@ -280,7 +311,9 @@ void MetricsFileHook::after_epoch(Trainer& t, const EpochInfo& e) {
                       {"train_accuracy", e.train_accuracy},
                       {"seconds", e.seconds},
                       {"img_per_s", e.images_per_sec},
+                      {"tflops", e.tflops},
                       {"lr", e.lr}};
+  if (e.mfu >= 0) j["mfu"] = e.mfu;
   if (e.eval_accuracy >= 0) j["test_loss"] = e.eval_loss, j["test_accuracy"] = e.eval_accuracy;
   write(j.dump());
 }

@@ -37,8 +37,9 @@ struct TrainConfig {
   int64_t kernel_profile_start = 10;  // profile the steps after this global step ...
   int64_t kernel_profile_steps = 5;   // ... this many of them
   int64_t max_steps_per_epoch = 0;    // 0 = whole epoch
-  std::string device = "cpu";         // cpu | cuda (one GPU per process: local rank mod
-                                      // GPUs; several processes talk over NCCL)
+  double peak_tflops = 0;      // one device's dense peak for MFU (0: known GPUs' own, else none)
+  std::string device = "cpu";  // cpu | cuda (one GPU per process: local rank mod
+                               // GPUs; several processes talk over NCCL)
   // [model]
   std::string model_name;  // a timm name as the starting point, e.g. vit_base_patch16_224
   int64_t img_size = 28, patch_size = 7, in_chans = 0, hidden_size = 64, depth = 4, num_heads = 4,

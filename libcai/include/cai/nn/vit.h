@@ -61,6 +61,11 @@ struct ViTConfig {
   }
   // The parameter count of the whole (unsplit) model, without building it.
   int64_t num_parameters() const;
+  // Model FLOPs of one image's forward (2 per multiply-add): the patch embedding, per block the
+  // four projections and the MLP (2·N·(4·D² + 2·D·hidden)) and the attention's two products
+  // (4·N²·D), the head. A training step's model FLOPs are 3× these (recompute not counted): the
+  // numerator of MFU, as Megatron and PaLM count it.
+  double forward_flops() const;
   void validate() const;  // throws naming the bad value
   // Whether the model splits over `tp` ranks (heads, hidden and MLP sizes divisible; with
   // sequence parallelism at least tp tokens): throws naming both numbers.

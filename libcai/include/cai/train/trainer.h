@@ -43,7 +43,11 @@ struct StepInfo {
   bool skipped = false;       // fp16: the step overflowed and the optimizer step was skipped
   int64_t images = 0;         // images this step, over all ranks
   double images_per_sec = 0;  // over the epoch so far
-  double epoch_seconds = 0;   // elapsed in this epoch (at a read step: once the step has run)
+  // The model FLOP/s that images_per_sec stands for (3 × ViTConfig::forward_flops an image, all
+  // ranks; recompute not counted), in TFLOP/s, and their share of TrainerConfig::peak_tflops
+  // (-1 when no peak is known).
+  double tflops = 0, mfu = -1;
+  double epoch_seconds = 0;  // elapsed in this epoch (at a read step: once the step has run)
   // On a GPU with NVML, at a read step (the device has run the step): this rank's GPU's energy
   // since train() began (joules; -1 when not read), its SM clock and power draw then.
   double energy_j = -1, sm_mhz = 0, power_w = 0;
@@ -60,6 +64,7 @@ struct EpochInfo {
   double train_loss = 0, train_accuracy = 0;
   double eval_loss = -1, eval_accuracy = -1;  // -1 when there is no evaluation set
   double seconds = 0, images_per_sec = 0, lr = 0;
+  double tflops = 0, mfu = -1;  // as StepInfo's, over the epoch
 };
 
 // Top-1 correct predictions of logits [B, K] against int32 labels [B], and the sum of a
@@ -203,6 +208,9 @@ struct TrainerConfig {
   // gradients stay fp32). fp16 scales the loss with a DynamicGradScaler configured by
   // `grad_scaler`, skipping (and logging) steps whose gradients overflow.
   DType precision = DType::F32;
+  // The job's dense peak in TFLOP/s (every device of it, at `precision`): StepInfo::mfu and
+  // EpochInfo::mfu divide the model FLOP/s by it; 0 = unknown (no MFU reported).
+  double peak_tflops = 0;
   optim::GradScalerConfig grad_scaler;
   // Stopping on request (preemption). When set (on every rank, or on none: the check is
   // collective), fit() asks it at step boundaries: after every `stop_check_interval`-th optimizer
@@ -401,5 +409,12 @@ class KernelProfileHook : public Hook {
 };
 
 std::string format_duration(double seconds);  // "1:02:03" or "2:03"
+// "429 TFLOP/s  MFU 43.4%" (the MFU part only when mfu >= 0).
+std::string format_rate(double tflops, double mfu);
+// The dense peak of one device in TFLOP/s for training at `precision` ("bf16", "fp16", "fp32")
+// by its name as the driver reports it: 989 for the H100 / H200 / H800 / GH200 (bf16, fp16; 835
+// for their NVL, 756 for their PCIe cards), 148 for the H20, 312 for the A100 / A800; 0 when not
+// known (fp32, other devices, the CPU): train.peak_tflops gives it then.
+double dense_peak_tflops(const std::string& device_name, const std::string& precision);
 
 }  // namespace cai::train
