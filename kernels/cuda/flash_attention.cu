@@ -64,11 +64,9 @@ __global__ void __launch_bounds__(kFwdMaxWarps * 32, HDP > 64 ? 1 : 2)
 
   const int64_t bh = blockIdx.x / q_blocks;
   const int q0 = static_cast<int>(blockIdx.x % q_blocks) * qrows;
-  const int64_t bi = bh / h, hi = bh % h;
-  const int64_t stride = 3LL * h * hd;  // between tokens in qkv
-  const T* Qg = qkv + bi * n * stride + hi * hd;
-  const T* Kg = Qg + static_cast<int64_t>(h) * hd;
-  const T* Vg = Kg + static_cast<int64_t>(h) * hd;
+  const HeadRows<T> head = head_rows(qkv, bh, n, h, hd);
+  const int64_t bi = head.bi, hi = head.hi, stride = head.stride;  // stride: between tokens
+  const T *Qg = head.q, *Kg = head.k, *Vg = head.v;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int wq0 = q0 + warp * 16;

@@ -31,6 +31,31 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// One (batch·head) bh's rows: Q, K and V of head hi of sample bi in qkv [b, n, 3, h, hd] (stride
+// elements between tokens) and, given dout [b, n, h, hd], its rows there (ostride apart).
+template <typename T>
+struct HeadRows {
+  int64_t bi, hi, stride, ostride;
+  const T *q, *k, *v, *dout = nullptr;
+};
+template <typename T>
+__device__ __forceinline__ HeadRows<T> head_rows(const T* qkv, int64_t bh, int n, int h, int hd) {
+  HeadRows<T> r;
+  r.bi = bh / h, r.hi = bh % h;
+  r.stride = 3LL * h * hd, r.ostride = static_cast<int64_t>(h) * hd;
+  r.q = qkv + r.bi * n * r.stride + r.hi * hd;
+  r.k = r.q + static_cast<int64_t>(h) * hd;
+  r.v = r.k + static_cast<int64_t>(h) * hd;
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ HeadRows<T> head_rows(const T* qkv, const T* dout, int64_t bh, int n,
+                                                 int h, int hd) {
+  HeadRows<T> r = head_rows(qkv, bh, n, h, hd);
+  r.dout = dout + r.bi * n * r.ostride + r.hi * hd;
+  return r;
+}
+
 // 16 bytes global → shared; zero-filled (nothing read) when !valid.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),

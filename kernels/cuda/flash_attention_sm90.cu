@@ -249,11 +249,9 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
 
   const int64_t bh = blockIdx.x / q_blocks;
   const int q0 = static_cast<int>(blockIdx.x % q_blocks) * kRowsSm90;
-  const int64_t bi = bh / h, hi = bh % h;
-  const int64_t stride = 3LL * h * hd;
-  const T* Qg = qkv + bi * n * stride + hi * hd;
-  const T* Kg = Qg + static_cast<int64_t>(h) * hd;
-  const T* Vg = Kg + static_cast<int64_t>(h) * hd;
+  const HeadRows<T> head = head_rows(qkv, bh, n, h, hd);
+  const int64_t bi = head.bi, hi = head.hi, stride = head.stride;  // stride: between tokens
+  const T *Qg = head.q, *Kg = head.k, *Vg = head.v;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int wq0 = q0 + wg * 64;             // the warpgroup's first row
@@ -419,12 +417,9 @@ __global__ void __launch_bounds__(128, 3)
 
   const int64_t bh = blockIdx.x / k_blocks;
   const int kb = static_cast<int>(blockIdx.x % k_blocks) * 64;
-  const int64_t bi = bh / h, hi = bh % h;
-  const int64_t stride = 3LL * h * hd, ostride = static_cast<int64_t>(h) * hd;
-  const T* Qg = qkv + bi * n * stride + hi * hd;
-  const T* Kg = Qg + static_cast<int64_t>(h) * hd;
-  const T* Vg = Kg + static_cast<int64_t>(h) * hd;
-  const T* dOg = dout + bi * n * ostride + hi * hd;
+  const HeadRows<T> head = head_rows(qkv, dout, bh, n, h, hd);
+  const int64_t bi = head.bi, hi = head.hi, stride = head.stride, ostride = head.ostride;
+  const T *Qg = head.q, *Kg = head.k, *Vg = head.v, *dOg = head.dout;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int kw0 = kb + warp * 16;
