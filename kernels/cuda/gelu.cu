@@ -55,6 +55,38 @@ __global__ void gelu_fwd_t_kernel(const T* __restrict__ x, T* __restrict__ y, in
   }
 }
 
+// The bf16 exact form by table (gelu_table in gelu_math.cuh): a wave of blocks, each filling the
+// table once, then 16-byte accesses of 8 elements, kIlp of them loaded before any is looked up.
+// ViT-B/16's fc1 output on an H200: 197.8 us (3.13 TB/s) with erff, 172.2 us (3.60 TB/s) by the
+// table; 1 or 4 vectors in flight a thread measured the same (169.6, 168.3 us).
+__device__ __forceinline__ unsigned gelu_bits(const unsigned short* tab, unsigned b) {
+  const unsigned s = gelu_table::slot(b);
+  if (s < gelu_table::kEntries) return tab[s];
+  return __bfloat16_as_ushort(from_f32<bf16>(gelu_table::gelu_outside(gelu_table::bf16_input(b))));
+}
+__device__ __forceinline__ unsigned gelu_pair(const unsigned short* tab, unsigned w) {
+  return gelu_bits(tab, w & 0xffffu) | (gelu_bits(tab, w >> 16) << 16);
+}
+__global__ void __launch_bounds__(kBlock)
+    gelu_fwd_bf16_table_kernel(const uint4* __restrict__ x, uint4* __restrict__ y, int64_t nv) {
+  __shared__ unsigned short tab[gelu_table::kEntries];
+  gelu_table::fill(tab, nullptr);
+  __syncthreads();
+  const int64_t stride = grid_step();
+  for (int64_t k = first_index(); k < nv; k += kIlp * stride) {
+    uint4 a[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u)
+      if (k + u * stride < nv) a[u] = x[k + u * stride];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      if (k + u * stride >= nv) break;
+      y[k + u * stride] = make_uint4(gelu_pair(tab, a[u].x), gelu_pair(tab, a[u].y),
+                                     gelu_pair(tab, a[u].z), gelu_pair(tab, a[u].w));
+    }
+  }
+}
+
 template <typename T, bool Tanh, int kVec = kVecOf<T>>
 __global__ void gelu_bwd_t_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                   T* __restrict__ dx, int64_t n, bool vec) {
@@ -81,6 +113,21 @@ void launch_fwd_t(DT t, const void* x, void* y, int64_t n, void* stream) {
     using T = decltype(tag);
     constexpr int kVec = kVecOf<T>;
     const bool vec = vec_aligned<T, kVec>(x) && vec_aligned<T, kVec>(y);
+    if constexpr (std::is_same_v<T, bf16> && !Tanh) {
+      if (vec && n >= kVec && gelu_table::enabled()) {
+        // The table kernel for the whole vectors (one wave at most), the tail below.
+        const int64_t nv = n / kVec, threads = (nv + kIlp - 1) / kIlp;
+        const int64_t blocks = std::min<int64_t>(
+            resident_blocks(gelu_fwd_bf16_table_kernel, kBlock), (threads + kBlock - 1) / kBlock);
+        gelu_fwd_bf16_table_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, as_stream(stream)>>>(
+            static_cast<const uint4*>(x), static_cast<uint4*>(y), nv);
+        CAI_CUDA_CHECK_LAUNCH();
+        if (n % kVec == 0) return;
+        x = static_cast<const T*>(x) + nv * kVec;
+        y = static_cast<T*>(y) + nv * kVec;
+        n -= nv * kVec;
+      }
+    }
     // Vectorised: a thread per kIlp vectors (at least one block, for the tail); else one per
     // element.
     const int64_t threads = vec ? std::max<int64_t>((n / kVec + kIlp - 1) / kIlp, 1) : n;

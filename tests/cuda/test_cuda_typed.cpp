@@ -322,6 +322,55 @@ TEST_F(CudaTyped, Gelu) {
   }
 }
 
+// bf16's exact GELU by table (every bf16 value, NaN and inf included) against the fp32 kernels on
+// the same values rounded to bf16 as the host rounds: the forward the same bits except below
+// 2^-8, where a series stands for erf (at most one bf16 step); the backward's slope (dy = 1, with
+// and without the output made again) at most one bf16 step apart (its fp32 kernel takes expf for
+// the density, the bf16 one ex2.approx.ftz, which is 0 beyond |x| = 13.2: there both are below
+// 1e-30), and the fused backward's output made again equal to the forward's bits. Both sides
+// compute in fp32, so a slot read for the wrong value fails here.
+TEST_F(CudaTyped, GeluBf16EveryValue) {
+  const int64_t m = 64, n = 1024;  // all 2^16 bit patterns, a row of n at a time
+  std::vector<float> x(m * n);
+  for (uint32_t b = 0; b < (1u << 16); ++b) x[b] = bf16_to_float(static_cast<uint16_t>(b));
+  const std::vector<float> ones(m * n, 1.0f);
+  Typed bx(DT::BF16, x), by(DT::BF16, m * n), bdx(DT::BF16, m * n), bdx2(DT::BF16, m * n),
+      by2(DT::BF16, m * n), fx(DT::F32, x), fy(DT::F32, m * n), fdx(DT::F32, m * n),
+      fdy(DT::F32, ones), bdy(DT::BF16, ones), db(DT::F32, n), db2(DT::F32, n);
+  kc::gelu_fwd_t(DT::BF16, bx.get(), by.get(), m * n);
+  kc::gelu_bwd_bias_t(DT::BF16, false, bx.get(), bdy.get(), bdx.get(), db.f32(), m, n, nullptr);
+  kc::gelu_bwd_bias_t(DT::BF16, false, bx.get(), bdy.get(), bdx2.get(), db2.f32(), m, n, by2.get());
+  kc::gelu_fwd(fx.f32(), fy.f32(), m * n);
+  kc::gelu_bwd(fx.f32(), fdy.f32(), fdx.f32(), m * n);
+  const auto y = by.host(), dx = bdx.host(), dx2 = bdx2.host(), y2 = by2.host(), ref_y = fy.host(),
+             ref_dx = fdx.host();
+  // Steps of bf16 between a and b (same sign side), NaN only with NaN.
+  auto steps = [](float a, float b) -> int64_t {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) ? 0 : 1 << 20;
+    if (a == b) return 0;  // +0 == -0
+    auto ordered = [](float f) {
+      const int32_t h = float_to_bf16(f);
+      return h & 0x8000 ? -(h & 0x7fff) : h;
+    };
+    return std::abs(static_cast<int64_t>(ordered(a)) - ordered(b));
+  };
+  int tiny_off = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    const float want = round_to(DT::BF16, ref_y[i]);
+    const bool tiny = std::fabs(x[i]) < 0.00390625f;
+    const int64_t d = steps(y[i], want);
+    ASSERT_LE(d, tiny ? 1 : 0) << "gelu(" << x[i] << ") = " << y[i] << ", fp32 kernel " << ref_y[i];
+    tiny_off += d != 0;
+    // (Beyond |x| = 13.2 the density is subnormal: ex2.approx.ftz makes it 0, expf does not.)
+    const float want_dx = round_to(DT::BF16, ref_dx[i]);
+    ASSERT_TRUE(steps(dx[i], want_dx) <= 1 || std::fabs(dx[i] - want_dx) < 1e-30f)
+        << "gelu'(" << x[i] << ") = " << dx[i] << ", fp32 kernel " << ref_dx[i];
+    ASSERT_EQ(steps(dx2[i], dx[i]), 0) << "gelu'(" << x[i] << ") with y";
+    ASSERT_EQ(steps(y2[i], y[i]), 0) << "gelu(" << x[i] << ") made again";
+  }
+  EXPECT_LT(tiny_off, 64) << "values below 2^-8 off by a step";
+}
+
 // The tanh approximation against its formula in double (not the CPU kernel): fwd
 // 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), bwd dy·gelu'(x) with the exact derivative.
 TEST_F(CudaTyped, GeluTanh) {
@@ -942,6 +991,16 @@ TEST_F(CudaTyped, Timings) {
            time_ms([&] { kc::gelu_fwd_t(DT::BF16, x.get(), y.get(), n); }), n * 4.0);
     report(fmt::format("gelu_bwd_t bf16 {}x{}", m, 3072),
            time_ms([&] { kc::gelu_bwd_t(DT::BF16, x.get(), dy.get(), y.get(), n); }), n * 6.0);
+    Typed db(DT::F32, 3072), y2(DT::BF16, n);
+    report(fmt::format("gelu_bwd_bias_t bf16 {}x{}", m, 3072), time_ms([&] {
+             kc::gelu_bwd_bias_t(DT::BF16, false, x.get(), dy.get(), y.get(), db.f32(), m, 3072);
+           }),
+           n * 6.0);
+    report(fmt::format("gelu_bwd_bias_t bf16 with y {}x{}", m, 3072), time_ms([&] {
+             kc::gelu_bwd_bias_t(DT::BF16, false, x.get(), dy.get(), y.get(), db.f32(), m, 3072,
+                                 y2.get());
+           }),
+           n * 8.0);
   }
   {
     // The 152 parameter tensors of ViT-B/16 (timm vit_base_patch16_224, 1000 classes).
