@@ -91,7 +91,9 @@ class OpTimer {
     // The block takes qkv's bias gradient from the fused attention backward where it runs.
     if (op == "attn.qkv") return linear(rows_, d_, 3 * dt_, fwd, ct_, !attention_sums_bias());
     if (op == "attn.proj") return linear(rows_, dt_, d_, fwd, ct_);
-    if (op == "mlp.fc1") return linear(rows_, d_, hid_, fwd, ct_);
+    // fc1's bias gradient comes from the GELU's backward pass, except with the tanh GELU's
+    // DGELU epilogue (ViT::Block::backward).
+    if (op == "mlp.fc1") return linear(rows_, d_, hid_, fwd, ct_, dgelu_epilogue());
     if (op == "mlp.fc2") return linear(rows_, hid_, d_, fwd, ct_);
     if (op == "attn.proj+residual") return linear_residual(rows_, dt_, d_);
     if (op == "mlp.fc2+residual") return linear_residual(rows_, hid_, d_);
@@ -152,11 +154,17 @@ class OpTimer {
     ops::attention_fwd(qkv, heads_, &saved);
     return ops::attention_bwd_sums_bias(saved);
   }
+  bool dgelu_epilogue() const { return c_.act == "gelu_tanh" && c_.drop_rate == 0; }
+  // The block's GELU passes: the backward with fc1's bias gradient in the same pass and, when the
+  // block makes the GELU's output again (ViTConfig::gelu_recomputed; 1D layouts), that output.
   double gelu(bool fwd) {
     const auto kind = c_.act == "gelu_tanh" ? ops::Gelu::Tanh : ops::Gelu::Exact;
     const Tensor f = randn({rows_, hid_}, ct_, dev_, 6);
     if (fwd) return time_it([&] { ops::gelu_fwd(f, kind); }, dev_);
-    return time_it([&] { ops::gelu_bwd(f, f, kind); }, dev_);
+    const Tensor dy = randn({rows_, hid_}, ct_, dev_, 8);
+    Tensor db = Tensor::zeros({hid_}, DType::F32, dev_), y;
+    const bool again = c_.gelu_recomputed(false);
+    return time_it([&] { ops::gelu_bwd_bias(f, dy, kind, &db, again ? &y : nullptr); }, dev_);
   }
   double residual(bool fwd) {  // the block's two residual adds (fp32)
     const Tensor x = randn({b_, n_, d_}, DType::F32, dev_, 7);
