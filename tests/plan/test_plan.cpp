@@ -366,6 +366,7 @@ TEST(Plan, Bf16GradientBucketsHalveTheBuffersAndTheWire) {
 
 TEST(Plan, ActivationsFollowCheckpointingAndThePipeline) {
   nn::ViTConfig c = tiny();
+  c.recompute_gelu = false;  // the GELU's output kept first (the default makes it again)
   plan::Layout l;
   l.batch = 4;
   const auto full = plan::make_plan(c, l).stages[0];
@@ -425,7 +426,7 @@ TEST(Plan, ZeroBubbleHoldsWeightInputsAndPlacesChunksInAV) {
 // captured them, and the fp32 partial sums of the fused passes; not the rest of the cache or dy.
 TEST(Plan, SplitBackwardHoldsWhatTheWeightStepsCaptured) {
   nn::ViTConfig c = tiny();  // d 8, MLP 32, 5 tokens, attention not fused (head dim 4)
-  c.recompute_gelu = true;   // the lean backward (off by default)
+  c.recompute_gelu = true;   // the lean backward (the default)
   plan::Layout l;
   l.batch = 2;
   const int64_t R = 2 * 5, d = 8, h = 32;

@@ -46,8 +46,8 @@ struct TrainConfig {
           num_classes = 10;
   double mlp_ratio = 2.0, dropout = 0.0, drop_path = 0.0;
   bool checkpoint = false;
-  std::string act = "gelu";     // gelu (exact) | gelu_tanh (fused into the GEMM epilogues on a GPU)
-  bool recompute_gelu = false;  // the lean backward: the GELU's output made again, not kept
+  std::string act = "gelu";    // gelu (exact) | gelu_tanh (fused into the GEMM epilogues on a GPU)
+  bool recompute_gelu = true;  // the lean backward: the GELU's output made again, not kept
   // [parallel]
   int64_t pipeline = 1, num_microbatches = 0, microbatch_size = 0, num_model_chunks = 1;
   std::string pp_style = "1f1b";  // gpipe | 1f1b | interleaved | zbh1 | zbv
