@@ -456,9 +456,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool lean = c_.recompute_gelu;
   // With model.recompute_gelu (`lean`), every tensor below is released as soon as nothing later
   // reads it (the Cache's included), so a block's backward holds a few of its working tensors at
-  // a time, not all of them; without it they live to the end of the backward, as before (on 2
-  // H200 data parallelism lost about 1% more with it than one GPU did, not yet understood:
-  // docs/bench/h200x2-dp-lean-backward-2.jsonl). The plan's block_plan follows either. A deferred
+  // a time, not all of them; without it they live to the end of the backward, as before (its
+  // cost in img/s: docs/bench/h200-gelu-table). The plan's block_plan follows either. A deferred
   // weight gradient keeps what it reads by itself.
   Tensor gf;
   bool fc1_bias_done = false;

@@ -35,10 +35,9 @@ struct ViTConfig {
   // (fused into the GELU's backward pass), as torch.compile's partitioner does: the MLP's
   // largest activation (4·D per token) is not kept, for one extra write of it in the backward;
   // and release each of a block's backward tensors once consumed. On by default: on one H200
-  // ViT-B/16 b256 peaks at 15.05 GiB instead of 18.73 (torch.compile 17.36) for 0.5% of its
-  // img/s, ViT-L/16 b128 at 22.20 instead of 26.97 (25.26) for 1.4%
-  // (docs/bench/h200-gelu-table); on 2 H200 data parallelism lost about 1% more than one GPU
-  // did (docs/bench/h200x2-dp-lean-backward-2.jsonl), not yet understood.
+  // ViT-B/16 b256 peaks at 15.05 GiB instead of 18.73 (torch.compile 17.36) for 0.5-3.3% of its
+  // img/s by host, ViT-L/16 b128 at 22.20 instead of 26.97 (25.26) for 1.4%; dp 2 on 2 H200
+  // 0.4-1.6% (docs/bench/h200-gelu-table).
   bool recompute_gelu = true;
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
