@@ -352,6 +352,9 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
       for (auto& [op, e] : v.items()) c.ops[op] = eff(e, "ops." + op);
     } else if (k == "layer_scale") {  // informative: how the kernels were scaled to layers
       CAI_CHECK(v.is_object(), "[calibration] {}: layer_scale is not an object", origin);
+    } else if (k == "layer_warmup_s") {  // informative: the sustained load before those timings
+      CAI_CHECK(v.is_number() && v.get<double>() >= 0,
+                "[calibration] {}: layer_warmup_s is not a number of seconds >= 0", origin);
     } else if (k == "samples") {
       CAI_CHECK(v.is_object(), "[calibration] {}: samples is not an object", origin);
       for (auto& [op, list] : v.items()) {
@@ -477,7 +480,7 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, collectives, overlap, posted, contention, wake, host",
+          "layer_scale, layer_warmup_s, collectives, overlap, posted, contention, wake, host",
           origin, k);
     }
   }

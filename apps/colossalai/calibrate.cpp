@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -266,10 +267,11 @@ double time_copy_call(Device dev) {
 // each layer timed in place (CUDA: events between the layers on the compute stream, so the
 // kernels queue as in a step; CPU: the host clock). In place, a layer finds its weights and
 // inputs where the previous layer left them (not in a cache warmed by repeating it alone), with
-// the launch gaps between its kernels and the clocks of a GPU under sustained load. Seconds per
+// the launch gaps between its kernels and the clocks of a GPU under sustained load (warmup_s
+// seconds of the same steps before the timed ones: --calibrate-warmup on GPUs). Seconds per
 // {layer, phase} for micro-batch b: embedding, blocks.0 (the mean over the blocks, which are
 // alike), head.
-std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev) {
+std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev, double warmup_s) {
   const nn::ViTConfig& c = m.config();
   const Tensor img = randn({b, c.in_chans, c.img_size, c.img_size}, DType::F32, dev, 30);
   nn::ForwardCtx ctx{true, 1, 0, 0};
@@ -311,6 +313,14 @@ std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev) {
   };
   step(false);  // warm: workspaces, allocator
   if (cuda) kernels::cuda::synchronize();
+  // Sustained load first (GPU): the same steps for warmup_s seconds, so that the layers are
+  // timed at the clocks of a GPU that has trained for a while (power cap, temperature), not of a
+  // cool one (1 H200, two calls: 6 s made the simulated one-GPU steps 1-2.5% slower, mean
+  // |error| against vit_train 1.8% -> 1.6%; docs/SIM_VALIDATION.md).
+  for (const auto tw = Clock::now(); seconds_since(tw) < warmup_s;) {
+    step(false);
+    if (cuda) kernels::cuda::synchronize();
+  }
   const auto t0 = Clock::now();
   int reps = 0;
   do {
@@ -459,7 +469,7 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
       l.gpu = dev.is_cuda();
       const plan::StepPlan p = plan::make_plan(vc, l);
       OpTimer timer(vc, b, T, ct, dev);
-      if (T == 1) layer_s = time_layers(model, b, dev);
+      if (T == 1) layer_s = time_layers(model, b, dev, dev.is_cuda() ? o.calibrate_warmup_s : 0.0);
       struct Timed {
         std::string key, layer;
         double flops, bytes, seconds;
@@ -507,6 +517,7 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   nlohmann::json scales = nlohmann::json::object();
   for (const auto& [k, v] : layer_scale) scales[fmt::format("{} b{}", k.second, k.first)] = v;
   j["layer_scale"] = scales;
+  j["layer_warmup_s"] = dev.is_cuda() ? o.calibrate_warmup_s : 0.0;
   j["device"] = fmt::format("{} ({}, {}), measured by colossalai benchmark --calibrate", name,
                             device, o.precision);
   nlohmann::json js = nlohmann::json::object();

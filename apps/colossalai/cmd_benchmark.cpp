@@ -87,7 +87,15 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
       ->check(CLI::PositiveNumber);
   sub->add_option("-w,--warmup_steps", o.warmup_steps, "Steps run before timing")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == 0 && x >= 0 && x <= 600
+                       ? std::string()
+                       : "expected seconds from 0 to 600, got " + v;
+          },
+          "SECONDS"));
   sub->add_option("-p,--profile_steps", o.profile_steps, "Steps timed")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -132,6 +140,20 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
                   "the pick's [parallel] keys, model.checkpoint and train.batch_size) that "
                   "`colossalai run --nproc_per_node N vit_train --config FILE` runs as written");
   sub->add_option("--calibrate", o.calibrate, "Time kernels and collectives, write JSON");
+  sub->add_option("--calibrate-warmup", o.calibrate_warmup_s,
+                  "--calibrate on a GPU: seconds of the model's steps before each batch size's "
+                  "layers are timed in place, so that they run at the clocks of a GPU that has "
+                  "been training (power cap, temperature); 0 times a cool GPU")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == 0 && x >= 0 && x <= 600
+                       ? std::string()
+                       : "expected seconds from 0 to 600, got " + v;
+          },
+          "SECONDS"))
+      ->capture_default_str();
   return compare;
 }
 
@@ -463,7 +485,9 @@ std::vector<std::string> worker_args(const BenchmarkOptions& o, const std::strin
   for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
   if (!o.json.empty()) a.insert(a.end(), {"--json", o.json});
   if (!o.compare.empty()) a.insert(a.end(), {"--compare", o.compare});
-  if (!o.calibrate.empty()) a.insert(a.end(), {"--calibrate", o.calibrate});
+  if (!o.calibrate.empty())
+    a.insert(a.end(), {"--calibrate", o.calibrate, "--calibrate-warmup",
+                       fmt::format("{}", o.calibrate_warmup_s)});
   return a;
 }
 

@@ -44,6 +44,8 @@ struct BenchmarkOptions {
   bool simulate = false, search = false;
   std::string cluster, compare, calibrate, out;
   std::string calibration;  // --simulate/--compare/--search: colossalai-sim --calibration FILE
+  // --calibrate on a GPU: seconds of sustained load before each in-place timing of the layers.
+  double calibrate_warmup_s = 6.0;
   bool compare_requested = false;  // --compare given (with or without a file)
   bool worker = false;             // the hidden _benchmark_worker subcommand
 };

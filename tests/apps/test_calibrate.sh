@@ -15,6 +15,12 @@ cfg=(--config "$configs/fmnist_tiny.toml" --set train.batch_size=4)
 "$bin" benchmark -g 2 --device cpu --calibrate "$tmp/cal.json" "${cfg[@]}" 2>"$tmp/err.txt" |
   tee "$tmp/out.txt"
 grep -q "collective timings" "$tmp/out.txt" || { cat "$tmp/err.txt"; exit 1; }
+# A negative warm-up is refused, naming the flag.
+if "$bin" benchmark -g 1 --device cpu --calibrate-warmup -1 --calibrate "$tmp/bad.json" "${cfg[@]}" \
+  >"$tmp/bad.txt" 2>&1; then
+  echo "--calibrate-warmup -1 was accepted"; exit 1
+fi
+grep -q -- "--calibrate-warmup" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; exit 1; }
 mpirun --oversubscribe -np 2 "$bin" benchmark -g 2 --device cpu --calibrate "$tmp/cal_mpi.json" \
   "${cfg[@]}" >/dev/null 2>&1 || { echo "under mpirun: failed"; exit 1; }
 
@@ -29,6 +35,8 @@ for path in sys.argv[1:]:
     host = j["host"]
     assert set(host) == {"adam_elements_per_s", "add_bytes_per_s"}, host
     assert 1e6 < host["adam_elements_per_s"] < 1e11 and 1e8 < host["add_bytes_per_s"] < 1e12, host
+    # The layers are timed without a warm-up on a CPU (--calibrate-warmup applies to GPUs).
+    assert j["layer_warmup_s"] == 0, j["layer_warmup_s"]
     coll = j.get("collectives")
     assert coll, f"{path}: no collectives section"
     by = {}
