@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "../cli_checks.h"
 #include "benchmark_internal.h"
 #include "cai/config/config.h"
 #include "cai/core/error.h"
@@ -75,33 +76,25 @@ namespace {
 CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
   sub->add_option("-g,--gpus", o.gpus, "Number of devices (GPUs, or CPU processes) to use")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-b,--batch_size", o.batch_size, "Samples per data-parallel rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-s,--seq_len", o.seq_len, "Sequence length (tokens)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-d,--dimension", o.dimension, "Hidden dimension")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-w,--warmup_steps", o.warmup_steps, "Steps run before timing")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            return end != v.c_str() && *end == 0 && x >= 0 && x <= 600
-                       ? std::string()
-                       : "expected seconds from 0 to 600, got " + v;
-          },
-          "SECONDS"));
+      ->check(cli::non_negative());
   sub->add_option("-p,--profile_steps", o.profile_steps, "Steps timed")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-l,--layers", o.layers, "Layers of the mlp or block model")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("-m,--model", o.model,
                   "mlp: layers × Linear(d, d) (Colossal-AI's); block: ViT blocks of hidden d; "
                   "vit: the model of --config")
@@ -144,15 +137,7 @@ CLI::Option* add_flags(CLI::App* sub, BenchmarkOptions& o) {
                   "--calibrate on a GPU: seconds of the model's steps before each batch size's "
                   "layers are timed in place, so that they run at the clocks of a GPU that has "
                   "been training (power cap, temperature); 0 times a cool GPU")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            return end != v.c_str() && *end == 0 && x >= 0 && x <= 600
-                       ? std::string()
-                       : "expected seconds from 0 to 600, got " + v;
-          },
-          "SECONDS"))
+      ->check(cli::seconds_up_to(600))
       ->capture_default_str();
   return compare;
 }

@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../cli_checks.h"
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/config/config.h"
 #include "cai/core/error.h"
@@ -568,7 +569,7 @@ void setup_run(CLI::App& app, RunOptions& opts) {
   sub->add_option("--nproc_per_node", opts.nproc_per_node,
                   "Processes (ranks) per host; -np is this times the number of hosts")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option(
          "--host", opts.host,
          "Comma-separated hosts to run on, N ranks each, in this order (default: this machine "
@@ -614,25 +615,25 @@ void setup_run(CLI::App& app, RunOptions& opts) {
   sub->add_option("--timeout", opts.timeout,
                   "Stop the whole job after SECONDS and exit 124 (default: no limit; with "
                   "--max_restarts, counted from the first start)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->add_option("--max_restarts", opts.max_restarts,
                   "When a rank fails, stop every rank and start the job again (the same mpirun "
                   "command), at most N times; then give up, exit non-zero and list every "
                   "failure. A vit_train job whose checkpoint.dir holds a complete checkpoint "
                   "restarts with --resume (from its newest, `latest`), else as first started")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   sub->add_option("--grace_period", opts.grace_period,
                   "After SIGTERM or SIGUSR1 (preemption; SLURM's warning signal), the seconds "
                   "every rank's program gets to save and exit after receiving that signal "
                   "before the launcher stops the ranks by force (torchrun waits 30 s too)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   sub->add_option("--monitor_interval", opts.monitor_interval,
                   "Seconds between the launcher's checks of its ranks (a rank's exit is also "
                   "noticed at once)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   sub->footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and Open MPI's "
       "OMPI_COMM_WORLD_*). When a rank fails, every rank on every host is stopped and the exit "

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "../cli_checks.h"
 #include "cai/checkpoint/checkpoint.h"
 #include "cai/config/config.h"
 #include "cai/core/error.h"
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
   app.add_option("--nproc", nproc,
                  "With --dry-run: the number of processes to plan for (default: the launcher's "
                  "world size, 1 when not launched)")
-      ->check(CLI::PositiveNumber);
+      ->check(cai::app::cli::positive());
   std::string resume, init_from;
   auto* resume_opt =
       app.add_option("--resume", resume,

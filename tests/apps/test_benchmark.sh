@@ -204,4 +204,13 @@ sleep 1
 ! pgrep -f "_benchmark_worker.*-p 100000" >/dev/null || { echo "a rank outlived SIGINT"; exit 1; }
 # Every row measured: none skipped or failed in the printed tables.
 ! grep -Eq " (skipped|failed) " "$tmp/b4.txt" "$tmp/b8.txt" || { echo "a row was not measured"; exit 1; }
+# Numbers out of range: the error names the flag, the value and what was expected.
+for bad in "--gpus 0|--gpus: expected a number > 0, got 0" \
+  "--gpus 2 -w -1|--warmup_steps: expected a number >= 0, got -1" \
+  "--gpus 1 --calibrate-warmup 700|--calibrate-warmup: expected seconds from 0 to 600, got 700"; do
+  args=${bad%%|*} want=${bad#*|}
+  # shellcheck disable=SC2086
+  if "$bin" benchmark $args >"$tmp/bad.txt" 2>&1; then echo "accepted: $args"; exit 1; fi
+  grep -qF -- "$want" "$tmp/bad.txt" || { echo "$args: $(cat "$tmp/bad.txt")"; exit 1; }
+done
 echo "colossalai benchmark: ok"
