@@ -5,6 +5,7 @@
 
 #include "cai/core/error.h"
 #include "cai/nn/tensor_parallel.h"
+#include "cai/nn/vit.h"
 #include "cai/schedule/buckets.h"
 #include "cai/schedule/offload.h"
 #include "cai/schedule/param_gathers.h"
@@ -318,12 +319,13 @@ class ConfigProgram {
             order.push_back(&*it);
       for (const plan::OpCost* cp : order) {
         const plan::OpCost& c = *cp;
-        // The overlap points: a block's before its attention backward, the embedding's before
-        // its backward (Block::backward's and Embedding::backward's 1D path; 2d/2.5d/3d have
-        // none). The embedding's backward runs cls_pos first (last to first).
-        if (c.phase == plan::Phase::Backward && !layout_.nd() &&
-            (c.op == "attn" || (lp.name == "embedding" && c.op == "cls_pos")))
-          launch_waiting();
+        // The layer's overlap point: before the backward of the op the executor's layers reach
+        // it at (nn::backward_overlap_op, the one definition: a block's attention, the
+        // embedding's position and class-token gradients; none on the 2d/2.5d/3d path).
+        if (c.phase == plan::Phase::Backward) {
+          const char* at = nn::backward_overlap_op(lp.name, layout_.nd());
+          if (at && c.op == at) launch_waiting();
+        }
         Op op;
         op.kind = OpKind::Compute;
         op.name = fmt::format("{} {}{}", lp.name, c.op, fwd ? "" : " bwd");

@@ -684,3 +684,26 @@ TEST(InflightWindow, WaitsForTheOldestWhenFull) {
   EXPECT_EQ(one.launch(1), (V{0}));
   EXPECT_THROW(InflightWindow(0), cai::Error);
 }
+
+// nn::backward_overlap_op names an op of the plan: the executor's layers reach their overlap point
+// before that op's backward and the simulator launches the waiting buckets there, so the name
+// must be one of the layer's backward ops (a block's and the embedding's; none for the head or on
+// the 2d/2.5d/3d path).
+TEST(Plan, OverlapPointOpIsABackwardOpOfItsLayer) {
+  const nn::ViTConfig c = tiny();
+  plan::Layout l;
+  l.batch = 3;
+  const auto p = plan::make_plan(c, l);
+  int layers_with_point = 0;
+  for (const auto& lp : p.stages[0].layer_plans) {
+    const char* at = nn::backward_overlap_op(lp.name, false);
+    EXPECT_EQ(nn::backward_overlap_op(lp.name, true), nullptr) << lp.name;
+    if (!at) continue;
+    ++layers_with_point;
+    const auto n = std::count_if(lp.ops.begin(), lp.ops.end(), [&](const plan::OpCost& o) {
+      return o.phase == plan::Phase::Backward && o.op == at;
+    });
+    EXPECT_EQ(n, 1) << lp.name << ": no single backward op " << at;
+  }
+  EXPECT_EQ(layers_with_point, 1 + c.depth);  // the embedding and every block
+}

@@ -2,12 +2,31 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "cai/core/error.h"
 #include "cai/core/rng.h"
 
 namespace cai::nn {
+
+const char* backward_overlap_op(std::string_view layer_name, bool nd) {
+  if (nd) return nullptr;
+  if (layer_name == "embedding") return "cls_pos";
+  if (layer_name.rfind("blocks.", 0) == 0) return "attn";
+  return nullptr;
+}
+
+namespace {
+// A layer's overlap point, reached here if it comes before the backward of `op`
+// (backward_overlap_op): every op boundary of a backward asks, so that the executor and the
+// simulator follow the one definition.
+void overlap_before(const ForwardCtx& ctx, std::string_view layer, const char* op, bool nd) {
+  const char* at = backward_overlap_op(layer, nd);
+  if (at && std::strcmp(at, op) == 0 && ctx.overlap_point && *ctx.overlap_point)
+    (*ctx.overlap_point)();
+}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Embedding
@@ -114,7 +133,7 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
   WeightGrads wg(ctx);
   // The last overlap point of a backward (1D path, as Block's): what the first block completed
   // runs beside the position and class-token gradients rather than after the backward.
-  if (!nd && ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
+  overlap_before(ctx, "embedding", "cls_pos", nd);
   // Sequence parallel and nd: the gradients of this rank's tokens / samples, summed over the
   // group (nd: the ranks holding the same features of the other samples).
   const bool sp = (tp_ && tp_->size() > 1 && tp_->sequence_parallel()) || nd;
@@ -138,6 +157,7 @@ Tensor Embedding::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, cons
     }
     Tensor dt = ops::cls_pos_bwd(g, &grads[0], &grads[1], patches.dtype());
     const int64_t row = patches.size(-1);
+    overlap_before(ctx, "embedding", "patch_embed.proj", nd);
     Tensor dw = grads[2].reshape({grads[2].size(0), row});
     ops::linear_bwd_weight(patches, dt, &dw, &grads[3]);
   };
@@ -436,6 +456,8 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   // MLP half: out = h + dpath(drop(fc2(m)))
   // fc2's bias gradient: the column sums the next block made of g, when it made them.
   Tensor fc2_bias_sum;
+  overlap_before(ctx, prefix_, "residual", false);
+  overlap_before(ctx, prefix_, "mlp.fc2", false);
   Tensor g = half_dy(dy, a.f.dtype(), &fc2_bias_sum);
   if (!takes_dy_as_is(ctx)) fc2_bias_sum = Tensor();
   if (!g.defined() || !takes_dy_as_is(ctx)) g = dy;
@@ -468,6 +490,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     Tensor gm = ops::linear_bwd_input(fc2.w(), g, a.f.dtype());
     Tensor fc1_db = wg.into(fc1.bias);
     Tensor m;
+    overlap_before(ctx, prefix_, "mlp.act", false);
     gf = ops::gelu_bwd_bias(a.f, gm, ops::Gelu::Exact, &fc1_db, &m);
     fc1_bias_done = true;
     if (lean) gm = Tensor();
@@ -485,6 +508,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
       gf = ops::linear_dgelu_bwd(a.m, fc2.w(), g, a.f, &fc2.weight.grad,
                                  fc2_db ? &fc2_db->grad : nullptr);
     }
+    overlap_before(ctx, prefix_, "mlp.act", false);  // fused with fc2's input gradient
     if (lean) a.m = a.f = Tensor();
   } else {
     Tensor gm = linear_bwd(wg, a.m, fc2.w(), g, &fc2.weight, fc2_db);
@@ -492,6 +516,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
     if (drop) gm = ops::dropout_bwd(gm, c_.drop_rate, hidden_key(ctx, prefix_ + ".mlp.drop1"));
     // fc1's bias gradient (the column sums of gf) from the GELU's backward pass itself.
     Tensor fc1_db = wg.into(fc1.bias);
+    overlap_before(ctx, prefix_, "mlp.act", false);
     gf = ops::gelu_bwd_bias(a.f, gm, tanh ? ops::Gelu::Tanh : ops::Gelu::Exact, &fc1_db);
     fc1_bias_done = true;
     if (lean) a.f = Tensor();
@@ -499,6 +524,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   if (!fc2_db) wg.run([this, fc2_bias_sum] { ops::add_(fc2.bias.grad, fc2_bias_sum); });
   g = Tensor();  // fc2's output gradient (a rounded copy or a masked one) is done with
   // A re-gathered input is waited for after fc1's input-gradient GEMM, at its weight GEMM.
+  overlap_before(ctx, prefix_, "mlp.fc1", false);
   Tensor gb = column_linear_bwd(tp_, regather ? Tensor() : a.b, fc1, gf, !fc1_bias_done, &wg,
                                 regather ? &*b_whole : nullptr);
   if (lean) gf = Tensor();
@@ -513,6 +539,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool half_gy = half && gy_as_is;
   Tensor gh_half, proj_db;
   if (gy_as_is) proj_db = wg.into(proj.bias);
+  overlap_before(ctx, prefix_, "norm2", false);
   Tensor gh = ops::layernorm_bwd_add(a.h, norm2.weight.value, a.mean2, a.rstd2, gb, dy, &ln[0],
                                      &ln[1], a.o.dtype(), half_gy ? &gh_half : nullptr,
                                      gy_as_is ? &proj_db : nullptr);
@@ -532,9 +559,10 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool regather_a = sp() && !same_rows(a.a, gy);
   std::optional<TensorParallel::TokenGather> a_whole;
   if (regather_a) a_whole = tp_->gather_tokens_start(a.a, n);
+  overlap_before(ctx, prefix_, "attn.proj", false);
   Tensor go = linear_bwd(wg, a.o, proj.w(), gy, &proj.weight, gy_as_is ? nullptr : &proj.bias);
   if (lean) gy = Tensor();
-  if (ctx.overlap_point && *ctx.overlap_point) (*ctx.overlap_point)();
+  overlap_before(ctx, prefix_, "attn", false);
   // qkv's bias gradient from the fused attention backward (q: dQ's column sums from its own
   // pass; k: 0, v: dout's column sums, by the softmax's identities: flash_attention.cu).
   const bool qkv_fused_db = qkv.has_bias && ops::attention_bwd_sums_bias(a.probs);
@@ -543,6 +571,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   Tensor gq = ops::attention_bwd(a.qkv, a.o, a.probs, go, heads_, qkv_fused_db ? &qkv_db : nullptr);
   if (lean) go = Tensor();
   if (lean) a.qkv = a.o = a.probs = Tensor();
+  overlap_before(ctx, prefix_, "attn.qkv", false);
   Tensor ga = column_linear_bwd(tp_, regather_a ? Tensor() : a.a, qkv, gq, !qkv_fused_db, &wg,
                                 regather_a ? &*a_whole : nullptr);
   if (lean) gq = Tensor();
@@ -553,6 +582,7 @@ Tensor Block::backward(const Tensor& dy, std::unique_ptr<Cache>& cache, const Fo
   const bool send_sum = send_dx_sum_ && !sp() && (send || !half);
   Tensor gx_half, gx_sum;
   if (send_sum) gx_sum = Tensor::empty({c_.embed_dim}, DType::F32, dy.device());
+  overlap_before(ctx, prefix_, "norm1", false);
   Tensor gx = ops::layernorm_bwd_add(a.x, norm1.weight.value, a.mean1, a.rstd1, ga, gh, &ln[2],
                                      &ln[3], out_dtype, send ? &gx_half : nullptr,
                                      send_sum ? &gx_sum : nullptr, false);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cai/nn/module.h"
@@ -202,6 +203,14 @@ struct LayerHooks {
   // collective holds.
   std::function<void()> overlap_point;
 };
+
+// The op of a layer's backward that its overlap point comes before (LayerHooks::overlap_point),
+// by the plan's op names (plan::OpCost::op; layer_name as plan::LayerPlan::name): a block's
+// attention ("attn"), the embedding's position and class-token gradients ("cls_pos"); null for
+// other layers and on the 2d/2.5d/3d path (nd). Block::backward and Embedding::backward reach
+// their point before that op, and the simulator (sim/from_config.cpp) launches the waiting
+// buckets before it: one definition for both.
+const char* backward_overlap_op(std::string_view layer_name, bool nd);
 
 class ViT {
  public:
