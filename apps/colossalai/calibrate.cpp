@@ -315,8 +315,8 @@ std::map<std::string, double> time_layers(nn::ViT& m, int64_t b, Device dev, dou
   if (cuda) kernels::cuda::synchronize();
   // Sustained load first (GPU): the same steps for warmup_s seconds, so that the layers are
   // timed at the clocks of a GPU that has trained for a while (power cap, temperature), not of a
-  // cool one (1 H200, two calls: 6 s made the simulated one-GPU steps 1-2.5% slower, mean
-  // |error| against vit_train 1.8% -> 1.6%; docs/SIM_VALIDATION.md).
+  // cool one (1 H200, three calls: 6 s made the simulated one-GPU steps 1-2.5% slower, mean
+  // |error| against vit_train 1.7% -> 1.6%, max 3.2% -> 2.7%; docs/SIM_VALIDATION.md).
   for (const auto tw = Clock::now(); seconds_since(tw) < warmup_s;) {
     step(false);
     if (cuda) kernels::cuda::synchronize();
