@@ -443,6 +443,10 @@ class ConfigProgram {
           pack.mem_end.push_back({MemKind::Gradients, -4 * dp->bucket_numel[b]});
           ops.push_back(std::move(pack));
           reduce_bucket(OpKind::ReduceScatter, b);
+          if (schedule::InflightWindow::finished_at_launch(D_, layout_.gpu)) {
+            dp->inflight.finish(b);
+            dp_finish(*dp, b, base, ops);
+          }
         }
       }
     }

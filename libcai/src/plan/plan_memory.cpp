@@ -224,6 +224,7 @@ struct Replay {
     t.win += bytes;
     t.add(bytes, where);
     t.live -= 4 * bucket_numel(b);  // the packed full gradients are freed
+    if (schedule::InflightWindow::finished_at_launch(d, l.gpu)) finish(b);
   }
 
   void before_backward(int pos, const std::string& where) {

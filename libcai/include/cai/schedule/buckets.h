@@ -105,6 +105,11 @@ class InflightWindow {
   // found it complete at its next test anyway, so a wider window only modelled buffers it had
   // already freed).
   static InflightWindow for_reductions(int zero_max_inflight_buckets, int dp);
+  // Whether such a reduction is finished right after its launch: one rank on the host, where
+  // the communicator completes the local copy at once and the executor's progress() after the
+  // launch (DataParallelPlugin::grads_ready) finishes it, buffers freed. (A GPU's is found
+  // complete at the next launch: the window of 1 above.) The plan and the simulator ask this.
+  static bool finished_at_launch(int dp, bool gpu) { return dp == 1 && !gpu; }
   explicit InflightWindow(int max_inflight = 1);
   std::vector<int> launch(int b);
   void finish(int b);
