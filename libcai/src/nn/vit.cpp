@@ -22,9 +22,9 @@ namespace {
 // (backward_overlap_op): every op boundary of a backward asks, so that the executor and the
 // simulator follow the one definition.
 void overlap_before(const ForwardCtx& ctx, std::string_view layer, const char* op, bool nd) {
+  if (!ctx.overlap_point || !*ctx.overlap_point) return;  // no data parallelism listening
   const char* at = backward_overlap_op(layer, nd);
-  if (at && std::strcmp(at, op) == 0 && ctx.overlap_point && *ctx.overlap_point)
-    (*ctx.overlap_point)();
+  if (at && std::strcmp(at, op) == 0) (*ctx.overlap_point)();
 }
 }  // namespace
 
