@@ -353,7 +353,8 @@ void Trainer::stage_values(StepValues& v, int64_t upto) {
 
 // Reads the rows [v.read, upto], reduces their sums over the ranks (every rank calls this at the
 // same steps) and, with `info`, fills the values of step `upto`.
-void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info) {
+void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info,
+                          const std::function<void(const char*)>& phase) {
   const int64_t first = v.read, rows = upto + 1 - first;
   if (rows <= 0) return;
   std::vector<float> got;
@@ -368,6 +369,7 @@ void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* 
   } else {
     got = v.device.narrow(first, rows).to_vector();
   }
+  if (phase) phase("wait for the values");
   v.host.insert(v.host.end(), got.begin(), got.end());
   double loss = 0, correct = 0;
   for (int64_t r = 0; r < rows; ++r) loss += got[r * 3], correct += got[r * 3 + 1];
@@ -383,7 +385,10 @@ void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* 
   }
   v.loss += loss;
   v.correct += correct;
-  if (!info) return;
+  if (!info) {
+    if (phase) phase("values over the ranks");
+    return;
+  }
   info->has_values = true;
   if (rows == 1) {
     info->loss = loss, info->accuracy = correct;
@@ -394,6 +399,7 @@ void Trainer::read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* 
   info->loss /= static_cast<double>(info->images);
   info->accuracy /= static_cast<double>(info->images);
   if (cfg_.clip_grad_norm > 0 && !info->skipped) info->grad_norm = got[(rows - 1) * 3 + 2];
+  if (phase) phase("values over the ranks");
 }
 
 void Trainer::resume_at(int64_t epoch, int64_t step_in_epoch, int64_t global_step,
@@ -547,14 +553,21 @@ void Trainer::fit(int64_t start_epoch) {
       seen += static_cast<double>(step_samples);
       info.loss = info.accuracy = NAN;
       info.grad_norm = cfg_.clip_grad_norm > 0 && !info.skipped ? NAN : 0.0;
-      if (wanted) read_values(values, s, epoch, &info);
+      // The GPU's sensors are read before the wait for the device, while it still runs this
+      // step: after the wait the device has only the optimizer step queued, and the host's time
+      // until it launches the next step's first kernels leaves it idle (NVML's three reads were
+      // part of that time). The energy counter then lags the step's end by the host's lead over
+      // the device (less than a step, about the same at every read).
       kernels::cuda::GpuSensors now;
       if (wanted && sensors && kernels::cuda::read_sensors(device.index, &now)) {
         info.energy_j = (now.energy_mj - sensors0.energy_mj) / 1000.0;
         info.sm_mhz = now.sm_mhz;
         info.power_w = now.power_mw / 1000.0;
       }
-      phase("read values");
+      if (wanted) {
+        phase("GPU sensors");
+        read_values(values, s, epoch, &info, phase);
+      }
       info.host_ms = std::move(host_ms);
       host_ms.clear();
       info.staging_ms = std::move(staging);

@@ -274,7 +274,10 @@ class Trainer {
   // their host copy up to read_, and the epoch totals over the ranks up to read_.
   struct StepValues;
   void stage_values(StepValues& v, int64_t upto);
-  void read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info);
+  // `phase` (when given) is called after the wait for the device and after the reduction over
+  // the ranks, with those parts' names (the trainer's per-phase host times).
+  void read_values(StepValues& v, int64_t upto, int64_t epoch, StepInfo* info,
+                   const std::function<void(const char*)>& phase = {});
   int64_t global_step_ = 0;
   int64_t resume_epoch_ = -1, resume_step_ = 0;
   std::optional<ResumePoint> resumed_;
