@@ -98,6 +98,15 @@ void* event_create_timed();
 float event_elapsed_ms(void* start, void* end);
 // Asynchronous host-to-device copy on `stream` (src should be pinned for a true overlap).
 void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream);
+// Host-to-device copy of a small host table (the multi-tensor kernels' pointer lists) on `stream`
+// that never waits for the device: the bytes go through a page-locked staging block, reused once
+// the copy out of it has run (an event), so `src` may be pageable and may go out of scope on
+// return. From pageable memory cudaMemcpyAsync stages through the driver's bounded buffer and,
+// once that is full, waits for the device to reach the copies before it: ZeRO-1's optimizer step
+// on 2 H200 (ViT-H/14, three tables of ~100 KB queued behind a backward) held the host 72 ms a
+// step, so the next step's launches came after the device had run dry. At most 64 blocks a device
+// in flight; beyond that (or where a block cannot be pinned) the plain pageable copy.
+void upload_async(void* dst, const void* src, size_t bytes, void* stream);
 // Asynchronous device-to-host copy on `stream` (dst pinned: the host reads it once an event
 // recorded after the copy has completed).
 void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream);

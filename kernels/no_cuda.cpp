@@ -212,6 +212,9 @@ float event_elapsed_ms(void*, void*) {
 void copy_h2d_async(void*, const void*, size_t, void*) {
   CAI_STUB("copy_h2d_async");
 }
+void upload_async(void*, const void*, size_t, void*) {
+  CAI_STUB("upload_async");
+}
 void copy_d2h_async(void*, const void*, size_t, void*) {
   CAI_STUB("copy_d2h_async");
 }

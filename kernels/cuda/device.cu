@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "kernels/base/block_pool.h"
 #include "kernels/cuda/check.h"
@@ -217,6 +219,64 @@ void copy_h2d_async(void* dst, const void* src, size_t bytes, void* stream) {
   CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                                  stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
 }
+namespace {
+// upload_async's page-locked blocks, per device, for the life of the process (never freed: a
+// static destructor would run after the driver has gone).
+struct StagingBlock {
+  void* host = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t copied = nullptr;  // recorded after the last copy out of the block
+  int device = -1;
+};
+struct StagingPool {
+  std::mutex m;
+  std::vector<StagingBlock> blocks;
+};
+StagingPool& staging_pool() {
+  static auto* pool = new StagingPool;
+  return *pool;
+}
+constexpr size_t kStagingBlockBytes = size_t{256} << 10;
+constexpr size_t kStagingBlocksPerDevice = 64;
+}  // namespace
+
+void upload_async(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  const cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+  int dev = 0;
+  CAI_CUDA_CHECK(cudaGetDevice(&dev));
+  StagingPool& pool = staging_pool();
+  std::lock_guard<std::mutex> lock(pool.m);
+  size_t mine = 0, pick = pool.blocks.size();
+  for (size_t i = 0; i < pool.blocks.size() && pick == pool.blocks.size(); ++i) {
+    StagingBlock& b = pool.blocks[i];
+    if (b.device != dev) continue;
+    ++mine;
+    if (b.capacity < bytes) continue;
+    const cudaError_t r = cudaEventQuery(b.copied);
+    if (r == cudaErrorNotReady) continue;
+    CAI_CUDA_CHECK(r);
+    pick = i;
+  }
+  if (pick == pool.blocks.size()) {
+    StagingBlock b;
+    b.device = dev;
+    b.capacity = std::max(bytes, kStagingBlockBytes);
+    if (mine >= kStagingBlocksPerDevice ||
+        cudaHostAlloc(&b.host, b.capacity, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();  // a failed pinning is not this call's error: copy as before
+      CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+      return;
+    }
+    CAI_CUDA_CHECK(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming));
+    pool.blocks.push_back(b);
+  }
+  StagingBlock& b = pool.blocks[pick];
+  std::memcpy(b.host, src, bytes);
+  CAI_CUDA_CHECK(cudaMemcpyAsync(dst, b.host, bytes, cudaMemcpyHostToDevice, s));
+  CAI_CUDA_CHECK(cudaEventRecord(b.copied, s));
+}
+
 void copy_d2h_async(void* dst, const void* src, size_t bytes, void* stream) {
   CAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
                                  stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));

@@ -13,6 +13,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/replicas.cuh"
 #include "kernels/cuda/typed.cuh"
+#include "kernels/device.h"
 #include "kernels/optim.h"
 
 namespace cai::kernels::cuda {
@@ -64,8 +65,8 @@ class XTable {
     std::memcpy(host.data() + tb, chunks.data(), cb);
     buf_.emplace(off + pb);
     unsigned char* d = buf_->as<unsigned char>();
-    // From pageable memory: returns once `host` has been staged, so it may go out of scope.
-    CAI_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), tb + cb, cudaMemcpyHostToDevice, s));
+    // Through a page-locked block: no wait for the device, and `host` may go out of scope.
+    upload_async(d, host.data(), tb + cb, s);
     tensors_ = reinterpret_cast<const XMeta*>(d);
     chunk_table_ = reinterpret_cast<const XChunk*>(d + tb);
     partials_ = partials ? reinterpret_cast<double2*>(d + off) : nullptr;

@@ -11,6 +11,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/replicas.cuh"
 #include "kernels/cuda/typed.cuh"
+#include "kernels/device.h"
 #include "kernels/optim.h"
 
 namespace cai::kernels::cuda {
@@ -124,8 +125,8 @@ class MultiTensorTable {
     std::memcpy(host.data() + tb, chunks.data(), cb);
     buf_.emplace(tb + cb + pb);
     unsigned char* d = buf_->as<unsigned char>();
-    // From pageable memory: returns once `host` has been staged, so it may go out of scope.
-    CAI_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), tb + cb, cudaMemcpyHostToDevice, s));
+    // Through a page-locked block: no wait for the device, and `host` may go out of scope.
+    upload_async(d, host.data(), tb + cb, s);
     tensors_ = reinterpret_cast<const TensorMeta*>(d);
     chunk_table_ = reinterpret_cast<const ChunkMeta*>(d + tb);
     partials_ = partials ? reinterpret_cast<double2*>(d + tb + cb) : nullptr;

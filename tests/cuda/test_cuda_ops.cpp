@@ -97,6 +97,25 @@ TEST_F(Cuda, LinearForwardResidual) {
 // to_dtype: fp32 tensors to bf16/fp16 in batched launches, equal bit for bit to Tensor::to, with
 // sizes that are not multiples of the vector width and misaligned views (the scalar path), and
 // more tensors than one launch takes.
+// upload_async: every table lands whole, whatever its size (over and under a staging block),
+// with more copies queued than the pool's blocks (the rest take the pageable path), the source
+// overwritten and freed right after each call.
+TEST_F(Cuda, UploadAsyncCopiesEveryTable) {
+  std::vector<Tensor> dst;
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < 80; ++i) {
+    const int64_t n = i % 3 == 0 ? 1 + i : i % 3 == 1 ? 40000 + 7 * i : 100000 + i;
+    std::vector<float> host(static_cast<size_t>(n));
+    for (int64_t k = 0; k < n; ++k) host[k] = static_cast<float>(i * 1000003 + k);
+    dst.push_back(Tensor::empty({n}, DType::F32, kGpu));
+    kernels::cuda::upload_async(dst.back().raw(), host.data(), host.size() * sizeof(float),
+                                nullptr);
+    want.push_back(host);
+    std::fill(host.begin(), host.end(), -1.0f);  // the call copied it: this must not show
+  }
+  for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(dst[i].to_vector(), want[i]) << "table " << i;
+}
+
 TEST_F(Cuda, CastMultiEqualsCast) {
   for (DType t : {DType::BF16, DType::F16}) {
     std::vector<Tensor> src;
