@@ -648,43 +648,62 @@ TEST_F(Cuda, OptimizersMatchTheCpu) {
 // clip_grad_norm_async with `defer`: the factor applied by the next step() (AdamW's kernel; SGD and
 // LAMB scale in place at the start of step()) gives the parameters of clipping in place and then
 // stepping, bit for bit, over steps that clip and steps that do not; AdamW leaves the gradients
-// unscaled; zero_grad() drops a pending clip.
+// unscaled; zero_grad() drops a pending clip. The same with the sum of squares reduced on the
+// device (reduce_on_device, as the hybrid plugin's ZeRO, tensor and pipeline layouts clip).
 TEST_F(Cuda, DeferredClipStepsAsClippingInPlace) {
   for (const std::string name : {"adamw", "sgd", "lamb"}) {
-    std::vector<nn::Parameter> a, b;
+    std::vector<nn::Parameter> a, b, r, c;  // r, c: the sum of squares reduced on the device
     for (int i = 0; i < 3; ++i) {
       const Shape shape = i == 1 ? Shape{37} : Shape{i + 5, 9};
       auto p = nn::make_parameter("p" + std::to_string(i), shape, i != 1);
       p.value = gpu(random_tensor(shape, 40 + static_cast<uint64_t>(i)));
       p.grad = Tensor::zeros(shape, DType::F32, kGpu);
-      a.push_back(p);
-      p.value = p.value.clone(), p.grad = p.grad.clone();
-      b.push_back(p);
+      for (auto* v : {&a, &b, &r, &c}) {
+        v->push_back(p);
+        p.value = p.value.clone(), p.grad = p.grad.clone();
+      }
     }
-    std::vector<nn::Parameter*> pa, pb;
-    for (int i = 0; i < 3; ++i) pa.push_back(&a[i]), pb.push_back(&b[i]);
+    std::vector<nn::Parameter*> pa, pb, pr, pc;
+    for (int i = 0; i < 3; ++i)
+      pa.push_back(&a[i]), pb.push_back(&b[i]), pr.push_back(&r[i]), pc.push_back(&c[i]);
     optim::OptimizerOptions o;
     o.name = name;
     auto oa = optim::make_optimizer(o, optim::weight_decay_groups(pa, 0.01, 0.05));
     auto ob = optim::make_optimizer(o, optim::weight_decay_groups(pb, 0.01, 0.05));
+    auto orr = optim::make_optimizer(o, optim::weight_decay_groups(pr, 0.01, 0.05));
+    auto oc = optim::make_optimizer(o, optim::weight_decay_groups(pc, 0.01, 0.05));
     ASSERT_TRUE(ob->can_defer_clip(kGpu));
     for (int t = 0; t < 4; ++t) {
       const float grad_size = t == 2 ? 1e-3f : 3.0f;  // step 2 clips nothing
       for (int i = 0; i < 3; ++i) {
         const Tensor g = gpu(random_tensor(a[i].grad.shape(), 50 + 3 * t + i, grad_size));
-        a[i].grad.copy_from(g), b[i].grad.copy_from(g);
+        a[i].grad.copy_from(g), b[i].grad.copy_from(g), r[i].grad.copy_from(g),
+            c[i].grad.copy_from(g);
       }
       const Tensor na = optim::clip_grad_norm_async(pa, 1.0);
       const Tensor nb = optim::clip_grad_norm_async(pb, 1.0, nullptr, nullptr, nullptr, ob.get());
       EXPECT_EQ(nb.to_vector(), na.to_vector()) << name << " step " << t << ": the norm";
+      // The sum of squares reduced on the device (as over two ranks holding these gradients:
+      // doubled there), in place and deferred: the same norm, and the steps below the same
+      // parameters.
+      const auto doubled = [](Tensor& stats) { ops::scale_(stats, 2.0f); };
+      const auto host = [](double sq) { return 2.0 * sq; };
+      const Tensor nr = optim::clip_grad_norm_async(pr, 1.0, host, nullptr, doubled);
+      const Tensor nc = optim::clip_grad_norm_async(pc, 1.0, host, nullptr, doubled, oc.get());
+      EXPECT_EQ(nc.to_vector(), nr.to_vector()) << name << " step " << t << ": the reduced norm";
       if (name == "adamw" && t != 2) {  // unscaled until the step, which reads them scaled
         EXPECT_NE(b[0].grad.to_vector(), a[0].grad.to_vector()) << name;
       }
       oa->step();
       ob->step();
-      for (int i = 0; i < 3; ++i)
+      orr->step();
+      oc->step();
+      for (int i = 0; i < 3; ++i) {
         EXPECT_EQ(b[i].value.to_vector(), a[i].value.to_vector())
             << name << " step " << t << " parameter " << i;
+        EXPECT_EQ(c[i].value.to_vector(), r[i].value.to_vector())
+            << name << " step " << t << " parameter " << i << ", reduced on the device";
+      }
     }
     // A pending clip dropped by zero_grad: the next step is unclipped.
     for (int i = 0; i < 3; ++i)

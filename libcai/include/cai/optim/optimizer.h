@@ -198,9 +198,9 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm
                       const std::function<double(double)>& reduce_sq = nullptr,
                       const std::function<double(const nn::Parameter&)>& weight = nullptr);
 // `defer` (optional): the optimizer whose next step() follows; where it steps exactly `params`,
-// the sum of squares is this device's alone (no reduce_sq, no reduce_on_device) and
-// defer->can_defer_clip holds, the factor is left to that step (Optimizer::defer_clip) instead
-// of a pass that scales the gradients here.
+// the sum of squares stays on the device (this device's alone, or reduced there by
+// reduce_on_device) and defer->can_defer_clip holds, the factor is left to that step
+// (Optimizer::defer_clip) instead of a pass that scales the gradients here.
 // `replicas` (optional): the gradients are read as their sum over the ranks (the offsets of
 // Optimizer::sum_replicas, which the caller passes to defer's next step too); needs the deferred
 // path (defer given, stepping exactly `params`, no reduction), else an error.
