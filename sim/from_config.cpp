@@ -479,7 +479,9 @@ class ConfigProgram {
       if (dp->cast_bytes > 0)  // bf16 buckets: the sums cast back into the gradients
         ops.push_back(dp_copy("buckets unpack", dp->cast_bytes * dp->numel_total,
                               static_cast<int64_t>(dp->bucket_numel.size())));  // one per bucket
-      if (layout_.zero_stage == 1)  // this rank's chunk of the sums into its shard
+      // This rank's chunk of the sums into its shard (without offload the shard's gradients
+      // are views of that chunk: nothing to copy).
+      if (layout_.zero_stage == 1 && !schedule::shard_grads_are_views(1, dp->offload))
         ops.push_back(dp_copy("shard gradients", 8 * dp->chunk_total, 1));  // one launch
       if (dp->offload && layout_.zero_stage == 1)  // the device gradient shard to the host
         ops.push_back(host_copy("gradient shard to host", dp->lane.off.step_download, false, 0));

@@ -203,10 +203,10 @@ int main(int argc, char** argv) {
 
     // Persistent bytes by theory (Adam: two moments per optimizer element).
     int64_t theory[4];
-    theory[0] = N + N + 2 * N;             // params, grads (= the bucket buffers), moments
-    theory[1] = N + N + sh + sh + 2 * sh;  // + shard values and grads, shard moments
-    theory[2] = N + sh + sh + 2 * sh;      // full params, shard values/grads/moments
-    theory[3] = sh + sh + 2 * sh;          // shards only
+    theory[0] = N + N + 2 * N;         // params, grads (= the bucket buffers), moments
+    theory[1] = N + N + sh + 2 * sh;   // + shard values (their grads: views), shard moments
+    theory[2] = N + sh + sh + 2 * sh;  // full params, shard values/grads/moments
+    theory[3] = sh + sh + 2 * sh;      // shards only
     for (int s = 0; s < 4; ++s) {
       const Figures& f = fs[s];
       int64_t fwd_excess = 0, bwd_excess = 0;

@@ -203,11 +203,26 @@ void DataParallelPlugin::setup_layers(const std::vector<nn::Layer*>& layers) {
       s.weight_decay = p->weight_decay;
       s.value = Tensor::empty({c}, DType::F32, m.device);
       copy_span(s.value, 0, p->value, c0, c);
-      s.grad = Tensor::zeros({c}, DType::F32, m.device);
+      // Stage 1: set below, once the gradients have their final storage.
+      if (m.cfg.zero_stage >= 2) s.grad = Tensor::zeros({c}, DType::F32, m.device);
       m.shards.push_back(std::move(s));
     }
   }
   m.build_buckets();
+  if (schedule::shard_grads_are_views(m.cfg.zero_stage, m.offload())) {
+    // Stage 1 keeps the full gradients (in the buckets or beside them), all-reduced in place:
+    // each shard's gradient is a view of this rank's chunk of its parameter's, not a copy (no
+    // copy after the last reduction, 4 bytes an element of the shard less; the plan and the
+    // simulator follow schedule::shard_grads_are_views).
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      const Tensor& g = m.params[i]->grad;
+      const int64_t n = m.params[i]->value.numel();
+      CAI_CHECK(g.defined() && g.numel() == n && g.dtype() == DType::F32,
+                "[data_parallel] ZeRO-1: parameter {} has no fp32 gradient of its {} elements",
+                m.params[i]->name, n);
+      m.shards[i].grad = span(g, chunk_begin(n, m.rank, m.size), chunk_size(n, m.rank, m.size));
+    }
+  }
   m.build_param_queue();
   if (m.offload()) {
     int64_t most = 1;  // the largest reduced chunk: the staging buffers' size
@@ -330,8 +345,9 @@ void DataParallelPlugin::sync_layer_gradients() {
   }
   for (size_t i = 0; i < m.buckets.size(); ++i) m.finish(i);
   m.first_step = false;
-  // Stage 1: this rank's chunk of the summed gradients feeds its shard.
-  if (m.cfg.zero_stage == 1) {
+  // Stage 1 with offload: this rank's chunk of the summed gradients feeds its device shard
+  // (without offload the shard gradients are views of that chunk).
+  if (m.cfg.zero_stage == 1 && !schedule::shard_grads_are_views(1, m.offload())) {
     Copies cp;  // one launch
     for (size_t i = 0; i < m.params.size(); ++i) {
       const int64_t n = m.params[i]->grad.numel();

@@ -336,9 +336,11 @@ void replay(const StepPlan& plan, RankPlan& r) {
   rp.streams = offload && l.zero_stage >= 2;
   m.parameters = l.zero_stage == 3 ? 0 : 4 * N;
   m.gradients = l.zero_stage >= 2 ? 0 : 4 * N;
-  m.shards = offload             ? off.device_value_bytes + off.device_grad_bytes
-             : l.zero_stage >= 1 ? 8 * S
-                                 : 0;
+  // Each shard's fp32 value, and its gradient unless that is a view of the full gradient's chunk.
+  m.shards = offload ? off.device_value_bytes + off.device_grad_bytes
+             : l.zero_stage >= 1
+                 ? (schedule::shard_grads_are_views(l.zero_stage, false) ? 4 : 8) * S
+                 : 0;
   m.optimizer_state = offload ? 0 : 4 * slots * (l.zero_stage >= 1 ? S : N);
   // The stage 0/1 buckets: fp32, the gradients themselves (only the alignment padding is extra);
   // bf16, a half-size copy the gradients are cast into.

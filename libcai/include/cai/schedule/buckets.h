@@ -30,6 +30,13 @@ inline int64_t bucket_view_numel(int64_t n) {
 inline bool gradients_in_buckets(int zero_stage, bool fp32_buckets) {
   return zero_stage <= 1 && fp32_buckets;
 }
+// ZeRO-1 without offload keeps the full gradients, all-reduced in place: each shard's gradient
+// is a view of this rank's chunk of its parameter's (no memory of its own, no copy after the last
+// reduction). With offload the chunk is copied into the device shard the host reads; stages 2/3
+// reduce-scatter into shard gradients of their own.
+inline bool shard_grads_are_views(int zero_stage, bool offload) {
+  return zero_stage == 1 && !offload;
+}
 
 // The copy-engine all-reduce (dist::Communicator::enable_copy_engine_all_reduce) over d ranks:
 // a tensor of numel elements is cut into d chunks of this many elements (the last ones shorter
