@@ -2,6 +2,8 @@
 // elements; a thread finds its span by binary search of the prefix ends once per round, then
 // steps forward (its indices only grow), as zero_multi does.
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/copy.h"
 #include "kernels/cuda/check.h"
@@ -58,6 +60,46 @@ __global__ void copy_spans_kernel(const CopyList l) {
   }
 }
 
+// Four elements a load and a store: every span of the launch starts on a 4-element boundary of
+// both types (16 bytes for fp32) and holds a multiple of 4 elements; `l`'s ends count groups of
+// four. ZeRO's packs and unpacks are such spans (even parameter sizes cut in halves or quarters):
+// the scalar kernel moved ViT-H/14's gathered parameters at about a quarter of the bandwidth.
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
+
+template <typename TS, typename TD, bool Acc>
+__global__ void copy_spans4_kernel(const CopyList l) {
+  const int64_t total = l.end[l.count - 1];
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kCopyUnroll;
+  for (int64_t base = blockIdx.x * chunk; base < total; base += gridDim.x * chunk) {
+    int64_t k = base + threadIdx.x;
+    if (k >= total) break;
+    int t = span_of(l, k);
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u, k += blockDim.x) {
+      if (k >= total) break;
+      while (k >= l.end[t]) ++t;
+      const int64_t i = k - (t ? l.end[t - 1] : 0);
+      const Four<TS> v = static_cast<const Four<TS>*>(l.src[t])[i];
+      Four<TD>* d = static_cast<Four<TD>*>(l.dst[t]) + i;
+      Four<TD> o;
+      if constexpr (Acc) {
+        o = *d;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o.v[j] = from_f32<TD>(to_f32(o.v[j]) + to_f32(v.v[j]));
+      } else if constexpr (std::is_same_v<TS, TD>) {
+        o = v;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o.v[j] = from_f32<TD>(to_f32(v.v[j]));
+      }
+      *d = o;
+    }
+  }
+}
+
 }  // namespace
 
 void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stream,
@@ -78,13 +120,28 @@ void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stre
       ++l.count;
     }
     if (l.count == 0) continue;
+    // Every span on 4-element boundaries of both types: four elements at a time.
+    bool four = true;
+    for (int k = 0; k < l.count && four; ++k) {
+      const int64_t n = l.end[k] - (k ? l.end[k - 1] : 0);
+      four = n % 4 == 0 && reinterpret_cast<uintptr_t>(l.src[k]) % (4 * dt_size(src_t)) == 0 &&
+             reinterpret_cast<uintptr_t>(l.dst[k]) % (4 * dt_size(dst_t)) == 0;
+    }
+    if (four) {
+      for (int k = 0; k < l.count; ++k) l.end[k] /= 4;
+      total /= 4;
+    }
     const int64_t rounds = (total + kBlock * kCopyUnroll - 1) / (kBlock * kCopyUnroll);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rounds, 8 * multiprocessors()));
     dispatch_dt(src_t, "copy_spans", [&](auto ts) {
       using TS = decltype(ts);
       dispatch_dt(dst_t, "copy_spans", [&](auto td) {
         using TD = decltype(td);
-        if (accumulate)
+        if (four && accumulate)
+          copy_spans4_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        else if (four)
+          copy_spans4_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+        else if (accumulate)
           copy_spans_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
         else
           copy_spans_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);

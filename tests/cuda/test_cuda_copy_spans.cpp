@@ -27,14 +27,16 @@ class CudaCopySpans : public ::testing::Test {
 
 // 150 parameters of 1..3000 elements cut into `ranks` chunks, packed rank-major into one buffer
 // of dtype `bucket`, then unpacked into fp32: on the host and on the GPU from the same values.
-void check(DType bucket, int ranks) {
+// size_multiple: every parameter's size a multiple of it (4 * ranks: every span on 4-element
+// boundaries, the kernel's four-at-a-time path).
+void check(DType bucket, int ranks, int64_t size_multiple = 1) {
   std::mt19937 gen(17);
   std::uniform_int_distribution<int64_t> size(1, 3000);
   std::normal_distribution<float> val(0.0f, 3.0f);
   std::vector<Tensor> host;
   int64_t total = 0;
   for (int i = 0; i < 150; ++i) {
-    std::vector<float> v(size(gen));
+    std::vector<float> v(size(gen) * size_multiple);
     for (float& x : v) x = val(gen);
     total += static_cast<int64_t>(v.size());
     host.push_back(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}));
@@ -73,14 +75,15 @@ void check(DType bucket, int ranks) {
   }
 }
 
-// ZeRO-2/3's shard update: each rank's reduced chunks added into the shard gradients, one launch.
-TEST_F(CudaCopySpans, AddSpansMatchTheHost) {
+// ZeRO-2/3's shard update: each rank's reduced chunks added into the shard gradients, one launch
+// (odd sizes: the scalar kernel; multiples of 4: the four-at-a-time one).
+void check_add(int64_t size_multiple) {
   std::mt19937 gen(5);
   std::normal_distribution<float> val(0.0f, 1.0f);
   std::vector<Tensor> host;
   int64_t total = 0;
   for (int i = 0; i < 100; ++i) {
-    std::vector<float> v(1 + i * 37 % 500);
+    std::vector<float> v((1 + i * 37 % 500) * size_multiple);
     for (float& x : v) x = val(gen);
     total += static_cast<int64_t>(v.size());
     host.push_back(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}));
@@ -103,6 +106,10 @@ TEST_F(CudaCopySpans, AddSpansMatchTheHost) {
   for (size_t i = 0; i < host.size(); ++i)
     EXPECT_EQ(dev[i].to(Device::cpu()).to_vector(), host[i].to_vector()) << "shard " << i;
 }
+TEST_F(CudaCopySpans, AddSpansMatchTheHost) {
+  check_add(1);
+  check_add(4);
+}
 
 TEST_F(CudaCopySpans, Fp32PackUnpackMatchesTheHost) {
   check(DType::F32, 4);
@@ -112,6 +119,12 @@ TEST_F(CudaCopySpans, Bf16BucketsRoundAsTheHost) {
 }
 TEST_F(CudaCopySpans, Fp16BucketsRoundAsTheHost) {
   check(DType::F16, 3);
+}
+// Spans on 4-element boundaries (the four-at-a-time kernel) in every type pair, and with add.
+TEST_F(CudaCopySpans, AlignedSpansMatchTheHost) {
+  check(DType::F32, 2, 8);
+  check(DType::BF16, 2, 8);
+  check(DType::F16, 4, 16);
 }
 
 }  // namespace
