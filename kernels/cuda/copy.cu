@@ -35,7 +35,17 @@ __device__ __forceinline__ int span_of(const CopyList& l, int64_t k) {
   return lo;
 }
 
-template <typename TS, typename TD, bool Acc>
+// W elements a load and a store (W = 4: every span of the launch starts on a 4-element boundary
+// of both types, 16 bytes for fp32, and holds a multiple of 4 elements; `l`'s ends count groups
+// of four). ZeRO's packs and unpacks are such spans (even parameter sizes cut in halves or
+// quarters): one element at a time moved ViT-H/14's gathered parameters at about a quarter of
+// the bandwidth.
+template <typename T, int W>
+struct alignas(W * sizeof(T)) Group {
+  T v[W];
+};
+
+template <typename TS, typename TD, bool Acc, int W>
 __global__ void copy_spans_kernel(const CopyList l) {
   const int64_t total = l.end[l.count - 1];
   const int64_t chunk = static_cast<int64_t>(blockDim.x) * kCopyUnroll;
@@ -48,52 +58,18 @@ __global__ void copy_spans_kernel(const CopyList l) {
       if (k >= total) break;
       while (k >= l.end[t]) ++t;
       const int64_t i = k - (t ? l.end[t - 1] : 0);
-      const TS v = static_cast<const TS*>(l.src[t])[i];
-      TD* d = static_cast<TD*>(l.dst[t]) + i;
-      if constexpr (Acc)
-        *d = from_f32<TD>(to_f32(*d) + to_f32(v));
-      else if constexpr (std::is_same_v<TS, TD>)
-        *d = v;
-      else
-        *d = from_f32<TD>(to_f32(v));
-    }
-  }
-}
-
-// Four elements a load and a store: every span of the launch starts on a 4-element boundary of
-// both types (16 bytes for fp32) and holds a multiple of 4 elements; `l`'s ends count groups of
-// four. ZeRO's packs and unpacks are such spans (even parameter sizes cut in halves or quarters):
-// the scalar kernel moved ViT-H/14's gathered parameters at about a quarter of the bandwidth.
-template <typename T>
-struct alignas(4 * sizeof(T)) Four {
-  T v[4];
-};
-
-template <typename TS, typename TD, bool Acc>
-__global__ void copy_spans4_kernel(const CopyList l) {
-  const int64_t total = l.end[l.count - 1];
-  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kCopyUnroll;
-  for (int64_t base = blockIdx.x * chunk; base < total; base += gridDim.x * chunk) {
-    int64_t k = base + threadIdx.x;
-    if (k >= total) break;
-    int t = span_of(l, k);
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u, k += blockDim.x) {
-      if (k >= total) break;
-      while (k >= l.end[t]) ++t;
-      const int64_t i = k - (t ? l.end[t - 1] : 0);
-      const Four<TS> v = static_cast<const Four<TS>*>(l.src[t])[i];
-      Four<TD>* d = static_cast<Four<TD>*>(l.dst[t]) + i;
-      Four<TD> o;
+      const Group<TS, W> v = static_cast<const Group<TS, W>*>(l.src[t])[i];
+      Group<TD, W>* d = static_cast<Group<TD, W>*>(l.dst[t]) + i;
+      Group<TD, W> o;
       if constexpr (Acc) {
         o = *d;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o.v[j] = from_f32<TD>(to_f32(o.v[j]) + to_f32(v.v[j]));
+        for (int j = 0; j < W; ++j) o.v[j] = from_f32<TD>(to_f32(o.v[j]) + to_f32(v.v[j]));
       } else if constexpr (std::is_same_v<TS, TD>) {
         o = v;
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o.v[j] = from_f32<TD>(to_f32(v.v[j]));
+        for (int j = 0; j < W; ++j) o.v[j] = from_f32<TD>(to_f32(v.v[j]));
       }
       *d = o;
     }
@@ -137,14 +113,15 @@ void copy_spans(DT src_t, DT dst_t, int count, const SpanDesc* spans, void* stre
       using TS = decltype(ts);
       dispatch_dt(dst_t, "copy_spans", [&](auto td) {
         using TD = decltype(td);
+        const cudaStream_t s = as_stream(stream);
         if (four && accumulate)
-          copy_spans4_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+          copy_spans_kernel<TS, TD, true, 4><<<grid, kBlock, 0, s>>>(l);
         else if (four)
-          copy_spans4_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+          copy_spans_kernel<TS, TD, false, 4><<<grid, kBlock, 0, s>>>(l);
         else if (accumulate)
-          copy_spans_kernel<TS, TD, true><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+          copy_spans_kernel<TS, TD, true, 1><<<grid, kBlock, 0, s>>>(l);
         else
-          copy_spans_kernel<TS, TD, false><<<grid, kBlock, 0, as_stream(stream)>>>(l);
+          copy_spans_kernel<TS, TD, false, 1><<<grid, kBlock, 0, s>>>(l);
         CAI_CUDA_CHECK_LAUNCH();
       });
     });
