@@ -2,7 +2,8 @@
 # vit_train's progress output when it goes to a file: under `colossalai run --nproc_per_node 2`
 # (Open MPI gives every rank a pty for stdout, whatever the launcher's stdout is) the log must
 # hold plain "epoch E/N step ..." lines and no progress-bar escape codes or carriage returns; and
-# CAI_STDOUT_TTY=1 (what the launcher sets when its stdout is a terminal) brings the bar back.
+# CAI_STDOUT_TTY=1 (what the launcher sets when its stdout is a terminal) brings the bar back; and
+# ranks that disagree on being a terminal take rank 0's choice (the steps that read values).
 # Trains a tiny ViT on synthetic data (no files needed).
 #   bash tests/apps/test_progress_log.sh build/apps/colossalai build/apps/vit_train CONFIG_DIR
 set -uo pipefail
@@ -39,6 +40,26 @@ grep -q $'\033\[2K' "$tmp/tty.log" || fail "CAI_STDOUT_TTY=1 did not draw the ba
 # And one process into a file (isatty false) prints plain lines.
 "$bin" "${args[@]}" >"$tmp/plain.log" 2>&1 || fail "vit_train into a file failed"
 if grep -q $'\033' "$tmp/plain.log"; then fail "escape codes from a single process into a file"; fi
+
+# Ranks that disagree on being a terminal (rank 0's stdout one, rank 1's not): every rank must
+# still read the step values at the same steps (rank 0's choice), or the values' reduction over
+# the ranks matches unlike collectives (an MPI error before the ranks agreed). 100 steps, so the
+# bar's interval (steps / 50) and the lines' (steps / 10) differ.
+cat >"$tmp/tty_rank0.sh" <<'SH'
+#!/usr/bin/env bash
+if [[ ${OMPI_COMM_WORLD_RANK:-0} == 0 ]]; then export CAI_STDOUT_TTY=1; else export CAI_STDOUT_TTY=0; fi
+exec "$@"
+SH
+chmod +x "$tmp/tty_rank0.sh"
+mixed=(--config "$configs/fmnist_tiny.toml" --set data.dataset=synthetic
+  --set data.synthetic_size=6400 --set train.num_epochs=1 --set train.batch_size=32
+  --set train.num_workers=1 --set model.depth=1)
+timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 "$tmp/tty_rank0.sh" "$bin" \
+  "${mixed[@]}" >"$tmp/mixed.log" 2>&1
+rc=$?
+[[ $rc == 0 ]] || fail "ranks disagreeing on a terminal: exit $rc"
+grep -q $'\033\[2K' "$tmp/mixed.log" || fail "ranks disagreeing on a terminal: rank 0 drew no bar"
+grep -q "epoch 1/1 done: train loss" "$tmp/mixed.log" || fail "ranks disagreeing on a terminal: no epoch line"
 
 if ((failures)); then
   echo "--- launcher log"; cat "$tmp/run.log"

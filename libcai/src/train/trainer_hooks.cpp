@@ -85,6 +85,13 @@ int64_t ProgressHook::every(const StepInfo& s) const {
   return std::max<int64_t>(1, s.steps_per_epoch / (terminal_ ? 50 : 10));
 }
 
+void ProgressHook::before_train(Trainer& t) {
+  // Ranks whose terminal-ness differed asked for values at different steps, and the values'
+  // reduction over the ranks then matched unlike collectives (an MPI error on the CPU).
+  Plugin& p = t.plugin();
+  terminal_ = p.all_reduce_sum(p.rank() == 0 && terminal_ ? 1.0 : 0.0) > 0.5;
+}
+
 bool ProgressHook::needs_values(const Trainer&, const StepInfo& s) const {
   return s.step_in_epoch % every(s) == 0 || s.step_in_epoch == s.steps_per_epoch;
 }

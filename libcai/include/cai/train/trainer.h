@@ -326,6 +326,9 @@ class LRSchedulerHook : public Hook {
 class ProgressHook : public Hook {
  public:
   explicit ProgressHook(bool terminal, int64_t interval = 0);
+  // Every rank takes rank 0's `terminal` (the one that prints): the steps that read values must
+  // be the same on every rank, and a rank's stdout may be a terminal where rank 0's is not.
+  void before_train(Trainer&) override;
   bool needs_values(const Trainer&, const StepInfo&) const override;
   void after_step(Trainer&, const StepInfo&) override;
   void after_epoch(Trainer&, const EpochInfo&) override;
