@@ -348,7 +348,7 @@ void DataParallelPlugin::sync_layer_gradients() {
   // Stage 1 with offload: this rank's chunk of the summed gradients feeds its device shard
   // (without offload the shard gradients are views of that chunk).
   if (m.cfg.zero_stage == 1 && !schedule::shard_grads_are_views(1, m.offload())) {
-    Copies cp;  // one launch
+    Copies cp(&m.copy_stats);  // one launch
     for (size_t i = 0; i < m.params.size(); ++i) {
       const int64_t n = m.params[i]->grad.numel();
       cp.add(m.shards[i].grad, 0, m.params[i]->grad, chunk_begin(n, m.rank, m.size),
@@ -619,6 +619,10 @@ void DataParallelPlugin::materialize_parameters() {
 
 bool DataParallelPlugin::parameters_stale() const {
   return impl_->param_queue.any_stale();
+}
+
+DataParallelPlugin::CopyStats DataParallelPlugin::take_copy_stats() {
+  return std::exchange(impl_->copy_stats, {});
 }
 
 std::vector<schedule::ParamGatherQueue::Action> DataParallelPlugin::take_param_gather_log() {

@@ -56,19 +56,36 @@ inline void copy_span(const Tensor& dst, int64_t doff, const Tensor& src, int64_
     span(dst, doff, n).copy_from(span(src, soff, n).to(dst.dtype()));
 }
 
-// Copies gathered for one copy_spans call (one kernel launch per bucket or gather on a GPU).
+// Copies gathered for one copy_spans call (one kernel launch per bucket or gather on a GPU),
+// counted into `stats` when given (DataParallelPlugin::take_copy_stats: the simulator's copy ops
+// are tested against them).
 struct Copies {
+  explicit Copies(DataParallelPlugin::CopyStats* stats = nullptr) : stats(stats) {}
+  DataParallelPlugin::CopyStats* stats;
   std::vector<SpanCopy> spans;
   void add(const Tensor& dst, int64_t doff, const Tensor& src, int64_t soff, int64_t n) {
     if (n > 0) spans.push_back(SpanCopy{dst, doff, src, soff, n});
   }
   void run() {
+    count(false);
     copy_spans(spans);
     spans.clear();
   }
   void run_add() {  // dst += src instead
+    count(true);
     add_spans(spans);
     spans.clear();
+  }
+
+ private:
+  // Bytes moved: each element read from the source and written to the destination (an add reads
+  // the destination too).
+  void count(bool add) {
+    if (!stats || spans.empty()) return;
+    ++stats->launches;
+    for (const SpanCopy& c : spans)
+      stats->bytes += c.n * static_cast<int64_t>(dtype_size(c.src.dtype()) +
+                                                 (add ? 2 : 1) * dtype_size(c.dst.dtype()));
   }
 };
 
@@ -404,7 +421,7 @@ struct DataParallelPlugin::Impl {
   void pack(Bucket& b) {
     int64_t out = 0;
     if (grad_views()) return;  // in place already
-    Copies cp;
+    Copies cp(&copy_stats);
     if (!sharded_grads()) {
       for (nn::Parameter* p : b.params) {
         cp.add(b.flat, out, p->grad, 0, p->grad.numel());
@@ -459,7 +476,7 @@ struct DataParallelPlugin::Impl {
     settling.add(std::move(b.work));
     if (!sharded_grads()) {
       int64_t in = 0;
-      Copies cp;
+      Copies cp(&copy_stats);
       if (!grad_views())
         for (nn::Parameter* p : b.params) {
           cp.add(p->grad, 0, b.flat, in, p->grad.numel());
@@ -488,7 +505,7 @@ struct DataParallelPlugin::Impl {
         settle_host_step();  // the last step's reads of the host gradients are over
         lane->push(b.recv, std::move(to_host));
       } else {
-        Copies adds;  // one launch for the bucket
+        Copies adds(&copy_stats);  // one launch for the bucket
         for (nn::Parameter* p : b.params) {
           nn::Parameter& s = shards[index[p]];
           const int64_t c = s.grad.numel();
@@ -599,7 +616,7 @@ struct DataParallelPlugin::Impl {
     // fp32 whatever the shards' dtype (offload's rounded device copy is widened by the pack).
     g.mine = Tensor::empty({counts[rank]}, DType::F32, device);
     int64_t o = 0;
-    Copies cp;
+    Copies cp(&copy_stats);
     for (nn::Parameter* p : ps) {
       const Tensor& v = master ? host[index[p]].value : shards[index[p]].value;
       if (master)
@@ -627,7 +644,7 @@ struct DataParallelPlugin::Impl {
       for (nn::Parameter* p : g.params)
         p->value = Tensor::empty(shapes[index[p]], DType::F32, device);
     int64_t in = 0;
-    Copies cp;
+    Copies cp(&copy_stats);
     for (int r = 0; r < size; ++r)
       for (nn::Parameter* p : g.params) {
         const int64_t n = p->value.numel(), c = chunk_size(n, r, size);
@@ -647,6 +664,7 @@ struct DataParallelPlugin::Impl {
   // full-size staging buffer: at most zero_max_inflight_buckets buckets' gather buffers live.
   schedule::ParamGatherQueue param_queue;
   std::map<int, Gather> param_gathers;
+  DataParallelPlugin::CopyStats copy_stats;  // every Copies run since the last take
   // Stage 1/2: every gather action, in order, since the last take (tests of the ordering).
   std::vector<schedule::ParamGatherQueue::Action> gather_log;
   void build_param_queue() {

@@ -192,6 +192,14 @@ class DataParallelPlugin : public train::Plugin {
   // ZeRO-1/2: the parameter-gather actions (issue or complete, bucket) since the last call, in
   // order (tests of the deferred gathers' ordering).
   std::vector<schedule::ParamGatherQueue::Action> take_param_gather_log();
+  // The plugin's copies (copy_spans calls: packs, unpacks, shard updates, bf16 casts) since the
+  // last call: their number and the bytes they read and wrote. The simulator's copy ops of a
+  // step are tested against them (tests/sim/test_dp_copies.cpp).
+  struct CopyStats {
+    int64_t launches = 0;
+    int64_t bytes = 0;
+  };
+  CopyStats take_copy_stats();
   // Bytes of parameter values held by this rank right now (ZeRO-3: its shards).
   int64_t parameter_bytes() const;
   // cpu_offload: this rank's shard (elements), the gradient bytes kept on the parameters' device
