@@ -264,9 +264,13 @@ bool all_host(const ParamGroup& g) {
 }
 }  // namespace
 
-void Optimizer::zero_grad() {
+void Optimizer::drop_deferred() {
   clip_sq_ = Tensor();
   replicas_.clear();
+}
+
+void Optimizer::zero_grad() {
+  drop_deferred();
   std::vector<Tensor*> grads;
   for (auto& g : groups_)
     for (nn::Parameter* p : g.params) grads.push_back(&p->grad);

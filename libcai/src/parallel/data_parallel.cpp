@@ -572,8 +572,11 @@ void DataParallelPlugin::zero_grad(nn::ViT&, optim::Optimizer& opt) {
   if (m.streams()) {
     std::fill(m.host_stale.begin(), m.host_stale.end(), 1);
     std::fill(m.host_sq_valid.begin(), m.host_sq_valid.end(), 0);
-  } else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views()))
+  } else if (schedule::shard_grads_are_views(m.cfg.zero_stage, m.offload())) {
+    opt.drop_deferred();  // the shard gradients are zeroed with the full ones below
+  } else if (!m.offload() && (m.cfg.zero_stage >= 1 || !m.grad_views())) {
     opt.zero_grad();  // else: the buckets below
+  }
   if (m.dev_grad.defined()) m.dev_grad.zero_();
   if (m.cfg.zero_stage >= 2) return;  // full gradients are created per layer
   if (m.all.defined()) {

@@ -48,6 +48,9 @@ class Optimizer {
                                      std::function<uint16_t*(size_t)> mirror,
                                      std::function<void(size_t)> done);
   void zero_grad();
+  // zero_grad() without the zeroing: drops a pending clip and replica sum (for gradients that
+  // another fill zeroes, e.g. ZeRO-1's shard gradients, views of the full ones).
+  void drop_deferred();
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   int64_t steps() const { return step_; }
