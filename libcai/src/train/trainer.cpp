@@ -16,6 +16,7 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "cai/core/kernel_profile.h"
 #include "cai/core/log.h"
 #include "cai/ops/ops.h"
+#include "cai/train/sensors.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/device.h"
 #include "trainer_internal.h"
@@ -434,6 +436,16 @@ void Trainer::fit(int64_t start_epoch) {
   kernels::cuda::GpuSensors sensors0;
   const bool sensors = device.is_cuda() && plugin_->rank() == 0 &&
                        kernels::cuda::read_sensors(device.index, &sensors0);
+  // The reads during training run on a thread of their own (sensors.h: a read takes
+  // milliseconds, which a layout that keeps the host in step with the device would leave the GPU
+  // idle for).
+  std::optional<SensorThread> sensor_thread;
+  if (sensors) {
+    const int index = device.index;
+    sensor_thread.emplace([index](kernels::cuda::GpuSensors* out) {
+      return kernels::cuda::read_sensors(index, out);
+    });
+  }
   // Images a second as model TFLOP/s and their share of the job's peak.
   const double step_flops = 3.0 * model_.config().forward_flops();
   auto rates = [&](double images_per_sec, double* tflops, double* mfu) {
@@ -553,16 +565,21 @@ void Trainer::fit(int64_t start_epoch) {
       seen += static_cast<double>(step_samples);
       info.loss = info.accuracy = NAN;
       info.grad_norm = cfg_.clip_grad_norm > 0 && !info.skipped ? NAN : 0.0;
-      // The GPU's sensors are read before the wait for the device, while it still runs this
-      // step: after the wait the device has only the optimizer step queued, and the host's time
-      // until it launches the next step's first kernels leaves it idle (NVML's three reads were
-      // part of that time). The energy counter then lags the step's end by the host's lead over
-      // the device (less than a step, about the same at every read).
-      kernels::cuda::GpuSensors now;
-      if (wanted && sensors && kernels::cuda::read_sensors(device.index, &now)) {
-        info.energy_j = (now.energy_mj - sensors0.energy_mj) / 1000.0;
-        info.sm_mhz = now.sm_mhz;
-        info.power_w = now.power_mw / 1000.0;
+      // The GPU's sensors are asked for before the wait for the device, while it still runs this
+      // step, and read on the sensor thread; the step's record takes the newest reading done
+      // (this step's or an earlier one's: StepInfo::energy_step says which). The energy counter
+      // lags the step's end by the host's lead over the device (less than a step, about the same
+      // at every read).
+      if (wanted && sensor_thread) {
+        sensor_thread->request(global_step_);
+        const SensorReading r = sensor_thread->latest();
+        if (r.step >= 0) {
+          info.energy_j = (r.sensors.energy_mj - sensors0.energy_mj) / 1000.0;
+          info.energy_step = r.step;
+          info.energy_seconds = r.seconds;
+          info.sm_mhz = r.sensors.sm_mhz;
+          info.power_w = r.sensors.power_mw / 1000.0;
+        }
       }
       if (wanted) {
         phase("GPU sensors");

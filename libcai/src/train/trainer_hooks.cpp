@@ -292,6 +292,8 @@ void MetricsFileHook::after_step(Trainer& t, const StepInfo& s) {
   if (s.grad_norm > 0) j["grad_norm"] = s.grad_norm;
   if (s.energy_j >= 0) {  // rank 0's GPU (NVML)
     j["energy_j"] = s.energy_j;
+    j["energy_step"] = s.energy_step;
+    j["energy_seconds"] = s.energy_seconds;
     j["sm_mhz"] = s.sm_mhz;
     j["power_w"] = s.power_w;
   }

@@ -48,9 +48,13 @@ struct StepInfo {
   // (-1 when no peak is known).
   double tflops = 0, mfu = -1;
   double epoch_seconds = 0;  // elapsed in this epoch (at a read step: once the step has run)
-  // On a GPU with NVML, at a read step (the device has run the step): this rank's GPU's energy
-  // since train() began (joules; -1 when not read), its SM clock and power draw then.
+  // On a GPU with NVML, at a read step: rank 0's GPU's energy since train() began (joules; -1
+  // when not read), its SM clock and power draw, from the newest reading the sensor thread has
+  // done (SensorThread): the one asked for at global step energy_step (this step or an earlier
+  // read step), taken energy_seconds after training began.
   double energy_j = -1, sm_mhz = 0, power_w = 0;
+  int64_t energy_step = -1;
+  double energy_seconds = 0;
   // The trainer thread's time in this step by phase, in order (milliseconds; "hooks" is the
   // previous step's hooks): where the host spends a step, beside the kernel profile.
   std::vector<std::pair<const char*, double>> host_ms;
