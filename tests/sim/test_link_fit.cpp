@@ -300,8 +300,9 @@ TEST(LinkFit, CalibrationLayouts) {
   ASSERT_EQ(conc.size(), 2u);
   EXPECT_EQ(conc[0].bytes, 512);  // sorted by bytes
   EXPECT_EQ(c.collective_layouts.at({"all_reduce", 2, "strided"}).size(), 1u);
-  EXPECT_TRUE(profile("h200x4-vit_large_patch16_224-bf16-nccl.json").collective_layouts.empty());
-  // A shipped profile measured with them (the 4 H200's ViT-B/16 profile of 2026-11-28).
+  // A profile measured before the layouts (2 H100s): none; one measured with them (the 4 H200's
+  // ViT-B/16 profile): some.
+  EXPECT_TRUE(profile("h100x2-vit_large_patch16_224-bf16-nccl.json").collective_layouts.empty());
   EXPECT_FALSE(profile("h200x4-vit_base_patch16_224-bf16-nccl.json").collective_layouts.empty());
   try {
     parse_calibration(R"({"collectives": [{"op": "all_reduce", "group": 2, "bytes": 1024,
