@@ -112,6 +112,10 @@ struct Calibration {
   // interpolated in log-log between the samples around it (beyond the ends: the nearest sample's
   // rate); -1 when there is no sample of `key`. *interpolated tells which (may be null).
   double seconds_of(const std::string& key, double flops, bool* interpolated) const;
+  bool has_samples(const std::string& key) const {
+    const auto it = samples.find(key);
+    return it != samples.end() && !it->second.empty();
+  }
   // Seconds of a device copy moving `bytes` (read + written) at the streaming bandwidth of the
   // profile's elementwise kernel (kCopyReference: GELU forward, one read and one write per
   // element, memory-bound): its samples' time at the same bytes, interpolated as seconds_of

@@ -338,7 +338,16 @@ class ConfigProgram {
         // bandwidth (op_seconds).
         op.op_kind = c.flops == 0 && c.bytes_read + c.bytes_written > 0 ? "copy" : op_kind_of(c.op);
         op.calls = c.calls;  // sequence parallelism's staging: a launch per collective
-        op.cal_key = c.op + (c.phase == plan::Phase::Backward ? "|bwd" : "|fwd");
+        const char* ph = c.phase == plan::Phase::Backward ? "|bwd" : "|fwd";
+        op.cal_key = c.op + ph;
+        if (layout_.nd() && (c.op == "norm1" || c.op == "norm2" || c.op == "norm")) {
+          // The split LayerNorm: its own samples where the profile timed it, else the
+          // whole-row LayerNorm's (plan.h: kNdNormCalibration).
+          op.cal_fallback = op.cal_key;
+          op.cal_key = std::string(plan::kNdNormCalibration) + ph;
+        } else if (c.op == plan::kNdLnPasses) {
+          op.covered_by = std::string(plan::kNdNormCalibration) + ph;
+        }
         if ((input_only || weight_only) && has_weight_gemm(c)) {
           op.name += input_only ? " dx" : " dw";
           op.share = 0.5;

@@ -53,8 +53,14 @@ double op_seconds(const Op& o, const Cluster& c, const Calibration& cal, double 
     if (count) ++count->given;
     return o.seconds;
   }
+  if (!o.covered_by.empty() && cal.has_samples(o.covered_by)) {  // timed inside that op's samples
+    if (count) ++count->measured;
+    return 0.0;
+  }
   bool interpolated = false;
   double measured = o.cal_key.empty() ? -1 : cal.seconds_of(o.cal_key, o.flops, &interpolated);
+  if (measured < 0 && !o.cal_fallback.empty())
+    measured = cal.seconds_of(o.cal_fallback, o.flops, &interpolated);
   if (measured < 0 && o.op_kind == "copy" && o.flops == 0) {
     // A device copy: the profile's measured streaming bandwidth (Calibration::copy_seconds), and
     // at least its launches' "copy|call" each when it stands for several.

@@ -95,6 +95,12 @@ struct Op {
   double flops = 0, mem_bytes = 0;  // roofline when seconds < 0
   std::string op_kind = "default";  // calibration entry
   std::string cal_key;              // calibration samples ("attn.qkv|fwd"); empty: none
+  // Samples taken where the profile has none of cal_key (a 2D LayerNorm timed as the whole-row
+  // one by older profiles: "norm1|fwd" where "nd.norm|fwd" is missing); empty: none.
+  std::string cal_fallback;
+  // The op's work is inside the timing of these samples when the profile has them: it then takes
+  // no time (the split LayerNorm's extra passes, in "nd.norm|fwd"); empty: never.
+  std::string covered_by;
   // Device calls the op stands for (the data-parallel plugin's copies, one per parameter and
   // rank): it takes at least calls × the calibration's "copy|call" seconds (0: no floor).
   int64_t calls = 0;

@@ -70,6 +70,31 @@ using namespace detail;
 
 namespace {
 
+// The split LayerNorm of a 2D block (nn::nd_layernorm_fwd / _bwd without their all-reduces; plan.h
+// kNdNormCalibration): x [rows, f] fp32, f of F features on this rank.
+double nd_layernorm(int64_t rows, int64_t f, int64_t F, bool fwd, DType ct, Device dev) {
+  const Tensor x = randn({rows, f}, DType::F32, dev, 1);
+  const Tensor g = Tensor::full({f}, 1.0f).to(dev);
+  const Tensor bb = Tensor::zeros({f}, DType::F32, dev);
+  Tensor mean, rstd;
+  auto forward = [&] {
+    Tensor m = ops::layernorm_row_sums(x, Tensor());
+    ops::scale_(m, 1.0f / static_cast<float>(F));
+    const Tensor v = ops::layernorm_row_sums(x, m);
+    mean = m;
+    return ops::layernorm_split_fwd(x, g, bb, m, v, F, 1e-6f, ct, &rstd);
+  };
+  const Tensor y = forward();
+  if (fwd) return time_it([&] { forward(); }, dev);
+  Tensor dg = Tensor::zeros({f}, DType::F32, dev), db = dg.clone();
+  return time_it(
+      [&] {
+        const Tensor sums = ops::layernorm_split_bwd_sums(x, g, mean, rstd, y, &dg, &db);
+        ops::layernorm_split_bwd(x, g, mean, rstd, y, sums, F);
+      },
+      dev);
+}
+
 // The kernels of one (micro-batch b, tensor-parallel size T) layout of the model.
 class OpTimer {
  public:
@@ -495,6 +520,37 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
       if (T == 1)
         for (const auto& [layer, s] : layer_s)
           if (ops_s[layer] > 0) layer_scale[{b, layer}] = s / ops_s[layer];
+      if (T == 4) {
+        // The 2D layout of these 4 ranks (q = 2; 2.5D and 3D on 8 cut a block alike): its split
+        // LayerNorm at the rank's block, keyed by the plan's norm op (its FLOPs: the block's
+        // elements), scaled as the whole block's ops at the batch of as many rows.
+        plan::Layout l2 = l;
+        l2.tp_mode = "2d";
+        try {
+          const plan::StepPlan p2 = plan::make_plan(vc, l2);
+          const int64_t F = vc.embed_dim, f = F / 2;
+          for (const plan::LayerPlan& lp : p2.stages.at(0).layer_plans) {
+            if (lp.name != "blocks.0") continue;
+            for (const plan::OpCost& op : lp.ops) {
+              if (op.op != "norm1" ||
+                  (op.phase != plan::Phase::Forward && op.phase != plan::Phase::Backward))
+                continue;
+              const std::string key =
+                  std::string(plan::kNdNormCalibration) + "|" + phase_key(op.phase);
+              if (!seen[key].insert(op.flops).second) continue;
+              const int64_t rows = static_cast<int64_t>(op.flops / 8.0) / f;
+              if (rows <= 0) continue;
+              const double s = nd_layernorm(rows, f, F, op.phase == plan::Phase::Forward, ct, dev);
+              const auto it = layer_scale.find(
+                  {rows / (vc.num_patches() + 1), std::string("blocks.0|") + phase_key(op.phase)});
+              const double scale = it == layer_scale.end() ? 1.0 : it->second;
+              these.push_back({key, "", op.flops,
+                               static_cast<double>(op.bytes_read + op.bytes_written), s * scale});
+            }
+          }
+        } catch (const Error&) {  // no 2D layout of this model (heads or features do not split)
+        }
+      }
       for (const Timed& t : these) {
         const auto it = layer_scale.find({b, t.layer});
         const double scale = it == layer_scale.end() ? 1.0 : it->second;

@@ -105,7 +105,6 @@ void Layout::validate(const nn::ViTConfig& m) const {
 namespace {
 
 using detail::add_sequence_parallel_copies;
-using detail::kNdLnPasses;
 using detail::kSpTokensCopy;
 using detail::kSpTokensCopyOut;
 using detail::Shapes;

@@ -34,7 +34,7 @@ void replay(const StepPlan& plan, RankPlan& r);
 inline constexpr const char* kSpTokensCopy = "sp.tokens_copy";
 inline constexpr const char* kSpTokensCopyOut = "sp.tokens_copy_out";
 inline constexpr const char* kNdCopies = "nd.copies";
-inline constexpr const char* kNdLnPasses = "nd.ln_passes";
+using plan::kNdLnPasses;  // cai/plan/plan.h
 // regather: backward gathers the normalised inputs again (no checkpointing).
 void add_sequence_parallel_copies(LayerPlan& p, const Layout& l, const Shapes& s, bool regather);
 OpCost summa_linear_copies(const std::string& layer, int64_t rows, int64_t I, int64_t O, int q,

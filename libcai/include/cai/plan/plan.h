@@ -37,6 +37,16 @@ namespace cai::plan {
 enum class Body { ViT, Blocks, Linears };
 const char* body_name(Body b);  // "vit", "blocks", "linears"
 
+// The split LayerNorm of the 2d/2.5d/3d layouts (nn::nd_layernorm_fwd / _bwd) in the plan: its
+// norm op ("norm1", "norm2", "norm": counted as the whole-row LayerNorm at the rank's block) and
+// a kNdLnPasses op (the extra passes over its fp32 input). A calibration that times the split
+// LayerNorm itself at a 2D block (forward: the two row-sum passes and the normalisation;
+// backward: the sums pass with the parameter gradients, then the input gradient) records it
+// under kNdNormCalibration + "|fwd" / "|bwd", by the norm op's FLOPs; the simulator then times
+// the norm op by those samples and the passes op as part of them.
+inline constexpr const char* kNdNormCalibration = "nd.norm";
+inline constexpr const char* kNdLnPasses = "nd.ln_passes";
+
 struct Layout {
   Body body = Body::ViT;
   int64_t tokens = 0;  // tokens per sample; 0: the ViT's patches + 1 (Blocks and Linears: >= 1)
