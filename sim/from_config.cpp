@@ -347,6 +347,21 @@ class ConfigProgram {
           op.cal_key = std::string(plan::kNdNormCalibration) + ph;
         } else if (c.op == plan::kNdLnPasses) {
           op.covered_by = std::string(plan::kNdNormCalibration) + ph;
+        } else if (!layout_.nd() && lp.name.rfind("blocks.", 0) == 0) {
+          // The 1D block's residual stream (nn::Block::backward, apps/colossalai/calibrate.cpp):
+          // its LayerNorm backwards add the residual gradient in their pass, so a profile that
+          // timed them so has the "residual" backward inside them; its unfused residual adds
+          // take the linears' outputs in the compute dtype. Older profiles: the plain keys.
+          const bool bwd = c.phase == plan::Phase::Backward;
+          if ((c.op == "norm1" || c.op == "norm2") && bwd) {
+            op.cal_fallback = op.cal_key;
+            op.cal_key = c.op + "|bwd_add";
+          } else if (c.op == "residual" && bwd) {
+            op.covered_by = "norm1|bwd_add";
+          } else if (c.op == "residual") {
+            op.cal_fallback = op.cal_key;
+            op.cal_key = "residual|fwd_ct";
+          }
         }
         if ((input_only || weight_only) && has_weight_gemm(c)) {
           op.name += input_only ? " dx" : " dw";

@@ -133,6 +133,34 @@ class OpTimer {
     return -1;
   }
 
+  // The residual stream as the 1D block runs it (nn::Block::backward): each LayerNorm backward adds
+  // the residual gradient in its pass and writes the compute-dtype copy the next GEMM takes
+  // (ops::layernorm_bwd_add); forward, unfused (tensor parallelism), each residual add takes the
+  // linear's output in the compute dtype into the fp32 stream.
+  double layernorm_bwd_add(const Shape& s) {
+    const Tensor x = randn(s, DType::F32, dev_, 1);
+    const Tensor g = Tensor::full({s.back()}, 1.0f).to(dev_);
+    const Tensor bb = Tensor::zeros({s.back()}, DType::F32, dev_);
+    Tensor mean, rstd;
+    const Tensor y = ops::layernorm_fwd(x, g, bb, 1e-6f, &mean, &rstd, ct_);
+    const Tensor r = randn(s, DType::F32, dev_, 13);
+    Tensor dg = Tensor::zeros({s.back()}, DType::F32, dev_), db = dg.clone(), half;
+    const bool h = ct_ != DType::F32;
+    return time_it(
+        [&] { ops::layernorm_bwd_add(x, g, mean, rstd, y, r, &dg, &db, ct_, h ? &half : nullptr); },
+        dev_);
+  }
+  double residual_fwd_ct() {
+    const Tensor x = randn({b_, n_, d_}, DType::F32, dev_, 7);
+    const Tensor y = randn({b_, n_, d_}, ct_, dev_, 14);
+    return time_it(
+        [&] {
+          const Tensor h = ops::add(x, y);
+          ops::add(h, y);
+        },
+        dev_);
+  }
+
  private:
   double layernorm(const Shape& s, bool fwd) {
     const Tensor x = randn(s, DType::F32, dev_, 1);  // the residual stream is fp32
@@ -511,10 +539,28 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
           if (!fresh && T > 1) continue;
           const double s = timer.time(op.op, op.phase);
           if (s < 0) continue;
-          ops_s[layer] += s;
-          if (fresh)
-            these.push_back(
-                {key, layer, op.flops, static_cast<double>(op.bytes_read + op.bytes_written), s});
+          const double bytes = static_cast<double>(op.bytes_read + op.bytes_written);
+          // The residual stream's ops as the 1D block runs them, under keys of their own
+          // (sim/from_config.cpp takes them where a profile has them, the plain ones where not):
+          // the LayerNorm backwards with the residual gradient's add ("normN|bwd_add"; the
+          // "residual" backward is inside them), the unfused residual adds in the compute dtype
+          // ("residual|fwd_ct"). The layer's sum (its scale) counts the ops as timed that way.
+          double in_layer = s;
+          const bool bwd = op.phase == plan::Phase::Backward;
+          std::string extra;
+          if ((op.op == "norm1" || op.op == "norm2") && bwd) {
+            extra = op.op + "|bwd_add";
+            in_layer = timer.layernorm_bwd_add({b, vc.num_patches() + 1, vc.embed_dim});
+          } else if (op.op == "residual" && bwd) {
+            in_layer = 0;
+          } else if (op.op == "residual") {
+            extra = "residual|fwd_ct";
+            in_layer = timer.residual_fwd_ct();
+          }
+          ops_s[layer] += in_layer;
+          if (fresh) these.push_back({key, layer, op.flops, bytes, s});
+          if (!extra.empty() && seen[extra].insert(op.flops).second)
+            these.push_back({extra, layer, op.flops, bytes, in_layer});
         }
       }
       if (T == 1)

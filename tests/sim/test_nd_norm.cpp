@@ -1,8 +1,12 @@
-// The split LayerNorm of the 2d/2.5d layouts in the simulator (plan.h: kNdNormCalibration): a
-// profile that timed it ("nd.norm|fwd" / "|bwd", colossalai benchmark --calibrate on 4 ranks'
-// layouts) times the norm ops by those samples and the split LayerNorm's extra passes
-// (kNdLnPasses) as part of them; an older profile times the norm ops as the whole-row LayerNorm
-// and the passes as device copies, as before.
+// The LayerNorms and the residual stream in the simulator as the executor runs them, where a
+// profile timed them so, and as before where an older profile did not:
+// - 2d/2.5d (plan.h: kNdNormCalibration): a profile that timed the split LayerNorm ("nd.norm|fwd"
+//   / "|bwd", colossalai benchmark --calibrate on 4 ranks' layouts) times the norm ops by those
+//   samples and its extra passes (kNdLnPasses) as part of them; an older profile times the norm
+//   ops as the whole-row LayerNorm and the passes as device copies;
+// - 1D: a profile that timed the LayerNorm backwards with the residual gradient's add
+//   ("norm1|bwd_add", ops::layernorm_bwd_add) has the block's "residual" backward inside them, and
+//   the unfused residual adds by their compute-dtype samples ("residual|fwd_ct").
 #include <gtest/gtest.h>
 
 #include <string>
@@ -69,12 +73,55 @@ TEST(NdNorm, SplitLayerNormTimedByItsOwnSamples) {
       EXPECT_EQ(after[0][i], before[0][i]) << o.name;
     }
   }
-  // 1D tensor parallelism keeps the whole-row LayerNorm: no fallback, nothing covered.
+  // 1D tensor parallelism: no split LayerNorm.
   const sim::ConfigWorkload one_d = sim::workload_from_config(
       fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=4"}), 4, c, false);
   for (const sim::Op& o : one_d.workload.ranks.at(0).ops) {
-    EXPECT_TRUE(o.cal_fallback.empty()) << o.name;
-    EXPECT_TRUE(o.covered_by.empty()) << o.name;
+    EXPECT_EQ(o.cal_key.find(plan::kNdNormCalibration), std::string::npos) << o.name;
+    EXPECT_EQ(o.name.find(plan::kNdLnPasses), std::string::npos) << o.name;
+  }
+}
+
+TEST(NdNorm, OneDimensionalResidualStreamAsTheBlockRunsIt) {
+  const sim::Cluster c = sim::test::cluster("h200-4");
+  const sim::ConfigWorkload cw = sim::workload_from_config(
+      fmnist({"parallel.tensor.mode=1d", "parallel.tensor.size=4"}), 4, c, false);
+  const auto& ops = cw.workload.ranks.at(0).ops;
+  int norm_bwd = 0, residual_bwd = 0, residual_fwd = 0;
+  for (const sim::Op& o : ops) {
+    if (o.cal_key == "norm1|bwd_add" || o.cal_key == "norm2|bwd_add") {
+      ++norm_bwd;
+      EXPECT_EQ(o.cal_fallback, o.cal_key.substr(0, 5) + "|bwd") << o.name;
+    }
+    if (o.covered_by == "norm1|bwd_add") ++residual_bwd;
+    if (o.cal_key == "residual|fwd_ct") {
+      ++residual_fwd;
+      EXPECT_EQ(o.cal_fallback, "residual|fwd") << o.name;
+    }
+  }
+  EXPECT_EQ(norm_bwd, 2 * 4);  // four blocks
+  EXPECT_EQ(residual_bwd, 4);
+  EXPECT_EQ(residual_fwd, 4);  // fp32 on the CPU config: never fused into a GEMM
+
+  sim::Calibration old_profile;
+  add_samples(&old_profile, {"norm1", "norm2", "residual", "norm"}, 1.0);
+  sim::Calibration fused = old_profile;
+  for (const char* k : {"norm1|bwd_add", "norm2|bwd_add", "residual|fwd_ct"})
+    for (double f : {1.0, 1e9}) fused.samples[k].push_back({f, f, f * 3e-9});
+  const auto before = sim::compute_durations(cw.workload, c, old_profile);
+  const auto after = sim::compute_durations(cw.workload, c, fused);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const sim::Op& o = ops[i];
+    if (!o.cal_fallback.empty() && o.cal_key.find("|bwd_add") != std::string::npos) {
+      EXPECT_NEAR(after[0][i] / before[0][i], 3.0, 1e-6) << o.name;
+    } else if (o.cal_key == "residual|fwd_ct") {
+      EXPECT_NEAR(after[0][i] / before[0][i], 3.0, 1e-6) << o.name;
+    } else if (o.covered_by == "norm1|bwd_add") {
+      EXPECT_GT(before[0][i], 0) << o.name;
+      EXPECT_EQ(after[0][i], 0) << o.name;
+    } else {
+      EXPECT_EQ(after[0][i], before[0][i]) << o.name;
+    }
   }
 }
 
