@@ -4,12 +4,15 @@
 
   python3 scripts/dp_timeline.py X.md.csv [STEPS]
 
-Prints per step (the records' span divided by STEPS, default 5, the profile's default): the span,
+Prints per step (the records' span divided by STEPS; by default the "N profiled steps" of the
+table beside it, X.md, else 5, the profile's default): the span,
 the time some work runs (union of all records), idle time, the summed time of compute kernels and
 of communication kernels (NCCL), the communication no compute hides (exposed), the compute that
 runs beside communication, and the largest idle gaps and exposed communication intervals with the
 records around them: what a data-parallel step spends beyond the one-GPU step."""
 import csv
+import os
+import re
 import sys
 
 
@@ -44,7 +47,14 @@ def intersect(a, b):
 
 def main():
     path = sys.argv[1]
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    steps = 5
+    table = path[: -len(".csv")] if path.endswith(".csv") else ""
+    if table and os.path.exists(table):
+        m = re.search(r"(\d+) profiled steps", open(table).read())
+        if m:
+            steps = int(m.group(1))
+    if len(sys.argv) > 2:
+        steps = int(sys.argv[2])
     recs = []
     with open(path) as f:
         for r in csv.DictReader(f):
