@@ -36,7 +36,7 @@ class SensorThread {
   bool request(int64_t step);
   // The newest reading done (step -1 when none has finished); never waits for the reader.
   SensorReading latest() const;
-  // Waits until no reading is in progress (tests, and the end of training).
+  // Waits until no reading is in progress (tests; the destructor waits for a read under way).
   void drain();
 
  private:
