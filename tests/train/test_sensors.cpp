@@ -10,9 +10,9 @@
 
 namespace {
 
-using cai::kernels::cuda::GpuSensors;
 using cai::train::SensorReading;
 using cai::train::SensorThread;
+using cai::train::SensorValues;
 
 // A reader that blocks until the test lets it go, then answers `energy` (or fails).
 struct GatedReader {
@@ -23,7 +23,7 @@ struct GatedReader {
   double energy = 0;
   bool ok = true;
   int calls = 0;
-  bool read(GpuSensors* out) {
+  bool read(SensorValues* out) {
     std::shared_future<void> g;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -43,7 +43,7 @@ struct GatedReader {
 TEST(SensorThread, RequestReturnsWhileTheReadIsInProgress) {
   GatedReader reader;
   reader.energy = 1234;
-  SensorThread t([&](GpuSensors* s) { return reader.read(s); });
+  SensorThread t([&](SensorValues* s) { return reader.read(s); });
   EXPECT_EQ(t.latest().step, -1);  // nothing read yet
   // request() must come back while the read it started is blocked on the gate.
   auto asked = std::async(std::launch::async, [&] { return t.request(7); });
@@ -70,7 +70,7 @@ TEST(SensorThread, RequestReturnsWhileTheReadIsInProgress) {
 TEST(SensorThread, NewerReadingsReplaceOlderOnesAndFailuresKeepThem) {
   GatedReader reader;
   reader.go.set_value();  // never blocks
-  SensorThread t([&](GpuSensors* s) { return reader.read(s); });
+  SensorThread t([&](SensorValues* s) { return reader.read(s); });
   reader.energy = 10;
   ASSERT_TRUE(t.request(0));  // step 0 is a step like any other
   t.drain();

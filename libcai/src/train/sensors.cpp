@@ -5,7 +5,7 @@
 
 namespace cai::train {
 
-SensorThread::SensorThread(std::function<bool(kernels::cuda::GpuSensors*)> read)
+SensorThread::SensorThread(std::function<bool(SensorValues*)> read)
     : read_(std::move(read)), thread_([this] { run(); }) {}
 
 SensorThread::~SensorThread() {
@@ -47,7 +47,7 @@ void SensorThread::run() {
     pending_ = false;
     const int64_t step = asked_;
     lock.unlock();
-    kernels::cuda::GpuSensors s;
+    SensorValues s;
     const bool ok = read_(&s);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -442,8 +442,11 @@ void Trainer::fit(int64_t start_epoch) {
   std::optional<SensorThread> sensor_thread;
   if (sensors) {
     const int index = device.index;
-    sensor_thread.emplace([index](kernels::cuda::GpuSensors* out) {
-      return kernels::cuda::read_sensors(index, out);
+    sensor_thread.emplace([index](SensorValues* out) {
+      kernels::cuda::GpuSensors s;
+      if (!kernels::cuda::read_sensors(index, &s)) return false;
+      *out = SensorValues{s.energy_mj, s.sm_mhz, s.power_mw};
+      return true;
     });
   }
   // Images a second as model TFLOP/s and their share of the job's peak.

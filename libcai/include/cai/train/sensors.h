@@ -12,21 +12,26 @@
 #include <mutex>
 #include <thread>
 
-#include "kernels/device.h"
-
 namespace cai::train {
+
+// A GPU's energy counter (millijoules since the driver loaded), SM clock (MHz) and power draw
+// (milliwatts), as kernels::cuda::read_sensors gives them.
+struct SensorValues {
+  double energy_mj = 0;
+  unsigned sm_mhz = 0, power_mw = 0;
+};
 
 struct SensorReading {
   int64_t step = -1;   // the global step the reading was asked at (-1: none yet)
   double seconds = 0;  // when it was read, in seconds since the reader began
-  kernels::cuda::GpuSensors sensors;
+  SensorValues sensors;
 };
 
 class SensorThread {
  public:
   // `read` is called on the reader's thread (kernels::cuda::read_sensors of a device in the
   // trainer; a fake in tests); it returns false when the sensors did not answer.
-  explicit SensorThread(std::function<bool(kernels::cuda::GpuSensors*)> read);
+  explicit SensorThread(std::function<bool(SensorValues*)> read);
   ~SensorThread();
   SensorThread(const SensorThread&) = delete;
   SensorThread& operator=(const SensorThread&) = delete;
@@ -41,7 +46,7 @@ class SensorThread {
 
  private:
   void run();
-  std::function<bool(kernels::cuda::GpuSensors*)> read_;
+  std::function<bool(SensorValues*)> read_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false, busy_ = false, pending_ = false;
