@@ -430,6 +430,25 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                   "[calibration] {}: host.{} = {} is not a number > 0", origin, key, x.dump());
         *to = x.get<double>();
       }
+    } else if (k == "gpu_speeds") {
+      const char* form = "{\"sustained_seconds\": s, \"block_seconds\": [t0, t1, ...]}";
+      CAI_CHECK(v.is_object() && v.contains("block_seconds") && v["block_seconds"].is_array() &&
+                    !v["block_seconds"].empty(),
+                "[calibration] {}: gpu_speeds needs block_seconds, one time per GPU ({})", origin,
+                form);
+      for (auto& [key, x] : v.items())
+        CAI_CHECK(key == "block_seconds" || key == "sustained_seconds",
+                  "[calibration] {}: unknown key '{}' in gpu_speeds: expected {}", origin, key,
+                  form);
+      std::vector<double> t;
+      for (const json& x : v["block_seconds"]) {
+        CAI_CHECK(x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() > 0,
+                  "[calibration] {}: gpu_speeds.block_seconds entry {} is not a number > 0", origin,
+                  x.dump());
+        t.push_back(x.get<double>());
+      }
+      c.gpu_time_factors.clear();
+      for (double s : t) c.gpu_time_factors.push_back(s / t[0]);
     } else if (k == "wake") {
       const char* form = "{\"group\", \"poll_seconds\", \"base_seconds\", \"late_seconds\"}";
       auto num = [&](const char* key) {
@@ -480,7 +499,8 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     } else {
       fail(
           "[calibration] {}: unknown key '{}': expected device, default, ops, samples, "
-          "layer_scale, layer_warmup_s, collectives, overlap, posted, contention, wake, host",
+          "layer_scale, layer_warmup_s, collectives, overlap, posted, contention, gpu_speeds, "
+          "wake, host",
           origin, k);
     }
   }

@@ -148,6 +148,20 @@ struct Calibration {
   // 1 - alone / beside of the profile's "posted" entry (a block's forward + backward alone and
   // beside such a receive); -1 without one (the replay then takes overlap_share).
   double posted_share = -1;
+  // The GPUs' speeds relative to the one whose kernels the profile timed (GPU 0), from the
+  // profile's "gpu_speeds" entry (one block's forward + backward on every GPU of the measuring
+  // host at once, after seconds of the same load: at the power cap the clocks of one host's GPUs
+  // settle apart, and a data-parallel step follows the slowest): block_seconds[g] /
+  // block_seconds[0]; empty without one (every GPU as GPU 0). The replay runs a rank's GPU
+  // compute on GPU g of its node at 1 / gpu_time_factor(g) of the profile's speed.
+  std::vector<double> gpu_time_factors;
+  // gpu_time_factors[g mod their count]: a cluster larger than the measuring host repeats the
+  // measured GPUs (the spread of a larger set is not known); 1 without them.
+  double gpu_time_factor(int g) const {
+    return gpu_time_factors.empty()
+               ? 1.0
+               : gpu_time_factors[static_cast<size_t>(g) % gpu_time_factors.size()];
+  }
   // On CPUs, the share of a core's speed that each other rank computing on the same node takes
   // (memory bandwidth and caches): (1 - alone / together) / (group - 1) of the profile's
   // "contention" entry (a block's forward + backward on one rank alone and on `group` ranks at
@@ -178,6 +192,7 @@ Calibration default_calibration();
 // entry may add "layout": "strided" | "strided_concurrent" | "concurrent"),
 // "overlap": {"op": "all_reduce", "group": 2, "bytes": b, "alone_seconds": a,
 // "beside_seconds": s}, "contention": {"group": g, "alone_seconds": a, "together_seconds": t},
+// "gpu_speeds": {"sustained_seconds": s, "block_seconds": [t0, t1, ...]},
 // "wake": {"group": g, "poll_seconds": p, "base_seconds": b, "late_seconds": l},
 // "host": {"h2d_bytes_per_s": b, "d2h_bytes_per_s": b, "adam_elements_per_s": e,
 // "add_bytes_per_s": b} (each optional: a CPU-only build measures no copies)};

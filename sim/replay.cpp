@@ -127,6 +127,15 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
   for (size_t r = 0; r < w.ranks.size(); ++r) {
     out[r].assign(w.ranks[r].ops.size(), 0.0);
     TimingSources* count = r == 0 ? sources : nullptr;
+    // This rank's GPU against the one the profile timed (Calibration::gpu_time_factors), by its
+    // place in its node.
+    const int local_gpu = w.gpu_of(static_cast<int>(r)) % std::max(1, c.gpus_per_node);
+    const double gpu_factor = cal.gpu_time_factor(local_gpu);
+    if (sources && !cal.gpu_time_factors.empty()) {
+      auto& f = sources->gpu_time_factors;
+      if (static_cast<int>(f.size()) <= local_gpu) f.resize(local_gpu + 1, 0.0);
+      f[local_gpu] = gpu_factor;
+    }
     for (size_t i = 0; i < w.ranks[r].ops.size(); ++i) {
       const Op& o = w.ranks[r].ops[i];
       if (o.kind == OpKind::HostCopy || o.kind == OpKind::Host) {
@@ -135,7 +144,7 @@ std::vector<std::vector<double>> compute_durations(const Workload& w, const Clus
       }
       if (o.kind != OpKind::Compute) continue;
       // A split op (Op::share) takes its share of the timed op's duration.
-      out[r][i] = o.share * op_seconds(o, c, cal, peak, per_call, count);
+      out[r][i] = gpu_factor * o.share * op_seconds(o, c, cal, peak, per_call, count);
     }
   }
   return out;

@@ -79,6 +79,9 @@ struct TimingSources {
   // ZeRO-Offload's host copies and host work (rank 0): timed by the profile's "host" entry, or by
   // the cluster's host link and the placeholders below.
   int64_t host_measured = 0, host_placeholder = 0;
+  // The compute time factor of each GPU of a node the ranks ran on (Calibration::gpu_time_factor),
+  // by GPU; empty when the profile measured no GPU speeds.
+  std::vector<double> gpu_time_factors;
 };
 
 // Placeholders for the host side of ZeRO-Offload when the profile has no "host" entry (or lacks

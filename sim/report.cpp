@@ -133,6 +133,13 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         "  compute ops of rank 0: {} measured by the calibration, {} interpolated between its "
         "samples, {} from the roofline, {} given\n",
         t.measured, t.interpolated, t.roofline, t.given);
+  if (!t.gpu_time_factors.empty()) {
+    std::vector<std::string> f;
+    for (double x : t.gpu_time_factors) f.push_back(x > 0 ? fmt::format("{:.3f}", x) : "-");
+    s += fmt::format(
+        "  GPU speeds (the profile's gpu_speeds): compute time × {} on GPU 0, 1, ... of a node\n",
+        fmt::join(f, " / "));
+  }
   if (t.comm_flows > 0)
     s += fmt::format(
         "  collectives and sends: {} as flows over links fitted to the calibration's collectives, "

@@ -644,6 +644,9 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
                     {"bytes", overlap.bytes},
                     {"alone_seconds", overlap.alone_s},
                     {"beside_seconds", overlap.beside_s}};
+  if (!overlap.gpu_block_s.empty())
+    j["gpu_speeds"] = {{"sustained_seconds", overlap.gpu_sustain_s},
+                       {"block_seconds", overlap.gpu_block_s}};
   if (overlap.posted_s > 0 && overlap.posted_alone_s > 0)
     j["posted"] = {{"op", "p2p"},
                    {"bytes", overlap.bytes},

@@ -73,6 +73,13 @@ struct OverlapTiming {
   // The same block on rank 1 alone and beside a posted receive (from rank 0) that waits for its
   // data through the window, as a pipeline stage's next receive does: 0 when not measured.
   double posted_alone_s = 0, posted_s = 0;
+  // Every rank's block time under sustained load, all ranks computing at once as a data-parallel
+  // step runs them (the GPUs of one host differ: at their power cap the clocks settle apart); by
+  // rank, empty when not measured. The profile's "gpu_speeds" entry: the simulator slows the
+  // compute of a rank on GPU g by gpu_block_s[g mod n] / gpu_block_s[0] (the kernels are timed
+  // on rank 0).
+  std::vector<double> gpu_block_s;
+  double gpu_sustain_s = 0;  // how long each rank computed before its timed window
 };
 
 // Every rank of `comm` (a NCCL communicator) calls it; one block of `model` at micro-batch

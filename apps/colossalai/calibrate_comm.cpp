@@ -268,7 +268,38 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
     o.posted_s = posted(true);
     o.posted_alone_s = 0.5 * (p1 + posted(false));
   }
+  // Every GPU's speed under sustained load, all at once: the same number of blocks on every rank
+  // for about 3 s (the clocks settle at the power cap), then about 2 s timed on each.
+  {
+    const int warm = std::clamp(static_cast<int>(std::ceil(3.0 / std::max(one, 1e-6))), 3, 5000);
+    const int timed = std::clamp(static_cast<int>(std::ceil(2.0 / std::max(one, 1e-6))), 3, 5000);
+    kernels::cuda::synchronize();
+    comm.barrier();
+    const auto t0 = Clock::now();
+    for (int k = 0; k < warm; ++k) fb();
+    kernels::cuda::event_record(done, nullptr);
+    kernels::cuda::event_synchronize(done);
+    o.gpu_sustain_s = comm.all_reduce_scalar(seconds_since(t0), dist::ReduceOp::Max);
+    // No barrier between: a barrier would leave every GPU idle while the slowest finishes.
+    const auto t1 = Clock::now();
+    for (int k = 0; k < timed; ++k) fb();
+    kernels::cuda::event_record(done, nullptr);
+    kernels::cuda::event_synchronize(done);
+    const double mine = seconds_since(t1) / timed;
+    for (int q = 0; q < comm.size(); ++q)
+      o.gpu_block_s.push_back(
+          comm.all_reduce_scalar(q == comm.rank() ? mine : 0.0, dist::ReduceOp::Sum));
+  }
   kernels::cuda::event_destroy(done);
+  if (comm.rank() == 0) {
+    std::string by_rank;
+    for (double s : o.gpu_block_s)
+      by_rank += fmt::format("{}{:.3f}", by_rank.empty() ? "" : " / ", 1e3 * s);
+    std::cerr << fmt::format(
+        "[calibrate] GPU speeds: one block's forward + backward on every rank at once, after "
+        "{:.1f} s of the same: {} ms by rank\n",
+        o.gpu_sustain_s, by_rank);
+  }
   if (comm.rank() == 0)
     std::cerr << fmt::format(
         "[calibrate] overlap: one block's forward + backward {:.3f} ms alone, {:.3f} ms beside "

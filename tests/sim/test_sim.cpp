@@ -1362,7 +1362,8 @@ TEST(DataParallel, ZeroCollectivesWhereTheExecutorIssuesThem) {
     std::vector<int> launched;
     for (int b = 0; b < buckets; ++b) launched.push_back(b);
     std::sort(launched.begin(), launched.end(), [&](int a, int b) {
-      return index(w, fmt::format("bucket {} pack", a)) < index(w, fmt::format("bucket {} pack", b));
+      return index(w, fmt::format("bucket {} pack", a)) <
+             index(w, fmt::format("bucket {} pack", b));
     });
     EXPECT_NE(launched, [&] {
       std::vector<int> v(launched);
@@ -1484,6 +1485,68 @@ TEST(Overlap, ComputeBesideMovingDataRunsAtTheRestOfTheGpu) {
                        "beside_seconds": 0.3})");
   EXPECT_EQ(opt.calibration.overlap_share, 0);
   EXPECT_THROW(profile(R"(, "overlap": {"alone_seconds": 0.4})"), cai::Error);
+}
+
+// GPU speeds (the profile's "gpu_speeds": every GPU of the measuring host timing one block at
+// once): a rank on GPU g computes at block_seconds[0] / block_seconds[g] of the profile's speed,
+// and a data-parallel step follows the slower GPU. Each rank computes 10 ms (as GPU 0) and then
+// all-reduces (4 ms, calibrated): GPU 1 takes 10.5 ms, so the all-reduce ends at 14.5 ms on both.
+// A cluster with more GPUs than the profile measured repeats the measured ones.
+TEST(GpuSpeeds, ADataParallelStepFollowsTheSlowerGpu) {
+  const int64_t bytes = 1 << 20;
+  auto profile = [&](const std::string& speeds) {
+    return parse_calibration(
+        fmt::format(R"({{"collectives": [{{"op": "all_reduce", "group": 2, "bytes": {0},
+                         "seconds": 0.004}}, {{"op": "all_reduce", "group": 4, "bytes": {0},
+                         "seconds": 0.004}}]{1}}})",
+                    bytes, speeds),
+        "cal.json");
+  };
+  auto dp = [&](int n) {
+    Workload w;
+    std::vector<int> all(n);
+    for (int r = 0; r < n; ++r) all[r] = r;
+    const int g = w.add_group(all);
+    w.ranks.resize(n);
+    for (auto& rk : w.ranks) {
+      rk.ops.push_back(Op::compute("F", 0.010));
+      rk.ops.push_back(Op::collective(OpKind::AllReduce, "grads", g, bytes, 1));
+      rk.ops.back().deps = {0};
+    }
+    return w;
+  };
+  ReplayOptions opt;
+  opt.calibration =
+      profile(R"(, "gpu_speeds": {"sustained_seconds": 3.0, "block_seconds": [0.002, 0.0021]})");
+  ASSERT_EQ(opt.calibration.gpu_time_factors.size(), 2u);
+  EXPECT_NEAR(opt.calibration.gpu_time_factor(1), 1.05, 1e-12);
+  EXPECT_NEAR(opt.calibration.gpu_time_factor(3), 1.05, 1e-12);
+  {
+    const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+    const ReplayResult r = replay(dp(2), c, opt);
+    EXPECT_NEAR(r.ranks[0].spans[0].end, 0.010, 1e-9);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.0105, 1e-9);
+    EXPECT_NEAR(r.step_s, 0.0145, 1e-9);
+    ASSERT_EQ(r.timing.gpu_time_factors.size(), 2u);
+    EXPECT_NEAR(r.timing.gpu_time_factors[1], 1.05, 1e-12);
+    // Without the entry every GPU is GPU 0.
+    ReplayOptions plain;
+    plain.calibration = profile("");
+    EXPECT_TRUE(plain.calibration.gpu_time_factors.empty());
+    EXPECT_NEAR(replay(dp(2), c, plain).step_s, 0.014, 1e-9);
+  }
+  {
+    const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-4.toml");
+    const ReplayResult r = replay(dp(4), c, opt);
+    EXPECT_NEAR(r.ranks[2].spans[0].end, 0.010, 1e-9);
+    EXPECT_NEAR(r.ranks[3].spans[0].end, 0.0105, 1e-9);
+    EXPECT_NEAR(r.step_s, 0.0145, 1e-9);
+  }
+  for (const char* bad : {R"(, "gpu_speeds": {"block_seconds": []})",
+                          R"(, "gpu_speeds": {"block_seconds": [0.002, -1]})",
+                          R"(, "gpu_speeds": {"block_seconds": [0.002], "clock": 1})",
+                          R"(, "gpu_speeds": {"sustained_seconds": 3.0})"})
+    EXPECT_THROW(profile(bad), cai::Error) << bad;
 }
 
 // A posted receive holds the share from its posting (the start, for the first of its kind) until
