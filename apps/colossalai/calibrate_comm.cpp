@@ -268,24 +268,29 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
     o.posted_s = posted(true);
     o.posted_alone_s = 0.5 * (p1 + posted(false));
   }
-  // Every GPU's speed under sustained load, all at once: the same number of blocks on every rank
-  // for about 3 s (the clocks settle at the power cap), then about 2 s timed on each.
+  // Every GPU's speed under sustained load, all at once: each rank runs the block for at least
+  // 3 s (the clocks settle at the power cap), then for at least 2 s more, timed, by its own clock
+  // (no collective between: a barrier would leave the faster GPUs idle while the slowest
+  // finishes, and their clocks would rise). Blocks in groups of 8 between synchronisations.
   {
-    const int warm = std::clamp(static_cast<int>(std::ceil(3.0 / std::max(one, 1e-6))), 3, 5000);
-    const int timed = std::clamp(static_cast<int>(std::ceil(2.0 / std::max(one, 1e-6))), 3, 5000);
+    auto run_for = [&](double seconds, int64_t* blocks) {
+      const auto t0 = Clock::now();
+      int64_t n = 0;
+      do {
+        for (int k = 0; k < 8; ++k) fb();
+        n += 8;
+        kernels::cuda::event_record(done, nullptr);
+        kernels::cuda::event_synchronize(done);
+      } while (seconds_since(t0) < seconds);
+      if (blocks) *blocks = n;
+      return seconds_since(t0);
+    };
     kernels::cuda::synchronize();
     comm.barrier();
-    const auto t0 = Clock::now();
-    for (int k = 0; k < warm; ++k) fb();
-    kernels::cuda::event_record(done, nullptr);
-    kernels::cuda::event_synchronize(done);
-    o.gpu_sustain_s = comm.all_reduce_scalar(seconds_since(t0), dist::ReduceOp::Max);
-    // No barrier between: a barrier would leave every GPU idle while the slowest finishes.
-    const auto t1 = Clock::now();
-    for (int k = 0; k < timed; ++k) fb();
-    kernels::cuda::event_record(done, nullptr);
-    kernels::cuda::event_synchronize(done);
-    const double mine = seconds_since(t1) / timed;
+    const double warm = run_for(3.0, nullptr);
+    int64_t timed = 0;
+    const double mine = run_for(2.0, &timed) / static_cast<double>(timed);
+    o.gpu_sustain_s = comm.all_reduce_scalar(warm, dist::ReduceOp::Max);
     for (int q = 0; q < comm.size(); ++q)
       o.gpu_block_s.push_back(
           comm.all_reduce_scalar(q == comm.rank() ? mine : 0.0, dist::ReduceOp::Sum));
