@@ -77,6 +77,14 @@ void synchronize();
 // Applies to shapes not seen yet in this process. Without CUDA: the setting only.
 void set_gemm_timing(bool on);
 bool gemm_timing();
+// SMs the GEMMs leave to other kernels that run beside them: cuBLASLt's algorithms are chosen
+// for the device's SM count less `sms` (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET). A persistent GEMM
+// launches one CTA per SM; where NCCL's kernels hold some SMs the whole time (a pipeline's posted
+// receives), the CTAs that find no SM run after the others, and the GEMM takes up to twice as
+// long (docs/bench/h200x2-pipeline-microbatch). 0 (the default): the whole device. Applies to
+// shapes not seen yet with this margin in this process. Without CUDA: the setting only.
+void set_gemm_sm_margin(int sms);
+int gemm_sm_margin();
 
 // For host code that overlaps copies with compute (the trainer's batch prefetch) without
 // including the CUDA headers: page-locked host memory, and opaque handles of a non-blocking

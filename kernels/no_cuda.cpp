@@ -258,6 +258,16 @@ void set_gemm_timing(bool on) {
 bool gemm_timing() {
   return gemm_timing_on.load();
 }
+namespace {
+std::atomic<int> gemm_sm_margin_sms{0};  // the setting only
+}  // namespace
+void set_gemm_sm_margin(int sms) {
+  CAI_CHECK(sms >= 0, "[gemm] SM margin {}: expected 0 or more SMs", sms);
+  gemm_sm_margin_sms.store(sms);
+}
+int gemm_sm_margin() {
+  return gemm_sm_margin_sms.load();
+}
 void gelu_fwd(const float*, float*, int64_t, void*) {
   CAI_STUB("gelu_fwd");
 }

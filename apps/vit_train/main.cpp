@@ -279,6 +279,8 @@ int main(int argc, char** argv) {
       device = Device::cuda(dist::select_cuda_device(li.local_rank, li.local_world_size));
       if (world) gpu_world = dist::make_nccl(*world, device.index);
       gpu_ready = since(started);
+      // The GEMMs' algorithms for the SMs NCCL's kernels leave them (parallel.gemm_sm_margin).
+      kernels::cuda::set_gemm_sm_margin(static_cast<int>(cfg.gemm_sm_margin));
     } else {
       keep_freed_host_memory();  // the step's buffers stay in the heap (cai/core/host_memory.h)
     }

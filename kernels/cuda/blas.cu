@@ -69,7 +69,7 @@ struct LtPlan {
   std::vector<cudaEvent_t> spare;
   size_t turn = 0;
 };
-using LtKey = std::array<int64_t, 20>;
+using LtKey = std::array<int64_t, 21>;
 
 struct Lt {
   std::mutex mu;
@@ -90,6 +90,11 @@ uint32_t alignment(const void* p) {
   uint32_t al = 256;
   while (al > 1 && a % al != 0) al >>= 1;
   return al;
+}
+
+std::atomic<int>& sm_margin() {
+  static std::atomic<int> sms{0};
+  return sms;
 }
 
 std::atomic<bool>& timing_flag() {
@@ -118,7 +123,7 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
 }
 
 void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, const void* aux,
-                const uint32_t align[4], LtPlan& p) {
+                const uint32_t align[4], int margin, int device, LtPlan& p) {
   cublasLtMatmulPreference_t pref = nullptr;
   try {
     CAI_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, g.compute, CUDA_R_32F));
@@ -130,6 +135,12 @@ void build_plan(cublasLtHandle_t handle, const LtGemm& g, const void* bias, cons
     else if (g.epilogue == LtEpilogue::kDGelu)
       epi = CUBLASLT_EPILOGUE_DGELU;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    if (margin > 0) {  // set_gemm_sm_margin: the algorithms for the SMs left to the GEMM
+      int sms = 0;
+      CAI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+               static_cast<int32_t>(std::max(1, sms - margin)));
+    }
     if (bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(g.cd));
     if (g.epilogue != LtEpilogue::kDefault) {
       // The heuristic reads the aux pointer's value for its alignment; the aux has D's type.
@@ -319,6 +330,13 @@ void read_trials(const LtGemm& g, LtPlan& p) {
 void set_gemm_timing(bool on) {
   timing_flag().store(on);
 }
+void set_gemm_sm_margin(int sms) {
+  CAI_CHECK(sms >= 0, "[gemm] SM margin {}: expected 0 or more SMs", sms);
+  sm_margin().store(sms);
+}
+int gemm_sm_margin() {
+  return sm_margin().load();
+}
 bool gemm_timing() {
   return timing_flag().load();
 }
@@ -397,11 +415,12 @@ bool lt_matmul(const LtGemm& g, const void* a, const void* b, void* d, const voi
                   align[3],
                   static_cast<int64_t>(g.epilogue),
                   g.ldaux,
-                  gelu ? alignment(aux) : 0};
+                  gelu ? alignment(aux) : 0,
+                  sm_margin().load()};
   auto pit = l.plans.find(key);
   if (pit == l.plans.end()) {
     LtPlan p;
-    build_plan(hit->second, g, bias, aux, align, p);
+    build_plan(hit->second, g, bias, aux, align, static_cast<int>(key[20]), device, p);
     pit = l.plans.emplace(key, p).first;
   }
   LtPlan& p = pit->second;

@@ -215,6 +215,40 @@ TEST_F(CudaGemm, InStepTimingEveryCallComputes) {
   kc::set_gemm_timing(timing);
 }
 
+// The SMs the GEMMs leave to other kernels (kc::set_gemm_sm_margin): a setting with or without
+// CUDA, 0 or more; negative is refused and leaves it as it was.
+TEST(GemmSmMargin, SettingAndRange) {
+  const int was = kc::gemm_sm_margin();
+  kc::set_gemm_sm_margin(16);
+  EXPECT_EQ(kc::gemm_sm_margin(), 16);
+  EXPECT_THROW(kc::set_gemm_sm_margin(-1), std::exception);
+  EXPECT_EQ(kc::gemm_sm_margin(), 16);
+  kc::set_gemm_sm_margin(was);
+}
+
+// With an SM margin the shapes get plans of their own (cuBLASLt's SM count target), which compute
+// the same products: the forward and an accumulated weight gradient under a margin of 32 SMs.
+TEST_F(CudaGemm, SmMarginPlansComputeTheSame) {
+  const int was = kc::gemm_sm_margin();
+  kc::set_gemm_sm_margin(32);
+  const int64_t m = 1500, k = 768, n = 1024;
+  const DT t = DT::BF16;
+  const auto x = random_values(m * k, 21, 1.0f, t), w = random_values(n * k, 22, 1.0f, t);
+  const auto dy = random_values(m * n, 23, 1.0f, t);
+  std::vector<float> y_ref(m * n), dx_ref(m * k), dw_ref(n * k, 0.0f);
+  kernels::cpu::linear_fwd(x.data(), w.data(), nullptr, y_ref.data(), m, k, n);
+  kernels::cpu::linear_bwd(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), nullptr, m,
+                           k, n);
+  Buf gx(t, x), gw(t, w), gdy(t, dy), gy(t, static_cast<size_t>(m * n)),
+      gdx(t, static_cast<size_t>(m * k)), gdw(DT::F32, std::vector<float>(n * k, 0.0f));
+  kc::linear_fwd_t(t, gx.p, gw.p, nullptr, t, gy.p, m, k, n);
+  kc::linear_bwd_t(t, gx.p, gw.p, gdy.p, gdx.p, static_cast<float*>(gdw.p), nullptr, m, k, n);
+  kc::set_gemm_sm_margin(was);
+  expect_close(gy.download(), y_ref, tolerance(t, false), "margin 32 y");
+  expect_close(gdx.download(), dx_ref, tolerance(t, false), "margin 32 dx");
+  expect_close(gdw.download(), dw_ref, 1e-4, "margin 32 dw");
+}
+
 // The fp32 entry points are the typed ones (t = F32, no TF32): ≤ 1e-5 on a tall dy whose column
 // sum takes the chunked path (m > 1024 rows).
 TEST_F(CudaGemm, LinearFp32WrappersTallColumnSum) {

@@ -75,6 +75,8 @@ const char* key_doc(const std::string& key) {
       {"parallel.zero_bucket_size_in_m", "ZeRO bucket size in millions of elements"},
       {"parallel.zero3_prefetch",
        "ZeRO-3: layers whose parameters are gathered ahead of the one running"},
+      {"parallel.gemm_sm_margin",
+       "GPUs: SMs the GEMMs' algorithms leave to NCCL's kernels beside them"},
       {"parallel.zero_max_inflight_buckets",
        "ZeRO-2/3 gradient reductions (and ZeRO-1/2 parameter gathers) in flight at once"},
       {"precision.mode", "fp32, or mixed precision with fp32 master weights"},

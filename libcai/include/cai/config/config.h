@@ -68,7 +68,10 @@ struct TrainConfig {
   double ddp_bucket_hold = 0.0;  // stage 0/1 buckets wait until this share of gradients is final
   bool ddp_exchange = false;     // stage 0 buckets copied whole between GPUs, summed at the end
   double zero_bucket_size_in_m = 12.0;
-  int64_t zero3_prefetch = 1;             // ZeRO-3: layers gathered ahead of the running one
+  int64_t zero3_prefetch = 1;  // ZeRO-3: layers gathered ahead of the running one
+  // GPUs: SMs the GEMMs leave to NCCL's kernels beside them (kernels::cuda::set_gemm_sm_margin;
+  // a pipeline's posted receive holds 16 on an H200). 0: the whole device.
+  int64_t gemm_sm_margin = 0;
   int64_t zero_max_inflight_buckets = 2;  // ZeRO-2/3 reductions (and ZeRO-1/2 gathers) in flight
   // [precision]
   std::string precision = "fp32";  // fp32 | fp16 | bf16
