@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
       if (world) gpu_world = dist::make_nccl(*world, device.index);
       gpu_ready = since(started);
       // The GEMMs' algorithms for the SMs NCCL's kernels leave them (parallel.gemm_sm_margin).
-      kernels::cuda::set_gemm_sm_margin(static_cast<int>(cfg.gemm_sm_margin));
+      kernels::cuda::set_gemm_sm_margin(config::gemm_sm_margin_for(cfg));
     } else {
       keep_freed_host_memory();  // the step's buffers stay in the heap (cai/core/host_memory.h)
     }
@@ -317,6 +317,7 @@ int main(int argc, char** argv) {
     pc.split_backward = cfg.split_backward;
     pc.partition = cfg.partition;
     pc.num_layers_per_stage = cfg.num_layers_per_stage;
+    pc.p2p_max_ctas = static_cast<int>(cfg.p2p_max_ctas);
     pc.dp = dc;
     if (world || cfg.tensor_size > 1 || cfg.pipeline > 1 || cfg.zero_stage > 0 ||
         !trace_path.empty()) {

@@ -57,6 +57,24 @@ dataset = "mnist"
 // __builtin_unreachable() (undefined behaviour; found by libFuzzer + UBSan, cai/core/tomlpp.h):
 // now a parse error naming file, line and column. The inputs are libFuzzer's and smaller ones;
 // non-ASCII in strings and comments parses, a --set value that is no TOML value is a string.
+// The pipeline's NCCL channels take 2 thread blocks by default, and the GEMMs of a pipeline run
+// leave twice that many SMs (auto, -1); other runs leave none; a setting wins; a margin below -1
+// or a negative block count is refused.
+TEST(Config, GemmSmMarginFollowsThePipelinesChannels) {
+  EXPECT_EQ(parse_config("", "t.toml", {}).p2p_max_ctas, 2);
+  EXPECT_EQ(gemm_sm_margin_for(parse_config("", "t.toml", {})), 0);
+  EXPECT_EQ(gemm_sm_margin_for(parse_config("", "t.toml", {"parallel.pipeline=2"})), 4);
+  EXPECT_EQ(gemm_sm_margin_for(
+                parse_config("", "t.toml", {"parallel.pipeline=2", "parallel.p2p_max_ctas=0"})),
+            0);
+  EXPECT_EQ(gemm_sm_margin_for(
+                parse_config("", "t.toml", {"parallel.pipeline=2", "parallel.gemm_sm_margin=0"})),
+            0);
+  EXPECT_EQ(gemm_sm_margin_for(parse_config("", "t.toml", {"parallel.gemm_sm_margin=8"})), 8);
+  EXPECT_THROW(parse_config("", "t.toml", {"parallel.gemm_sm_margin=-2"}), cai::Error);
+  EXPECT_THROW(parse_config("", "t.toml", {"parallel.p2p_max_ctas=-1"}), cai::Error);
+}
+
 TEST(Config, NonAsciiOutsideStringsIsAParseErrorNotUndefinedBehaviour) {
   for (const std::string bad :
        {"[train]\nbatch_size = 8 \xC3\xA9\n", "\xEF\xBB\xBF\xEF\xBB\xBF",

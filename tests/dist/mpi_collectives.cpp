@@ -143,6 +143,18 @@ void check(Communicator& c, const On& on) {
   expect(recv.to_vector() == std::vector<float>(4, float((r + n - 1) % n)), "send/recv ring", r);
   expect(recv2.to_vector() == std::vector<float>(6, float(10 * ((r + 1) % n))),
          "send/recv reverse ring", r);
+  {
+    // The same ring over channels whose kernels take at most 2 thread blocks (NCCL's maxCTAs; MPI
+    // ignores it), on a fresh group: a pair keeps the channel it was first declared with.
+    auto capped = c.split(0, r, "capped");
+    capped->connect_p2p(ring, P2POptions{2});
+    Tensor big = on.full(1 << 20, float(r + 1)), into = on.zeros(1 << 20);
+    auto w = capped->send_async(big, (r + 1) % n, 5);
+    capped->recv(into, (r + n - 1) % n, 5);
+    w->wait();
+    expect(into.to_vector() == std::vector<float>(1 << 20, float((r + n - 1) % n + 1)),
+           "send/recv ring, 2 thread blocks", r);
+  }
   expect(std::abs(c.all_reduce_scalar(0.1) - 0.1 * n) < 1e-15, "scalar in double", r);
   expect(c.all_reduce_scalar(double(r), ReduceOp::Max) == double(n - 1), "scalar max", r);
   const double big = 16777217.0 + r;  // above 2^24: fp32 would round it

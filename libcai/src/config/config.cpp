@@ -103,7 +103,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallel.ddp_bucket_hold", Kind::Float, &c.ddp_bucket_hold, {}, 0, 1},
       {"parallel.zero_bucket_size_in_m", Kind::Float, &c.zero_bucket_size_in_m, {}, 1e-9, inf},
       {"parallel.zero3_prefetch", Kind::Int, &c.zero3_prefetch, {}, 0, inf},
-      {"parallel.gemm_sm_margin", Kind::Int, &c.gemm_sm_margin, {}, 0, 1024},
+      {"parallel.gemm_sm_margin", Kind::Int, &c.gemm_sm_margin, {}, -1, 1024},
+      {"parallel.p2p_max_ctas", Kind::Int, &c.p2p_max_ctas, {}, 0, 64},
       {"parallel.zero_max_inflight_buckets", Kind::Int, &c.zero_max_inflight_buckets, {}, 1, inf},
       {"precision.mode", Kind::String, &c.precision, {"fp32", "fp16", "bf16"}},
       {"precision.initial_scale", Kind::Float, &c.initial_scale, {}, 1e-30, inf},
@@ -387,6 +388,11 @@ std::string expand_env(const std::string& s, const std::string& key) {
     }
   }
   return out;
+}
+
+int gemm_sm_margin_for(const TrainConfig& c) {
+  if (c.gemm_sm_margin >= 0) return static_cast<int>(c.gemm_sm_margin);
+  return c.pipeline > 1 ? static_cast<int>(2 * c.p2p_max_ctas) : 0;
 }
 
 void validate(const TrainConfig& c, int world) {

@@ -76,7 +76,10 @@ const char* key_doc(const std::string& key) {
       {"parallel.zero3_prefetch",
        "ZeRO-3: layers whose parameters are gathered ahead of the one running"},
       {"parallel.gemm_sm_margin",
-       "GPUs: SMs the GEMMs' algorithms leave to NCCL's kernels beside them"},
+       "GPUs: SMs the GEMMs' algorithms leave to NCCL's kernels beside them (-1: 2 x "
+       "p2p_max_ctas under a pipeline, else 0)"},
+      {"parallel.p2p_max_ctas",
+       "GPUs: thread blocks a pipeline send/receive kernel takes at most (0: NCCL's choice)"},
       {"parallel.zero_max_inflight_buckets",
        "ZeRO-2/3 gradient reductions (and ZeRO-1/2 parameter gathers) in flight at once"},
       {"precision.mode", "fp32, or mixed precision with fp32 master weights"},

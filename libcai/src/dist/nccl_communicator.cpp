@@ -328,7 +328,13 @@ class NcclCommunicator : public Communicator {
     return std::make_unique<NcclCommunicator>(nullptr, host_->split(color, key, name), device_);
   }
 
-  void connect_p2p(const std::vector<std::pair<int, int>>& pairs) override {
+  using Communicator::connect_p2p;
+  void connect_p2p(const std::vector<std::pair<int, int>>& pairs,
+                   const P2POptions& options) override {
+    CAI_CHECK(options.max_ctas >= 0,
+              "[nccl] connect_p2p on group '{}': max_ctas is {}: expected 0 (NCCL's choice) or a "
+              "number of thread blocks >= 1",
+              name(), options.max_ctas);
     std::vector<std::pair<int, int>> want;
     for (const auto& p : pairs) {
       CAI_CHECK(p.first >= 0 && p.first < size() && p.second >= 0 && p.second < size() &&
@@ -375,7 +381,7 @@ class NcclCommunicator : public Communicator {
       auto ch = std::make_shared<Channel>(device_, timeout_,
                                           fmt::format("group '{}' pair {} -> {} (rank {} of {})",
                                                       name(), src, dst, rank(), size()));
-      init_comm(*ch, 2, id, rank() == src ? 0 : 1);
+      init_comm(*ch, 2, id, rank() == src ? 0 : 1, options.max_ctas);
       watchdog().watch(ch);
       // NCCL connects a peer at its first send/recv, blocking the host until the peer's matching
       // call: do that now, while both members are at this pair, so that later sends return at

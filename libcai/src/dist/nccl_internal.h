@@ -272,7 +272,9 @@ class Watchdog {
 
 // ncclCommInitRank on a helper thread, bounded by the channel's timeout. On timeout the thread is
 // left behind (blocked in NCCL until the process ends) and the error names the group and rank.
-inline void init_comm(Channel& ch, int nranks, const ncclUniqueId& id, int rank) {
+// max_ctas > 0: the communicator's kernels take at most that many thread blocks
+// (ncclCommInitRankConfig, ncclConfig_t::maxCTAs).
+inline void init_comm(Channel& ch, int nranks, const ncclUniqueId& id, int rank, int max_ctas = 0) {
   struct State {
     ncclComm_t comm = nullptr;
     ncclResult_t result = ncclSuccess;
@@ -287,9 +289,16 @@ inline void init_comm(Channel& ch, int nranks, const ncclUniqueId& id, int rank)
   // free blocks (6.4B ViT, dp 2 × ZeRO 1, plan 136.7 of 139 GiB on an H200: "Failed to CUDA
   // calloc"). The free blocks go back to the driver first (live tensors stay).
   kernels::cuda::empty_cache(device);
-  std::thread t([st, id, nranks, rank, device, p = std::move(done)]() mutable {
+  std::thread t([st, id, nranks, rank, device, max_ctas, p = std::move(done)]() mutable {
     if (cudaSetDevice(device) != cudaSuccess) st->cuda_error = "cudaSetDevice failed";
-    st->result = ncclCommInitRank(&st->comm, nranks, id, rank);
+    if (max_ctas > 0) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.minCTAs = 1;
+      config.maxCTAs = max_ctas;
+      st->result = ncclCommInitRankConfig(&st->comm, nranks, id, rank, &config);
+    } else {
+      st->result = ncclCommInitRank(&st->comm, nranks, id, rank);
+    }
     p.set_value();
   });
   if (fut.wait_for(std::chrono::duration<double>(ch.timeout)) != std::future_status::ready) {

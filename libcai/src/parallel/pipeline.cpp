@@ -239,8 +239,9 @@ void PipelinePlugin::setup(nn::ViT& model) {
   const auto act = m.activation_pairs();
   std::vector<std::pair<int, int>> grad;
   for (const auto& [a, b] : act) grad.emplace_back(b, a);
-  m.pp->connect_p2p(act);
-  m.pp_grad->connect_p2p(grad);
+  const dist::P2POptions p2p{m.cfg.p2p_max_ctas};
+  m.pp->connect_p2p(act, p2p);
+  m.pp_grad->connect_p2p(grad, p2p);
   m.inner = std::make_unique<DataParallelPlugin>(*m.dp, m.cfg.dp);
   m.inner->setup_layers(m.owned);
 }

@@ -69,9 +69,15 @@ struct TrainConfig {
   bool ddp_exchange = false;     // stage 0 buckets copied whole between GPUs, summed at the end
   double zero_bucket_size_in_m = 12.0;
   int64_t zero3_prefetch = 1;  // ZeRO-3: layers gathered ahead of the running one
-  // GPUs: SMs the GEMMs leave to NCCL's kernels beside them (kernels::cuda::set_gemm_sm_margin;
-  // a pipeline's posted receive holds 16 on an H200). 0: the whole device.
-  int64_t gemm_sm_margin = 0;
+  // GPUs: SMs the GEMMs leave to NCCL's kernels beside them (kernels::cuda::set_gemm_sm_margin).
+  // 0: the whole device; -1 (auto): gemm_sm_margin_for() below.
+  int64_t gemm_sm_margin = -1;
+  // GPUs: thread blocks each pipeline send/receive channel's NCCL kernel takes at most
+  // (dist::P2POptions::max_ctas; NCCL's choice, 0, is 16 on an H200). A stage's posted receive
+  // holds its blocks' SMs until its data is in, and the GEMMs beside it that want every SM wait
+  // for them: ViT-B/16 pipeline 2 at 8 micro-batches 58.1 -> 55.5 ms a step with 2, 50.2 ms with
+  // the GEMMs also leaving 4 SMs (docs/bench/h200x2-pipeline-microbatch).
+  int64_t p2p_max_ctas = 2;
   int64_t zero_max_inflight_buckets = 2;  // ZeRO-2/3 reductions (and ZeRO-1/2 gathers) in flight
   // [precision]
   std::string precision = "fp32";  // fp32 | fp16 | bf16
@@ -110,6 +116,10 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& origin
 // Checks values against each other and this build ("not supported yet"); world = processes
 // (the data-parallel size is world / (tensor size · pipeline)).
 void validate(const TrainConfig& c, int world);
+// The SMs the run's GEMMs leave to NCCL (parallel.gemm_sm_margin): the setting, or for auto (-1)
+// twice p2p_max_ctas under a pipeline (its receive's blocks, which may sit on SMs of different
+// pairs that a GEMM's 2-CTA clusters need whole) and 0 otherwise.
+int gemm_sm_margin_for(const TrainConfig& c);
 std::string to_toml(const TrainConfig& c);  // the resolved configuration
 // Every key the config accepts (the table load_config validates against) as a Markdown
 // reference: key, type, default, allowed values, description (`vit_train --help-config`).

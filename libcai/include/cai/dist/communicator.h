@@ -22,6 +22,15 @@ namespace cai::dist {
 
 enum class ReduceOp { Sum, Max, Min };
 
+// How connect_p2p builds its channels.
+struct P2POptions {
+  // NCCL: the most thread blocks (CTAs) a channel's send/receive kernel takes
+  // (ncclConfig_t::maxCTAs); 0: NCCL's choice (16 on an H200). A pipeline's posted receive holds
+  // its blocks' SMs until its data is in: the GEMMs beside it that want every SM (cuBLASLt's
+  // persistent kernels) wait for them (docs/bench/h200x2-pipeline-microbatch). Ignored by MPI.
+  int max_ctas = 0;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
@@ -94,8 +103,12 @@ class Communicator {
   // Collective: every rank passes the same (source, destination) pairs it will send along.
   // NCCL builds one channel per pair (a 2-rank communicator with its own stream, so messages in
   // opposite directions never queue behind each other) and refuses sends on undeclared pairs;
-  // MPI and the fake need nothing.
-  virtual void connect_p2p(const std::vector<std::pair<int, int>>& /*pairs*/) {}
+  // MPI and the fake need nothing. A pair declared before keeps its channel (and its options).
+  void connect_p2p(const std::vector<std::pair<int, int>>& pairs) {
+    connect_p2p(pairs, P2POptions{});
+  }
+  virtual void connect_p2p(const std::vector<std::pair<int, int>>& /*pairs*/,
+                           const P2POptions& /*options*/) {}
 
   // Blocking conveniences.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }

@@ -45,7 +45,10 @@ struct PipelineConfig {
   // balanced: contiguous split minimising the largest per-stage parameter count.
   std::string partition = "uniform";
   std::vector<int> num_layers_per_stage;  // explicit partition (per virtual stage), overrides
-  DataParallelConfig dp;                  // zero_stage 0 or 1 across pipeline replicas
+  // NCCL: thread blocks each send/receive channel's kernel takes at most (dist::P2POptions;
+  // parallel.p2p_max_ctas, whose default this is). 0: NCCL's choice.
+  int p2p_max_ctas = 2;
+  DataParallelConfig dp;  // zero_stage 0 or 1 across pipeline replicas
 };
 
 class PipelinePlugin : public train::Plugin {
