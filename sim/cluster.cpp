@@ -282,6 +282,20 @@ double Calibration::copy_seconds(double bytes) const {
   return seconds_of(kCopyReference, bytes * s.flops / s.bytes, nullptr);
 }
 
+double Calibration::posted_share_at(double batch) const {
+  if (posted_shares.empty() || batch <= 0) return posted_share;
+  if (batch <= posted_shares.front().first) return posted_shares.front().second;
+  if (batch >= posted_shares.back().first) return posted_shares.back().second;
+  for (size_t i = 1; i < posted_shares.size(); ++i) {
+    const auto [b1, s1] = posted_shares[i];
+    if (batch > b1) continue;
+    const auto [b0, s0] = posted_shares[i - 1];
+    const double t = std::log(batch / b0) / std::log(b1 / b0);
+    return s0 + t * (s1 - s0);
+  }
+  return posted_shares.back().second;
+}
+
 double Calibration::collective_seconds(const std::string& op, int group_size, double bytes,
                                        bool* interpolated) const {
   const auto it = collectives.find({op, group_size});
@@ -464,6 +478,33 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
                 g);
       c.wake_poll_s = num("poll_seconds");
       c.wake_s = std::max(0.0, num("late_seconds") - num("base_seconds"));
+    } else if (k == "posted" && v.is_array()) {
+      // A block's compute alone and beside a posted receive, at several batch sizes.
+      const char* form =
+          "[{\"op\", \"bytes\", \"batch\", \"max_ctas\", \"gemm_sm_margin\", "
+          "\"alone_seconds\", \"beside_seconds\"}, ...]";
+      CAI_CHECK(!v.empty(), "[calibration] {}: posted is an empty list: expected {}", origin, form);
+      c.posted_shares.clear();
+      for (const json& e : v) {
+        auto num = [&](const char* key, double lo) {
+          CAI_CHECK(e.is_object() && e.contains(key) && e[key].is_number() &&
+                        std::isfinite(e[key].get<double>()) && e[key].get<double>() >= lo,
+                    "[calibration] {}: posted entry {}: {} is missing or not a number >= {} "
+                    "(posted: {})",
+                    origin, e.dump(), key, lo, form);
+          return e[key].get<double>();
+        };
+        const double batch = num("batch", 1), alone = num("alone_seconds", 1e-300),
+                     beside = num("beside_seconds", 1e-300);
+        num("bytes", 1e-300);
+        if (e.contains("max_ctas")) num("max_ctas", 0);
+        if (e.contains("gemm_sm_margin")) num("gemm_sm_margin", 0);
+        for (const auto& [b, s] : c.posted_shares)
+          CAI_CHECK(b != batch, "[calibration] {}: posted lists batch {} twice", origin, batch);
+        c.posted_shares.emplace_back(batch, std::clamp(1.0 - alone / beside, 0.0, 0.9));
+      }
+      std::sort(c.posted_shares.begin(), c.posted_shares.end());
+      c.posted_share = c.posted_shares.back().second;  // at the largest batch
     } else if (k == "overlap" || k == "posted" || k == "contention") {
       // Each entry is a block's compute timed two ways: positive numbers.
       const bool contention = k == "contention";

@@ -146,8 +146,18 @@ struct Calibration {
   double overlap_share = 0;
   // The share a posted receive that waits for its data takes (a pipeline stage's next receive):
   // 1 - alone / beside of the profile's "posted" entry (a block's forward + backward alone and
-  // beside such a receive); -1 without one (the replay then takes overlap_share).
+  // beside such a receive; a list of them: the one at the largest batch); -1 without one (the
+  // replay then takes overlap_share).
   double posted_share = -1;
+  // The same by batch size, {batch, share} sorted by batch, from a "posted" list (the block at
+  // the profile's batch and its halves): the GEMMs of a small micro-batch have few waves, and
+  // those that want every SM wait for the ones the receive's kernel holds, so the share grows as
+  // the batch shrinks. Empty with one entry.
+  std::vector<std::pair<double, double>> posted_shares;
+  // The posted share for compute on micro-batches of `batch` samples: posted_shares interpolated
+  // linearly in log(batch), the end's beyond them; posted_share without them or when batch <= 0
+  // (not known).
+  double posted_share_at(double batch) const;
   // The GPUs' speeds relative to the one whose kernels the profile timed (GPU 0), from the
   // profile's "gpu_speeds" entry (one block's forward + backward on every GPU of the measuring
   // host at once, after seconds of the same load: at the power cap the clocks of one host's GPUs

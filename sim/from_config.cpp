@@ -809,6 +809,7 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   ConfigWorkload out;
   out.workload = expand_schedule(prog.schedule(), eo);
   out.workload.copies = (D / Dk) * (T / Tk);
+  out.workload.micro_batch = P > 1 ? layout.batch / std::max(1, sp.micro_batches) : layout.batch;
   out.workload.name = fmt::format("{} on {} processes ({})", name, nproc,
                                   sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
   // Label and place the ranks as the launcher does: mesh rank = GPU (tensor-parallel ranks

@@ -412,7 +412,7 @@ bool write_all(int fd, const void* buf, size_t n) {
     Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
                 opt.calibration.contention_share);
     rp.wake = opt.calibration.wake_s;
-    rp.posted_share = opt.calibration.posted_share;
+    rp.posted_share = opt.calibration.posted_share_at(static_cast<double>(w.micro_batch));
     rp.wake_poll = opt.calibration.wake_poll_s;
     rp.links = links;
     rp.p = build_platform(links ? flow_cluster(c, *links) : c, static_cast<int>(w.ranks.size()),

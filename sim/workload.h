@@ -145,6 +145,9 @@ struct Workload {
   std::string name;
   DType dtype = DType::BF16;  // compute dtype: hosts run at the GPU's peak of it
   int64_t global_batch = 0;   // samples per step, for img_per_s (0: not reported)
+  // Samples one forward or backward op works on (a pipeline's micro-batch), which picks the
+  // posted receive's share of the GPU (Calibration::posted_share_at); 0: not known.
+  int64_t micro_batch = 0;
   std::vector<RankProgram> ranks;
   std::vector<std::vector<int>> groups;  // communicator groups, global ranks in ring order
   // Identical copies (folded data-parallel replicas): the job is `copies` copies of `ranks` side

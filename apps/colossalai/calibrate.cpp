@@ -458,14 +458,21 @@ int run_calibrate_ranks(const BenchmarkOptions& o) {
     std::cerr << fmt::format(
         "[calibrate] collectives on {} {} ranks ({}), {} message sizes from {} to {} bytes\n",
         world->size(), opts.device, comm.name(), sizes.size(), sizes.front(), sizes.back());
-  const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device);
+  // The pipeline's send/receive channels as vit_train builds them (parallel.p2p_max_ctas).
+  const dist::P2POptions p2p{static_cast<int>(cfg.p2p_max_ctas)};
+  const std::vector<CollectiveTiming> coll = time_collectives(comm, sizes, cuda, device, p2p);
   OverlapTiming overlap;
   if (!cuda) keep_freed_host_memory();  // as vit_train on CPUs
   ContentionTiming contention;
-  if (cuda)
-    overlap = time_overlap(comm, vc, cfg.batch_size, dtype_from_name(opts.precision), device);
-  else
+  if (cuda) {
+    // The posted receive as the config's pipelines run it: their channels, their GEMMs' margin.
+    config::TrainConfig piped = cfg;
+    piped.pipeline = std::max<int64_t>(2, cfg.pipeline);
+    overlap = time_overlap(comm, vc, cfg.batch_size, dtype_from_name(opts.precision), device, p2p,
+                           config::gemm_sm_margin_for(piped));
+  } else {
     contention = time_contention(comm, vc, cfg.batch_size);
+  }
   // Rank 0 times the kernels alone while the others wait (minutes on a large model).
   world->set_timeout(std::max(world->timeout(), 3600.0));
   int rc = 0;
@@ -662,11 +669,18 @@ int run_calibrate(const BenchmarkOptions& o, const std::vector<CollectiveTiming>
   if (!overlap.gpu_block_s.empty())
     j["gpu_speeds"] = {{"sustained_seconds", overlap.gpu_sustain_s},
                        {"block_seconds", overlap.gpu_block_s}};
-  if (overlap.posted_s > 0 && overlap.posted_alone_s > 0)
-    j["posted"] = {{"op", "p2p"},
-                   {"bytes", overlap.bytes},
-                   {"alone_seconds", overlap.posted_alone_s},
-                   {"beside_seconds", overlap.posted_s}};
+  if (!overlap.posted.empty()) {
+    nlohmann::json jp = nlohmann::json::array();
+    for (const OverlapTiming::Posted& p : overlap.posted)
+      jp.push_back({{"op", "p2p"},
+                    {"bytes", overlap.bytes},
+                    {"batch", p.batch},
+                    {"max_ctas", overlap.p2p_max_ctas},
+                    {"gemm_sm_margin", overlap.gemm_sm_margin},
+                    {"alone_seconds", p.alone_s},
+                    {"beside_seconds", p.beside_s}});
+    j["posted"] = jp;
+  }
   if (contention.group > 1)
     j["contention"] = {{"group", contention.group},
                        {"alone_seconds", contention.alone_s},

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cai/core/tensor.h"
+#include "cai/dist/communicator.h"
 #include "cmd_benchmark.h"
 
 namespace cai::dist {
@@ -57,10 +58,11 @@ std::vector<double> calibration_message_sizes(double params, double activation_e
 
 // Every rank of `world` calls it (collective). Samples for group sizes 2..world.size() and p2p,
 // the same list on every rank; `cuda` puts the buffers on this rank's current CUDA device (for a
-// NCCL communicator). Progress on stderr from rank 0.
+// NCCL communicator). Progress on stderr from rank 0. The p2p samples go over channels built
+// with `p2p` (the pipeline's, parallel.p2p_max_ctas).
 std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
                                                const std::vector<double>& sizes, bool cuda,
-                                               int cuda_device);
+                                               int cuda_device, const dist::P2POptions& p2p = {});
 
 // SM sharing on GPUs: one real block's forward + backward at the config's batch size, timed alone
 // and beside all-reduces of `bytes` that every member runs back to back on the communicator's
@@ -71,8 +73,17 @@ struct OverlapTiming {
   double bytes = 0, alone_s = 0, beside_s = 0;
   int group = 0;  // 0: not measured
   // The same block on rank 1 alone and beside a posted receive (from rank 0) that waits for its
-  // data through the window, as a pipeline stage's next receive does: 0 when not measured.
-  double posted_alone_s = 0, posted_s = 0;
+  // data through the window, as a pipeline stage's next receive does, at the batch and at its
+  // halves down to a sixteenth (a pipeline's micro-batches: the GEMMs of a small one have few
+  // waves, and one that wants every SM waits for those the receive's kernel holds); empty when
+  // not measured. The receive's channel is built with `p2p_max_ctas` (0: NCCL's choice), the
+  // block's GEMMs leave `gemm_sm_margin` SMs (both as the config's pipelines run).
+  struct Posted {
+    int64_t batch = 0;
+    double alone_s = 0, beside_s = 0;
+  };
+  std::vector<Posted> posted;
+  int p2p_max_ctas = 0, gemm_sm_margin = 0;
   // Every rank's block time under sustained load, all ranks computing at once as a data-parallel
   // step runs them (the GPUs of one host differ: at their power cap the clocks settle apart); by
   // rank, empty when not measured. The profile's "gpu_speeds" entry: the simulator slows the
@@ -85,7 +96,8 @@ struct OverlapTiming {
 // Every rank of `comm` (a NCCL communicator) calls it; one block of `model` at micro-batch
 // `batch` in `compute` precision runs on CUDA device `cuda_device`.
 OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
-                           DType compute, int cuda_device);
+                           DType compute, int cuda_device, const dist::P2POptions& p2p = {},
+                           int posted_gemm_sm_margin = 0);
 
 // Compute contention on CPUs: one real block's forward + backward at the config's batch size,
 // timed on rank 0 alone (the other ranks waiting) and on `group` ranks at once (the processes of

@@ -85,7 +85,7 @@ std::vector<double> calibration_message_sizes(double params, double activation_e
 
 std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
                                                const std::vector<double>& sizes, bool cuda,
-                                               int cuda_device) {
+                                               int cuda_device, const dist::P2POptions& p2p) {
   const int N = world.size(), me = world.rank();
   const Device dev = cuda ? Device::cuda(cuda_device) : Device::cpu();
   auto buffer = [&](int64_t n) {
@@ -124,7 +124,7 @@ std::vector<CollectiveTiming> time_collectives(dist::Communicator& world,
       }
       if (g == 2) {
         // p2p between ranks 0 and 1, one way: half a ping-pong.
-        c.connect_p2p({{0, 1}, {1, 0}});
+        c.connect_p2p({{0, 1}, {1, 0}}, p2p);
         for (double bytes : sizes) {
           Tensor t = buffer(static_cast<int64_t>(bytes) / 4);
           const int peer = 1 - c.rank();
@@ -209,7 +209,8 @@ class OneBlock {
 }  // namespace
 
 OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model, int64_t batch,
-                           DType compute, int cuda_device) {
+                           DType compute, int cuda_device, const dist::P2POptions& p2p,
+                           int posted_gemm_sm_margin) {
   const Device dev = Device::cuda(cuda_device);
   OneBlock one_block(model, batch, dev, compute);
   auto fb = [&] { one_block.run(); };
@@ -246,27 +247,43 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
   o.alone_s = 0.5 * (a1 + window(false));
   // A posted receive: rank 1 times the blocks with a receive from rank 0 posted before them, whose
   // send rank 0 issues only after its own blocks (the receive's kernel waits through rank 1's
-  // window), between two windows of rank 1 alone.
-  auto posted = [&](bool post) {
-    kernels::cuda::synchronize();
-    comm.barrier();
-    std::unique_ptr<dist::Work> w;
-    if (post && comm.rank() == 1) w = comm.recv_async(buf, 0, 9001);
-    const auto t0 = Clock::now();
-    if (comm.rank() <= 1)
-      for (int k = 0; k < reps; ++k) fb();
-    kernels::cuda::event_record(done, nullptr);
-    kernels::cuda::event_synchronize(done);
-    const double s = seconds_since(t0) / reps;
-    if (post && comm.rank() == 0) w = comm.send_async(buf, 1, 9001);
-    if (w) w->wait();
-    return comm.all_reduce_scalar(comm.rank() == 1 ? s : 0.0, dist::ReduceOp::Max);
-  };
+  // window), between two windows of rank 1 alone; at the batch and its halves down to a
+  // sixteenth (at least 1), each with the repetitions that fill about 100 ms.
   if (comm.size() >= 2) {
-    comm.connect_p2p({{0, 1}});  // collective: every rank declares the pair
-    const double p1 = posted(false);
-    o.posted_s = posted(true);
-    o.posted_alone_s = 0.5 * (p1 + posted(false));
+    comm.connect_p2p({{0, 1}}, p2p);  // collective: every rank declares the pair
+    o.p2p_max_ctas = p2p.max_ctas;
+    o.gemm_sm_margin = posted_gemm_sm_margin;
+    const int margin_was = kernels::cuda::gemm_sm_margin();
+    kernels::cuda::set_gemm_sm_margin(posted_gemm_sm_margin);
+    for (int64_t b = batch; b >= std::max<int64_t>(1, batch / 16); b /= 2) {
+      OneBlock at(model, b, dev, compute);
+      auto run = [&] { at.run(); };
+      const double t1 = comm.all_reduce_scalar(time_it(run, dev), dist::ReduceOp::Max);
+      const int n = std::clamp(static_cast<int>(std::ceil(0.1 / std::max(t1, 1e-6))), 3, 400);
+      auto posted = [&](bool post) {
+        kernels::cuda::synchronize();
+        comm.barrier();
+        std::unique_ptr<dist::Work> w;
+        if (post && comm.rank() == 1) w = comm.recv_async(buf, 0, 9001);
+        const auto t0 = Clock::now();
+        if (comm.rank() <= 1)
+          for (int k = 0; k < n; ++k) run();
+        kernels::cuda::event_record(done, nullptr);
+        kernels::cuda::event_synchronize(done);
+        const double s = seconds_since(t0) / n;
+        if (post && comm.rank() == 0) w = comm.send_async(buf, 1, 9001);
+        if (w) w->wait();
+        return comm.all_reduce_scalar(comm.rank() == 1 ? s : 0.0, dist::ReduceOp::Max);
+      };
+      OverlapTiming::Posted p;
+      p.batch = b;
+      const double p1 = posted(false);
+      p.beside_s = posted(true);
+      p.alone_s = 0.5 * (p1 + posted(false));
+      o.posted.push_back(p);
+      if (b == 1) break;
+    }
+    kernels::cuda::set_gemm_sm_margin(margin_was);
   }
   // Every GPU's speed under sustained load, all at once: each rank runs the block for at least
   // 3 s (the clocks settle at the power cap), then for at least 2 s more, timed, by its own clock
@@ -305,13 +322,18 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
         "{:.1f} s of the same: {} ms by rank\n",
         o.gpu_sustain_s, by_rank);
   }
-  if (comm.rank() == 0)
+  if (comm.rank() == 0) {
+    std::string posted;
+    for (const OverlapTiming::Posted& p : o.posted)
+      posted += fmt::format("{}batch {}: {:.3f} / {:.3f} ms", posted.empty() ? "" : ", ", p.batch,
+                            1e3 * p.alone_s, 1e3 * p.beside_s);
     std::cerr << fmt::format(
         "[calibrate] overlap: one block's forward + backward {:.3f} ms alone, {:.3f} ms beside "
-        "{} all-reduces of {:.0f} MiB ({:.3f} ms each alone) on {} ranks; {:.3f} ms alone and "
-        "{:.3f} ms beside a posted receive on rank 1\n",
+        "{} all-reduces of {:.0f} MiB ({:.3f} ms each alone) on {} ranks; alone / beside a "
+        "posted receive on rank 1 (max_ctas {}, GEMMs leaving {} SMs): {}\n",
         1e3 * o.alone_s, 1e3 * o.beside_s, calls, o.bytes / (1 << 20), 1e3 * ar, o.group,
-        1e3 * o.posted_alone_s, 1e3 * o.posted_s);
+        o.p2p_max_ctas, o.gemm_sm_margin, posted.empty() ? "not measured" : posted);
+  }
   return o;
 }
 

@@ -1602,6 +1602,71 @@ TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
                cai::Error);
 }
 
+// A "posted" list (the block at several batches: the share grows as the batch shrinks) gives the
+// share at the workload's micro-batch, interpolated in log(batch) between the entries and the
+// end's beyond them: at 64 samples 1/4 of the GPU (1 - 0.3 / 0.4), at 256 1/16, at 128 halfway
+// (5/32), below 64 and above 256 the ends'; a workload without a micro-batch takes the largest
+// batch's. Rank 1's 4 ms beside its posted receive stretch accordingly.
+TEST(Overlap, PostedShareFollowsTheMicroBatch) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  const int64_t bytes = 1 << 20;
+  ReplayOptions opt;
+  opt.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "overlap": {{"op": "all_reduce", "group": 2, "bytes": 1e6,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}},
+                   "posted": [{{"op": "p2p", "bytes": 1e6, "batch": 256, "max_ctas": 2,
+                                "alone_seconds": 0.3, "beside_seconds": 0.32}},
+                              {{"op": "p2p", "bytes": 1e6, "batch": 64, "max_ctas": 2,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}}]}})",
+                  bytes),
+      "cal.json");
+  const Calibration& cal = opt.calibration;
+  EXPECT_NEAR(cal.posted_share, 1.0 / 16, 1e-12);
+  EXPECT_NEAR(cal.posted_share_at(64), 0.25, 1e-12);
+  EXPECT_NEAR(cal.posted_share_at(128), 0.5 * (0.25 + 1.0 / 16), 1e-12);
+  EXPECT_NEAR(cal.posted_share_at(16), 0.25, 1e-12);
+  EXPECT_NEAR(cal.posted_share_at(1024), 1.0 / 16, 1e-12);
+  EXPECT_NEAR(cal.posted_share_at(0), 1.0 / 16, 1e-12);
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
+  w.ranks[0].ops.back().deps = {0};
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  for (const auto& [mb, share] : std::vector<std::pair<int64_t, double>>{
+           {64, 0.25}, {128, 5.0 / 32}, {256, 1.0 / 16}, {0, 1.0 / 16}}) {
+    w.micro_batch = mb;
+    const ReplayResult r = replay(w, c, opt);
+    EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 / (1 - share), 1e-9) << mb;
+    EXPECT_NEAR(r.ranks[1].spans[2].end, 0.013, 1e-9) << mb;
+  }
+  // A repeated batch, an entry without its batch or an empty list is refused, naming it.
+  for (const char* bad :
+       {R"({"posted": [{"op": "p2p", "bytes": 1e6, "batch": 64, "alone_seconds": 0.3,
+                        "beside_seconds": 0.4},
+                       {"op": "p2p", "bytes": 1e6, "batch": 64, "alone_seconds": 0.3,
+                        "beside_seconds": 0.5}]})",
+        R"({"posted": [{"op": "p2p", "bytes": 1e6, "alone_seconds": 0.3, "beside_seconds": 0.4}]})",
+        R"({"posted": []})"})
+    EXPECT_THROW(parse_calibration(bad, "cal.json"), cai::Error) << bad;
+}
+
+// A config-built pipeline workload carries its micro-batch (the batch over the micro-batches),
+// a data-parallel one its batch.
+TEST(Overlap, ConfigWorkloadsCarryTheirMicroBatch) {
+  const Cluster c = test::cluster("cpu-2");
+  EXPECT_EQ(workload_from_config(test::fmnist({"train.batch_size=64", "parallel.pipeline=2",
+                                               "parallel.num_microbatches=8"}),
+                                 2, c)
+                .workload.micro_batch,
+            8);
+  EXPECT_EQ(workload_from_config(test::fmnist({"train.batch_size=64"}), 2, c).workload.micro_batch,
+            64);
+}
+
 // Two receive kinds posted at once (a pipeline's middle stage waits for activations from one side
 // and gradients from the other): each NCCL receive holds SMs of its own, so the work runs at
 // (1 - s)^2 until the first arrives, at 1 - s while the other waits, then at full speed.
