@@ -497,8 +497,16 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         const double batch = num("batch", 1), alone = num("alone_seconds", 1e-300),
                      beside = num("beside_seconds", 1e-300);
         num("bytes", 1e-300);
-        if (e.contains("max_ctas")) num("max_ctas", 0);
-        if (e.contains("gemm_sm_margin")) num("gemm_sm_margin", 0);
+        const int ctas = e.contains("max_ctas") ? static_cast<int>(num("max_ctas", 0)) : 0;
+        const int margin =
+            e.contains("gemm_sm_margin") ? static_cast<int>(num("gemm_sm_margin", 0)) : 0;
+        CAI_CHECK(c.posted_shares.empty() ||
+                      (ctas == c.posted_max_ctas && margin == c.posted_gemm_sm_margin),
+                  "[calibration] {}: posted entry {} has max_ctas {} and gemm_sm_margin {}, an "
+                  "earlier one {} and {}: expected one setting for the list",
+                  origin, e.dump(), ctas, margin, c.posted_max_ctas, c.posted_gemm_sm_margin);
+        c.posted_max_ctas = ctas;
+        c.posted_gemm_sm_margin = margin;
         for (const auto& [b, s] : c.posted_shares)
           CAI_CHECK(b != batch, "[calibration] {}: posted lists batch {} twice", origin, batch);
         c.posted_shares.emplace_back(batch, std::clamp(1.0 - alone / beside, 0.0, 0.9));
@@ -528,6 +536,11 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
         // the GPU's compute went to their kernels. Faster (noise) is no share.
         (k == "overlap" ? c.overlap_share : c.posted_share) =
             std::clamp(1.0 - alone / beside, 0.0, 0.9);
+        if (k == "posted") {  // the older single entry: NCCL's blocks, the whole device
+          c.posted_max_ctas = v.contains("max_ctas") ? static_cast<int>(num("max_ctas")) : 0;
+          c.posted_gemm_sm_margin =
+              v.contains("gemm_sm_margin") ? static_cast<int>(num("gemm_sm_margin")) : 0;
+        }
       } else {
         const double together = num("together_seconds");
         CAI_CHECK(g >= 2 && g == std::floor(g),

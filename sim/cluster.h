@@ -158,6 +158,10 @@ struct Calibration {
   // linearly in log(batch), the end's beyond them; posted_share without them or when batch <= 0
   // (not known).
   double posted_share_at(double batch) const;
+  // The channels and GEMM margin the "posted" entries were measured with (their "max_ctas" and
+  // "gemm_sm_margin"; 0 where absent: NCCL's choice and the whole device, as profiles before
+  // these keys ran); -1 without a "posted" entry.
+  int posted_max_ctas = -1, posted_gemm_sm_margin = -1;
   // The GPUs' speeds relative to the one whose kernels the profile timed (GPU 0), from the
   // profile's "gpu_speeds" entry (one block's forward + backward on every GPU of the measuring
   // host at once, after seconds of the same load: at the power cap the clocks of one host's GPUs

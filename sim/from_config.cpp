@@ -810,6 +810,10 @@ ConfigWorkload build_workload(ConfigProgram& prog, const std::string& name, int 
   out.workload = expand_schedule(prog.schedule(), eo);
   out.workload.copies = (D / Dk) * (T / Tk);
   out.workload.micro_batch = P > 1 ? layout.batch / std::max(1, sp.micro_batches) : layout.batch;
+  if (P > 1 && layout.gpu) {
+    out.workload.p2p_max_ctas = layout.p2p_max_ctas;
+    out.workload.gemm_sm_margin = layout.gemm_sm_margin;
+  }
   out.workload.name = fmt::format("{} on {} processes ({})", name, nproc,
                                   sp.layout.pp > 1 ? sp.layout.pp_style : "data parallel");
   // Label and place the ranks as the launcher does: mesh rank = GPU (tensor-parallel ranks

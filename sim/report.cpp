@@ -193,6 +193,19 @@ std::vector<std::string> result_warnings(const Workload& w, const ReplayResult& 
         "profile has no \"host\" entry for them; colossalai benchmark --calibrate measures it)",
         t.host_placeholder, t.host_measured + t.host_placeholder, c.host.bandwidth / 1e9,
         kHostAdamElementsPerS, kHostAddBytesPerS / 1e9));
+  if (cal.posted_max_ctas >= 0 && w.p2p_max_ctas >= 0 &&
+      (cal.posted_max_ctas != w.p2p_max_ctas || cal.posted_gemm_sm_margin != w.gemm_sm_margin)) {
+    auto blocks = [](int n) {
+      return n > 0 ? fmt::format("{} thread blocks", n) : std::string("NCCL's own thread blocks");
+    };
+    out.push_back(fmt::format(
+        "the profile's posted receive was measured over channels of {} with the GEMMs leaving {} "
+        "SMs; this pipeline runs {} with {} (parallel.p2p_max_ctas, gemm_sm_margin): its "
+        "receives take the profile's share of the GPU (colossalai benchmark --calibrate with the "
+        "run's config measures its own)",
+        blocks(cal.posted_max_ctas), cal.posted_gemm_sm_margin, blocks(w.p2p_max_ctas),
+        w.gemm_sm_margin));
+  }
   if (!cal.samples.empty() && !cal.device.empty()) {
     const bool cpu_cluster = c.intra.fabric == Fabric::SharedMemory;
     const std::string a = device_family(cal.device, false),

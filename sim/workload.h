@@ -148,6 +148,9 @@ struct Workload {
   // Samples one forward or backward op works on (a pipeline's micro-batch), which picks the
   // posted receive's share of the GPU (Calibration::posted_share_at); 0: not known.
   int64_t micro_batch = 0;
+  // The config's parallel.p2p_max_ctas and the GEMMs' SM margin under it (config::
+  // gemm_sm_margin_for), which the profile's posted share was measured with or not; -1: not known.
+  int p2p_max_ctas = -1, gemm_sm_margin = -1;
   std::vector<RankProgram> ranks;
   std::vector<std::vector<int>> groups;  // communicator groups, global ranks in ring order
   // Identical copies (folded data-parallel replicas): the job is `copies` copies of `ranks` side

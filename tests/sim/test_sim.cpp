@@ -1667,6 +1667,41 @@ TEST(Overlap, ConfigWorkloadsCarryTheirMicroBatch) {
             64);
 }
 
+// A GPU pipeline's workload carries its channels' blocks and GEMM margin; the simulator warns when
+// the profile's posted receive was measured with others (an older profile: NCCL's blocks, no
+// margin) and not when they match.
+TEST(Overlap, WarnsWhenThePostedReceiveWasMeasuredOtherwise) {
+  const Cluster c = load_cluster(std::string(CAI_CLUSTER_DIR) + "/h200-2.toml");
+  const Workload w =
+      workload_from_config(test::fmnist({"train.device=cuda", "parallel.pipeline=2"}), 2, c)
+          .workload;
+  EXPECT_EQ(w.p2p_max_ctas, 2);
+  EXPECT_EQ(w.gemm_sm_margin, 4);
+  auto posted_warnings = [&](const std::string& posted) {
+    const Calibration cal = parse_calibration(fmt::format(R"({{"posted": {}}})", posted), "c.json");
+    int n = 0;
+    for (const std::string& s : result_warnings(w, ReplayResult{}, c, cal))
+      n += s.find("posted receive") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(posted_warnings(R"({"op": "p2p", "bytes": 1e6, "alone_seconds": 0.3,
+                                "beside_seconds": 0.32})"),
+            1);
+  EXPECT_EQ(posted_warnings(R"([{"op": "p2p", "bytes": 1e6, "batch": 64, "max_ctas": 2,
+                                 "gemm_sm_margin": 4, "alone_seconds": 0.3,
+                                 "beside_seconds": 0.32}])"),
+            0);
+  EXPECT_EQ(posted_warnings(R"([{"op": "p2p", "bytes": 1e6, "batch": 64, "max_ctas": 2,
+                                 "alone_seconds": 0.3, "beside_seconds": 0.32}])"),
+            1);
+  // One setting per list.
+  EXPECT_THROW(posted_warnings(R"([{"op": "p2p", "bytes": 1e6, "batch": 64, "max_ctas": 2,
+                                    "alone_seconds": 0.3, "beside_seconds": 0.32},
+                                   {"op": "p2p", "bytes": 1e6, "batch": 32, "max_ctas": 0,
+                                    "alone_seconds": 0.3, "beside_seconds": 0.32}])"),
+               cai::Error);
+}
+
 // Two receive kinds posted at once (a pipeline's middle stage waits for activations from one side
 // and gradients from the other): each NCCL receive holds SMs of its own, so the work runs at
 // (1 - s)^2 until the first arrives, at 1 - s while the other waits, then at full speed.

@@ -634,6 +634,8 @@ plan::Layout plan_layout(const TrainConfig& c, int world) {
   l.zero3_prefetch = static_cast<int>(c.zero3_prefetch);
   l.zero_max_inflight_buckets = static_cast<int>(c.zero_max_inflight_buckets);
   l.gpu = c.device == "cuda";
+  l.p2p_max_ctas = static_cast<int>(c.p2p_max_ctas);
+  l.gemm_sm_margin = gemm_sm_margin_for(c);
   // The trainer's batches on the device (trainer.cpp): on a GPU the prefetcher's two slots; on
   // the CPU the step's batches and those the loader's workers build ahead (LoaderConfig's
   // prefetch plus one per worker; main.cpp keeps the default prefetch).

@@ -85,6 +85,10 @@ struct Layout {
   // schedule::launch_held_buckets): when the simulator launches them.
   double ddp_bucket_hold = 0.0;
   bool gpu = false;  // parameters on a GPU: fused attention in half, offload moves to the host
+  // GPUs: the pipeline's NCCL channels' thread blocks (parallel.p2p_max_ctas) and the SMs its
+  // GEMMs leave (config::gemm_sm_margin_for): which posted-receive share applies (the simulator
+  // warns when its profile measured other ones).
+  int p2p_max_ctas = 0, gemm_sm_margin = 0;
   // Gradients go through parallel::DataParallelPlugin (every multi-process run, ZeRO, pipeline):
   // DDP's flat bucket buffers exist. False: one process without a plugin.
   bool data_parallel_plugin = true;
