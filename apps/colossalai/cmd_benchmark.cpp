@@ -508,8 +508,10 @@ void setup_benchmark(CLI::App& app, BenchmarkOptions& opts) {
       "--calibrate OUT --config F times the "
       "model's kernels for the simulator, scaled to its layers timed in place (-g 1), and with "
       "-g N > 1 the collectives over message sizes on N ranks (MPI on CPU, NCCL on GPUs) and, on "
-      "GPUs, a block's compute beside all-reduces (the SM sharing) and on every GPU at once (their "
-      "speeds under sustained load), on CPUs a block's compute on "
+      "GPUs, a block's compute beside all-reduces (the SM sharing), beside a posted receive at "
+      "the config's batch and its halves (over the pipeline's channels, parallel.p2p_max_ctas, "
+      "with its GEMMs' margin) and on every GPU at once (their speeds under sustained load), on "
+      "CPUs a block's compute on "
       "one rank alone and on one rank per core at once (the contention).");
   auto* worker = app.add_subcommand("_benchmark_worker", "one rank of colossalai benchmark");
   worker->group("");  // hidden
