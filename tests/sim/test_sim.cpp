@@ -1549,6 +1549,22 @@ TEST(GpuSpeeds, ADataParallelStepFollowsTheSlowerGpu) {
     EXPECT_THROW(profile(bad), cai::Error) << bad;
 }
 
+namespace {
+// Rank 0 computes 10 ms and sends `bytes` to rank 1, which computes 4 ms with the receive
+// posted, receives, and computes 2 ms more.
+Workload posted_receive_workload(int64_t bytes) {
+  Workload w;
+  w.ranks.resize(2);
+  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
+  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
+  w.ranks[0].ops.back().deps = {0};
+  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
+  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
+  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  return w;
+}
+}  // namespace
+
 // A posted receive holds the share from its posting (the start, for the first of its kind) until
 // its data is in, as NCCL's receive kernel waits on its SMs: rank 1 computes 4 ms while its
 // receive is posted (5.33 ms at 0.75 of the GPU), then waits for rank 0's send, which leaves
@@ -1563,14 +1579,7 @@ TEST(Overlap, PostedReceiveHoldsItsShareUntilItsDataIsIn) {
                                 "alone_seconds": 0.3, "beside_seconds": 0.4}}}})",
                   bytes),
       "cal.json");
-  Workload w;
-  w.ranks.resize(2);
-  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
-  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
-  w.ranks[0].ops.back().deps = {0};
-  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
-  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
-  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  Workload w = posted_receive_workload(bytes);
   for (bool merge : {true, false}) {
     opt.merge_compute = merge;
     const ReplayResult r = replay(w, c, opt);
@@ -1628,14 +1637,7 @@ TEST(Overlap, PostedShareFollowsTheMicroBatch) {
   EXPECT_NEAR(cal.posted_share_at(16), 0.25, 1e-12);
   EXPECT_NEAR(cal.posted_share_at(1024), 1.0 / 16, 1e-12);
   EXPECT_NEAR(cal.posted_share_at(0), 1.0 / 16, 1e-12);
-  Workload w;
-  w.ranks.resize(2);
-  w.ranks[0].ops.push_back(Op::compute("F", 0.010));
-  w.ranks[0].ops.push_back(Op::send("SendActivation", 1, 5, bytes));
-  w.ranks[0].ops.back().deps = {0};
-  w.ranks[1].ops.push_back(Op::compute("F", 0.004));
-  w.ranks[1].ops.push_back(Op::recv("RecvActivation", 0, 5, bytes));
-  w.ranks[1].ops.push_back(Op::compute("F", 0.002));
+  Workload w = posted_receive_workload(bytes);
   for (const auto& [mb, share] : std::vector<std::pair<int64_t, double>>{
            {64, 0.25}, {128, 5.0 / 32}, {256, 1.0 / 16}, {0, 1.0 / 16}}) {
     w.micro_batch = mb;
