@@ -410,9 +410,9 @@ bool write_all(int fd, const void* buf, size_t n) {
     int argc = static_cast<int>(args.size());
     sg4::Engine e(&argc, argv.data());
     Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
-                opt.calibration.contention_share);
+                opt.calibration.contention_share,
+                opt.calibration.posted_share_at(static_cast<double>(w.micro_batch)));
     rp.wake = opt.calibration.wake_s;
-    rp.posted_share = opt.calibration.posted_share_at(static_cast<double>(w.micro_batch));
     rp.wake_poll = opt.calibration.wake_poll_s;
     rp.links = links;
     rp.p = build_platform(links ? flow_cluster(c, *links) : c, static_cast<int>(w.ranks.size()),
@@ -549,6 +549,17 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
             w.name, w.copies);
   TimingSources timing;
   const auto dur = compute_durations(w, c, opt.calibration, &timing);
+  {
+    bool receives = false;
+    for (const RankProgram& rp : w.ranks)
+      for (const Op& o : rp.ops) receives = receives || (o.kind == OpKind::Recv && !o.copy_engine);
+    const double s = opt.calibration.posted_share_at(static_cast<double>(w.micro_batch));
+    const double share = s >= 0 ? s : opt.calibration.overlap_share;
+    if (receives && share > 0) {
+      timing.posted_share = share;
+      timing.posted_micro_batch = w.micro_batch;
+    }
+  }
   CommDurations cd = comm_durations(w, m, opt.calibration, &timing);
   // Flows: the link model of the calibration's collectives, which times every covered op. Bulk
   // with a calibration of collectives: the same model times the covered ops the calibration has

@@ -82,6 +82,11 @@ struct TimingSources {
   // The compute time factor of each GPU of a node the ranks ran on (Calibration::gpu_time_factor),
   // by GPU; empty when the profile measured no GPU speeds.
   std::vector<double> gpu_time_factors;
+  // GPU workloads with receives: the share of its GPU a posted receive holds
+  // (Calibration::posted_share_at the workload's micro-batch, else the overlap share) and that
+  // micro-batch (0: not known); posted_share < 0 when no receive takes one.
+  double posted_share = -1;
+  int64_t posted_micro_batch = 0;
 };
 
 // Placeholders for the host side of ZeRO-Offload when the profile has no "host" entry (or lacks

@@ -113,13 +113,14 @@ struct Replayer {
 
   Replayer(const Workload& w_, const detail::Matching& m_, const Cluster& c_,
            const std::vector<std::vector<double>>& d, const CommDurations& cd, CollectiveModel mo,
-           bool merge, double overlap_share, double contention_share)
+           bool merge, double overlap_share, double contention_share, double posted = -1)
       : w(w_),
         m(m_),
         c(c_),
         dur(d),
         comm_dur(cd),
         model(mo),
+        posted_share(posted),
         share(overlap_share),
         contention(contention_share) {
     const size_t R = w.ranks.size();
@@ -204,9 +205,11 @@ struct Replayer {
   // Whether op i of rank r is communication that holds a share of the rank's GPU while in flight:
   // a transfer, or a collective over more than one rank.
   bool takes_share(int r, int i) const {
-    if (share <= 0) return false;
     const Op& o = w.ranks[r].ops[i];
     if (o.copy_engine) return false;
+    // A posted receive holds its own share (posted_share) also where transfers hold none.
+    if (o.kind == OpKind::Recv && posted_share > 0) return true;
+    if (share <= 0) return false;
     switch (o.kind) {
       case OpKind::Compute:
       case OpKind::HostCopy:

@@ -140,6 +140,13 @@ std::string result_summary(const Workload& w, const ReplayResult& r) {
         "  GPU speeds (the profile's gpu_speeds): compute time × {} on GPU 0, 1, ... of a node\n",
         fmt::join(f, " / "));
   }
+  if (t.posted_share >= 0)
+    s += fmt::format(
+        "  posted receives: each holds {:.1f}% of its GPU until its data is in (the profile's "
+        "{}{})\n",
+        100 * t.posted_share,
+        t.posted_micro_batch > 0 ? "posted share at micro-batch " : "posted or overlap share",
+        t.posted_micro_batch > 0 ? std::to_string(t.posted_micro_batch) : std::string());
   if (t.comm_flows > 0)
     s += fmt::format(
         "  collectives and sends: {} as flows over links fitted to the calibration's collectives, "

@@ -1645,6 +1645,20 @@ TEST(Overlap, PostedShareFollowsTheMicroBatch) {
     EXPECT_NEAR(r.ranks[1].spans[0].end, 0.004 / (1 - share), 1e-9) << mb;
     EXPECT_NEAR(r.ranks[1].spans[2].end, 0.013, 1e-9) << mb;
   }
+  // The summary says which share the receives held.
+  w.micro_batch = 64;
+  EXPECT_NE(
+      result_summary(w, replay(w, c, opt)).find("posted receives: each holds 25.0% of its GPU"),
+      std::string::npos);
+  // Without an "overlap" entry (transfers hold nothing) the posted receive still holds its share.
+  ReplayOptions posted_only;
+  posted_only.calibration = parse_calibration(
+      fmt::format(R"({{"collectives": [{{"op": "p2p", "group": 2, "bytes": {}, "seconds": 0.001}}],
+                   "posted": [{{"op": "p2p", "bytes": 1e6, "batch": 64,
+                                "alone_seconds": 0.3, "beside_seconds": 0.4}}]}})",
+                  bytes),
+      "cal.json");
+  EXPECT_NEAR(replay(w, c, posted_only).ranks[1].spans[0].end, 0.004 / 0.75, 1e-9);
   // A repeated batch, an entry without its batch or an empty list is refused, naming it.
   for (const char* bad :
        {R"({"posted": [{"op": "p2p", "bytes": 1e6, "batch": 64, "alone_seconds": 0.3,
