@@ -158,6 +158,12 @@ struct Calibration {
   // linearly in log(batch), the end's beyond them; posted_share without them or when batch <= 0
   // (not known).
   double posted_share_at(double batch) const;
+  // The share a waiting posted receive holds at micro-batch `batch`: posted_share_at, or without
+  // a "posted" entry overlap_share (what the replay holds and its summary prints).
+  double receive_share_at(double batch) const {
+    const double s = posted_share_at(batch);
+    return s >= 0 ? s : overlap_share;
+  }
   // The channels and GEMM margin the "posted" entries were measured with (their "max_ctas" and
   // "gemm_sm_margin"; 0 where absent: NCCL's choice and the whole device, as profiles before
   // these keys ran); -1 without a "posted" entry.

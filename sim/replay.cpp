@@ -411,7 +411,7 @@ bool write_all(int fd, const void* buf, size_t n) {
     sg4::Engine e(&argc, argv.data());
     Replayer rp(w, m, c, dur, cd, opt.collectives, opt.merge_compute, opt.calibration.overlap_share,
                 opt.calibration.contention_share,
-                opt.calibration.posted_share_at(static_cast<double>(w.micro_batch)));
+                opt.calibration.receive_share_at(static_cast<double>(w.micro_batch)));
     rp.wake = opt.calibration.wake_s;
     rp.wake_poll = opt.calibration.wake_poll_s;
     rp.links = links;
@@ -553,8 +553,7 @@ ReplayResult replay(const Workload& w, const Cluster& c, const ReplayOptions& op
     bool receives = false;
     for (const RankProgram& rp : w.ranks)
       for (const Op& o : rp.ops) receives = receives || (o.kind == OpKind::Recv && !o.copy_engine);
-    const double s = opt.calibration.posted_share_at(static_cast<double>(w.micro_batch));
-    const double share = s >= 0 ? s : opt.calibration.overlap_share;
+    const double share = opt.calibration.receive_share_at(static_cast<double>(w.micro_batch));
     if (receives && share > 0) {
       timing.posted_share = share;
       timing.posted_micro_batch = w.micro_batch;

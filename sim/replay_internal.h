@@ -78,7 +78,8 @@ struct Replayer {
   char payload = 0;  // SimGrid needs a non-null payload pointer
 
   // Calibration::overlap_share: the compute share a rank's in-flight communication takes;
-  // Calibration::posted_share (-1: none measured, overlap_share then), a waiting posted receive's.
+  // Calibration::receive_share_at the workload's micro-batch, a waiting posted receive's (-1:
+  // overlap_share).
   double posted_share = -1;
   double share = 0;
   // Calibration::contention_share: the share of a core each other computing rank of the node

@@ -12,6 +12,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -256,9 +257,12 @@ OverlapTiming time_overlap(dist::Communicator& comm, const nn::ViTConfig& model,
     const int margin_was = kernels::cuda::gemm_sm_margin();
     kernels::cuda::set_gemm_sm_margin(posted_gemm_sm_margin);
     for (int64_t b = batch; b >= std::max<int64_t>(1, batch / 16); b /= 2) {
-      OneBlock at(model, b, dev, compute);
+      // The config's batch is the block above (and its time `one`); the halves get their own.
+      std::unique_ptr<OneBlock> half;
+      if (b != batch) half = std::make_unique<OneBlock>(model, b, dev, compute);
+      OneBlock& at = half ? *half : one_block;
       auto run = [&] { at.run(); };
-      const double t1 = comm.all_reduce_scalar(time_it(run, dev), dist::ReduceOp::Max);
+      const double t1 = half ? comm.all_reduce_scalar(time_it(run, dev), dist::ReduceOp::Max) : one;
       const int n = std::clamp(static_cast<int>(std::ceil(0.1 / std::max(t1, 1e-6))), 3, 400);
       auto posted = [&](bool post) {
         kernels::cuda::synchronize();
